@@ -1,0 +1,133 @@
+"""Frozen configuration values.
+
+Every threshold has the default of its section in the design. Nothing here
+reads the environment at import: :func:`load` is called once, by the CLI or at
+runtime start-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rayq.errors import InvalidMessage
+
+DAY_S = 24 * 3600
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Shard storage and the memory-pressure-aware cache."""
+
+    shards: int = 2
+    cache_budget_bytes: int = 64 << 20
+    max_message_bytes: int = 16 << 20
+    blob_threshold_bytes: int = 64 << 10
+    blob_chunk_bytes: int = 1 << 20
+    initial_map_bytes: int = 256 << 20
+    # Pressure also when the shard process grows past this RSS (None: no limit) ...
+    process_memory_limit_bytes: int | None = None
+    # ... or when the machine has less than this available.
+    min_available_bytes: int = 256 << 20
+    pressure_check_interval_s: float = 0.25
+    default_visibility_timeout_s: float = 30.0
+    max_visibility_timeout_s: float = 12 * 3600.0
+    default_ttl_s: float = 7 * DAY_S
+    max_ttl_s: float = 7 * DAY_S
+    max_delay_s: float = 7 * DAY_S
+    # Upper bound on rows one receive may step over (expired / dead-lettered).
+    max_scan_rows: int = 1000
+    enqueue_window_s: float = 180.0
+    enqueue_windows: int = 10
+    durable: bool = True
+
+
+@dataclass(frozen=True)
+class FairnessConfig:
+    """The fairness coordinator (seed 000)."""
+
+    enabled: bool = True
+    key: str = "type"  # "type", "tenant" or "tenant_type"
+    window_s: float = 300.0
+    windows: int = 6
+    latency_threshold_s: float = 1200.0
+    band: float = 0.5
+    interval_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class FloodConfig:
+    """Flood detection, spill and sweep (seed 001)."""
+
+    enabled: bool = True
+    window_s: float = 180.0
+    windows: int = 10
+    interval_s: float = 120.0
+    depth_threshold: int = 100_000
+    enqueue_threshold: int = 10_000
+    type_depth_threshold: int = 200_000
+    sweep_batch: int = 100
+    healthy_depth: int = 50_000
+    exit_dedicated: int = 5_000
+    exit_shared: int = 50_000
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    """Hit-rate self-balancing consumers (seed 002)."""
+
+    count: int = 2
+    min_load: int = 1
+    max_load: int = 8
+    min_target: float = 0.2
+    max_target: float = 0.9
+
+
+@dataclass(frozen=True)
+class Config:
+    store: StoreConfig = field(default_factory=StoreConfig)
+    fairness: FairnessConfig = field(default_factory=FairnessConfig)
+    flood: FloodConfig = field(default_factory=FloodConfig)
+    consumers: ConsumerConfig = field(default_factory=ConsumerConfig)
+
+    def __post_init__(self) -> None:
+        if self.fairness.key not in FAIRNESS_KEYS:
+            raise InvalidMessage(f"fairness.key must be one of {sorted(FAIRNESS_KEYS)}")
+        if self.store.shards < 1:
+            raise InvalidMessage("store.shards must be at least 1")
+        if not 1 <= self.consumers.min_load <= self.consumers.max_load:
+            raise InvalidMessage("consumers need 1 <= min_load <= max_load")
+
+
+FAIRNESS_KEYS = frozenset({"type", "tenant", "tenant_type"})
+_SECTIONS = {"store": StoreConfig, "fairness": FairnessConfig, "flood": FloodConfig,
+             "consumers": ConsumerConfig}
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    """Build a :class:`Config` from nested mappings (e.g. a parsed TOML file)."""
+    sections = {}
+    for name, values in data.items():
+        cls = _SECTIONS.get(name)
+        if cls is None or not isinstance(values, dict):
+            raise InvalidMessage(f"unknown configuration section {name!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise InvalidMessage(f"unknown settings in [{name}]: {sorted(unknown)}")
+        sections[name] = cls(**values)
+    return Config(**sections)
+
+
+def load(path: str | os.PathLike | None = None, env: dict[str, str] | None = None) -> Config:
+    """Read a TOML file (``path`` or ``$RAYQ_CONFIG``) once; defaults when neither is set."""
+    env = os.environ if env is None else env
+    path = path or env.get("RAYQ_CONFIG")
+    if not path:
+        return Config()
+    with open(Path(path), "rb") as fh:
+        return from_dict(tomllib.load(fh))

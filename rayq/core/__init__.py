@@ -1,0 +1,1 @@
+"""The pure engine of rayq: storage, policies and codecs. Never imports ``ray``."""

@@ -1,0 +1,359 @@
+"""What one write transaction of a shard does: the queue operations on rows.
+
+A :class:`WriteBatch` lives for one transaction. It writes rows through the
+transaction and records what the in-memory state must learn after the commit
+(counts, new fairness keys, cache entries, counters), so nothing in memory
+changes for a transaction that aborts.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from rayq.core.kv import Txn
+from rayq.core.model import (PREFIX, ROW_KEY, US, NewMessage, Receipt, Row, StoredMessage,
+                             check_count, check_name, check_seconds, decode_row, encode_row,
+                             to_us)
+from rayq.errors import InvalidMessage, MessageTooLarge, RayqError, ReceiptInvalid, StoreError
+
+if TYPE_CHECKING:
+    from rayq.core.store import ShardStore
+
+U64 = struct.Struct(">Q")
+I64 = struct.Struct(">q")
+EXPIRY = struct.Struct(">QQ")
+CHUNK = struct.Struct(">I")
+MAX_BATCH = 1000
+MAX_SUBQUEUE = 2**32 - 2
+STAT_NAMES = ("puts", "receives", "deletes", "expired", "dead_lettered", "rows_scanned")
+BATCH_OPS = frozenset({"put", "receive", "delete", "change_visibility", "clear",
+                       "collect_expired"})
+_CLEAR_CHUNK = 10_000
+
+
+def check_subqueue(subqueue: Any) -> int:
+    return check_count(subqueue, "subqueue", 0, MAX_SUBQUEUE)
+
+
+class WriteBatch:
+    """The operations of one write transaction on a shard's tables."""
+
+    def __init__(self, store: "ShardStore", txn: Txn):
+        self.store, self.txn, self.config = store, txn, store.config
+        self.now_us = to_us(store.clock.now())
+        self.seq = store._seq
+        self.new_keys: list[tuple[str, int]] = []
+        self.count_deltas: dict[tuple[int, int], int] = defaultdict(int)
+        self.effects: list[tuple] = []
+        self.stats = dict.fromkeys(STAT_NAMES, 0)
+        self._touched: dict[int, set[int]] = defaultdict(set)  # kids put per subqueue
+
+    # -- transaction plumbing ----------------------------------------------
+    def isolated(self, fn, *args, **kwargs) -> Any:
+        """Run one call in a nested transaction; a RayqError undoes it alone and is returned."""
+        parent = self.txn
+        mark = (len(self.new_keys), len(self.effects), dict(self.count_deltas),
+                dict(self.stats), self.seq)
+        try:
+            with parent.nested() as child:
+                self.txn = child
+                return fn(*args, **kwargs)
+        except RayqError as err:
+            del self.new_keys[mark[0]:], self.effects[mark[1]:]
+            self.count_deltas = defaultdict(int, mark[2])
+            self.stats, self.seq = mark[3], mark[4]
+            return err
+        finally:
+            self.txn = parent
+
+    def finish(self) -> None:
+        """Persist counts and the sequence inside the transaction, just before commit."""
+        for (sq, kid), delta in self.count_deltas.items():
+            if not delta:
+                continue
+            count = self.store._counts.get((sq, kid), 0) + delta
+            if count:
+                self.txn.put("counts", PREFIX.pack(sq, kid), I64.pack(count))
+            else:
+                self.txn.delete("counts", PREFIX.pack(sq, kid))
+        self.txn.put("meta", b"seq", U64.pack(self.seq))
+
+    def _next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def key_id(self, name: str, create: bool) -> int | None:
+        kid = self.store._key_ids.get(name)
+        if kid is not None:
+            return kid
+        for new_name, new_kid in self.new_keys:
+            if new_name == name:
+                return new_kid
+        if not create:
+            return None
+        raw = self.txn.get("meta", b"next_kid")
+        kid = U64.unpack(raw)[0] if raw else 1
+        self.txn.put("meta", b"next_kid", U64.pack(kid + 1))
+        self.txn.put("keys", b"n:" + name.encode(), U64.pack(kid))
+        self.new_keys.append((name, kid))
+        return kid
+
+    def key_name(self, kid: int) -> str:
+        name = self.store._key_names.get(kid)
+        if name is None:
+            name = next(n for n, k in self.new_keys if k == kid)
+        return name
+
+    # -- put -----------------------------------------------------------------
+    def put(self, subqueue: int, messages: Sequence[NewMessage]) -> list[str]:
+        check_subqueue(subqueue)
+        if not isinstance(messages, (list, tuple)) or not 1 <= len(messages) <= MAX_BATCH:
+            raise InvalidMessage(f"put takes a list of 1 to {MAX_BATCH} messages")
+        for message in messages:  # validate all before writing any
+            self._check_message(message)
+        ids = []
+        for message in messages:
+            ids.append(self._put_one(subqueue, message))
+        self.stats["puts"] += len(messages)
+        return ids
+
+    def _check_message(self, m: Any) -> None:
+        if not isinstance(m, NewMessage) or not isinstance(m.body, bytes) or not m.body:
+            raise InvalidMessage("put takes NewMessage values with encoded bytes bodies")
+        if len(m.body) - 1 > self.config.max_message_bytes:
+            raise MessageTooLarge(f"body is {len(m.body) - 1} bytes; "
+                                  f"the limit is {self.config.max_message_bytes}")
+        check_name(m.tenant, "tenant"), check_name(m.type, "type"), check_name(m.key, "key")
+        check_seconds(m.delay_s, "delay_s", 0, self.config.max_delay_s)
+        if m.ttl_s is not None:
+            check_seconds(m.ttl_s, "ttl_s", 0.001, self.config.max_ttl_s)
+
+    def _put_one(self, sq: int, m: NewMessage) -> str:
+        seq, kid = self._next_seq(), self.key_id(m.key, create=True)
+        ttl_s = self.config.default_ttl_s if m.ttl_s is None else m.ttl_s
+        expires_us = self.now_us + to_us(ttl_s)
+        message_id = f"{self.store.store_id.hex()}-{seq:x}"
+        inline = len(m.body) <= self.config.blob_threshold_bytes
+        blob = None if inline else self._write_blob(seq, m.body)
+        row = Row(message_id, m.tenant, m.type, self.now_us, expires_us, 0, b"",
+                  m.body if inline else None, blob)
+        row_key = ROW_KEY.pack(sq, kid, self.now_us + to_us(m.delay_s), seq)
+        self.txn.put("rows", row_key, encode_row(row))
+        self.txn.put("expiry", EXPIRY.pack(expires_us, seq), row_key)
+        self.count_deltas[(sq, kid)] += 1
+        self._touched[sq].add(kid)
+        self.effects.append(("cache", row_key, row, m.body))
+        self.effects.append(("enqueue", (sq, m.type, m.tenant), self.now_us / US))
+        return message_id
+
+    def _write_blob(self, seq: int, body: bytes) -> tuple:
+        blob_id = self.store.store_id + U64.pack(seq)
+        size = self.config.blob_chunk_bytes
+        chunks = range(0, len(body), size)
+        for i, offset in enumerate(chunks):
+            self.txn.put("blobs", blob_id + CHUNK.pack(i), body[offset:offset + size])
+        return (blob_id, len(body), len(chunks))
+
+    def body_of(self, row: Row) -> bytes:
+        if row.blob is None:
+            return row.body
+        blob_id, size, chunks = row.blob
+        parts = [self.txn.get("blobs", blob_id + CHUNK.pack(i)) for i in range(chunks)]
+        if any(p is None for p in parts) or sum(map(len, parts)) != size:
+            raise StoreError(f"blob of message {row.id} is incomplete")
+        return b"".join(parts)
+
+    # -- receive -------------------------------------------------------------
+    def receive(self, subqueue: int, max_messages: int, visibility_timeout_s: float | None,
+                *, keys: Sequence[str] | None = None, max_receives: int | None = None,
+                dead_letter: int | None = None) -> list[StoredMessage]:
+        check_subqueue(subqueue)
+        check_count(max_messages, "max_messages", 1, MAX_BATCH)
+        if visibility_timeout_s is None:
+            visibility_timeout_s = self.config.default_visibility_timeout_s
+        check_seconds(visibility_timeout_s, "visibility_timeout_s", 0,
+                      self.config.max_visibility_timeout_s)
+        _check_keys(keys)
+        if max_receives is not None:
+            check_count(max_receives, "max_receives", 1, 1000)
+            check_subqueue(dead_letter)
+        found, skipped = self.pick(subqueue, max_messages, self.now_us, keys, max_receives)
+        for row_key, row, reason in skipped:
+            if reason == "expired":
+                self._remove(row_key, row)
+                self.stats["expired"] += 1
+            else:
+                self._dead_letter(row_key, row, dead_letter)
+        hide_us = to_us(visibility_timeout_s)
+        delivered = [self._deliver(row_key, row, hide_us) for row_key, row in found]
+        self.stats["receives"] += len(delivered)
+        return delivered
+
+    def pick(self, sq: int, n: int, now_us: int, keys: Sequence[str] | None,
+             max_receives: int | None) -> tuple[list, list]:
+        """Find up to ``n`` deliverable rows; also the expired or dead rows stepped over.
+
+        Reads only the visible head of each key's range, stepping over at most
+        ``max_scan_rows`` expired or dead rows in total.
+        """
+        if keys is None:
+            kids = sorted(self.store._sq_keys.get(sq, set()) | self._touched[sq])
+        else:
+            kids = list(dict.fromkeys(k for k in map(lambda name: self.key_id(name, False), keys)
+                                      if k is not None))
+        budget = self.config.max_scan_rows
+        found, skipped = [], []
+        for kid in kids:
+            if keys is not None and len(found) >= n:
+                break
+            need = n - len(found) if keys is not None else n
+            budget = self._scan_key(sq, kid, now_us, need, max_receives, budget, found, skipped)
+            if budget <= 0:
+                break
+        if keys is None:
+            found.sort(key=lambda pair: ROW_KEY.unpack(pair[0])[2:])
+            del found[n:]
+        return found, skipped
+
+    def _scan_key(self, sq, kid, now_us, need, max_receives, budget, found, skipped) -> int:
+        taken = 0
+        cache = self.store.cache
+        for row_key, value in self.txn.scan("rows", PREFIX.pack(sq, kid), PREFIX.pack(sq, kid + 1)):
+            if ROW_KEY.unpack(row_key)[2] > now_us:
+                break  # hidden and delayed rows sort after every visible one
+            self.stats["rows_scanned"] += 1
+            cached = cache.get(row_key)
+            row = cached[0] if cached else decode_row(value)
+            if row.expires_at_us <= now_us:
+                skipped.append((row_key, row, "expired"))
+                budget -= 1
+            elif max_receives is not None and row.dequeue_count >= max_receives:
+                skipped.append((row_key, row, "dead"))
+                budget -= 1
+            else:
+                found.append((row_key, row))
+                taken += 1
+            if taken >= need or budget <= 0:
+                break
+        return budget
+
+    def _deliver(self, row_key: bytes, row: Row, hide_us: int) -> StoredMessage:
+        cached = self.store.cache.take(row_key)
+        body = cached[1] if cached else self.body_of(row)
+        sq, kid, _, seq = ROW_KEY.unpack(row_key)
+        new_row = row._replace(dequeue_count=row.dequeue_count + 1, nonce=os.urandom(8))
+        new_key = self._move(row_key, new_row, ROW_KEY.pack(sq, kid, self.now_us + hide_us, seq))
+        return self.stored(new_key, new_row, Receipt(new_key, new_row.nonce).encode(), body)
+
+    def _move(self, row_key: bytes, row: Row, new_key: bytes) -> bytes:
+        self.txn.delete("rows", row_key)
+        self.txn.put("rows", new_key, encode_row(row))
+        self.txn.put("expiry", EXPIRY.pack(row.expires_at_us, ROW_KEY.unpack(row_key)[3]), new_key)
+        self.effects.append(("uncache", row_key))
+        return new_key
+
+    def _remove(self, row_key: bytes, row: Row) -> None:
+        sq, kid, _, seq = ROW_KEY.unpack(row_key)
+        self.txn.delete("rows", row_key)
+        self.txn.delete("expiry", EXPIRY.pack(row.expires_at_us, seq))
+        if row.blob is not None:
+            for i in range(row.blob[2]):
+                self.txn.delete("blobs", row.blob[0] + CHUNK.pack(i))
+        self.count_deltas[(sq, kid)] -= 1
+        self.store.cache.discard(row_key)
+        self.effects.append(("uncache", row_key))
+
+    def _dead_letter(self, row_key: bytes, row: Row, dead_letter: int) -> None:
+        sq, kid, _, seq = ROW_KEY.unpack(row_key)
+        self._move(row_key, row, ROW_KEY.pack(dead_letter, kid, self.now_us, seq))
+        self.store.cache.discard(row_key)
+        self.count_deltas[(sq, kid)] -= 1
+        self.count_deltas[(dead_letter, kid)] += 1
+        self._touched[dead_letter].add(kid)
+        self.stats["dead_lettered"] += 1
+
+    def stored(self, row_key: bytes, row: Row, receipt: str | None,
+               body: bytes | None = None) -> StoredMessage:
+        sq, kid, _, _ = ROW_KEY.unpack(row_key)
+        return StoredMessage(row.id, receipt, self.body_of(row) if body is None else body,
+                             row.tenant, row.type, self.key_name(kid), row.dequeue_count,
+                             row.enqueued_at_us / US, sq)
+
+    # -- receipts --------------------------------------------------------------
+    def _resolve(self, receipt: Any) -> tuple[bytes, Row]:
+        parsed = Receipt.decode(receipt)
+        value = self.txn.get("rows", parsed.row_key)
+        row = decode_row(value) if value is not None else None
+        if row is None or row.nonce != parsed.nonce or not parsed.nonce:
+            raise ReceiptInvalid("pop receipt is stale: the message was deleted, "
+                                 "received again or had its visibility changed")
+        return parsed.row_key, row
+
+    def delete(self, receipts: Sequence[str]) -> list[str]:
+        if not isinstance(receipts, (list, tuple)) or len(receipts) > MAX_BATCH:
+            raise InvalidMessage(f"delete takes a list of at most {MAX_BATCH} receipts")
+        invalid = []
+        for receipt in receipts:
+            try:
+                row_key, row = self._resolve(receipt)
+            except ReceiptInvalid:
+                invalid.append(receipt)
+                continue
+            self._remove(row_key, row)
+            self.stats["deletes"] += 1
+        return invalid
+
+    def change_visibility(self, receipt: str, timeout_s: float) -> str:
+        check_seconds(timeout_s, "timeout_s", 0, self.config.max_visibility_timeout_s)
+        row_key, row = self._resolve(receipt)
+        sq, kid, _, seq = ROW_KEY.unpack(row_key)
+        new_row = row._replace(nonce=os.urandom(8))
+        new_key = self._move(row_key, new_row,
+                             ROW_KEY.pack(sq, kid, self.now_us + to_us(timeout_s), seq))
+        self.store.cache.discard(row_key)
+        return Receipt(new_key, new_row.nonce).encode()
+
+    # -- housekeeping ------------------------------------------------------------
+    def clear(self, subqueue: int) -> int:
+        check_subqueue(subqueue)
+        removed = 0
+        while True:
+            chunk = []
+            for row_key, value in self.txn.scan("rows", PREFIX.pack(subqueue, 0),
+                                                PREFIX.pack(subqueue + 1, 0)):
+                chunk.append((row_key, decode_row(value)))
+                if len(chunk) >= _CLEAR_CHUNK:
+                    break
+            if not chunk:
+                return removed
+            for row_key, row in chunk:
+                self._remove(row_key, row)
+            removed += len(chunk)
+
+    def collect_expired(self, limit: int) -> int:
+        check_count(limit, "limit", 1, 10_000_000)
+        stop = EXPIRY.pack(self.now_us + 1, 0)
+        entries = []
+        for expiry_key, row_key in self.txn.scan("expiry", b"", stop):
+            entries.append((expiry_key, row_key))
+            if len(entries) >= limit:
+                break
+        for expiry_key, row_key in entries:
+            value = self.txn.get("rows", row_key)
+            if value is None:  # index entry of a row already gone
+                self.txn.delete("expiry", expiry_key)
+                continue
+            self._remove(row_key, decode_row(value))
+            self.stats["expired"] += 1
+        return len(entries)
+
+
+def _check_keys(keys: Any) -> None:
+    if keys is None:
+        return
+    if not isinstance(keys, (list, tuple)) or not all(isinstance(k, str) for k in keys):
+        raise InvalidMessage("keys must be a list of fairness key names")

@@ -1,0 +1,224 @@
+"""Messages, receipts and the codecs between user values and stored bytes.
+
+The store only sees bytes and timestamps; everything that knows msgpack, body
+types, fairness keys or limits lives here.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import struct
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import msgpack
+
+from rayq.errors import InvalidMessage, MessageTooLarge, ReceiptInvalid
+
+US = 1_000_000
+MAX_NAME_CHARS = 128
+# Explicit limits for every msgpack decode of untrusted bytes.
+_UNPACK_LIMITS = dict(max_buffer_size=64 << 20, max_str_len=16 << 20, max_bin_len=16 << 20,
+                      max_array_len=1 << 20, max_map_len=1 << 20, max_ext_len=0)
+
+# Body tags: the first byte of an encoded body says how to give it back.
+_BYTES, _STR, _PACKED = 0, 1, 2
+
+
+def to_us(seconds: float) -> int:
+    return int(round(seconds * US))
+
+
+def encode_body(body: Any, max_bytes: int) -> bytes:
+    """Encode a body (bytes, str or a msgpack-able value) for storage.
+
+    Raises InvalidMessage when the value cannot be packed, MessageTooLarge over
+    ``max_bytes``.
+    """
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        data = bytes([_BYTES]) + bytes(body)
+    elif isinstance(body, str):
+        data = bytes([_STR]) + body.encode("utf-8", "surrogatepass")
+    else:
+        try:
+            data = bytes([_PACKED]) + msgpack.packb(body, use_bin_type=True, strict_types=False)
+        except (TypeError, ValueError, OverflowError) as err:
+            raise InvalidMessage(f"body is not bytes, str or a msgpack-able value: {err}") from err
+    if len(data) - 1 > max_bytes:
+        raise MessageTooLarge(f"body is {len(data) - 1} bytes; the limit is {max_bytes}")
+    return data
+
+
+def decode_body(data: bytes) -> Any:
+    """Give back the value :func:`encode_body` was given. Raises InvalidMessage."""
+    if not data:
+        raise InvalidMessage("empty encoded body")
+    tag, payload = data[0], data[1:]
+    if tag == _BYTES:
+        return bytes(payload)
+    if tag == _STR:
+        return payload.decode("utf-8", "surrogatepass")
+    if tag == _PACKED:
+        return unpack(payload)
+    raise InvalidMessage(f"unknown body tag {tag}")
+
+
+def pack(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def unpack(data: bytes) -> Any:
+    """Decode untrusted msgpack with explicit limits. Raises InvalidMessage."""
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, **_UNPACK_LIMITS)
+    except (ValueError, TypeError, msgpack.UnpackException, msgpack.ExtraData) as err:
+        raise InvalidMessage(f"malformed msgpack: {err}") from err
+
+
+def check_name(value: Any, what: str) -> str:
+    """A tenant, type or queue name: a non-empty printable str up to 128 chars."""
+    if not isinstance(value, str) or not value:
+        raise InvalidMessage(f"{what} must be a non-empty str, got {value!r}")
+    if len(value) > MAX_NAME_CHARS or not value.isprintable():
+        raise InvalidMessage(f"{what} must be printable and at most {MAX_NAME_CHARS} chars")
+    return value
+
+
+def check_seconds(value: Any, what: str, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidMessage(f"{what} must be a number of seconds, got {value!r}")
+    if not low <= value <= high:
+        raise InvalidMessage(f"{what} must be within [{low}, {high}] seconds, got {value}")
+    return float(value)
+
+
+def check_count(value: Any, what: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidMessage(f"{what} must be an int within [{low}, {high}], got {value!r}")
+    return value
+
+
+def fairness_key(tenant: str, type_: str, mode: str) -> str:
+    """The key fairness is computed over: the job type, the tenant or both."""
+    if mode == "type":
+        return type_
+    if mode == "tenant":
+        return tenant
+    return f"{tenant}/{type_}"
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One message of a ``send_batch``: the body plus its attributes."""
+
+    body: Any
+    tenant: str = "default"
+    type: str = "default"
+    delay_s: float = 0.0
+    ttl_s: float | None = None
+
+
+@dataclass(frozen=True)
+class NewMessage:
+    """A validated message ready for a shard: the body is already encoded."""
+
+    body: bytes
+    tenant: str
+    type: str
+    key: str
+    delay_s: float = 0.0
+    ttl_s: float | None = None
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    """A message as a shard returns it; ``body`` is still encoded."""
+
+    id: str
+    receipt: str | None
+    body: bytes
+    tenant: str
+    type: str
+    key: str
+    dequeue_count: int
+    enqueued_at: float
+    subqueue: int
+
+
+@dataclass(frozen=True)
+class Received:
+    """A message as a user receives it: ``body`` is the value that was sent."""
+
+    id: str
+    receipt: str | None
+    body: Any
+    tenant: str
+    type: str
+    dequeue_count: int
+    enqueued_at: float
+
+    @classmethod
+    def from_stored(cls, m: StoredMessage) -> "Received":
+        return cls(m.id, m.receipt, decode_body(m.body), m.tenant, m.type,
+                   m.dequeue_count, m.enqueued_at)
+
+
+# -- rows -------------------------------------------------------------------
+# Row keys sort by (subqueue, key id, visible_at µs, seq): the oldest visible
+# message of one fairness key in one subqueue is the first row of its prefix.
+ROW_KEY = struct.Struct(">IIQQ")
+PREFIX = struct.Struct(">II")
+
+
+class Row(NamedTuple):
+    id: str
+    tenant: str
+    type: str
+    enqueued_at_us: int
+    expires_at_us: int
+    dequeue_count: int
+    nonce: bytes
+    body: bytes | None          # inline body, or None when the body is a blob
+    blob: tuple | None          # (blob id, size bytes, chunks) when stored as a blob
+
+
+def encode_row(row: Row) -> bytes:
+    return msgpack.packb(tuple(row), use_bin_type=True)
+
+
+def decode_row(data: bytes) -> Row:
+    fields = msgpack.unpackb(data, raw=False, use_list=False)
+    return Row(*fields)
+
+
+# -- receipts ----------------------------------------------------------------
+_RECEIPT = struct.Struct(">IIQQ8s")
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """A pop receipt: where the received row now lives and the nonce of that receive."""
+
+    row_key: bytes
+    nonce: bytes
+
+    def encode(self) -> str:
+        return base64.urlsafe_b64encode(self.row_key + self.nonce).decode("ascii")
+
+    @classmethod
+    def decode(cls, text: Any) -> "Receipt":
+        """Parse a receipt string. Raises ReceiptInvalid when it is not one."""
+        if not isinstance(text, str) or len(text) != 44:
+            raise ReceiptInvalid(f"not a pop receipt: {text!r:.60}")
+        try:
+            raw = base64.urlsafe_b64decode(text.encode("ascii"))
+        except (binascii.Error, UnicodeEncodeError, ValueError) as err:
+            raise ReceiptInvalid(f"not a pop receipt: {text!r:.60}") from err
+        if len(raw) != _RECEIPT.size:
+            raise ReceiptInvalid(f"not a pop receipt: {text!r:.60}")
+        return cls(raw[:ROW_KEY.size], raw[ROW_KEY.size:])
+
+    @property
+    def subqueue(self) -> int:
+        return ROW_KEY.unpack(self.row_key)[0]

@@ -1,0 +1,251 @@
+"""The shard store: durable queue semantics over an ordered key-value store.
+
+Tables (LMDB named sub-databases):
+
+- ``rows``: (subqueue, key id, visible_at µs, seq) -> row. Hidden and delayed
+  rows sort after every visible row of their prefix, deleted rows are gone, so
+  the oldest visible message of a (subqueue, fairness key) is the first row of
+  its prefix: one cursor seek, whatever the depth (seed 003's DequeueHead,
+  kept implicitly by the key order).
+- ``expiry``: (expires_at µs, seq) -> row key, so expired rows are collected
+  in bounded batches without scanning the queue.
+- ``blobs``: (blob id, chunk) -> bytes for bodies over the blob threshold.
+- ``counts``: (subqueue, key id) -> message count (seed 003's MessageCount).
+- ``keys``: fairness key name <-> key id; ``meta``: sequence and store id.
+
+Every public method is one write transaction (one commit, one fsync);
+:meth:`ShardStore.group` runs many calls in one transaction for group commit.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rayq.config import StoreConfig
+from rayq.core.batch import BATCH_OPS, I64, MAX_BATCH, STAT_NAMES, U64, WriteBatch, check_subqueue
+from rayq.core.cache import CacheStats, MessageCache, PressureMonitor, psutil_probe
+from rayq.core.clock import Clock, SystemClock
+from rayq.core.kv import KV, Txn
+from rayq.core.model import PREFIX, ROW_KEY, US, NewMessage, StoredMessage, check_count, decode_row, to_us
+from rayq.core.windows import WindowedSums
+from rayq.errors import InvalidMessage
+
+
+
+@dataclass(frozen=True)
+class KeyDepth:
+    """Depth and latency of one fairness key in one subqueue.
+
+    latency_s: how long the oldest visible message has been waiting (0 when none is visible).
+    """
+
+    subqueue: int
+    key: str
+    count: int
+    latency_s: float
+    oldest_enqueued_at: float | None
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """Counters of one shard since it was opened, plus its current depth."""
+
+    messages: int
+    puts: int
+    receives: int
+    deletes: int
+    expired: int
+    dead_lettered: int
+    rows_scanned: int
+    cache: CacheStats
+    map_size_bytes: int
+    used_bytes: int
+
+
+class ShardStore:
+    """One shard's messages over a :class:`~rayq.core.kv.KV` (LMDB in production)."""
+
+    def __init__(self, kv: KV, *, config: StoreConfig = StoreConfig(),
+                 clock: Clock | None = None, memory_probe=psutil_probe):
+        self.kv = kv
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.cache = MessageCache(PressureMonitor(
+            self.clock, budget_bytes=config.cache_budget_bytes,
+            process_limit_bytes=config.process_memory_limit_bytes,
+            min_available_bytes=config.min_available_bytes,
+            check_interval_s=config.pressure_check_interval_s, probe=memory_probe))
+        self.enqueues = WindowedSums(config.enqueue_window_s, config.enqueue_windows)
+        self._stats = dict.fromkeys(STAT_NAMES, 0)
+        self._key_ids: dict[str, int] = {}
+        self._key_names: dict[int, str] = {}
+        self._counts: dict[tuple[int, int], int] = {}
+        self._sq_keys: dict[int, set[int]] = defaultdict(set)
+        self._seq, self.store_id = kv.transact(self._load)
+
+    # -- opening ---------------------------------------------------------
+    def _load(self, txn: Txn) -> tuple[int, bytes]:
+        store_id = txn.get("meta", b"store_id")
+        if store_id is None:
+            store_id = os.urandom(6)
+            txn.put("meta", b"store_id", store_id)
+        seq = txn.get("meta", b"seq")
+        for name, kid in txn.scan("keys", b"n:", b"n;"):
+            self._remember_key(name[2:].decode(), U64.unpack(kid)[0])
+        for key, value in txn.scan("counts", b""):
+            sq, kid = PREFIX.unpack(key)
+            self._counts[(sq, kid)] = I64.unpack(value)[0]
+            self._sq_keys[sq].add(kid)
+        return (U64.unpack(seq)[0] if seq else 0), store_id
+
+    def _remember_key(self, name: str, kid: int) -> None:
+        self._key_ids[name], self._key_names[kid] = kid, name
+
+    # -- transactions ------------------------------------------------------
+    def _run(self, fn: Callable[[WriteBatch], Any]) -> Any:
+        def body(txn: Txn):
+            batch = WriteBatch(self, txn)
+            result = fn(batch)
+            batch.finish()
+            return batch, result
+
+        batch, result = self.kv.transact(body)
+        self._apply(batch)
+        return result
+
+    def group(self, calls: Sequence[tuple[str, tuple, dict]]) -> list[Any]:
+        """Run many calls in one write transaction (group commit).
+
+        Each call runs in a nested transaction: one that raises a RayqError is
+        rolled back alone and its exception takes its place in the results.
+        """
+        def run(batch: WriteBatch) -> list[Any]:
+            results = []
+            for name, args, kwargs in calls:
+                if name not in BATCH_OPS:
+                    results.append(InvalidMessage(f"unknown store operation {name!r}"))
+                    continue
+                results.append(batch.isolated(getattr(batch, name), *args, **kwargs))
+            return results
+        return self._run(run)
+
+    def _apply(self, batch: WriteBatch) -> None:
+        """After commit: publish what the transaction changed to the in-memory state."""
+        self._seq = batch.seq
+        for name, kid in batch.new_keys:
+            self._remember_key(name, kid)
+        for (sq, kid), delta in batch.count_deltas.items():
+            count = self._counts.get((sq, kid), 0) + delta
+            if count:
+                self._counts[(sq, kid)] = count
+                self._sq_keys[sq].add(kid)
+            else:
+                self._counts.pop((sq, kid), None)
+                self._sq_keys[sq].discard(kid)
+        for op, *args in batch.effects:
+            if op == "cache":
+                self.cache.add(*args)
+            elif op == "uncache":
+                self.cache.discard(*args)
+            elif op == "enqueue":
+                self.enqueues.add(args[0], 1, args[1])
+        for name, n in batch.stats.items():
+            self._stats[name] += n
+
+    # -- public operations (each one transaction) ---------------------------
+    def put(self, subqueue: int, messages: Sequence[NewMessage]) -> list[str]:
+        """Store messages durably; returns their ids in order."""
+        return self._run(lambda b: b.put(subqueue, messages))
+
+    def receive(self, subqueue: int, max_messages: int = 1, visibility_timeout_s: float | None = None,
+                *, keys: Sequence[str] | None = None, max_receives: int | None = None,
+                dead_letter: int | None = None) -> list[StoredMessage]:
+        """Hide and return up to ``max_messages`` visible messages with fresh pop receipts.
+
+        ``keys`` gives a listen order (take from the first key first); without
+        it the oldest visible messages across keys come first. A message
+        already received ``max_receives`` times moves to subqueue
+        ``dead_letter`` instead of being delivered.
+        """
+        return self._run(lambda b: b.receive(subqueue, max_messages, visibility_timeout_s,
+                                             keys=keys, max_receives=max_receives,
+                                             dead_letter=dead_letter))
+
+    def delete(self, receipts: Sequence[str]) -> list[str]:
+        """Delete the messages of valid receipts; returns the receipts that were invalid."""
+        return self._run(lambda b: b.delete(receipts))
+
+    def change_visibility(self, receipt: str, timeout_s: float) -> str:
+        """Hide a received message for ``timeout_s`` from now; returns its new receipt."""
+        return self._run(lambda b: b.change_visibility(receipt, timeout_s))
+
+    def clear(self, subqueue: int) -> int:
+        """Delete every message of a subqueue; returns how many were deleted."""
+        return self._run(lambda b: b.clear(subqueue))
+
+    def collect_expired(self, limit: int = 10_000) -> int:
+        """Delete up to ``limit`` expired messages; returns how many."""
+        return self._run(lambda b: b.collect_expired(limit))
+
+    def peek(self, subqueue: int, max_messages: int = 1, *,
+             keys: Sequence[str] | None = None) -> list[StoredMessage]:
+        """The messages a receive would return, without hiding them (receipt None)."""
+        check_subqueue(subqueue)
+        check_count(max_messages, "max_messages", 1, MAX_BATCH)
+        now_us = to_us(self.clock.now())
+
+        def read(txn: Txn):
+            reader = WriteBatch(self, txn)
+            picked, _ = reader.pick(subqueue, max_messages, now_us, keys, None)
+            return [reader.stored(key, row, None) for key, row in picked]
+        return self.kv.read(read)
+
+    def count(self, subqueue: int) -> int:
+        """Messages in a subqueue (visible, hidden and delayed): O(keys of that subqueue)."""
+        return sum(self._counts.get((subqueue, kid), 0) for kid in self._sq_keys.get(subqueue, ()))
+
+    def counts(self) -> dict[tuple[int, str], int]:
+        """Messages per (subqueue, fairness key), zero entries left out."""
+        return {(sq, self._key_names[kid]): n for (sq, kid), n in self._counts.items() if n}
+
+    def depths(self) -> list[KeyDepth]:
+        """Depth and latency per (subqueue, fairness key): one seek per pair."""
+        now_us = to_us(self.clock.now())
+
+        def read(txn: Txn) -> list[KeyDepth]:
+            out = []
+            for (sq, kid), n in self._counts.items():
+                if n <= 0:
+                    continue
+                latency, oldest = 0.0, None
+                for row_key, value in txn.scan("rows", PREFIX.pack(sq, kid), PREFIX.pack(sq, kid + 1)):
+                    visible_us = ROW_KEY.unpack(row_key)[2]
+                    oldest = decode_row(value).enqueued_at_us / US
+                    latency = max(0.0, (now_us - visible_us) / US)
+                    break
+                out.append(KeyDepth(sq, self._key_names[kid], n, latency, oldest))
+            return out
+        return self.kv.read(read)
+
+    def enqueue_counts(self) -> dict[tuple[int, str, str], list[float]]:
+        """Enqueues per (subqueue, type, tenant) per window over the look-back, oldest first."""
+        return self.enqueues.snapshot(self.clock.now())
+
+    def subqueues(self) -> list[int]:
+        return sorted(sq for sq, kids in self._sq_keys.items()
+                      if any(self._counts.get((sq, k), 0) for k in kids))
+
+    def stats(self) -> StoreStats:
+        info = self.kv.info()
+        return StoreStats(messages=sum(self._counts.values()), cache=self.cache.stats(),
+                          map_size_bytes=info["map_size_bytes"], used_bytes=info["used_bytes"],
+                          **self._stats)
+
+    def close(self) -> None:
+        self.kv.close()
+
+

@@ -1,0 +1,79 @@
+"""The one exception tree of rayq.
+
+Every error a caller can see derives from :class:`RayqError`. Errors caused by
+the caller's input ("you did it") derive from :class:`UsageError`; errors of the
+runtime itself ("it broke") derive from :class:`RuntimeFailure`, so callers can
+retry the latter and fix the former.
+"""
+
+from __future__ import annotations
+
+
+class RayqError(Exception):
+    """Raised for every rayq failure; catch this to catch them all."""
+
+
+class UsageError(RayqError):
+    """Raised when a call was made with input rayq cannot accept."""
+
+
+class RuntimeFailure(RayqError):
+    """Raised when the runtime could not carry out a valid request."""
+
+
+class QueueNotFound(UsageError):
+    """Raised when a call names a queue that does not exist."""
+
+
+class QueueExists(UsageError):
+    """Raised when a queue is created with settings that conflict with an existing one."""
+
+
+class QueueDisabled(UsageError):
+    """Raised when a queue (or all its subqueues) no longer accepts the operation."""
+
+
+class InvalidMessage(UsageError):
+    """Raised when a body, attribute or argument is malformed or out of range."""
+
+
+class MessageTooLarge(InvalidMessage):
+    """Raised when an encoded body exceeds ``StoreConfig.max_message_bytes``."""
+
+
+class ReceiptInvalid(UsageError):
+    """Raised when a pop receipt is stale, forged, malformed or already used.
+
+    ``receipts`` holds the offending receipts when a batch call failed for some.
+    """
+
+    def __init__(self, message: str, receipts: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.receipts = receipts
+
+
+class AuthError(UsageError):
+    """Raised when a request is unsigned, forged, expired, replayed or crosses accounts."""
+
+
+class Overloaded(RuntimeFailure):
+    """Raised when the runtime sheds load; retry later with back-off."""
+
+
+class StoreError(RuntimeFailure):
+    """Raised when the storage engine fails underneath a valid request."""
+
+
+class TaskError(RayqError):
+    """Raised by ``ray.get`` on a submitted task whose handler raised.
+
+    ``error_type`` and ``error_message`` carry the handler's exception.
+    """
+
+    def __init__(self, error_type: str, error_message: str):
+        super().__init__(f"{error_type}: {error_message}")
+        self.error_type = error_type
+        self.error_message = error_message
+
+    def __reduce__(self):
+        return (type(self), (self.error_type, self.error_message))

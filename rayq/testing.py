@@ -1,0 +1,132 @@
+"""Fakes that ship with rayq: an in-memory store and a fake clock.
+
+``memory_store()`` builds a :class:`~rayq.core.store.ShardStore` over
+:class:`MemoryKV`, an ordered in-memory key-value store with the transaction
+semantics of LMDB (abort undoes everything, nested transactions), so the same
+queue logic runs without disk and the same contract tests run against both.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+from collections.abc import Callable
+from typing import TypeVar
+
+from rayq.config import StoreConfig
+from rayq.core.cache import MemoryReading
+from rayq.core.clock import FakeClock
+from rayq.core.kv import DATABASES
+from rayq.core.store import ShardStore
+
+T = TypeVar("T")
+_MISSING = object()
+
+__all__ = ["FakeClock", "MemoryKV", "memory_store", "plenty_of_memory"]
+
+
+class _Table:
+    def __init__(self):
+        self.keys: list[bytes] = []
+        self.values: dict[bytes, bytes] = {}
+
+
+class _MemoryTxn:
+    """Writes apply at once; an undo log restores them if the transaction aborts."""
+
+    def __init__(self, tables: dict[str, _Table], write: bool):
+        self._tables, self._write = tables, write
+        self.undo: list[tuple[str, bytes, object]] = []
+
+    def get(self, db, key):
+        return self._tables[db].values.get(bytes(key))
+
+    def put(self, db, key, value):
+        self._need_write()
+        table, key = self._tables[db], bytes(key)
+        old = table.values.get(key, _MISSING)
+        if old is _MISSING:
+            bisect.insort(table.keys, key)
+        table.values[key] = bytes(value)
+        self.undo.append((db, key, old))
+
+    def delete(self, db, key):
+        self._need_write()
+        table, key = self._tables[db], bytes(key)
+        old = table.values.pop(key, _MISSING)
+        if old is _MISSING:
+            return False
+        del table.keys[bisect.bisect_left(table.keys, key)]
+        self.undo.append((db, key, old))
+        return True
+
+    def scan(self, db, start, stop=None):
+        table = self._tables[db]
+        i = bisect.bisect_left(table.keys, start)
+        while i < len(table.keys):
+            key = table.keys[i]
+            if stop is not None and key >= stop:
+                return
+            yield key, table.values[key]
+            i += 1
+
+    @contextlib.contextmanager
+    def nested(self):
+        mark = len(self.undo)
+        try:
+            yield self
+        except BaseException:
+            self.rollback(mark)
+            raise
+
+    def rollback(self, mark: int = 0) -> None:
+        while len(self.undo) > mark:
+            db, key, old = self.undo.pop()
+            table = self._tables[db]
+            if key in table.values:
+                del table.keys[bisect.bisect_left(table.keys, key)]
+                del table.values[key]
+            if old is not _MISSING:
+                bisect.insort(table.keys, key)
+                table.values[key] = old
+
+    def _need_write(self):
+        if not self._write:
+            raise RuntimeError("write in a read transaction")
+
+
+class MemoryKV:
+    """An ordered in-memory key-value store with LMDB's transaction semantics."""
+
+    def __init__(self):
+        self._tables = {name: _Table() for name in DATABASES}
+
+    def transact(self, fn: Callable[..., T]) -> T:
+        txn = _MemoryTxn(self._tables, write=True)
+        try:
+            return fn(txn)
+        except BaseException:
+            txn.rollback()
+            raise
+
+    def read(self, fn: Callable[..., T]) -> T:
+        return fn(_MemoryTxn(self._tables, write=False))
+
+    def info(self) -> dict[str, int]:
+        used = sum(len(k) + len(v) for t in self._tables.values() for k, v in t.values.items())
+        return {"map_size_bytes": used, "used_bytes": used}
+
+    def close(self) -> None:
+        pass
+
+
+def plenty_of_memory() -> MemoryReading:
+    """A memory probe that never reports pressure (tests set pressure explicitly)."""
+    return MemoryReading(process_rss_bytes=0, available_bytes=1 << 50)
+
+
+def memory_store(config: StoreConfig = StoreConfig(), clock: FakeClock | None = None,
+                 memory_probe=plenty_of_memory) -> ShardStore:
+    """A shard store held in memory, on a :class:`FakeClock` unless told otherwise."""
+    return ShardStore(MemoryKV(), config=config, clock=clock or FakeClock(),
+                      memory_probe=memory_probe)
