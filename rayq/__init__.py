@@ -1,15 +1,84 @@
-"""rayq: a durable, multi-tenant message queue and fair scheduling runtime on Ray."""
+"""rayq: a durable, multi-tenant message queue and fair scheduling runtime on Ray.
 
-from rayq.config import (Config, ConsumerConfig, FairnessConfig, FloodConfig, StoreConfig)
+    client = rayq.start()                 # embedded: local Ray, data in ./.rayq-data
+    q = client.create_queue("jobs")
+    q.send({"report": 42}, tenant="acme", type="report")
+    for m in q.receive(max_messages=10, wait_s=5):
+        ...
+        q.delete(m.receipt)
+"""
+
+from __future__ import annotations
+
+import os
+
+from rayq.client import Client, KeyStats, Queue, QueueStats
+from rayq.config import (Config, ConsumerConfig, FairnessConfig, FloodConfig, ScalingConfig,
+                         StoreConfig)
 from rayq.core.model import Outgoing, Received
 from rayq.errors import (AuthError, InvalidMessage, MessageTooLarge, Overloaded, QueueDisabled,
                          QueueExists, QueueNotFound, RayqError, ReceiptInvalid, RuntimeFailure,
                          StoreError, TaskError, UsageError)
 
+DEFAULT_DATA_DIR = ".rayq-data"
+
 __all__ = [
-    "Config", "ConsumerConfig", "FairnessConfig", "FloodConfig", "StoreConfig",
+    "start", "connect", "shutdown", "Client", "Queue", "QueueStats", "KeyStats",
+    "Config", "ConsumerConfig", "FairnessConfig", "FloodConfig", "ScalingConfig", "StoreConfig",
     "Outgoing", "Received",
     "AuthError", "InvalidMessage", "MessageTooLarge", "Overloaded", "QueueDisabled",
     "QueueExists", "QueueNotFound", "RayqError", "ReceiptInvalid", "RuntimeFailure",
     "StoreError", "TaskError", "UsageError",
 ]
+
+
+def _init_ray(address: str | None = None) -> None:
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address, namespace="rayq", log_to_driver=False,
+                 include_dashboard=False if address is None else None)
+
+
+def start(data_dir: str | os.PathLike | None = None, config: Config | None = None,
+          consumers: int | None = None) -> Client:
+    """Start the runtime (idempotent) and return a client.
+
+    Starts a local Ray unless one is initialised or ``RAY_ADDRESS`` names a
+    cluster; data lives in ``data_dir`` (default ``./.rayq-data``). If a
+    runtime already runs, it is reused with its own configuration.
+    """
+    from actors.runtime import ensure_runtime, find_runtime
+
+    from rayq import config as config_module
+
+    config = config or config_module.load()
+    if consumers is not None:
+        config = config_module.with_consumers(config, consumers)
+    data_dir = os.path.abspath(data_dir or DEFAULT_DATA_DIR)
+    _init_ray(os.environ.get("RAY_ADDRESS"))
+    ensure_runtime(data_dir, config)
+    found = find_runtime()
+    return Client(found["manager"], found["shards"], found["config"])
+
+
+def connect(address: str = "auto", account: str | None = None, key: str | None = None) -> Client:
+    """Attach to a running runtime (also from inside Ray tasks and actors)."""
+    from actors.runtime import find_runtime
+
+    if account is not None or key is not None:
+        raise AuthError("signed accounts are not available yet in this version of rayq")
+    _init_ray(address)
+    found = find_runtime()
+    return Client(found["manager"], found["shards"], found["config"])
+
+
+def shutdown() -> None:
+    """Stop the runtime's actors; the data stays. Idempotent."""
+    import ray
+
+    if not ray.is_initialized():
+        return
+    from actors.runtime import stop_runtime
+
+    stop_runtime()

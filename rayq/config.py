@@ -88,11 +88,24 @@ class ConsumerConfig:
 
 
 @dataclass(frozen=True)
+class ScalingConfig:
+    """Subqueue scale-up and scale-down (seed 003); evaluated every ``interval_s``."""
+
+    interval_s: float = 1.0
+    scale_up_ops_per_s: float = 5_000.0
+    scale_up_throttled_per_s: float = 1.0
+    idle_ops_per_s: float = 1.0
+    idle_s: float = 60.0
+    max_subqueues: int = 8
+
+
+@dataclass(frozen=True)
 class Config:
     store: StoreConfig = field(default_factory=StoreConfig)
     fairness: FairnessConfig = field(default_factory=FairnessConfig)
     flood: FloodConfig = field(default_factory=FloodConfig)
     consumers: ConsumerConfig = field(default_factory=ConsumerConfig)
+    scaling: ScalingConfig = field(default_factory=ScalingConfig)
 
     def __post_init__(self) -> None:
         if self.fairness.key not in FAIRNESS_KEYS:
@@ -105,7 +118,7 @@ class Config:
 
 FAIRNESS_KEYS = frozenset({"type", "tenant", "tenant_type"})
 _SECTIONS = {"store": StoreConfig, "fairness": FairnessConfig, "flood": FloodConfig,
-             "consumers": ConsumerConfig}
+             "consumers": ConsumerConfig, "scaling": ScalingConfig}
 
 
 def from_dict(data: dict[str, Any]) -> Config:
@@ -131,3 +144,8 @@ def load(path: str | os.PathLike | None = None, env: dict[str, str] | None = Non
         return Config()
     with open(Path(path), "rb") as fh:
         return from_dict(tomllib.load(fh))
+
+
+def with_consumers(config: Config, count: int) -> Config:
+    """The same configuration with ``count`` consumer actors."""
+    return dataclasses.replace(config, consumers=dataclasses.replace(config.consumers, count=count))

@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from rayq.core.kv import Txn
 from rayq.core.model import (PREFIX, ROW_KEY, US, NewMessage, Receipt, Row, StoredMessage,
+                             SubqueueState,
                              check_count, check_name, check_seconds, decode_row, encode_row,
                              to_us)
-from rayq.errors import InvalidMessage, MessageTooLarge, RayqError, ReceiptInvalid, StoreError
+from rayq.errors import (InvalidMessage, MessageTooLarge, QueueDisabled, RayqError,
+                         ReceiptInvalid, StoreError)
 
 if TYPE_CHECKING:
     from rayq.core.store import ShardStore
@@ -115,6 +117,8 @@ class WriteBatch:
             raise InvalidMessage(f"put takes a list of 1 to {MAX_BATCH} messages")
         for message in messages:  # validate all before writing any
             self._check_message(message)
+        if self.store.state(subqueue) is not SubqueueState.ALL:
+            raise QueueDisabled(f"subqueue {subqueue} does not accept new messages")
         ids = []
         for message in messages:
             ids.append(self._put_one(subqueue, message))
@@ -181,6 +185,8 @@ class WriteBatch:
         if max_receives is not None:
             check_count(max_receives, "max_receives", 1, 1000)
             check_subqueue(dead_letter)
+        if self.store.state(subqueue) is SubqueueState.DISABLED:
+            raise QueueDisabled(f"subqueue {subqueue} is disabled")
         found, skipped = self.pick(subqueue, max_messages, self.now_us, keys, max_receives)
         for row_key, row, reason in skipped:
             if reason == "expired":

@@ -10,6 +10,7 @@ import base64
 import binascii
 import struct
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, NamedTuple
 
 import msgpack
@@ -19,7 +20,7 @@ from rayq.errors import InvalidMessage, MessageTooLarge, ReceiptInvalid
 US = 1_000_000
 MAX_NAME_CHARS = 128
 # Explicit limits for every msgpack decode of untrusted bytes.
-_UNPACK_LIMITS = dict(max_buffer_size=64 << 20, max_str_len=16 << 20, max_bin_len=16 << 20,
+_UNPACK_LIMITS = dict(max_str_len=16 << 20, max_bin_len=16 << 20,
                       max_array_len=1 << 20, max_map_len=1 << 20, max_ext_len=0)
 
 # Body tags: the first byte of an encoded body says how to give it back.
@@ -162,6 +163,14 @@ class Received:
     def from_stored(cls, m: StoredMessage) -> "Received":
         return cls(m.id, m.receipt, decode_body(m.body), m.tenant, m.type,
                    m.dequeue_count, m.enqueued_at)
+
+
+class SubqueueState(Enum):
+    """What a subqueue accepts (seed 003): everything, no new puts (draining), nothing."""
+
+    ALL = "all"
+    NO_PUT = "no_put"
+    DISABLED = "disabled"
 
 
 # -- rows -------------------------------------------------------------------

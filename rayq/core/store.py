@@ -30,7 +30,8 @@ from rayq.core.batch import BATCH_OPS, I64, MAX_BATCH, STAT_NAMES, U64, WriteBat
 from rayq.core.cache import CacheStats, MessageCache, PressureMonitor, psutil_probe
 from rayq.core.clock import Clock, SystemClock
 from rayq.core.kv import KV, Txn
-from rayq.core.model import PREFIX, ROW_KEY, US, NewMessage, StoredMessage, check_count, decode_row, to_us
+from rayq.core.model import (PREFIX, ROW_KEY, US, NewMessage, StoredMessage, SubqueueState,
+                             check_count, decode_row, to_us)
 from rayq.core.windows import WindowedSums
 from rayq.errors import InvalidMessage
 
@@ -85,6 +86,7 @@ class ShardStore:
         self._key_names: dict[int, str] = {}
         self._counts: dict[tuple[int, int], int] = {}
         self._sq_keys: dict[int, set[int]] = defaultdict(set)
+        self._states: dict[int, SubqueueState] = {}
         self._seq, self.store_id = kv.transact(self._load)
 
     # -- opening ---------------------------------------------------------
@@ -96,6 +98,8 @@ class ShardStore:
         seq = txn.get("meta", b"seq")
         for name, kid in txn.scan("keys", b"n:", b"n;"):
             self._remember_key(name[2:].decode(), U64.unpack(kid)[0])
+        for key, value in txn.scan("meta", b"state:", b"state;"):
+            self._states[U64.unpack(key[6:])[0]] = SubqueueState(value.decode())
         for key, value in txn.scan("counts", b""):
             sq, kid = PREFIX.unpack(key)
             self._counts[(sq, kid)] = I64.unpack(value)[0]
@@ -204,6 +208,18 @@ class ShardStore:
             return [reader.stored(key, row, None) for key, row in picked]
         return self.kv.read(read)
 
+    def state(self, subqueue: int) -> SubqueueState:
+        """A subqueue's state; subqueues never set are ``ALL``."""
+        return self._states.get(subqueue, SubqueueState.ALL)
+
+    def set_state(self, subqueue: int, state: SubqueueState) -> None:
+        """Persist a subqueue's state: ``NO_PUT`` refuses puts, ``DISABLED`` everything."""
+        check_subqueue(subqueue)
+        state = SubqueueState(state)
+        key = b"state:" + U64.pack(subqueue)
+        self.kv.transact(lambda txn: txn.put("meta", key, state.value.encode()))
+        self._states[subqueue] = state
+
     def count(self, subqueue: int) -> int:
         """Messages in a subqueue (visible, hidden and delayed): O(keys of that subqueue)."""
         return sum(self._counts.get((subqueue, kid), 0) for kid in self._sq_keys.get(subqueue, ()))
@@ -249,3 +265,12 @@ class ShardStore:
         self.kv.close()
 
 
+
+
+def open_store(path, *, config: StoreConfig = StoreConfig(), clock: Clock | None = None,
+               memory_probe=psutil_probe) -> ShardStore:
+    """Open (or create) the LMDB-backed store of one shard at ``path``."""
+    from rayq.core.kv import LmdbKV
+
+    kv = LmdbKV(path, map_size=config.initial_map_bytes, durable=config.durable)
+    return ShardStore(kv, config=config, clock=clock, memory_probe=memory_probe)

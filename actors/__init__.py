@@ -1,0 +1,8 @@
+"""Thin Ray actors around rayq.core. Only rayq/__init__, rayq.client and rayq.cli import this."""
+
+NAMESPACE = "rayq"
+MANAGER = "rayq-manager"
+
+
+def shard_name(index: int) -> str:
+    return f"rayq-shard-{index}"

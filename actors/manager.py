@@ -1,0 +1,155 @@
+"""QueueManager: the persisted queue registry, routing and subqueue scaling.
+
+Clients ask it where to put and where to receive; the data path goes straight
+to the shards. A background loop reads subqueue counts and load from the
+shards and applies the scaling policy of :mod:`rayq.core.scaling`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import defaultdict
+
+import ray
+
+from actors import NAMESPACE, shard_name
+from rayq.config import Config
+from rayq.core.clock import SystemClock
+from rayq.core.kv import LmdbKV
+from rayq.core.model import SubqueueState
+from rayq.core.registry import QueueInfo, QueueRegistry, put_target, receive_order
+from rayq.core.scaling import SubqueueLoad, decide, is_idle
+from rayq.errors import RayqError
+
+
+class QueueManager:
+    def __init__(self, data_dir: str, config: Config):
+        self.data_dir, self.config = data_dir, config
+        self.clock = SystemClock()
+        self.registry = QueueRegistry(LmdbKV(os.path.join(data_dir, "manager"), map_size=64 << 20),
+                                      shards=config.store.shards, clock=self.clock)
+        self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
+                       for i in range(config.store.shards)]
+        self._counts: dict[int, int] = {}
+        self._last_ops: dict[int, tuple[float, int, int]] = {}
+        self._rates: dict[int, tuple[float, float]] = {}
+        self._idle_since: dict[str, float] = {}
+        self.scaling_events: list[dict] = []
+        self._loop = asyncio.get_running_loop()
+        self._loop.create_task(self._scale_forever())
+
+    # -- registry --------------------------------------------------------------
+    async def create_queue(self, name: str, subqueues: int = 1,
+                           max_receives: int | None = 5) -> QueueInfo:
+        existing = self.registry._queues.get(name)
+        if existing is not None:
+            return self.registry.create(name, subqueues=subqueues, max_receives=max_receives,
+                                        shard_depths={})
+        depths = await self._shard_depths()
+        queue = self.registry.create(name, subqueues=subqueues, max_receives=max_receives,
+                                     shard_depths=depths)
+        return queue
+
+    def get_queue(self, name: str) -> QueueInfo:
+        return self.registry.get(name)
+
+    def list_queues(self) -> list[str]:
+        return self.registry.names()
+
+    async def delete_queue(self, name: str) -> None:
+        for sq in self.registry.delete(name):
+            shard = self.shards[sq.shard]
+            await shard.set_state.remote(sq.id, SubqueueState.DISABLED.value)
+            await shard.clear.remote(sq.id)
+
+    def routing(self, name: str) -> tuple[QueueInfo, list[int], int]:
+        """(queue, subqueue ids in receive order, the put subqueue for a new session)."""
+        queue = self.registry.get(name)
+        order = [s.id for s in receive_order(queue, self._counts)]
+        target = put_target(queue, self._counts)
+        self._counts[target.id] = self._counts.get(target.id, 0) + 1  # spread new sessions
+        return queue, order, target.id
+
+    def config_value(self) -> Config:
+        return self.config
+
+    def info(self) -> dict:
+        return {"data_dir": self.data_dir, "shards": len(self.shards),
+                "scaling_events": self.scaling_events[-50:]}
+
+    # -- load and scaling --------------------------------------------------------
+    async def _shard_depths(self) -> dict[int, int]:
+        await self.refresh()
+        depths = defaultdict(int)
+        for queue in self.registry.all():
+            for sq in queue.subqueues:
+                depths[sq.shard] += self._counts.get(sq.id, 0)
+        return {i: depths.get(i, 0) for i in range(len(self.shards))}
+
+    async def refresh(self) -> None:
+        """Read counts and per-subqueue operation counters from every shard."""
+        stats = await asyncio.gather(*(s.stats.remote() for s in self.shards))
+        by_shard = defaultdict(list)
+        for queue in self.registry.all():
+            for sq in queue.subqueues:
+                by_shard[sq.shard].append(sq.id)
+        counts = await asyncio.gather(*(self.shards[i].counts.remote(ids)
+                                        for i, ids in by_shard.items()))
+        self._counts = {sq: n for part in counts for sq, n in part.items()}
+        now = time.monotonic()
+        for shard_stats in stats:
+            for sq in set(shard_stats.ops) | set(shard_stats.throttled):
+                ops, thr = shard_stats.ops.get(sq, 0), shard_stats.throttled.get(sq, 0)
+                then, ops0, thr0 = self._last_ops.get(sq, (now, ops, thr))
+                span = max(now - then, 1e-3)
+                self._rates[sq] = ((ops - ops0) / span, (thr - thr0) / span)
+                self._last_ops[sq] = (now, ops, thr)
+
+    async def scale_once(self) -> None:
+        await self.refresh()
+        depths = await self._shard_depths()
+        now = self.clock.now()
+        for queue in self.registry.all():
+            loads = [SubqueueLoad(s.id, s.shard, s.state, s.version, self._counts.get(s.id, 0),
+                                  *self._rates.get(s.id, (0.0, 0.0))) for s in queue.subqueues]
+            if is_idle(loads, self.config.scaling):
+                self._idle_since.setdefault(queue.name, now)
+            else:
+                self._idle_since.pop(queue.name, None)
+            idle_for = now - self._idle_since.get(queue.name, now)
+            decision = decide(loads, depths, min_subqueues=queue.min_subqueues,
+                              idle_for_s=idle_for, config=self.config.scaling)
+            await self._apply(queue, decision, now)
+
+    async def _apply(self, queue: QueueInfo, decision, now: float) -> None:
+        if decision.add_on_shard is not None:
+            added = self.registry.add_subqueue(queue.name, decision.add_on_shard)
+            self._event("add", queue.name, added.id, now)
+        if decision.retire is not None:
+            sq = queue.subqueue(decision.retire)
+            await self.shards[sq.shard].set_state.remote(sq.id, SubqueueState.NO_PUT.value)
+            self.registry.set_state(queue.name, sq.id, SubqueueState.NO_PUT)
+            self._idle_since.pop(queue.name, None)
+            self._event("retire", queue.name, sq.id, now)
+        for sq_id in decision.drop:
+            sq = queue.subqueue(sq_id)
+            shard = self.shards[sq.shard]
+            await shard.set_state.remote(sq.id, SubqueueState.DISABLED.value)
+            if (await shard.counts.remote([sq.id]))[sq.id]:  # a late put: keep draining
+                await shard.set_state.remote(sq.id, SubqueueState.NO_PUT.value)
+                continue
+            self.registry.drop_subqueue(queue.name, sq.id)
+            self._event("drop", queue.name, sq.id, now)
+
+    def _event(self, what: str, queue: str, sq: int, now: float) -> None:
+        self.scaling_events.append({"at": now, "event": what, "queue": queue, "subqueue": sq})
+
+    async def _scale_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.scaling.interval_s)
+            try:
+                await self.scale_once()
+            except (RayqError, ray.exceptions.RayError):
+                pass  # a shard restarting: the next round catches up

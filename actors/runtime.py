@@ -1,0 +1,64 @@
+"""Starting, finding and stopping the runtime's named actors (namespace ``rayq``)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import ray
+
+from actors import MANAGER, NAMESPACE, shard_name
+from actors.manager import QueueManager
+from actors.shard import ShardActor
+from rayq.config import Config
+from rayq.errors import RuntimeFailure
+
+# Runtime actors only coordinate and do I/O: they take no CPU slot from consumers.
+_ACTOR_OPTIONS = dict(namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+                      num_cpus=0, max_concurrency=1000)
+ShardRemote = ray.remote(ShardActor)
+ManagerRemote = ray.remote(QueueManager)
+
+
+def ensure_runtime(data_dir: str, config: Config) -> dict:
+    """Create the shards and the manager unless they run already; returns their handles."""
+    shards = [ShardRemote.options(name=shard_name(i), max_restarts=-1, max_task_retries=-1,
+                                  **_ACTOR_OPTIONS)
+              .remote(i, os.path.join(data_dir, f"shard-{i}"), config)
+              for i in range(config.store.shards)]
+    ray.get([s.ping.remote() for s in shards])
+    manager = ManagerRemote.options(name=MANAGER, max_restarts=-1, max_task_retries=-1,
+                                    **_ACTOR_OPTIONS).remote(data_dir, config)
+    ray.get(manager.list_queues.remote())
+    return {"manager": manager, "shards": shards}
+
+
+def find_runtime() -> dict:
+    """Handles of a running runtime. Raises RuntimeFailure when none runs."""
+    try:
+        manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
+    except ValueError as err:
+        raise RuntimeFailure("no rayq runtime is running in this Ray cluster; "
+                             "call rayq.start() first") from err
+    config = ray.get(manager.config_value.remote())
+    shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
+              for i in range(config.store.shards)]
+    return {"manager": manager, "shards": shards, "config": config}
+
+
+def runtime_actor_names() -> list[str]:
+    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                  if a.get("namespace") == NAMESPACE)
+
+
+def stop_runtime(timeout_s: float = 30.0) -> None:
+    """Kill every runtime actor (data stays on disk) and wait until they are gone."""
+    names = runtime_actor_names()
+    for name in names:
+        try:
+            ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+        except ValueError:
+            pass
+    deadline = time.monotonic() + timeout_s
+    while runtime_actor_names() and time.monotonic() < deadline:
+        time.sleep(0.05)

@@ -1,0 +1,162 @@
+"""ShardActor: one LMDB shard behind an async Ray actor with group commit.
+
+Concurrent calls queue up while a transaction commits; the next transaction
+takes all of them at once (group commit: one fsync for many calls, with no
+fixed delay). Every store access runs on one worker thread, so the event loop
+keeps accepting calls while LMDB syncs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from rayq.config import Config
+from rayq.core.model import SubqueueState
+from rayq.core.store import KeyDepth, StoreStats, open_store
+from rayq.errors import Overloaded, RayqError, StoreError
+
+MAX_PENDING_CALLS = 10_000
+EXPIRY_INTERVAL_S = 5.0
+MAX_WAIT_SLICE_S = 1.0  # long polls re-check at least this often (messages whose visibility lapses)
+
+
+@dataclass(frozen=True)
+class ShardStats:
+    """A shard's store counters plus its group-commit and per-subqueue load counters."""
+
+    index: int
+    store: StoreStats
+    commits: int
+    calls_committed: int
+    ops: dict[int, int]
+    throttled: dict[int, int]
+
+
+class ShardActor:
+    def __init__(self, index: int, path: str, config: Config):
+        self.index = index
+        self.store = open_store(path, config=config.store)
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard-{index}")
+        self._loop = asyncio.get_running_loop()
+        self._pending: list[tuple[str, tuple, dict, asyncio.Future]] = []
+        self._committing = False
+        self._arrivals: dict[int, asyncio.Event] = {}
+        self._ops: Counter[int] = Counter()
+        self._throttled: Counter[int] = Counter()
+        self._commits = self._calls = 0
+        self._housekeeping = self._loop.create_task(self._collect_expired_forever())
+
+    # -- group commit ------------------------------------------------------
+    async def _write(self, subqueue: int | None, name: str, *args, **kwargs) -> Any:
+        if len(self._pending) >= MAX_PENDING_CALLS:
+            if subqueue is not None:
+                self._throttled[subqueue] += 1
+            raise Overloaded(f"shard {self.index} has {len(self._pending)} calls waiting")
+        future = self._loop.create_future()
+        self._pending.append((name, args, kwargs, future))
+        if not self._committing:
+            self._committing = True
+            self._loop.create_task(self._commit_pending())
+        result = await future
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    async def _commit_pending(self) -> None:
+        try:
+            while self._pending:
+                calls, self._pending = self._pending, []
+                try:
+                    results = await self._loop.run_in_executor(
+                        self._thread, self.store.group, [c[:3] for c in calls])
+                except RayqError as err:
+                    results = [err] * len(calls)
+                except Exception as err:  # the transaction failed as a whole: nothing committed
+                    results = [StoreError(f"shard {self.index} transaction failed: {err!r}")] * len(calls)
+                self._commits += 1
+                self._calls += len(calls)
+                for (name, args, _, future), result in zip(calls, results):
+                    if name == "put" and not isinstance(result, BaseException):
+                        self._wake(args[0])
+                    if not future.done():
+                        future.set_result(result)
+        finally:
+            self._committing = False
+
+    async def _read(self, fn, *args) -> Any:
+        return await self._loop.run_in_executor(self._thread, fn, *args)
+
+    def _wake(self, subqueue: int) -> None:
+        event = self._arrivals.pop(subqueue, None)
+        if event is not None:
+            event.set()
+
+    # -- queue operations ------------------------------------------------------
+    async def put(self, subqueue: int, messages: list) -> list[str]:
+        ids = await self._write(subqueue, "put", subqueue, messages)
+        self._ops[subqueue] += len(ids)
+        return ids
+
+    async def receive(self, subqueue: int, max_messages: int = 1,
+                      visibility_timeout_s: float | None = None, *, keys=None,
+                      max_receives: int | None = None, dead_letter: int | None = None,
+                      wait_s: float = 0.0) -> list:
+        """Receive; with ``wait_s`` wait for arrivals (woken by puts, no spinning)."""
+        deadline = self._loop.time() + max(0.0, float(wait_s or 0.0))
+        while True:
+            got = await self._write(subqueue, "receive", subqueue, max_messages,
+                                    visibility_timeout_s, keys=keys,
+                                    max_receives=max_receives, dead_letter=dead_letter)
+            remaining = deadline - self._loop.time()
+            if got or remaining <= 0:
+                self._ops[subqueue] += max(1, len(got))
+                return got
+            event = self._arrivals.setdefault(subqueue, asyncio.Event())
+            try:
+                await asyncio.wait_for(event.wait(), min(remaining, MAX_WAIT_SLICE_S))
+            except asyncio.TimeoutError:
+                pass
+
+    async def delete(self, receipts: list[str]) -> list[str]:
+        return await self._write(None, "delete", receipts)
+
+    async def change_visibility(self, receipt: str, timeout_s: float) -> str:
+        return await self._write(None, "change_visibility", receipt, timeout_s)
+
+    async def clear(self, subqueue: int) -> int:
+        return await self._write(subqueue, "clear", subqueue)
+
+    async def peek(self, subqueue: int, max_messages: int = 1, *, keys=None) -> list:
+        return await self._read(lambda: self.store.peek(subqueue, max_messages, keys=keys))
+
+    async def counts(self, subqueues: list[int]) -> dict[int, int]:
+        return await self._read(lambda: {sq: self.store.count(sq) for sq in subqueues})
+
+    async def set_state(self, subqueue: int, state: str) -> None:
+        await self._read(self.store.set_state, subqueue, SubqueueState(state))
+
+    async def depths(self) -> list[KeyDepth]:
+        return await self._read(self.store.depths)
+
+    async def enqueue_counts(self) -> dict:
+        return await self._read(self.store.enqueue_counts)
+
+    async def stats(self) -> ShardStats:
+        store_stats = await self._read(self.store.stats)
+        return ShardStats(self.index, store_stats, self._commits, self._calls,
+                          dict(self._ops), dict(self._throttled))
+
+    async def ping(self) -> int:
+        return self.index
+
+    async def _collect_expired_forever(self) -> None:
+        while True:
+            await asyncio.sleep(EXPIRY_INTERVAL_S)
+            try:
+                await self._write(None, "collect_expired", 10_000)
+            except RayqError:
+                pass  # overloaded: try again next round
