@@ -9,10 +9,13 @@ keeps accepting calls while LMDB syncs.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+import psutil
 
 from rayq.config import Config
 from rayq.core.model import SubqueueState
@@ -149,6 +152,12 @@ class ShardActor:
         store_stats = await self._read(self.store.stats)
         return ShardStats(self.index, store_stats, self._commits, self._calls,
                           dict(self._ops), dict(self._throttled))
+
+    async def process(self) -> dict:
+        """The shard process's pid and memory: resident in all, and private (anonymous)
+        memory without the LMDB file pages the kernel maps in and can drop at will."""
+        info = psutil.Process().memory_info()  # on Linux `shared` is RssFile + RssShmem
+        return {"pid": os.getpid(), "rss_bytes": info.rss, "private_bytes": info.rss - info.shared}
 
     async def ping(self) -> int:
         return self.index

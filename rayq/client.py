@@ -8,6 +8,7 @@ A client is one producer session: its puts to a queue stick to one subqueue
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -67,6 +68,78 @@ class QueueStats:
     subqueues: tuple[dict, ...]
     keys: dict[str, KeyStats] = field(default_factory=dict)
     shards: tuple[dict, ...] = ()
+
+
+class _Slot:
+    __slots__ = ("messages", "done", "result", "error")
+
+    def __init__(self, messages: list[NewMessage]):
+        self.messages, self.done = messages, threading.Event()
+        self.result: list[str] | None = None
+        self.error: BaseException | None = None
+
+
+class SendCoalescer:
+    """Client-side group commit: concurrent sends from threads of one process share
+    one put call. The first sender flushes what is pending while others wait; each
+    caller still returns only after its own messages are durable."""
+
+    def __init__(self, flush: Callable[[list[NewMessage]], list[str]], max_messages: int = 1000):
+        self._flush, self._max = flush, max_messages
+        self._lock = threading.Lock()
+        self._pending: list[_Slot] = []
+        self._flushing = False
+
+    def send(self, messages: list[NewMessage]) -> list[str]:
+        slot = _Slot(messages)
+        with self._lock:
+            self._pending.append(slot)
+            leader = not self._flushing
+            self._flushing = True
+        if leader:
+            self._drain()
+        slot.done.wait()
+        if slot.error is not None:
+            raise slot.error
+        return slot.result
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                batch, size = [], 0
+                while self._pending and (not batch or size + len(self._pending[0].messages) <= self._max):
+                    slot = self._pending.pop(0)
+                    batch.append(slot)
+                    size += len(slot.messages)
+                if not batch:
+                    self._flushing = False
+                    return
+            try:
+                ids = self._flush([m for slot in batch for m in slot.messages])
+                offset = 0
+                for slot in batch:
+                    slot.result = ids[offset:offset + len(slot.messages)]
+                    offset += len(slot.messages)
+            except BaseException as err:  # every sender of this flush learns of the failure
+                for slot in batch:
+                    slot.error = err
+            for slot in batch:
+                slot.done.set()
+
+
+# One coalescer per (runtime, queue) in this process: every client of the process
+# shares it, so concurrent senders on any thread ride the same put call.
+_SENDERS: dict[tuple[Any, str], SendCoalescer] = {}
+_SENDERS_LOCK = threading.Lock()
+
+
+def _sender(manager, name: str, flush) -> SendCoalescer:
+    key = (manager._actor_id.hex(), name)
+    with _SENDERS_LOCK:
+        sender = _SENDERS.get(key)
+        if sender is None:
+            sender = _SENDERS[key] = SendCoalescer(flush)
+        return sender
 
 
 class Client:
@@ -158,6 +231,9 @@ class Queue:
                           for m in messages])
 
     def _put(self, messages: list[NewMessage]) -> list[str]:
+        return _sender(self._client._manager, self.name, self._put_now).send(messages)
+
+    def _put_now(self, messages: list[NewMessage]) -> list[str]:
         for attempt in range(3):
             queue, _, target = self._client._route(self.name, refresh=attempt > 0)
             shard = self._client._shard_of(queue, target)

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from rayq.core.kv import Txn
 from rayq.core.model import (PREFIX, ROW_KEY, US, NewMessage, Receipt, Row, StoredMessage,
-                             SubqueueState,
-                             check_count, check_name, check_seconds, decode_row, encode_row,
+                             SubqueueState, check_count, check_key, check_name, check_seconds, decode_row, encode_row,
                              to_us)
 from rayq.errors import (InvalidMessage, MessageTooLarge, QueueDisabled, RayqError,
                          ReceiptInvalid, StoreError)
@@ -64,7 +63,9 @@ class WriteBatch:
             with parent.nested() as child:
                 self.txn = child
                 return fn(*args, **kwargs)
-        except RayqError as err:
+        except (RayqError, TypeError, ValueError) as err:  # the caller's fault: undo this call alone
+            if not isinstance(err, RayqError):
+                err = InvalidMessage(f"bad arguments to {getattr(fn, '__name__', fn)}: {err}")
             del self.new_keys[mark[0]:], self.effects[mark[1]:]
             self.count_deltas = defaultdict(int, mark[2])
             self.stats, self.seq = mark[3], mark[4]
@@ -131,7 +132,7 @@ class WriteBatch:
         if len(m.body) - 1 > self.config.max_message_bytes:
             raise MessageTooLarge(f"body is {len(m.body) - 1} bytes; "
                                   f"the limit is {self.config.max_message_bytes}")
-        check_name(m.tenant, "tenant"), check_name(m.type, "type"), check_name(m.key, "key")
+        check_name(m.tenant, "tenant"), check_name(m.type, "type"), check_key(m.key)
         check_seconds(m.delay_s, "delay_s", 0, self.config.max_delay_s)
         if m.ttl_s is not None:
             check_seconds(m.ttl_s, "ttl_s", 0.001, self.config.max_ttl_s)

@@ -43,9 +43,11 @@ def encode_body(body: Any, max_bytes: int) -> bytes:
         data = bytes([_STR]) + body.encode("utf-8", "surrogatepass")
     else:
         try:
-            data = bytes([_PACKED]) + msgpack.packb(body, use_bin_type=True, strict_types=False)
+            packed = msgpack.packb(body, use_bin_type=True, strict_types=False)
         except (TypeError, ValueError, OverflowError) as err:
             raise InvalidMessage(f"body is not bytes, str or a msgpack-able value: {err}") from err
+        unpack(packed)  # refuse at send what could never be received (e.g. tuple map keys)
+        data = bytes([_PACKED]) + packed
     if len(data) - 1 > max_bytes:
         raise MessageTooLarge(f"body is {len(data) - 1} bytes; the limit is {max_bytes}")
     return data
@@ -59,7 +61,10 @@ def decode_body(data: bytes) -> Any:
     if tag == _BYTES:
         return bytes(payload)
     if tag == _STR:
-        return payload.decode("utf-8", "surrogatepass")
+        try:
+            return payload.decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError as err:
+            raise InvalidMessage(f"str body is not UTF-8: {err}") from err
     if tag == _PACKED:
         return unpack(payload)
     raise InvalidMessage(f"unknown body tag {tag}")
@@ -72,7 +77,7 @@ def pack(value: Any) -> bytes:
 def unpack(data: bytes) -> Any:
     """Decode untrusted msgpack with explicit limits. Raises InvalidMessage."""
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=True, **_UNPACK_LIMITS)
+        return msgpack.unpackb(data, raw=False, strict_map_key=False, **_UNPACK_LIMITS)
     except (ValueError, TypeError, msgpack.UnpackException, msgpack.ExtraData) as err:
         raise InvalidMessage(f"malformed msgpack: {err}") from err
 
@@ -83,6 +88,16 @@ def check_name(value: Any, what: str) -> str:
         raise InvalidMessage(f"{what} must be a non-empty str, got {value!r}")
     if len(value) > MAX_NAME_CHARS or not value.isprintable():
         raise InvalidMessage(f"{what} must be printable and at most {MAX_NAME_CHARS} chars")
+    return value
+
+
+MAX_KEY_BYTES = 400  # LMDB keys hold at most 511 bytes
+
+
+def check_key(value: Any) -> str:
+    """A fairness key: a non-empty str of at most 400 UTF-8 bytes."""
+    if not isinstance(value, str) or not value or len(value.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+        raise InvalidMessage(f"a fairness key must be a non-empty str of at most {MAX_KEY_BYTES} bytes")
     return value
 
 

@@ -1,0 +1,27 @@
+"""Small builders shared by the contract tests."""
+
+from rayq.core.cache import MemoryReading
+from rayq.core.model import NewMessage, decode_body, encode_body
+
+
+def message(value=b"body", *, key="k", tenant="acme", type="report", delay_s=0.0,
+            ttl_s=None) -> NewMessage:
+    return NewMessage(encode_body(value, 1 << 30), tenant, type, key, delay_s, ttl_s)
+
+
+def values(stored) -> list:
+    """The decoded bodies of stored messages, in order."""
+    return [decode_body(m.body) for m in stored]
+
+
+def starved_of_memory() -> MemoryReading:
+    """A memory probe that always reports pressure: nothing is cached."""
+    return MemoryReading(process_rss_bytes=0, available_bytes=0)
+
+
+def everything(store, subqueue=0, timeout_s=3600.0) -> list:
+    """Receive every visible message of a subqueue (hiding them for ``timeout_s``)."""
+    out = []
+    while batch := store.receive(subqueue, 1000, timeout_s):
+        out.extend(batch)
+    return out

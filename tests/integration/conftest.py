@@ -1,0 +1,41 @@
+"""One local Ray per test session; runtimes are restarted per module when configs differ."""
+
+import itertools
+import os
+
+import pytest
+
+import rayq
+
+pytestmark = pytest.mark.integration
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    import ray
+
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    ray.init(num_cpus=2, namespace="rayq", include_dashboard=False, log_to_driver=False)
+    yield ray
+    rayq.shutdown()
+    ray.shutdown()
+
+
+def start_runtime(tmp_path_factory, config: rayq.Config | None = None, name: str = "rayq"):
+    """Stop whatever runtime runs and start a fresh one on a new data directory."""
+    rayq.shutdown()
+    data_dir = tmp_path_factory.mktemp(name)
+    return rayq.start(data_dir=data_dir, config=config or rayq.Config()), data_dir
+
+
+@pytest.fixture(scope="module")
+def client(ray_session, tmp_path_factory):
+    client, _ = start_runtime(tmp_path_factory)
+    yield client
+
+
+@pytest.fixture
+def queue(client):
+    """A fresh queue per test, max_receives 3."""
+    return client.create_queue(f"q{next(_names)}", max_receives=3)

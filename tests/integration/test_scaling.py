@@ -1,0 +1,48 @@
+"""Subqueues are added under load and retired, drained and dropped when idle."""
+
+import time
+
+import rayq
+from tests.integration.conftest import start_runtime
+
+FAST_SCALING = rayq.ScalingConfig(interval_s=0.2, scale_up_ops_per_s=300, idle_s=1.0,
+                                  max_subqueues=3)
+
+
+def live_subqueues(queue):
+    return [s for s in queue.stats().subqueues if s["state"] != "disabled"]
+
+
+def wait_for(predicate, timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_subqueues_scale_up_under_load_and_down_when_idle_losing_nothing(ray_session, tmp_path_factory):
+    client, _ = start_runtime(tmp_path_factory, rayq.Config(scaling=FAST_SCALING))
+    queue = client.create_queue("elastic", max_receives=None)
+    sent = []
+    deadline = time.monotonic() + 20
+    while len(live_subqueues(queue)) < 2 and time.monotonic() < deadline:
+        producer = rayq.connect().queue("elastic")  # new sessions spread over subqueues
+        for _ in range(5):
+            sent += producer.send_batch([rayq.Outgoing(len(sent) + i) for i in range(100)])
+    assert len(live_subqueues(queue)) >= 2, "no subqueue was added under load"
+
+    received = []
+    while queue.count():
+        got = queue.receive(max_messages=500, visibility_timeout_s=30)
+        received += [m.id for m in got]
+        queue.delete_batch([m.receipt for m in got])
+    assert sorted(received) == sorted(sent)
+
+    assert wait_for(lambda: len(live_subqueues(queue)) == 1), "idle subqueues were not dropped"
+    events = {e["event"] for e in ray_session.get(
+        ray_session.get_actor("rayq-manager", namespace="rayq").info.remote())["scaling_events"]}
+    assert {"add", "retire", "drop"} <= events
+    queue.send("still works")
+    assert [m.body for m in queue.receive()] == ["still works"]

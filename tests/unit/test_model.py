@@ -1,0 +1,190 @@
+"""The codec, receipts, rows and argument checks of rayq.core.model."""
+
+import math
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rayq.core.model import (ROW_KEY, US, Receipt, Received, Row, StoredMessage, check_count,
+                             check_name, check_seconds, decode_body, decode_row, encode_body,
+                             encode_row, fairness_key, to_us)
+from rayq.errors import InvalidMessage, MessageTooLarge, ReceiptInvalid
+
+# -- bodies ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value, back", [
+    (b"raw", b"raw"), (bytearray(b"ba"), b"ba"), (memoryview(b"mv"), b"mv"), (b"", b""),
+    ("text ✓", "text ✓"), ("\udc80", "\udc80"), ("", ""),
+    (None, None), (False, False), (-(2**63), -(2**63)), (2**64 - 1, 2**64 - 1),
+    (0.1, 0.1), ([1, [2, b"3"]], [1, [2, b"3"]]), ({"a": {"b": None}}, {"a": {"b": None}}),
+    ((1, 2), [1, 2]),  # msgpack has one array type: tuples come back as lists
+], ids=repr)
+def test_a_body_decodes_to_the_value_it_was_encoded_from(value, back):
+    decoded = decode_body(encode_body(value, 1 << 20))
+    assert decoded == back and type(decoded) is type(back)
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text()
+                    | st.binary() | st.floats(allow_nan=False),
+                    lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
+                    max_leaves=20))
+@settings(max_examples=200)
+def test_any_msgpack_value_round_trips(value):
+    assert decode_body(encode_body(value, 1 << 20)) == value
+
+
+@pytest.mark.parametrize("value, max_bytes, fits", [
+    (b"x" * 10, 10, True), (b"x" * 11, 10, False),
+    ("é" * 5, 10, True), ("é" * 6, 10, False),  # str limits count utf-8 bytes
+    ([1] * 9, 10, True), ([1] * 10, 10, False),  # 1 header byte + one byte per small int
+])
+def test_a_body_over_max_bytes_is_refused(value, max_bytes, fits):
+    if fits:
+        assert len(encode_body(value, max_bytes)) <= max_bytes + 1
+    else:
+        with pytest.raises(MessageTooLarge):
+            encode_body(value, max_bytes)
+
+
+@pytest.mark.parametrize("value", [object(), {1, 2}, 2**64, -(2**63) - 1], ids=repr)
+def test_a_value_msgpack_cannot_pack_is_an_invalid_message(value):
+    with pytest.raises(InvalidMessage):
+        encode_body(value, 1 << 20)
+
+
+@pytest.mark.parametrize("value", [{1: "a"}, {None: 1}, {(1, 2): 3}], ids=repr)
+def test_a_body_encode_body_accepts_can_be_decoded(value):
+    try:
+        data = encode_body(value, 1 << 20)
+    except InvalidMessage:
+        return  # refusing at send time would be fine too
+    decode_body(data)
+
+
+@pytest.mark.parametrize("data", [
+    b"",                                  # no tag at all
+    b"\x03payload", b"\xffpayload",       # unknown tags
+    b"\x02",                              # packed tag, nothing packed
+    b"\x02\xc1",                          # a byte msgpack never uses
+    b"\x02\x92\x01",                      # truncated array
+    b"\x02\x01\x02",                      # extra data after the value
+    b"\x02\xd4\x01\x00",                  # ext types are refused
+    b"\x02\x81\x92\x01\x02\x01",          # an array as map key (unhashable)
+    b"\x02\xa2\xff\xfe",                  # str that is not utf-8
+    b"\x02\xdd\xff\xff\xff\xff",          # array header over max_array_len
+    b"\x02\xdf\xff\xff\xff\xff",          # map header over max_map_len
+    b"\x02\xdb\xff\xff\xff\xff",          # str header longer than the data
+    b"\x02" + b"\x91" * 100_000 + b"\x01",  # nesting deeper than the unpacker's stack
+], ids=repr)
+def test_malformed_bodies_are_invalid_messages(data):
+    with pytest.raises(InvalidMessage):
+        decode_body(data)
+
+
+def test_a_str_body_that_is_not_utf8_is_an_invalid_message():
+    with pytest.raises(InvalidMessage):
+        decode_body(b"\x01\xff")
+
+
+@given(st.binary(max_size=64))
+@settings(max_examples=300)
+def test_arbitrary_packed_bytes_decode_or_raise_invalid_message(payload):
+    try:
+        decode_body(b"\x02" + payload)
+    except InvalidMessage:
+        pass
+
+
+# -- receipts ----------------------------------------------------------------------------
+ROW_KEY_7 = ROW_KEY.pack(7, 3, 1_700_000_000 * US, 42)
+
+
+def test_a_receipt_encodes_to_text_and_back():
+    receipt = Receipt(ROW_KEY_7, b"12345678")
+    text = receipt.encode()
+    assert isinstance(text, str) and len(text) == 44 and text.isascii()
+    assert Receipt.decode(text) == receipt and Receipt.decode(text).subqueue == 7
+
+
+@pytest.mark.parametrize("text", [
+    None, 42, b"bytes" * 9, "", "short", "A" * 43, "A" * 45, "é" * 44, "!" * 44, " " * 44,
+    Receipt(ROW_KEY_7, b"12345678").encode()[:-2] + "==",
+], ids=repr)
+def test_text_that_is_not_a_receipt_is_refused(text):
+    with pytest.raises(ReceiptInvalid):
+        Receipt.decode(text)
+
+
+# -- rows --------------------------------------------------------------------------------
+@pytest.mark.parametrize("row", [
+    Row("id-1", "acme", "report", 1, 2, 0, b"", b"\x00body", None),
+    Row("id-2", "acme", "report", 1, 2, 3, b"nonce123", None, (b"blob-id", 5000, 17)),
+])
+def test_a_row_decodes_to_the_row_it_was_encoded_from(row):
+    assert decode_row(encode_row(row)) == row
+
+
+def test_received_decodes_the_body_of_a_stored_message():
+    stored = StoredMessage("id", "r", encode_body({"n": 1}, 100), "acme", "report", "k", 2,
+                           1.5, 0)
+    assert Received.from_stored(stored) == Received("id", "r", {"n": 1}, "acme", "report", 2, 1.5)
+
+
+# -- checks -----------------------------------------------------------------------------
+@pytest.mark.parametrize("value, ok", [
+    ("acme", True), ("é-テナント", True), ("x" * 128, True), ("with space", True),
+    ("", False), ("x" * 129, False), ("tab\there", False), ("nul\x00", False),
+    (None, False), (5, False), (b"acme", False),
+])
+def test_names_are_non_empty_printable_strings_up_to_128_chars(value, ok):
+    if ok:
+        assert check_name(value, "tenant") == value
+    else:
+        with pytest.raises(InvalidMessage):
+            check_name(value, "tenant")
+
+
+@pytest.mark.parametrize("value, ok", [
+    (0, True), (1.5, True), (10, True),
+    (-0.001, False), (10.001, False), (math.inf, False), (math.nan, False),
+    (True, False), ("5", False), (None, False),
+])
+def test_seconds_are_real_numbers_within_bounds(value, ok):
+    if ok:
+        assert check_seconds(value, "timeout_s", 0, 10) == float(value)
+    else:
+        with pytest.raises(InvalidMessage):
+            check_seconds(value, "timeout_s", 0, 10)
+
+
+@pytest.mark.parametrize("value, ok", [
+    (1, True), (1000, True), (0, False), (1001, False), (1.0, False), (True, False), ("1", False),
+])
+def test_counts_are_ints_within_bounds(value, ok):
+    if ok:
+        assert check_count(value, "max_messages", 1, 1000) == value
+    else:
+        with pytest.raises(InvalidMessage):
+            check_count(value, "max_messages", 1, 1000)
+
+
+@pytest.mark.parametrize("mode, key", [
+    ("type", "report"), ("tenant", "acme"), ("tenant_type", "acme/report"),
+])
+def test_the_fairness_key_follows_the_mode(mode, key):
+    assert fairness_key("acme", "report", mode) == key
+
+
+@pytest.mark.parametrize("seconds, us", [(0, 0), (1.5, 1_500_000), (1e-6, 1), (4e-7, 0),
+                                         (1_700_000_000.000001, 1_700_000_000_000_001)])
+def test_seconds_convert_to_whole_microseconds(seconds, us):
+    assert to_us(seconds) == us
+
+
+def test_the_unpacker_limits_are_accepted_by_msgpack():
+    # Regression: an unknown keyword made every packed body fail to decode.
+    assert decode_body(encode_body({"a": [1]}, 100)) == {"a": [1]}
+    assert msgpack.version >= (1, 0, 0)

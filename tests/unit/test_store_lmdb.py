@@ -1,0 +1,173 @@
+"""The LMDB store: durability across reopen and crashes, map growth, receive cost vs depth."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from rayq.config import StoreConfig
+from rayq.core.kv import LmdbKV
+from rayq.core.model import NewMessage, decode_body, encode_body
+from rayq.core.store import ShardStore
+from rayq.testing import FakeClock, plenty_of_memory
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def message(value, key="k", **fields) -> NewMessage:
+    return NewMessage(encode_body(value, 1 << 30), "acme", "report", key, **fields)
+
+
+def open_store(path, clock, **kv_options) -> ShardStore:
+    return ShardStore(LmdbKV(path, **kv_options), clock=clock,
+                      config=StoreConfig(blob_threshold_bytes=1024, blob_chunk_bytes=300),
+                      memory_probe=plenty_of_memory)
+
+
+def drain(store, subqueue=0) -> list:
+    out = []
+    while batch := store.receive(subqueue, 1000, 3600):
+        out.extend(batch)
+    return out
+
+
+# -- reopen ---------------------------------------------------------------------
+def test_every_message_count_and_hidden_state_survive_a_reopen(tmp_path):
+    clock = FakeClock()
+    store = open_store(tmp_path / "shard", clock)
+    ids = store.put(0, [message("a", key="x"), message(b"b" * 5000, key="y"),
+                        message("later", delay_s=100), message("mortal", ttl_s=50)])
+    store.put(7, [message({"n": 7})])
+    [hidden] = store.receive(0, 1, 60, keys=["x"])
+    counts, depths = store.counts(), store.depths()
+    store.close()
+
+    store = open_store(tmp_path / "shard", clock)
+    assert store.counts() == counts and store.depths() == depths
+    assert [decode_body(m.body) for m in store.peek(0, 10)] == [b"b" * 5000, "mortal"]
+    clock.advance(60)
+    again = store.receive(0, 10, 30, keys=["x"])
+    assert [(m.id, m.dequeue_count) for m in again] == [(hidden.id, 2)]
+    assert store.delete([hidden.receipt]) == [hidden.receipt]
+    assert store.delete([again[0].receipt]) == []
+    clock.advance(40)
+    assert {decode_body(m.body) for m in drain(store)} == {b"b" * 5000, "later"}
+    assert [decode_body(m.body) for m in drain(store, 7)] == [{"n": 7}]
+    assert not set(store.put(0, [message("new")])) & set(ids)
+    store.close()
+
+
+def test_a_receipt_issued_before_a_reopen_is_still_valid_after_it(tmp_path):
+    clock = FakeClock()
+    store = open_store(tmp_path / "shard", clock)
+    store.put(0, [message("a")])
+    [got] = store.receive(0, 1, 30)
+    store.close()
+    store = open_store(tmp_path / "shard", clock)
+    assert store.delete([got.receipt]) == [] and store.counts() == {}
+    store.close()
+
+
+# -- map growth -------------------------------------------------------------------
+def test_the_map_grows_instead_of_failing_when_it_is_full(tmp_path):
+    store = open_store(tmp_path / "shard", FakeClock(), map_size=1 << 20)
+    for i in range(40):
+        store.put(0, [message(bytes([i]) * 50_000, key=f"k{i % 3}") for _ in range(2)])
+    store.group([("put", (1, [message(b"g" * 30_000) for _ in range(40)]), {})])
+    assert store.stats().map_size_bytes > 4 << 20
+    assert store.count(0) == 80 and store.count(1) == 40
+    assert sorted(m.body[1] for m in drain(store)) == sorted(list(range(40)) * 2)
+    store.close()
+
+
+# -- crash --------------------------------------------------------------------------
+CHILD = textwrap.dedent("""
+    import sys
+    from rayq.core.kv import LmdbKV
+    from rayq.core.model import NewMessage, encode_body
+    from rayq.core.store import ShardStore
+    from rayq.testing import FakeClock, plenty_of_memory
+
+    store = ShardStore(LmdbKV(sys.argv[1]), clock=FakeClock(), memory_probe=plenty_of_memory)
+    batch = 0
+    while True:
+        store.put(0, [NewMessage(encode_body(f"{batch}:{i}:" + "x" * 200, 1024), "t", "crash", "k")
+                      for i in range(50)])
+        print(batch, flush=True)  # only once put() returned: the batch is committed
+        batch += 1
+""")
+
+
+def _run_child_until(path, batches: int) -> int:
+    """Start a putting child, SIGKILL it after ``batches`` reports; the last batch reported."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=env, cwd=REPO, text=True)
+    reported = -1
+    try:
+        while reported < batches:
+            line = child.stdout.readline()
+            assert line, f"the child died by itself: {child.stderr.read()}"
+            reported = int(line)
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    tail = child.stdout.read().split("\n")
+    complete = [int(n) for n in tail[:-1] if n]  # a line cut by the kill does not count
+    child.stdout.close(), child.stderr.close()
+    return max([reported, *complete])
+
+
+def test_a_killed_writer_leaves_every_reported_batch_whole_and_no_batch_half_applied(tmp_path):
+    reported = _run_child_until(tmp_path / "shard", batches=300)
+    store = open_store(tmp_path / "shard", FakeClock())
+    by_batch = defaultdict(set)
+    for m in drain(store):
+        batch, i, _ = decode_body(m.body).split(":")
+        by_batch[int(batch)].add(int(i))
+    assert all(found == set(range(50)) for found in by_batch.values())
+    assert sorted(by_batch) == list(range(len(by_batch)))
+    assert reported + 1 <= len(by_batch) <= reported + 2
+    assert store.count(0) == 50 * len(by_batch)
+    store.close()
+
+
+# -- receive cost does not grow with depth ----------------------------------------------
+ROWS = 100_000
+
+
+def _hidden(store, clock):
+    for _ in range(ROWS // 1000):
+        store.put(0, [message("old") for _ in range(1000)])
+    while store.receive(0, 1000, 3600):
+        pass
+
+
+def _expired(store, clock):
+    for _ in range(ROWS // 1000):
+        store.put(0, [message("old", ttl_s=5) for _ in range(1000)])
+    clock.advance(5)
+    assert store.collect_expired(ROWS) == ROWS
+
+
+def _deleted(store, clock):
+    for _ in range(ROWS // 1000):
+        store.put(0, [message("old") for _ in range(1000)])
+        store.delete([m.receipt for m in store.receive(0, 1000, 3600)])
+
+
+@pytest.mark.parametrize("rows_ahead", [_hidden, _expired, _deleted])
+def test_one_receive_reads_a_constant_number_of_rows_whatever_lies_ahead(tmp_path, rows_ahead):
+    clock = FakeClock()
+    store = open_store(tmp_path / "shard", clock, durable=False)
+    rows_ahead(store, clock)
+    store.put(0, [message("fresh")])
+    before = store.stats().rows_scanned
+    assert [decode_body(m.body) for m in store.receive(0, 1, 30)] == ["fresh"]
+    assert store.stats().rows_scanned - before <= 2
+    store.close()
