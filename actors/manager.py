@@ -43,14 +43,10 @@ class QueueManager:
     # -- registry --------------------------------------------------------------
     async def create_queue(self, name: str, subqueues: int = 1,
                            max_receives: int | None = 5) -> QueueInfo:
-        existing = self.registry._queues.get(name)
-        if existing is not None:
-            return self.registry.create(name, subqueues=subqueues, max_receives=max_receives,
-                                        shard_depths={})
-        depths = await self._shard_depths()
-        queue = self.registry.create(name, subqueues=subqueues, max_receives=max_receives,
-                                     shard_depths=depths)
-        return queue
+        # Placement needs shard depths only for a queue that does not exist yet.
+        depths = {} if name in self.registry else await self._shard_depths()
+        return self.registry.create(name, subqueues=subqueues, max_receives=max_receives,
+                                    shard_depths=depths)
 
     def get_queue(self, name: str) -> QueueInfo:
         return self.registry.get(name)

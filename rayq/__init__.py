@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 
-from rayq.client import Client, KeyStats, Queue, QueueStats
+from typing import TYPE_CHECKING
+
 from rayq.config import (Config, ConsumerConfig, FairnessConfig, FloodConfig, ScalingConfig,
                          StoreConfig)
 from rayq.core.model import Outgoing, Received
@@ -20,7 +21,13 @@ from rayq.errors import (AuthError, InvalidMessage, MessageTooLarge, Overloaded,
                          QueueExists, QueueNotFound, RayqError, ReceiptInvalid, RuntimeFailure,
                          StoreError, TaskError, UsageError)
 
+if TYPE_CHECKING:
+    from rayq.client import Client, KeyStats, Queue, QueueStats
+
 DEFAULT_DATA_DIR = ".rayq-data"
+# Names that need Ray are imported on first use, so that importing rayq.core
+# (or rayq.config, rayq.errors) never loads Ray.
+_CLIENT_NAMES = frozenset({"Client", "Queue", "QueueStats", "KeyStats"})
 
 __all__ = [
     "start", "connect", "shutdown", "Client", "Queue", "QueueStats", "KeyStats",
@@ -30,6 +37,14 @@ __all__ = [
     "QueueExists", "QueueNotFound", "RayqError", "ReceiptInvalid", "RuntimeFailure",
     "StoreError", "TaskError", "UsageError",
 ]
+
+
+def __getattr__(name: str):
+    if name in _CLIENT_NAMES:
+        from rayq import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'rayq' has no attribute {name!r}")
 
 
 def _init_ray(address: str | None = None) -> None:
@@ -51,6 +66,7 @@ def start(data_dir: str | os.PathLike | None = None, config: Config | None = Non
     from actors.runtime import ensure_runtime, find_runtime
 
     from rayq import config as config_module
+    from rayq.client import Client
 
     config = config or config_module.load()
     if consumers is not None:
@@ -65,6 +81,8 @@ def start(data_dir: str | os.PathLike | None = None, config: Config | None = Non
 def connect(address: str = "auto", account: str | None = None, key: str | None = None) -> Client:
     """Attach to a running runtime (also from inside Ray tasks and actors)."""
     from actors.runtime import find_runtime
+
+    from rayq.client import Client
 
     if account is not None or key is not None:
         raise AuthError("signed accounts are not available yet in this version of rayq")

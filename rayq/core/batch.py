@@ -210,8 +210,8 @@ class WriteBatch:
         if keys is None:
             kids = sorted(self.store._sq_keys.get(sq, set()) | self._touched[sq])
         else:
-            kids = list(dict.fromkeys(k for k in map(lambda name: self.key_id(name, False), keys)
-                                      if k is not None))
+            known = (self.key_id(name, create=False) for name in keys)
+            kids = list(dict.fromkeys(kid for kid in known if kid is not None))
         budget = self.config.max_scan_rows
         found, skipped = [], []
         for kid in kids:

@@ -104,6 +104,9 @@ class QueueRegistry:
             raise QueueNotFound(f"no queue named {name!r}")
         return queue
 
+    def __contains__(self, name: str) -> bool:
+        return name in self._queues
+
     def names(self) -> list[str]:
         return sorted(self._queues)
 

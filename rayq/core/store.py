@@ -251,10 +251,6 @@ class ShardStore:
         """Enqueues per (subqueue, type, tenant) per window over the look-back, oldest first."""
         return self.enqueues.snapshot(self.clock.now())
 
-    def subqueues(self) -> list[int]:
-        return sorted(sq for sq, kids in self._sq_keys.items()
-                      if any(self._counts.get((sq, k), 0) for k in kids))
-
     def stats(self) -> StoreStats:
         info = self.kv.info()
         return StoreStats(messages=sum(self._counts.values()), cache=self.cache.stats(),

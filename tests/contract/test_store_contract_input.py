@@ -1,10 +1,8 @@
 """Blobs, size limits and bad input: refused with the documented errors, nothing changed."""
 
-import lmdb
 import pytest
 
 from rayq.config import StoreConfig
-from rayq.core.kv import LmdbKV
 from rayq.core.model import NewMessage
 from rayq.errors import InvalidMessage, MessageTooLarge, ReceiptInvalid, UsageError
 from tests.contract.helpers import message, starved_of_memory, values

@@ -3,7 +3,6 @@
 import threading
 import time
 
-import pytest
 
 import rayq
 from tests.integration.conftest import start_runtime

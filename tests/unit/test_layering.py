@@ -2,6 +2,8 @@
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -26,3 +28,12 @@ def test_core_modules_import_neither_ray_nor_actors(path):
 
 def test_the_core_package_is_not_empty():
     assert len(list(CORE.glob("*.py"))) >= 8
+
+
+def test_importing_the_core_loads_neither_ray_nor_actors():
+    # Transitive: importing any rayq.core module runs rayq/__init__ first.
+    modules = ", ".join(f"rayq.core.{p.stem}" for p in sorted(CORE.glob("*.py")) if p.stem != "__init__")
+    code = (f"import sys, {modules}, rayq.testing, rayq.config, rayq.errors; "
+            "print(sorted(m for m in ('ray', 'actors') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
