@@ -1,4 +1,4 @@
-"""Fakes that ship with rayq: an in-memory store and a fake clock.
+"""Fakes that ship with rayq: an in-memory store, a fake clock, simulated consumers.
 
 ``memory_store()`` builds a :class:`~rayq.core.store.ShardStore` over
 :class:`MemoryKV`, an ordered in-memory key-value store with the transaction
@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import random
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TypeVar
 
-from rayq.config import StoreConfig
+from rayq.config import ConsumerConfig, StoreConfig
+from rayq.core.balancer import BalancerState
 from rayq.core.cache import MemoryReading
 from rayq.core.clock import FakeClock
 from rayq.core.kv import DATABASES
@@ -22,7 +25,7 @@ from rayq.core.store import ShardStore
 T = TypeVar("T")
 _MISSING = object()
 
-__all__ = ["FakeClock", "MemoryKV", "memory_store", "plenty_of_memory"]
+__all__ = ["FakeClock", "MemoryKV", "SimulatedConsumers", "memory_store", "plenty_of_memory"]
 
 
 class _Table:
@@ -130,3 +133,57 @@ def memory_store(config: StoreConfig = StoreConfig(), clock: FakeClock | None = 
     """A shard store held in memory, on a :class:`FakeClock` unless told otherwise."""
     return ShardStore(MemoryKV(), config=config, clock=clock or FakeClock(),
                       memory_probe=memory_probe)
+
+
+@dataclass
+class SimulatedConsumers:
+    """Consumers sharing one queue, each balancing its load by hit rate, in discrete ticks.
+
+    Each tick ``arrivals`` messages join the queue, every consumer polls once
+    per unit of load (polls are served in random order, as a shard serves
+    competing receives), and each consumer then adjusts its load. No clock,
+    no threads: the balancer's behaviour alone.
+    """
+
+    config: ConsumerConfig
+    seed: int = 0
+    depth: int = 0
+    states: list[BalancerState] = field(default_factory=list)
+    received: list[int] = field(default_factory=list)
+    empty_polls: int = 0
+
+    def __post_init__(self):
+        self._rng = random.Random(self.seed)
+
+    def join(self) -> int:
+        """Add a consumer at its initial load; returns its index."""
+        self.states.append(BalancerState.initial(self.config))
+        self.received.append(0)
+        return len(self.states) - 1
+
+    def tick(self, arrivals: int) -> list[int]:
+        """Run one period; returns what each consumer received in it."""
+        self.depth += arrivals
+        polls = [i for i, s in enumerate(self.states) for _ in range(s.load)]
+        self._rng.shuffle(polls)
+        got = [0] * len(self.states)
+        for i in polls:
+            hit = self.depth > 0
+            if hit:
+                self.depth -= 1
+                got[i] += 1
+            else:
+                self.empty_polls += 1
+            self.states[i] = self.states[i].polled(hit)
+        self.states = [s.adjusted(self.config) for s in self.states]
+        for i, n in enumerate(got):
+            self.received[i] += n
+        return got
+
+    def run(self, ticks: int, arrivals: int) -> list[int]:
+        """Run ``ticks`` periods; returns what each consumer received over them."""
+        totals = [0] * len(self.states)
+        for _ in range(ticks):
+            for i, n in enumerate(self.tick(arrivals)):
+                totals[i] += n
+        return totals
