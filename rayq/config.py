@@ -41,6 +41,7 @@ class StoreConfig:
     max_delay_s: float = 7 * DAY_S
     # Upper bound on rows one receive may step over (expired / dead-lettered).
     max_scan_rows: int = 1000
+    outcome_ttl_s: float = DAY_S   # how long a task's outcome is kept for ray.get
     enqueue_window_s: float = 180.0
     enqueue_windows: int = 10
     durable: bool = True
@@ -85,6 +86,15 @@ class ConsumerConfig:
     max_load: int = 8
     min_target: float = 0.2
     max_target: float = 0.9
+    smoothing: float = 0.3             # weight of the newest hit rate in the moving average
+    adjust_interval_s: float = 1.0     # how often a consumer moves its load
+    poll_wait_s: float = 2.0           # long-poll wait of one receive
+    prefetch: int = 1                  # messages one poller takes per receive
+    visibility_timeout_s: float = 30.0  # tasks hidden while running; extended by heartbeats
+    retry_backoff_s: float = 1.0       # first retry delay after a handler raised; doubles
+    max_backoff_s: float = 60.0
+    defer_s: float = 0.5               # how long a message of a saturated type stays hidden
+    num_cpus: float = 0.5              # Ray CPUs reserved per consumer actor
 
 
 @dataclass(frozen=True)

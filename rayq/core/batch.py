@@ -8,6 +8,7 @@ changes for a transaction that aborts.
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 from collections import defaultdict
@@ -15,9 +16,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rayq.core.kv import Txn
-from rayq.core.model import (PREFIX, ROW_KEY, US, NewMessage, Receipt, Row, StoredMessage,
-                             SubqueueState, check_count, check_key, check_name, check_seconds, decode_row, encode_row,
-                             to_us)
+from rayq.core.model import (PREFIX, ROW_KEY, US, Ending, NewMessage, Receipt, Row,
+                             StoredMessage, SubqueueState, check_count, check_key, check_name,
+                             check_seconds, decode_row, encode_row, to_us)
 from rayq.errors import (InvalidMessage, MessageTooLarge, QueueDisabled, RayqError,
                          ReceiptInvalid, StoreError)
 
@@ -32,7 +33,8 @@ MAX_BATCH = 1000
 MAX_SUBQUEUE = 2**32 - 2
 STAT_NAMES = ("puts", "receives", "deletes", "expired", "dead_lettered", "rows_scanned")
 BATCH_OPS = frozenset({"put", "receive", "delete", "change_visibility", "clear",
-                       "collect_expired"})
+                       "collect_expired", "finish", "defer"})
+MAX_OUTCOME_BYTES = 16 << 20
 _CLEAR_CHUNK = 10_000
 
 
@@ -73,7 +75,7 @@ class WriteBatch:
         finally:
             self.txn = parent
 
-    def finish(self) -> None:
+    def seal(self) -> None:
         """Persist counts and the sequence inside the transaction, just before commit."""
         for (sq, kid), delta in self.count_deltas.items():
             if not delta:
@@ -145,7 +147,7 @@ class WriteBatch:
         inline = len(m.body) <= self.config.blob_threshold_bytes
         blob = None if inline else self._write_blob(seq, m.body)
         row = Row(message_id, m.tenant, m.type, self.now_us, expires_us, 0, b"",
-                  m.body if inline else None, blob)
+                  m.body if inline else None, blob, bool(m.task))
         row_key = ROW_KEY.pack(sq, kid, self.now_us + to_us(m.delay_s), seq)
         self.txn.put("rows", row_key, encode_row(row))
         self.txn.put("expiry", EXPIRY.pack(expires_us, seq), row_key)
@@ -175,7 +177,8 @@ class WriteBatch:
     # -- receive -------------------------------------------------------------
     def receive(self, subqueue: int, max_messages: int, visibility_timeout_s: float | None,
                 *, keys: Sequence[str] | None = None, max_receives: int | None = None,
-                dead_letter: int | None = None) -> list[StoredMessage]:
+                dead_letter: int | None = None,
+                exclude: Sequence[str] | None = None) -> list[StoredMessage]:
         check_subqueue(subqueue)
         check_count(max_messages, "max_messages", 1, MAX_BATCH)
         if visibility_timeout_s is None:
@@ -183,15 +186,17 @@ class WriteBatch:
         check_seconds(visibility_timeout_s, "visibility_timeout_s", 0,
                       self.config.max_visibility_timeout_s)
         _check_keys(keys)
+        _check_keys(exclude)
         if max_receives is not None:
             check_count(max_receives, "max_receives", 1, 1000)
             check_subqueue(dead_letter)
         if self.store.state(subqueue) is SubqueueState.DISABLED:
             raise QueueDisabled(f"subqueue {subqueue} is disabled")
-        found, skipped = self.pick(subqueue, max_messages, self.now_us, keys, max_receives)
+        found, skipped = self.pick(subqueue, max_messages, self.now_us, keys, max_receives,
+                                   exclude)
         for row_key, row, reason in skipped:
             if reason == "expired":
-                self._remove(row_key, row)
+                self._remove(row_key, row, Ending.EXPIRED)
                 self.stats["expired"] += 1
             else:
                 self._dead_letter(row_key, row, dead_letter)
@@ -201,14 +206,18 @@ class WriteBatch:
         return delivered
 
     def pick(self, sq: int, n: int, now_us: int, keys: Sequence[str] | None,
-             max_receives: int | None) -> tuple[list, list]:
+             max_receives: int | None, exclude: Sequence[str] | None = None) -> tuple[list, list]:
         """Find up to ``n`` deliverable rows; also the expired or dead rows stepped over.
 
         Reads only the visible head of each key's range, stepping over at most
-        ``max_scan_rows`` expired or dead rows in total.
+        ``max_scan_rows`` expired or dead rows in total. Keys in ``exclude``
+        are left alone (e.g. job types at their concurrency limit).
         """
         if keys is None:
             kids = sorted(self.store._sq_keys.get(sq, set()) | self._touched[sq])
+            if exclude:
+                skip = {self.key_id(name, create=False) for name in exclude}
+                kids = [kid for kid in kids if kid not in skip]
         else:
             known = (self.key_id(name, create=False) for name in keys)
             kids = list(dict.fromkeys(kid for kid in known if kid is not None))
@@ -263,8 +272,10 @@ class WriteBatch:
         self.effects.append(("uncache", row_key))
         return new_key
 
-    def _remove(self, row_key: bytes, row: Row) -> None:
+    def _remove(self, row_key: bytes, row: Row, ending: Ending | None = None) -> None:
         sq, kid, _, seq = ROW_KEY.unpack(row_key)
+        if row.task and ending is not None:
+            self._record(row.id, ending)
         self.txn.delete("rows", row_key)
         self.txn.delete("expiry", EXPIRY.pack(row.expires_at_us, seq))
         if row.blob is not None:
@@ -274,7 +285,7 @@ class WriteBatch:
         self.store.cache.discard(row_key)
         self.effects.append(("uncache", row_key))
 
-    def _dead_letter(self, row_key: bytes, row: Row, dead_letter: int) -> None:
+    def _dead_letter(self, row_key: bytes, row: Row, dead_letter: int, record: bool = True) -> None:
         sq, kid, _, seq = ROW_KEY.unpack(row_key)
         self._move(row_key, row, ROW_KEY.pack(dead_letter, kid, self.now_us, seq))
         self.store.cache.discard(row_key)
@@ -282,6 +293,8 @@ class WriteBatch:
         self.count_deltas[(dead_letter, kid)] += 1
         self._touched[dead_letter].add(kid)
         self.stats["dead_lettered"] += 1
+        if row.task and record:
+            self._record(row.id, Ending.DEAD)
 
     def stored(self, row_key: bytes, row: Row, receipt: str | None,
                body: bytes | None = None) -> StoredMessage:
@@ -310,15 +323,24 @@ class WriteBatch:
             except ReceiptInvalid:
                 invalid.append(receipt)
                 continue
-            self._remove(row_key, row)
+            self._remove(row_key, row, Ending.DELETED)
             self.stats["deletes"] += 1
         return invalid
 
     def change_visibility(self, receipt: str, timeout_s: float) -> str:
+        return self._hide(receipt, timeout_s, undeliver=False)
+
+    def defer(self, receipt: str, delay_s: float) -> str:
+        """Put a received message back unrun for ``delay_s``: its delivery does not count
+        toward ``max_receives`` (a consumer declined it, e.g. at a concurrency limit)."""
+        return self._hide(receipt, delay_s, undeliver=True)
+
+    def _hide(self, receipt: str, timeout_s: float, undeliver: bool) -> str:
         check_seconds(timeout_s, "timeout_s", 0, self.config.max_visibility_timeout_s)
         row_key, row = self._resolve(receipt)
         sq, kid, _, seq = ROW_KEY.unpack(row_key)
-        new_row = row._replace(nonce=os.urandom(8))
+        count = max(0, row.dequeue_count - 1) if undeliver else row.dequeue_count
+        new_row = row._replace(nonce=os.urandom(8), dequeue_count=count)
         new_key = self._move(row_key, new_row,
                              ROW_KEY.pack(sq, kid, self.now_us + to_us(timeout_s), seq))
         self.store.cache.discard(row_key)
@@ -338,7 +360,7 @@ class WriteBatch:
             if not chunk:
                 return removed
             for row_key, row in chunk:
-                self._remove(row_key, row)
+                self._remove(row_key, row, Ending.DELETED)
             removed += len(chunk)
 
     def collect_expired(self, limit: int) -> int:
@@ -354,8 +376,44 @@ class WriteBatch:
             if value is None:  # index entry of a row already gone
                 self.txn.delete("expiry", expiry_key)
                 continue
-            self._remove(row_key, decode_row(value))
+            self._remove(row_key, decode_row(value), Ending.EXPIRED)
             self.stats["expired"] += 1
+        return len(entries) + self._collect_outcomes(limit)
+
+    # -- outcomes of task messages -----------------------------------------------
+    def finish(self, receipt: str, outcome: bytes, dead_letter: int | None = None) -> None:
+        """End a received task: record ``outcome`` and delete the message, or move it
+        to subqueue ``dead_letter`` (a task that failed for the last time).
+        Raises ReceiptInvalid when the receipt is stale: someone else owns it now."""
+        if not isinstance(outcome, bytes) or len(outcome) > MAX_OUTCOME_BYTES:
+            raise InvalidMessage(f"an outcome is at most {MAX_OUTCOME_BYTES} bytes")
+        if dead_letter is not None:
+            check_subqueue(dead_letter)
+        row_key, row = self._resolve(receipt)
+        if dead_letter is None:
+            self._remove(row_key, row)
+            self.stats["deletes"] += 1
+        else:
+            self._dead_letter(row_key, row, dead_letter, record=False)
+        self._record(row.id, Ending.RESULT, outcome)
+
+    def _record(self, message_id: str, ending: Ending, payload: bytes = b"") -> None:
+        expires_us = self.now_us + to_us(self.config.outcome_ttl_s)
+        mid = message_id.encode()
+        if self.txn.get("outcomes", mid) is not None:
+            return  # a task ends once: deleting its dead letter later changes nothing
+        self.txn.put("outcomes", mid, U64.pack(expires_us) + bytes([ending.value]) + payload)
+        self.txn.put("outcome_expiry", U64.pack(expires_us) + mid, b"")
+        self.effects.append(("outcome", message_id))
+
+    def _collect_outcomes(self, limit: int) -> int:
+        stop = U64.pack(self.now_us + 1)
+        entries = [key for key, _ in itertools.islice(self.txn.scan("outcome_expiry", b"", stop), limit)]
+        for key in entries:
+            self.txn.delete("outcome_expiry", key)
+            value = self.txn.get("outcomes", key[8:])
+            if value is not None and value[:8] == key[:8]:
+                self.txn.delete("outcomes", key[8:])
         return len(entries)
 
 

@@ -17,7 +17,7 @@ import lmdb
 from rayq.errors import StoreError
 
 T = TypeVar("T")
-DATABASES = ("rows", "expiry", "blobs", "counts", "keys", "meta")
+DATABASES = ("rows", "expiry", "blobs", "counts", "keys", "meta", "outcomes", "outcome_expiry")
 
 
 class Txn(Protocol):

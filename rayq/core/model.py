@@ -145,6 +145,7 @@ class NewMessage:
     key: str
     delay_s: float = 0.0
     ttl_s: float | None = None
+    task: bool = False          # the store records how a task message ended (its outcome)
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,16 @@ class Row(NamedTuple):
     nonce: bytes
     body: bytes | None          # inline body, or None when the body is a blob
     blob: tuple | None          # (blob id, size bytes, chunks) when stored as a blob
+    task: bool = False          # a task message: its ending is recorded as an outcome
+
+
+class Ending(Enum):
+    """How a task message left its queue, as recorded in the shard's outcomes table."""
+
+    RESULT = 1        # a consumer finished it; the payload is its encoded outcome
+    DEAD = 2          # dead-lettered after max_receives; the payload is empty
+    EXPIRED = 3       # its time to live ran out before anyone finished it
+    DELETED = 4       # deleted or cleared without a result
 
 
 def encode_row(row: Row) -> bytes:

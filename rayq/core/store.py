@@ -30,7 +30,7 @@ from rayq.core.batch import BATCH_OPS, I64, MAX_BATCH, STAT_NAMES, U64, WriteBat
 from rayq.core.cache import CacheStats, MessageCache, PressureMonitor, psutil_probe
 from rayq.core.clock import Clock, SystemClock
 from rayq.core.kv import KV, Txn
-from rayq.core.model import (PREFIX, ROW_KEY, US, NewMessage, StoredMessage, SubqueueState,
+from rayq.core.model import (PREFIX, ROW_KEY, US, Ending, NewMessage, StoredMessage, SubqueueState,
                              check_count, decode_row, to_us)
 from rayq.core.windows import WindowedSums
 from rayq.errors import InvalidMessage
@@ -87,6 +87,7 @@ class ShardStore:
         self._counts: dict[tuple[int, int], int] = {}
         self._sq_keys: dict[int, set[int]] = defaultdict(set)
         self._states: dict[int, SubqueueState] = {}
+        self._finished: list[str] = []  # tasks whose outcome was recorded since take_finished()
         self._seq, self.store_id = kv.transact(self._load)
 
     # -- opening ---------------------------------------------------------
@@ -114,7 +115,7 @@ class ShardStore:
         def body(txn: Txn):
             batch = WriteBatch(self, txn)
             result = fn(batch)
-            batch.finish()
+            batch.seal()
             return batch, result
 
         batch, result = self.kv.transact(body)
@@ -157,6 +158,8 @@ class ShardStore:
                 self.cache.discard(*args)
             elif op == "enqueue":
                 self.enqueues.add(args[0], 1, args[1])
+            elif op == "outcome":
+                self._finished.append(args[0])
         for name, n in batch.stats.items():
             self._stats[name] += n
 
@@ -167,17 +170,18 @@ class ShardStore:
 
     def receive(self, subqueue: int, max_messages: int = 1, visibility_timeout_s: float | None = None,
                 *, keys: Sequence[str] | None = None, max_receives: int | None = None,
-                dead_letter: int | None = None) -> list[StoredMessage]:
+                dead_letter: int | None = None,
+                exclude: Sequence[str] | None = None) -> list[StoredMessage]:
         """Hide and return up to ``max_messages`` visible messages with fresh pop receipts.
 
         ``keys`` gives a listen order (take from the first key first); without
-        it the oldest visible messages across keys come first. A message
-        already received ``max_receives`` times moves to subqueue
-        ``dead_letter`` instead of being delivered.
+        it the oldest visible messages across keys come first, except those of
+        keys in ``exclude``. A message already received ``max_receives`` times
+        moves to subqueue ``dead_letter`` instead of being delivered.
         """
         return self._run(lambda b: b.receive(subqueue, max_messages, visibility_timeout_s,
                                              keys=keys, max_receives=max_receives,
-                                             dead_letter=dead_letter))
+                                             dead_letter=dead_letter, exclude=exclude))
 
     def delete(self, receipts: Sequence[str]) -> list[str]:
         """Delete the messages of valid receipts; returns the receipts that were invalid."""
@@ -186,6 +190,28 @@ class ShardStore:
     def change_visibility(self, receipt: str, timeout_s: float) -> str:
         """Hide a received message for ``timeout_s`` from now; returns its new receipt."""
         return self._run(lambda b: b.change_visibility(receipt, timeout_s))
+
+    def finish(self, receipt: str, outcome: bytes, dead_letter: int | None = None) -> None:
+        """End a received task message with an outcome (see :meth:`WriteBatch.finish`)."""
+        return self._run(lambda b: b.finish(receipt, outcome, dead_letter))
+
+    def outcome(self, message_id: str) -> tuple[Ending, bytes] | None:
+        """How a task message ended, or None while it has not (or its outcome expired)."""
+        if not isinstance(message_id, str) or not 0 < len(message_id) <= 64:
+            raise InvalidMessage(f"not a message id: {message_id!r:.80}")
+        value = self.kv.read(lambda txn: txn.get("outcomes", message_id.encode()))
+        if value is None:
+            return None
+        return Ending(value[8]), bytes(value[9:])
+
+    def take_finished(self) -> list[str]:
+        """Ids of task messages whose outcome was recorded since the last call."""
+        finished, self._finished = self._finished, []
+        return finished
+
+    def defer(self, receipt: str, delay_s: float) -> str:
+        """Put a received message back unrun (see :meth:`WriteBatch.defer`); a new receipt."""
+        return self._run(lambda b: b.defer(receipt, delay_s))
 
     def clear(self, subqueue: int) -> int:
         """Delete every message of a subqueue; returns how many were deleted."""
