@@ -6,3 +6,7 @@ MANAGER = "rayq-manager"
 
 def shard_name(index: int) -> str:
     return f"rayq-shard-{index}"
+
+
+def consumer_name(index: int | str) -> str:
+    return f"rayq-consumer-{index}"

@@ -1,8 +1,10 @@
-"""QueueManager: the persisted queue registry, routing and subqueue scaling.
+"""QueueManager: the persisted queue and task registries, routing, scaling.
 
 Clients ask it where to put and where to receive; the data path goes straight
 to the shards. A background loop reads subqueue counts and load from the
-shards and applies the scaling policy of :mod:`rayq.core.scaling`.
+shards and applies the scaling policy of :mod:`rayq.core.scaling`, and keeps
+the wanted number of consumer actors alive. It also holds the cluster-wide
+concurrency leases of limited job types.
 """
 
 from __future__ import annotations
@@ -14,22 +16,31 @@ from collections import defaultdict
 
 import ray
 
-from actors import NAMESPACE, shard_name
+from actors import NAMESPACE, consumer_name, shard_name
+from actors.consumer import ConsumerRemote, named_consumers
 from rayq.config import Config
 from rayq.core.clock import SystemClock
 from rayq.core.kv import LmdbKV
-from rayq.core.model import SubqueueState
+from rayq.core.leases import ConcurrencyLeases, LeaseStats
+from rayq.core.model import SubqueueState, check_count
 from rayq.core.registry import QueueInfo, QueueRegistry, put_target, receive_order
 from rayq.core.scaling import SubqueueLoad, decide, is_idle
-from rayq.errors import RayqError
+from rayq.core.tasks import TaskRegistry, TaskSpec
+from rayq.errors import InvalidMessage, RayqError
+
+MAX_CONSUMERS = 1000
 
 
 class QueueManager:
     def __init__(self, data_dir: str, config: Config):
         self.data_dir, self.config = data_dir, config
         self.clock = SystemClock()
-        self.registry = QueueRegistry(LmdbKV(os.path.join(data_dir, "manager"), map_size=64 << 20),
-                                      shards=config.store.shards, clock=self.clock)
+        kv = LmdbKV(os.path.join(data_dir, "manager"), map_size=64 << 20)
+        self.kv = kv
+        self.registry = QueueRegistry(kv, shards=config.store.shards, clock=self.clock)
+        self.tasks = TaskRegistry(kv)
+        self.leases = ConcurrencyLeases()
+        self._consumers = Consumers(kv, config)
         self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
                        for i in range(config.store.shards)]
         self._counts: dict[int, int] = {}
@@ -67,6 +78,46 @@ class QueueManager:
         target = put_target(queue, self._counts)
         self._counts[target.id] = self._counts.get(target.id, 0) + 1  # spread new sessions
         return queue, order, target.id
+
+    def receive_routing(self, name: str) -> tuple[QueueInfo, list[int]]:
+        """(queue, subqueue ids in receive order) for consumers; no put session is opened."""
+        queue = self.registry.get(name)
+        return queue, [s.id for s in receive_order(queue, self._counts)]
+
+    # -- tasks -------------------------------------------------------------------
+    async def register_task(self, spec: TaskSpec, handler: bytes) -> int:
+        """Register a job type's handler (and create its queue); returns the registry version."""
+        if not isinstance(spec, TaskSpec):
+            raise InvalidMessage("register_task takes a TaskSpec")
+        if spec.queue not in self.registry:
+            await self.create_queue(spec.queue, max_receives=spec.max_receives)
+        return self.tasks.register(spec, handler)
+
+    def task_table(self, known_version: int | None = None) -> tuple[int, dict | None]:
+        """(version, {type: (spec, handler bytes)}); the table is None when unchanged."""
+        if known_version == self.tasks.version:
+            return self.tasks.version, None
+        return self.tasks.version, self.tasks.all()
+
+    def acquire(self, type_: str, lease_id: str, limit: int, ttl_s: float) -> bool:
+        return self.leases.acquire(type_, lease_id, limit, ttl_s, time.monotonic())
+
+    def renew(self, type_: str, lease_id: str, ttl_s: float) -> bool:
+        return self.leases.renew(type_, lease_id, ttl_s, time.monotonic())
+
+    def release(self, type_: str, lease_id: str) -> None:
+        self.leases.release(type_, lease_id)
+
+    def lease_stats(self) -> LeaseStats:
+        return self.leases.stats(time.monotonic())
+
+    # -- consumers -----------------------------------------------------------------
+    async def scale_consumers(self, count: int | None = None) -> int:
+        """Run ``count`` consumer actors (None: the persisted or configured count)."""
+        return await self._consumers.scale(count)
+
+    def consumer_count(self) -> int:
+        return self._consumers.wanted
 
     def config_value(self) -> Config:
         return self.config
@@ -147,5 +198,56 @@ class QueueManager:
             await asyncio.sleep(self.config.scaling.interval_s)
             try:
                 await self.scale_once()
+                await self._consumers.scale(None)  # replace consumers killed for good
             except (RayqError, ray.exceptions.RayError):
                 pass  # a shard restarting: the next round catches up
+
+
+class Consumers:
+    """The consumer actors: how many are wanted (persisted) and keeping them alive."""
+
+    def __init__(self, kv: LmdbKV, config: Config):
+        self.kv, self.config = kv, config
+        raw = kv.read(lambda txn: txn.get("meta", b"consumers"))
+        self.wanted = int(raw) if raw is not None else config.consumers.count
+        self._lock = asyncio.Lock()
+
+    async def scale(self, count: int | None) -> int:
+        async with self._lock:  # one reconciliation at a time
+            if count is not None:
+                check_count(count, "consumers", 0, MAX_CONSUMERS)
+                self.kv.transact(lambda txn: txn.put("meta", b"consumers", str(count).encode()))
+                self.wanted = count
+            running = named_consumers()
+            for index in range(self.wanted):
+                if index not in running:
+                    _start_consumer(index, self.config)
+            extra = [index for index in running if index >= self.wanted]
+            # Graceful: a consumer stops polling and finishes what it runs before it goes.
+            await asyncio.gather(*(_stop_consumer(running[i]) for i in extra))
+            if count is not None:
+                _request_capacity(self.wanted, self.config.consumers.num_cpus)
+            return self.wanted
+
+
+def _start_consumer(index: int, config: Config) -> None:
+    ConsumerRemote.options(name=consumer_name(index), namespace=NAMESPACE, lifetime="detached",
+                           get_if_exists=True, num_cpus=config.consumers.num_cpus,
+                           max_restarts=-1, max_task_retries=-1,
+                           max_concurrency=1000).remote(index, config)
+
+
+async def _stop_consumer(handle) -> None:
+    try:
+        await handle.stop.remote()
+    except ray.exceptions.RayError:
+        pass
+    ray.kill(handle, no_restart=True)
+
+
+def _request_capacity(consumers: int, num_cpus: float) -> None:
+    """Ask the cluster autoscaler for room for every consumer (a no-op without one)."""
+    from ray.autoscaler.sdk import request_resources
+
+    if num_cpus > 0:
+        request_resources(bundles=[{"CPU": num_cpus}] * consumers)

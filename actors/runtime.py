@@ -9,19 +9,22 @@ import ray
 
 from actors import MANAGER, NAMESPACE, shard_name
 from actors.manager import QueueManager
-from actors.shard import ShardActor
+from actors.shard import CONCURRENCY_GROUPS, ShardActor
 from rayq.config import Config
 from rayq.errors import RuntimeFailure
 
 # Runtime actors only coordinate and do I/O: they take no CPU slot from consumers.
 _ACTOR_OPTIONS = dict(namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
                       num_cpus=0, max_concurrency=1000)
-ShardRemote = ray.remote(ShardActor)
+ShardRemote = ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(ShardActor)
 ManagerRemote = ray.remote(QueueManager)
 
 
-def ensure_runtime(data_dir: str, config: Config) -> dict:
-    """Create the shards and the manager unless they run already; returns their handles."""
+def ensure_runtime(data_dir: str, config: Config, consumers: int | None = None) -> dict:
+    """Create the shards, the manager and the consumers unless they run already.
+
+    ``consumers`` sets how many consumer actors run; None keeps the number a
+    previous run chose (or the configured one). Returns the handles."""
     shards = [ShardRemote.options(name=shard_name(i), max_restarts=-1, max_task_retries=-1,
                                   **_ACTOR_OPTIONS)
               .remote(i, os.path.join(data_dir, f"shard-{i}"), config)
@@ -29,7 +32,7 @@ def ensure_runtime(data_dir: str, config: Config) -> dict:
     ray.get([s.ping.remote() for s in shards])
     manager = ManagerRemote.options(name=MANAGER, max_restarts=-1, max_task_retries=-1,
                                     **_ACTOR_OPTIONS).remote(data_dir, config)
-    ray.get(manager.list_queues.remote())
+    ray.get(manager.scale_consumers.remote(consumers))
     return {"manager": manager, "shards": shards}
 
 

@@ -10,21 +10,34 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import psutil
+import ray
 
 from rayq.config import Config
-from rayq.core.model import SubqueueState
+from rayq.core.model import Ending, SubqueueState
 from rayq.core.store import KeyDepth, StoreStats, open_store
-from rayq.errors import Overloaded, RayqError, StoreError
+from rayq.core.tasks import decode_outcome
+from rayq.errors import Overloaded, RayqError, StoreError, TaskError
 
 MAX_PENDING_CALLS = 10_000
 EXPIRY_INTERVAL_S = 5.0
 MAX_WAIT_SLICE_S = 1.0  # long polls re-check at least this often (messages whose visibility lapses)
+OUTCOME_RECHECK_S = 30.0  # outcome waiters re-read the table this often, whatever they were told
+# wait_outcome calls park until a task ends, possibly for hours: they get their own
+# concurrency group (its own event loop and thread) so they never take the slots
+# that puts, receives and deletes need.
+OUTCOME_GROUP = "outcomes"
+CONCURRENCY_GROUPS = {OUTCOME_GROUP: 100_000}
+_ENDINGS = {Ending.DEAD: ("DeadLettered", "the task was delivered max_receives times "
+                                          "without finishing and is in the dead-letter queue"),
+            Ending.EXPIRED: ("Expired", "the task's time to live ran out before it ran"),
+            Ending.DELETED: ("Deleted", "the task was deleted or cleared before it finished")}
 
 
 @dataclass(frozen=True)
@@ -51,6 +64,8 @@ class ShardActor:
         self._ops: Counter[int] = Counter()
         self._throttled: Counter[int] = Counter()
         self._commits = self._calls = 0
+        self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future]]] = {}
+        self._waiters_lock = threading.Lock()
         self._housekeeping = self._loop.create_task(self._collect_expired_forever())
 
     # -- group commit ------------------------------------------------------
@@ -74,8 +89,9 @@ class ShardActor:
             while self._pending:
                 calls, self._pending = self._pending, []
                 try:
-                    results = await self._loop.run_in_executor(
-                        self._thread, self.store.group, [c[:3] for c in calls])
+                    results, finished = await self._loop.run_in_executor(
+                        self._thread, self._group, [c[:3] for c in calls])
+                    self._notify(finished)
                 except RayqError as err:
                     results = [err] * len(calls)
                 except Exception as err:  # the transaction failed as a whole: nothing committed
@@ -89,6 +105,9 @@ class ShardActor:
                         future.set_result(result)
         finally:
             self._committing = False
+
+    def _group(self, calls: list) -> tuple[list, list[str]]:
+        return self.store.group(calls), self.store.take_finished()
 
     async def _read(self, fn, *args) -> Any:
         return await self._loop.run_in_executor(self._thread, fn, *args)
@@ -107,12 +126,12 @@ class ShardActor:
     async def receive(self, subqueue: int, max_messages: int = 1,
                       visibility_timeout_s: float | None = None, *, keys=None,
                       max_receives: int | None = None, dead_letter: int | None = None,
-                      wait_s: float = 0.0) -> list:
+                      wait_s: float = 0.0, exclude=None) -> list:
         """Receive; with ``wait_s`` wait for arrivals (woken by puts, no spinning)."""
         deadline = self._loop.time() + max(0.0, float(wait_s or 0.0))
         while True:
             got = await self._write(subqueue, "receive", subqueue, max_messages,
-                                    visibility_timeout_s, keys=keys,
+                                    visibility_timeout_s, keys=keys, exclude=exclude,
                                     max_receives=max_receives, dead_letter=dead_letter)
             remaining = deadline - self._loop.time()
             if got or remaining <= 0:
@@ -129,6 +148,55 @@ class ShardActor:
 
     async def change_visibility(self, receipt: str, timeout_s: float) -> str:
         return await self._write(None, "change_visibility", receipt, timeout_s)
+
+    async def defer(self, receipt: str, delay_s: float) -> str:
+        return await self._write(None, "defer", receipt, delay_s)
+
+    async def finish(self, receipt: str, outcome: bytes, dead_letter: int | None = None) -> None:
+        """End a received task with its encoded outcome (see ShardStore.finish)."""
+        return await self._write(None, "finish", receipt, outcome, dead_letter)
+
+    # -- task outcomes -------------------------------------------------------------
+    @ray.method(concurrency_group=OUTCOME_GROUP)
+    async def wait_outcome(self, message_id: str) -> Any:
+        """Wait until a task message ends; return its handler's value or raise TaskError.
+
+        ``client.submit`` hands this call's ObjectRef to the user. It runs in its
+        own concurrency group, and a shard restart re-runs it against the
+        durable outcomes table, so the ref resolves exactly once.
+        """
+        loop = asyncio.get_running_loop()
+        while True:
+            future = loop.create_future()
+            with self._waiters_lock:  # register before reading: no wake-up is missed
+                self._waiters.setdefault(message_id, []).append((loop, future))
+            try:
+                found = await loop.run_in_executor(self._thread, self.store.outcome, message_id)
+                if found is None:
+                    await asyncio.wait([future], timeout=OUTCOME_RECHECK_S)
+                    continue
+            finally:
+                self._forget(message_id, future)
+            ending, payload = found
+            if ending is Ending.RESULT:
+                return decode_outcome(payload)
+            raise TaskError(*_ENDINGS[ending])
+
+    def _notify(self, message_ids: list[str]) -> None:
+        for message_id in message_ids:
+            with self._waiters_lock:
+                waiters = self._waiters.pop(message_id, [])
+            for loop, future in waiters:
+                loop.call_soon_threadsafe(_settle, future)
+
+    def _forget(self, message_id: str, future: asyncio.Future) -> None:
+        with self._waiters_lock:
+            waiters = self._waiters.get(message_id)
+            if waiters is None:
+                return
+            waiters[:] = [w for w in waiters if w[1] is not future]
+            if not waiters:
+                del self._waiters[message_id]
 
     async def clear(self, subqueue: int) -> int:
         return await self._write(subqueue, "clear", subqueue)
@@ -169,3 +237,8 @@ class ShardActor:
                 await self._write(None, "collect_expired", 10_000)
             except RayqError:
                 pass  # overloaded: try again next round
+
+
+def _settle(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)

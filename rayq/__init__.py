@@ -1,6 +1,11 @@
 """rayq: a durable, multi-tenant message queue and fair scheduling runtime on Ray.
 
     client = rayq.start()                 # embedded: local Ray, data in ./.rayq-data
+
+    @rayq.task(type="report")
+    def build_report(org_id): ...
+    ray.get(client.submit(build_report, 42, tenant="acme"))
+
     q = client.create_queue("jobs")
     q.send({"report": 42}, tenant="acme", type="report")
     for m in q.receive(max_messages=10, wait_s=5):
@@ -17,6 +22,7 @@ from typing import TYPE_CHECKING
 from rayq.config import (Config, ConsumerConfig, FairnessConfig, FloodConfig, ScalingConfig,
                          StoreConfig)
 from rayq.core.model import Outgoing, Received
+from rayq.core.tasks import TaskFunction, task
 from rayq.errors import (AuthError, InvalidMessage, MessageTooLarge, Overloaded, QueueDisabled,
                          QueueExists, QueueNotFound, RayqError, ReceiptInvalid, RuntimeFailure,
                          StoreError, TaskError, UsageError)
@@ -32,7 +38,7 @@ _CLIENT_NAMES = frozenset({"Client", "Queue", "QueueStats", "KeyStats"})
 __all__ = [
     "start", "connect", "shutdown", "Client", "Queue", "QueueStats", "KeyStats",
     "Config", "ConsumerConfig", "FairnessConfig", "FloodConfig", "ScalingConfig", "StoreConfig",
-    "Outgoing", "Received",
+    "Outgoing", "Received", "task", "TaskFunction",
     "AuthError", "InvalidMessage", "MessageTooLarge", "Overloaded", "QueueDisabled",
     "QueueExists", "QueueNotFound", "RayqError", "ReceiptInvalid", "RuntimeFailure",
     "StoreError", "TaskError", "UsageError",
@@ -73,7 +79,7 @@ def start(data_dir: str | os.PathLike | None = None, config: Config | None = Non
         config = config_module.with_consumers(config, consumers)
     data_dir = os.path.abspath(data_dir or DEFAULT_DATA_DIR)
     _init_ray(os.environ.get("RAY_ADDRESS"))
-    ensure_runtime(data_dir, config)
+    ensure_runtime(data_dir, config, consumers)
     found = find_runtime()
     return Client(found["manager"], found["shards"], found["config"])
 

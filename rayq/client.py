@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+from ray import cloudpickle
 
 from rayq.config import Config
 from rayq.core.model import (NewMessage, Outgoing, Receipt, Received, SubqueueState, check_count,
                              check_name, check_seconds, encode_body, fairness_key)
 from rayq.core.registry import QueueInfo
+from rayq.core.tasks import Tally, TallyRow, TaskFunction, encode_call
 from rayq.errors import InvalidMessage, QueueDisabled, RayqError, ReceiptInvalid, RuntimeFailure
 
 ROUTE_TTL_S = 2.0
@@ -75,7 +77,7 @@ class _Slot:
 
     def __init__(self, messages: list[NewMessage]):
         self.messages, self.done = messages, threading.Event()
-        self.result: list[str] | None = None
+        self.result: list | None = None
         self.error: BaseException | None = None
 
 
@@ -84,13 +86,13 @@ class SendCoalescer:
     one put call. The first sender flushes what is pending while others wait; each
     caller still returns only after its own messages are durable."""
 
-    def __init__(self, flush: Callable[[list[NewMessage]], list[str]], max_messages: int = 1000):
+    def __init__(self, flush: Callable[[list[NewMessage]], list], max_messages: int = 1000):
         self._flush, self._max = flush, max_messages
         self._lock = threading.Lock()
         self._pending: list[_Slot] = []
         self._flushing = False
 
-    def send(self, messages: list[NewMessage]) -> list[str]:
+    def send(self, messages: list[NewMessage]) -> list:
         slot = _Slot(messages)
         with self._lock:
             self._pending.append(slot)
@@ -150,6 +152,7 @@ class Client:
         self._shards = list(shards)
         self.config = config
         self._routes: dict[str, tuple[float, QueueInfo, list[int], int]] = {}
+        self._registered: dict[str, tuple] = {}  # type -> (spec, pickled handler) sent
 
     # -- administration ------------------------------------------------------
     def create_queue(self, name: str, subqueues: int = 1, max_receives: int | None = 5) -> "Queue":
@@ -174,6 +177,61 @@ class Client:
     def stats(self) -> list:
         """Every shard's statistics."""
         return [call(lambda s=s: s.stats.remote()) for s in self._shards]
+
+    # -- tasks ------------------------------------------------------------------
+    def register(self, fn: TaskFunction) -> None:
+        """Register a ``@rayq.task`` handler with the runtime (``submit`` does it on first use).
+        The runtime keeps it: consumers find it again after a restart."""
+        if not isinstance(fn, TaskFunction):
+            raise InvalidMessage(f"submit and register take a @rayq.task function, not {fn!r}")
+        handler = cloudpickle.dumps(fn.fn)
+        if self._registered.get(fn.spec.type) == (fn.spec, handler):
+            return
+        call(lambda: self._manager.register_task.remote(fn.spec, handler))
+        self._registered[fn.spec.type] = (fn.spec, handler)
+
+    def submit(self, fn: TaskFunction, *args: Any, tenant: str = "default", delay_s: float = 0,
+               **kwargs: Any) -> ray.ObjectRef:
+        """Enqueue a call of a ``@rayq.task`` durably; returns a ``ray.ObjectRef``.
+
+        ``ray.get`` on it gives the handler's return value, or raises an error
+        that is a :class:`rayq.TaskError` carrying the handler's exception type
+        and message (also when the task ended in the dead-letter queue).
+        Arguments and the result must be msgpack-able values.
+        """
+        self.register(fn)
+        spec = fn.spec
+        store = self.config.store
+        check_name(tenant, "tenant")
+        check_seconds(delay_s, "delay_s", 0, store.max_delay_s)
+        body = encode_call(spec.type, args, kwargs, store.max_message_bytes)
+        message = NewMessage(body, tenant, spec.type,
+                             fairness_key(tenant, spec.type, self.config.fairness.key),
+                             float(delay_s), task=True)
+        [(message_id, shard)] = Queue(self, spec.queue)._put([message])
+        return self._shards[shard].wait_outcome.remote(message_id)
+
+    def scale_consumers(self, count: int) -> int:
+        """Run ``count`` consumer actors from now on (kept across restarts); returns it.
+        On a cluster with an autoscaler, room for them is requested too."""
+        return call(lambda: self._manager.scale_consumers.remote(count))
+
+    def consumer_stats(self) -> list:
+        """Every running consumer's :class:`~actors.consumer.ConsumerStats`."""
+        from actors.consumer import named_consumers
+
+        refs = [h.stats.remote() for h in named_consumers().values()]
+        out = []
+        for ref in refs:
+            try:
+                out.append(call(lambda ref=ref: ref))
+            except RuntimeFailure:
+                pass  # a consumer stopping right now
+        return sorted(out, key=lambda s: s.index)
+
+    def task_stats(self) -> list[TallyRow]:
+        """Finished tasks per (tenant, type) over all consumers: outcomes, usage, wait p50/p99."""
+        return Tally().merge(s.tally for s in self.consumer_stats()).rows()
 
     # -- routing ----------------------------------------------------------------
     def _route(self, name: str, refresh: bool = False) -> tuple[QueueInfo, list[int], int]:
@@ -219,7 +277,7 @@ class Queue:
     def send(self, body: Any, tenant: str = "default", type: str = "default",
              delay_s: float = 0, ttl_s: float | None = None) -> str:
         """Store one message durably (fsync'd before this returns); returns its id."""
-        return self._put([self._message(body, tenant, type, delay_s, ttl_s)])[0]
+        return self._put([self._message(body, tenant, type, delay_s, ttl_s)])[0][0]
 
     def send_batch(self, messages: Sequence[Outgoing]) -> list[str]:
         """Store up to 1000 messages in one durable transaction; returns their ids in order."""
@@ -227,18 +285,20 @@ class Queue:
             raise InvalidMessage(f"send_batch takes a list of 1 to {MAX_RECEIVE} Outgoing")
         if not all(isinstance(m, Outgoing) for m in messages):
             raise InvalidMessage("send_batch takes rayq.Outgoing values")
-        return self._put([self._message(m.body, m.tenant, m.type, m.delay_s, m.ttl_s)
-                          for m in messages])
+        return [mid for mid, _ in self._put([
+            self._message(m.body, m.tenant, m.type, m.delay_s, m.ttl_s) for m in messages])]
 
-    def _put(self, messages: list[NewMessage]) -> list[str]:
+    def _put(self, messages: list[NewMessage]) -> list[tuple[str, int]]:
+        """Put durably; (message id, shard index) per message."""
         return _sender(self._client._manager, self.name, self._put_now).send(messages)
 
-    def _put_now(self, messages: list[NewMessage]) -> list[str]:
+    def _put_now(self, messages: list[NewMessage]) -> list[tuple[str, int]]:
         for attempt in range(3):
             queue, _, target = self._client._route(self.name, refresh=attempt > 0)
-            shard = self._client._shard_of(queue, target)
+            index = queue.subqueue(target).shard
+            shard = self._client._shards[index]
             try:
-                return call(lambda: shard.put.remote(target, messages))
+                return [(mid, index) for mid in call(lambda: shard.put.remote(target, messages))]
             except QueueDisabled:
                 continue  # the subqueue was retired: ask for another
         raise QueueDisabled(f"queue {self.name!r} accepts no messages")

@@ -1,0 +1,336 @@
+"""ConsumerActor: runs task handlers, balancing its own polling by hit rate (seed 002).
+
+A consumer runs ``load`` pollers at once, each receiving a task (long poll),
+running its handler on a worker thread and ending it. The load follows the
+hit rate the consumer observes (:mod:`rayq.core.balancer`); consumers never
+talk to each other. Delivery is at-least-once: a message is deleted only
+after its handler returned, and a consumer that dies mid-handler stops
+extending the message's visibility, so it reappears for someone else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray import cloudpickle
+
+from actors import MANAGER, NAMESPACE, consumer_name, shard_name
+from rayq.config import Config
+from rayq.core.balancer import BalancerState
+from rayq.core.model import StoredMessage
+from rayq.core.registry import QueueInfo
+from rayq.core.tasks import (Outcome, Tally, TaskSpec, UsageReport, decode_call, encode_result,
+                             error_of)
+from rayq.errors import RayqError, ReceiptInvalid
+
+log = logging.getLogger("rayq.consumer")
+MAX_REPORTS = 100_000   # reports kept for the coordinator between two drains
+ROUTE_TTL_S = 1.0
+
+
+@dataclass(frozen=True)
+class ConsumerStats:
+    """One consumer's balancer state and counters since it started.
+
+    polls: receive calls; hits: those that returned a task; deferrals: tasks
+    put back because their type was at its concurrency limit; lost: tasks
+    whose receipt went stale before they were ended (someone else re-ran them).
+    """
+
+    index: int
+    load: int
+    hit_rate: float
+    polls: int
+    hits: int
+    running: int
+    deferrals: int
+    lost: int
+    tally: Tally
+
+    @property
+    def empty_polls(self) -> int:
+        return self.polls - self.hits
+
+
+@dataclass
+class _Held:
+    """A task this consumer holds: where it lives and its current receipt."""
+
+    message: StoredMessage
+    queue: QueueInfo
+    shard: Any
+    receipt: str
+
+
+class ConsumerActor:
+    def __init__(self, index: int, config: Config):
+        self.index, self.config, self.cc = index, config, config.consumers
+        self.manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
+        self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
+                       for i in range(config.store.shards)]
+        self.balancer = BalancerState.initial(self.cc)
+        self._threads = ThreadPoolExecutor(max_workers=self.cc.max_load,
+                                           thread_name_prefix=f"consumer-{index}")
+        self._handlers: dict[str, tuple[TaskSpec, Any, bytes]] = {}  # type -> (spec, fn, pickled)
+        self._tasks_version: int | None = None
+        self._routes: dict[str, tuple[float, QueueInfo, list[int]]] = {}
+        self._rotation = itertools.count()
+        self._saturated: dict[str, float] = {}   # type -> monotonic time it may run again
+        self._pollers: dict[int, asyncio.Task] = {}
+        self._reports: deque[UsageReport] = deque(maxlen=MAX_REPORTS)
+        self._tally = Tally()
+        self._polls = self._hits = self._deferrals = self._lost = self._running = 0
+        self._stopping = False
+        self._fixed: int | None = None
+        self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
+
+    # -- public calls --------------------------------------------------------------
+    async def stats(self) -> ConsumerStats:
+        return ConsumerStats(self.index, self.balancer.load, self.balancer.hit_rate,
+                             self._polls, self._hits, self._running, self._deferrals,
+                             self._lost, self._tally)
+
+    async def drain_reports(self) -> list[UsageReport]:
+        """The usage reports of every task finished since the last drain (for the coordinator)."""
+        reports = list(self._reports)
+        self._reports.clear()
+        return reports
+
+    async def set_fixed_load(self, load: int | None) -> None:
+        """Pin the load (no balancing), or None to balance again: for benchmarks."""
+        self._fixed = load
+
+    async def stop(self, timeout_s: float = 60.0) -> None:
+        """Stop polling and wait (up to ``timeout_s``) for running handlers to finish."""
+        self._stopping = True
+        pollers = list(self._pollers.values())
+        if pollers:
+            await asyncio.wait(pollers, timeout=timeout_s)
+
+    async def ping(self) -> int:
+        return self.index
+
+    # -- the load ------------------------------------------------------------------
+    async def _supervise(self) -> None:
+        """Every adjust interval: refresh handlers, move the load, match pollers to it."""
+        while not self._stopping:
+            try:
+                await self._refresh_handlers()
+            except (RayqError, ray.exceptions.RayError):
+                pass  # the manager is restarting: keep the handlers we have
+            self.balancer = self.balancer.adjusted(self.cc)
+            for slot in range(self._load()):
+                if slot not in self._pollers or self._pollers[slot].done():
+                    self._pollers[slot] = asyncio.get_running_loop().create_task(self._poll(slot))
+            await asyncio.sleep(self.cc.adjust_interval_s)
+
+    def _load(self) -> int:
+        return self._fixed if self._fixed is not None else self.balancer.load
+
+    async def _poll(self, slot: int) -> None:
+        """One poller: receive, run, end; it leaves when the load drops below its slot."""
+        while not self._stopping and slot < self._load():
+            if not self._handlers:
+                await asyncio.sleep(self.cc.poll_wait_s)
+                continue
+            try:
+                held = await self._receive()
+            except (RayqError, ray.exceptions.RayError):
+                await asyncio.sleep(0.5)  # a shard restarting
+                continue
+            self._polls += 1
+            self._hits += bool(held)
+            self.balancer = self.balancer.polled(bool(held))
+            for task in held:
+                try:
+                    await self._run(task)
+                except (RayqError, ray.exceptions.RayError) as err:
+                    # a shard or the manager went away mid-task: the task reappears
+                    log.warning("consumer %d lost task %s: %r", self.index, task.message.id, err)
+
+    async def _refresh_handlers(self) -> None:
+        version, table = await self.manager.task_table.remote(self._tasks_version)
+        if table is None:
+            return
+        handlers = {}
+        for type_, (spec, blob) in table.items():
+            known = self._handlers.get(type_)
+            handlers[type_] = known if known and known[0] == spec and known[2] == blob \
+                else (spec, cloudpickle.loads(blob), blob)
+        self._handlers, self._tasks_version = handlers, version
+
+    # -- receiving -----------------------------------------------------------------
+    async def _route(self, name: str) -> tuple[QueueInfo, list[int]]:
+        cached = self._routes.get(name)
+        now = time.monotonic()
+        if cached and now - cached[0] < ROUTE_TTL_S:
+            return cached[1], cached[2]
+        queue, order = await self.manager.receive_routing.remote(name)
+        self._routes[name] = (now, queue, order)
+        return queue, order
+
+    async def _receive(self) -> list[_Held]:
+        """A pass over every task subqueue without waiting, then one long poll."""
+        names = sorted({spec.queue for spec, *_ in self._handlers.values()})
+        places = []
+        for name in names:
+            queue, order = await self._route(name)
+            places.extend((queue, sq) for sq in order)
+        if not places:
+            await asyncio.sleep(self.cc.poll_wait_s)
+            return []
+        start = next(self._rotation) % len(places)
+        places = places[start:] + places[:start]
+        for queue, sq in places:
+            got = await self._receive_from(queue, sq, wait_s=0.0)
+            if got or self._stopping:
+                return got
+        return await self._receive_from(*places[0], wait_s=self.cc.poll_wait_s)
+
+    async def _receive_from(self, queue: QueueInfo, sq: int, wait_s: float) -> list[_Held]:
+        shard = self.shards[queue.subqueue(sq).shard]
+        now = time.monotonic()
+        saturated = [t for t, until in self._saturated.items() if until > now]
+        exclude = saturated if saturated and self.config.fairness.key == "type" else None
+        got = await unwrap(shard.receive.remote(
+            sq, self.cc.prefetch, self.cc.visibility_timeout_s,
+            max_receives=queue.max_receives, dead_letter=queue.dead_letter_on(queue.subqueue(sq).shard),
+            wait_s=wait_s, exclude=exclude))
+        return [_Held(m, queue, shard, m.receipt) for m in got]
+
+    # -- running -------------------------------------------------------------------
+    async def _run(self, held: _Held) -> None:
+        m = held.message
+        handler = self._handlers.get(m.type)
+        if handler is None:  # registered a moment ago, or not at all: look again first
+            await self._refresh_handlers()
+            handler = self._handlers.get(m.type)
+        if handler is None:
+            await self._put_back(held, self.cc.defer_s)
+            return
+        spec, fn, _ = handler
+        lease = f"{self.index}:{m.id}:{m.dequeue_count}"
+        if spec.concurrency and not await unwrap(self.manager.acquire.remote(
+                m.type, lease, spec.concurrency, self.cc.visibility_timeout_s)):
+            self._saturated[m.type] = time.monotonic() + self.cc.defer_s
+            self._deferrals += 1
+            await self._put_back(held, self.cc.defer_s)
+            self._report(m, 0.0, Outcome.DEFERRED, time.time() - m.enqueued_at)
+            return
+        self._running += 1
+        started = time.time()
+        try:
+            ok, outcome = await self._call(fn, held, spec, lease)
+        finally:
+            self._running -= 1
+            if spec.concurrency:
+                await self.manager.release.remote(m.type, lease)
+        usage_s = time.time() - started
+        ending = await self._end(held, spec, ok, outcome)
+        self._report(m, usage_s, ending, started - m.enqueued_at)
+
+    async def _call(self, fn, held: _Held, spec: TaskSpec, lease: str) -> tuple[bool, bytes]:
+        """Run the handler while a heartbeat keeps the task hidden; (ok, encoded outcome)."""
+        done = asyncio.Event()
+        heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(held, spec, lease, done))
+        try:
+            args, kwargs = decode_call(held.message.body)
+            if inspect.iscoroutinefunction(fn):
+                value = await fn(*args, **kwargs)
+            else:
+                loop = asyncio.get_running_loop()
+                value = await loop.run_in_executor(self._threads, lambda: fn(*args, **kwargs))
+            return True, encode_result(value, held.message.type)
+        except Exception as err:  # the handler's failure is the task's outcome
+            return False, error_of(err)
+        finally:
+            done.set()
+            await heartbeat  # let an extension in flight land, so our receipt stays current
+
+    async def _heartbeat(self, held: _Held, spec: TaskSpec, lease: str, done: asyncio.Event):
+        interval = self.cc.visibility_timeout_s / 3
+        while not done.is_set():
+            try:
+                await asyncio.wait_for(done.wait(), interval)
+                return
+            except asyncio.TimeoutError:
+                pass
+            try:
+                held.receipt = await unwrap(held.shard.change_visibility.remote(
+                    held.receipt, self.cc.visibility_timeout_s))
+                if spec.concurrency:
+                    await self.manager.renew.remote(held.message.type, lease,
+                                                    self.cc.visibility_timeout_s)
+            except (RayqError, ray.exceptions.RayError):
+                return  # lost the task (or its shard): whoever holds it now finishes it
+
+    async def _end(self, held: _Held, spec: TaskSpec, ok: bool, outcome: bytes) -> Outcome:
+        """Delete a finished task, retry a failed one later, dead-letter a failed last try.
+
+        The last try is the task's own ``max_receives`` or the queue's, whichever
+        comes first (the queue's also catches tasks whose consumers died)."""
+        m, queue = held.message, held.queue
+        last_try = m.dequeue_count >= min(spec.max_receives, queue.max_receives or spec.max_receives)
+        try:
+            if ok:
+                await unwrap(held.shard.finish.remote(held.receipt, outcome))
+                return Outcome.SUCCEEDED
+            if last_try:
+                shard = queue.subqueue(m.subqueue).shard
+                await unwrap(held.shard.finish.remote(held.receipt, outcome,
+                                                      queue.dead_letter_on(shard)))
+                return Outcome.DEAD
+            backoff = min(self.cc.retry_backoff_s * 2 ** (m.dequeue_count - 1), self.cc.max_backoff_s)
+            await unwrap(held.shard.change_visibility.remote(held.receipt, backoff))
+            return Outcome.FAILED
+        except ReceiptInvalid:
+            self._lost += 1  # it became visible again and someone else took it
+            return Outcome.SUCCEEDED if ok else Outcome.FAILED
+
+    async def _put_back(self, held: _Held, delay_s: float) -> None:
+        """Hide a task we will not run for ``delay_s``; the delivery is not counted."""
+        try:
+            await unwrap(held.shard.defer.remote(held.receipt, delay_s))
+        except ReceiptInvalid:
+            self._lost += 1
+
+    def _report(self, m: StoredMessage, usage_s: float, outcome: Outcome, wait_s: float) -> None:
+        report = UsageReport(m.key, m.tenant, m.type, usage_s, outcome, max(0.0, wait_s), time.time())
+        self._reports.append(report)
+        self._tally.add(report)
+
+
+async def unwrap(ref) -> Any:
+    """Await a runtime call, raising the RayqError a runtime actor raised as itself."""
+    try:
+        return await ref
+    except ray.exceptions.RayTaskError as err:
+        if isinstance(err.cause, RayqError):
+            raise err.cause from None
+        raise
+
+
+ConsumerRemote = ray.remote(ConsumerActor)
+
+
+def named_consumers() -> dict[int, Any]:
+    """Every consumer actor running in the cluster's rayq namespace, by index."""
+    prefix = consumer_name("")
+    out = {}
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor.get("namespace") == NAMESPACE and actor["name"].startswith(prefix):
+            try:
+                out[int(actor["name"][len(prefix):])] = ray.get_actor(actor["name"],
+                                                                      namespace=NAMESPACE)
+            except ValueError:
+                pass  # gone between listing and lookup
+    return out
