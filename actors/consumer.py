@@ -61,6 +61,44 @@ class ConsumerStats:
         return self.polls - self.hits
 
 
+class _Ends:
+    """The ends of tasks (finish, defer, retry later) bound for one shard: calls made
+    while one is in flight ride together in the next (one round trip, one commit)."""
+
+    MAX_CALLS = 500
+
+    def __init__(self, shard):
+        self.shard = shard
+        self._pending: list[tuple[tuple, asyncio.Future]] = []
+        self._flushing = False
+
+    async def call(self, name: str, *args) -> Any:
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append(((name, args), future))
+        if not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().create_task(self._flush())
+        result = await future
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    async def _flush(self) -> None:
+        try:
+            while self._pending:
+                batch = self._pending[:self.MAX_CALLS]
+                del self._pending[:self.MAX_CALLS]
+                try:
+                    results = await unwrap(self.shard.end_many.remote([c for c, _ in batch]))
+                except (RayqError, ray.exceptions.RayError) as err:
+                    results = [err] * len(batch)
+                for (_, future), result in zip(batch, results):
+                    if not future.done():
+                        future.set_result(result)
+        finally:
+            self._flushing = False
+
+
 @dataclass
 class _Held:
     """A task this consumer holds: where it lives and its current receipt."""
@@ -68,6 +106,7 @@ class _Held:
     message: StoredMessage
     queue: QueueInfo
     shard: Any
+    ends: _Ends
     receipt: str
 
 
@@ -86,6 +125,7 @@ class ConsumerActor:
         self._rotation = itertools.count()
         self._saturated: dict[str, float] = {}   # type -> monotonic time it may run again
         self._pollers: dict[int, asyncio.Task] = {}
+        self._ends = [_Ends(shard) for shard in self.shards]
         self._reports: deque[UsageReport] = deque(maxlen=MAX_REPORTS)
         self._tally = Tally()
         self._polls = self._hits = self._deferrals = self._lost = self._running = 0
@@ -197,7 +237,8 @@ class ConsumerActor:
         return await self._receive_from(*places[0], wait_s=self.cc.poll_wait_s)
 
     async def _receive_from(self, queue: QueueInfo, sq: int, wait_s: float) -> list[_Held]:
-        shard = self.shards[queue.subqueue(sq).shard]
+        index = queue.subqueue(sq).shard
+        shard = self.shards[index]
         now = time.monotonic()
         saturated = [t for t, until in self._saturated.items() if until > now]
         exclude = saturated if saturated and self.config.fairness.key == "type" else None
@@ -205,7 +246,7 @@ class ConsumerActor:
             sq, self.cc.prefetch, self.cc.visibility_timeout_s,
             max_receives=queue.max_receives, dead_letter=queue.dead_letter_on(queue.subqueue(sq).shard),
             wait_s=wait_s, exclude=exclude))
-        return [_Held(m, queue, shard, m.receipt) for m in got]
+        return [_Held(m, queue, shard, self._ends[index], m.receipt) for m in got]
 
     # -- running -------------------------------------------------------------------
     async def _run(self, held: _Held) -> None:
@@ -282,15 +323,14 @@ class ConsumerActor:
         last_try = m.dequeue_count >= min(spec.max_receives, queue.max_receives or spec.max_receives)
         try:
             if ok:
-                await unwrap(held.shard.finish.remote(held.receipt, outcome))
+                await held.ends.call("finish", held.receipt, outcome, None)
                 return Outcome.SUCCEEDED
             if last_try:
                 shard = queue.subqueue(m.subqueue).shard
-                await unwrap(held.shard.finish.remote(held.receipt, outcome,
-                                                      queue.dead_letter_on(shard)))
+                await held.ends.call("finish", held.receipt, outcome, queue.dead_letter_on(shard))
                 return Outcome.DEAD
             backoff = min(self.cc.retry_backoff_s * 2 ** (m.dequeue_count - 1), self.cc.max_backoff_s)
-            await unwrap(held.shard.change_visibility.remote(held.receipt, backoff))
+            await held.ends.call("change_visibility", held.receipt, backoff)
             return Outcome.FAILED
         except ReceiptInvalid:
             self._lost += 1  # it became visible again and someone else took it
@@ -299,7 +339,7 @@ class ConsumerActor:
     async def _put_back(self, held: _Held, delay_s: float) -> None:
         """Hide a task we will not run for ``delay_s``; the delivery is not counted."""
         try:
-            await unwrap(held.shard.defer.remote(held.receipt, delay_s))
+            await held.ends.call("defer", held.receipt, delay_s)
         except ReceiptInvalid:
             self._lost += 1
 

@@ -23,7 +23,7 @@ from rayq.config import Config
 from rayq.core.model import Ending, SubqueueState
 from rayq.core.store import KeyDepth, StoreStats, open_store
 from rayq.core.tasks import decode_outcome
-from rayq.errors import Overloaded, RayqError, StoreError, TaskError
+from rayq.errors import InvalidMessage, Overloaded, RayqError, StoreError, TaskError
 
 MAX_PENDING_CALLS = 10_000
 EXPIRY_INTERVAL_S = 5.0
@@ -33,6 +33,7 @@ OUTCOME_RECHECK_S = 30.0  # outcome waiters re-read the table this often, whatev
 # concurrency group (its own event loop and thread) so they never take the slots
 # that puts, receives and deletes need.
 OUTCOME_GROUP = "outcomes"
+_END_CALLS = ("finish", "defer", "change_visibility")
 CONCURRENCY_GROUPS = {OUTCOME_GROUP: 100_000}
 _ENDINGS = {Ending.DEAD: ("DeadLettered", "the task was delivered max_receives times "
                                           "without finishing and is in the dead-letter queue"),
@@ -70,6 +71,14 @@ class ShardActor:
 
     # -- group commit ------------------------------------------------------
     async def _write(self, subqueue: int | None, name: str, *args, **kwargs) -> Any:
+        result = await self._enqueue(subqueue, name, *args, **kwargs)
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def _enqueue(self, subqueue: int | None, name: str, *args, **kwargs) -> asyncio.Future:
+        """Queue one store call for the next group commit; its future holds the result
+        or the RayqError it raised."""
         if len(self._pending) >= MAX_PENDING_CALLS:
             if subqueue is not None:
                 self._throttled[subqueue] += 1
@@ -79,10 +88,7 @@ class ShardActor:
         if not self._committing:
             self._committing = True
             self._loop.create_task(self._commit_pending())
-        result = await future
-        if isinstance(result, BaseException):
-            raise result
-        return result
+        return future
 
     async def _commit_pending(self) -> None:
         try:
@@ -106,7 +112,7 @@ class ShardActor:
         finally:
             self._committing = False
 
-    def _group(self, calls: list) -> tuple[list, list[str]]:
+    def _group(self, calls: list) -> tuple[list, list]:
         return self.store.group(calls), self.store.take_finished()
 
     async def _read(self, fn, *args) -> Any:
@@ -156,6 +162,15 @@ class ShardActor:
         """End a received task with its encoded outcome (see ShardStore.finish)."""
         return await self._write(None, "finish", receipt, outcome, dead_letter)
 
+    async def end_many(self, calls: list[tuple[str, tuple]]) -> list:
+        """Many ``finish``/``defer``/``change_visibility`` calls in one round trip (consumers
+        batch the ends of their tasks); each result is the value or the RayqError raised."""
+        if not isinstance(calls, list) or not all(
+                isinstance(c, tuple) and len(c) == 2 and c[0] in _END_CALLS for c in calls):
+            raise InvalidMessage(f"end_many takes a list of (name, args), name in {_END_CALLS}")
+        futures = [self._enqueue(None, name, *args) for name, args in calls]
+        return list(await asyncio.gather(*futures))
+
     # -- task outcomes -------------------------------------------------------------
     @ray.method(concurrency_group=OUTCOME_GROUP)
     async def wait_outcome(self, message_id: str) -> Any:
@@ -166,7 +181,8 @@ class ShardActor:
         durable outcomes table, so the ref resolves exactly once.
         """
         loop = asyncio.get_running_loop()
-        while True:
+        found = None
+        while found is None:
             future = loop.create_future()
             with self._waiters_lock:  # register before reading: no wake-up is missed
                 self._waiters.setdefault(message_id, []).append((loop, future))
@@ -174,20 +190,21 @@ class ShardActor:
                 found = await loop.run_in_executor(self._thread, self.store.outcome, message_id)
                 if found is None:
                     await asyncio.wait([future], timeout=OUTCOME_RECHECK_S)
-                    continue
+                    found = future.result() if future.done() else None
             finally:
                 self._forget(message_id, future)
-            ending, payload = found
-            if ending is Ending.RESULT:
-                return decode_outcome(payload)
-            raise TaskError(*_ENDINGS[ending])
+        ending, payload = found
+        if ending is Ending.RESULT:
+            return decode_outcome(payload)
+        raise TaskError(*_ENDINGS[ending])
 
-    def _notify(self, message_ids: list[str]) -> None:
-        for message_id in message_ids:
+    def _notify(self, finished: list[tuple[str, Ending, bytes]]) -> None:
+        """Hand each recorded outcome to the calls waiting for it (on their own loop)."""
+        for message_id, ending, payload in finished:
             with self._waiters_lock:
                 waiters = self._waiters.pop(message_id, [])
             for loop, future in waiters:
-                loop.call_soon_threadsafe(_settle, future)
+                loop.call_soon_threadsafe(_settle, future, (ending, payload))
 
     def _forget(self, message_id: str, future: asyncio.Future) -> None:
         with self._waiters_lock:
@@ -239,6 +256,6 @@ class ShardActor:
                 pass  # overloaded: try again next round
 
 
-def _settle(future: asyncio.Future) -> None:
+def _settle(future: asyncio.Future, value: Any) -> None:
     if not future.done():
-        future.set_result(None)
+        future.set_result(value)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import random
-import statistics
 import time
-from collections import Counter, defaultdict
 
 import click
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 import rayq
@@ -23,49 +21,42 @@ def main() -> None:
 
 @main.command()
 @click.option("--data-dir", default=None, help="Where shards keep their data (default ./.rayq-data).")
-@click.option("--messages", default=3000, show_default=True, help="Messages to send.")
-def demo(data_dir: str | None, messages: int) -> None:
-    """Run a small multi-tenant workload on the embedded runtime and summarise it."""
+@click.option("--tasks", default=3000, show_default=True, help="Tasks to submit.")
+@click.option("--consumers", default=2, show_default=True, help="Consumer actors to run.")
+def demo(data_dir: str | None, tasks: int, consumers: int) -> None:
+    """Run a multi-tenant task workload on the embedded runtime and summarise it."""
+    from rayq.demo import submit_workload, wait_all
+
     started = time.monotonic()
-    client = rayq.start(data_dir=data_dir)
-    console.print(f"runtime up in {time.monotonic() - started:.1f}s, "
-                  f"queues: {client.list_queues() or 'none yet'}")
-    queue = client.create_queue("demo", subqueues=2)
-    queue.clear()
-    tenants, types = ["acme", "globex", "initech"], ["report", "email", "export"]
-    rng = random.Random(7)
-    outgoing = [rayq.Outgoing({"n": i}, tenant=rng.choice(tenants), type=rng.choice(types))
-                for i in range(messages)]
+    client = rayq.start(data_dir=data_dir, consumers=consumers)
+    console.print(f"runtime up in {time.monotonic() - started:.1f}s with {consumers} consumers")
     t0 = time.monotonic()
-    for i in range(0, messages, 500):
-        queue.send_batch(outgoing[i:i + 500])
-    send_s = time.monotonic() - t0
-    waits, per = defaultdict(list), Counter()
-    t0 = time.monotonic()
-    while True:
-        got = queue.receive(max_messages=250, visibility_timeout_s=30, wait_s=0.2)
-        if not got:
-            break
-        now = time.time()
-        for m in got:
-            waits[m.tenant].append(now - m.enqueued_at)
-            per[(m.tenant, m.type)] += 1
-        queue.delete_batch([m.receipt for m in got])
-    recv_s = time.monotonic() - t0
-    table = Table(title="rayq demo: messages per tenant and type")
-    table.add_column("tenant")
-    for t in types:
-        table.add_column(t, justify="right")
-    table.add_column("wait p50 s", justify="right")
-    for tenant in tenants:
-        table.add_row(tenant, *(str(per[(tenant, t)]) for t in types),
-                      f"{statistics.median(waits[tenant]):.3f}" if waits[tenant] else "-")
-    console.print(table)
-    stats = queue.stats()
-    console.print(f"sent {messages} durably in {send_s:.2f}s ({messages / send_s:,.0f} msg/s), "
-                  f"received+deleted in {recv_s:.2f}s; left in queue: {stats.depth}; "
-                  f"cache hits per shard: {[s['hits'] for s in stats.shards]}")
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console) as progress:
+        submitted = progress.add_task("submitting", total=tasks)
+        refs = submit_workload(client, tasks)
+        progress.update(submitted, completed=tasks)
+        done = progress.add_task("running", total=tasks)
+        failed = wait_all(refs, on_done=lambda n: progress.advance(done, n))
+    elapsed = time.monotonic() - t0
+    for by in ("tenant", "type"):
+        console.print(_tally_table(client.task_stats(by=by), by))
+    console.print(f"{tasks} tasks submitted durably and run in {elapsed:.1f}s "
+                  f"({tasks / elapsed:,.0f} tasks/s), {failed} failed; consumers (load, hit rate): "
+                  + ", ".join(f"#{s.index} ({s.load}, {s.hit_rate:.2f})"
+                              for s in client.consumer_stats()))
     rayq.shutdown()
+
+
+def _tally_table(rows, by: str) -> Table:
+    table = Table(title=f"rayq demo: tasks per {by}")
+    for column in (by, "completed", "deferred", "usage s", "usage share", "wait p50 s", "wait p99 s"):
+        table.add_column(column, justify="left" if column == by else "right")
+    total = sum(r.usage_s for r in rows) or 1.0
+    for r in rows:
+        table.add_row(getattr(r, by), str(r.succeeded), str(r.deferred), f"{r.usage_s:.2f}",
+                      f"{r.usage_s / total:.0%}", f"{r.wait_p50_s:.3f}", f"{r.wait_p99_s:.3f}")
+    return table
 
 
 @main.command()

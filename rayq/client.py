@@ -229,9 +229,10 @@ class Client:
                 pass  # a consumer stopping right now
         return sorted(out, key=lambda s: s.index)
 
-    def task_stats(self) -> list[TallyRow]:
-        """Finished tasks per (tenant, type) over all consumers: outcomes, usage, wait p50/p99."""
-        return Tally().merge(s.tally for s in self.consumer_stats()).rows()
+    def task_stats(self, by: str | None = None) -> list[TallyRow]:
+        """Finished tasks over all consumers: outcomes, usage, wait p50/p99, per
+        (tenant, type), or per tenant (``by="tenant"``) or per type (``by="type"``)."""
+        return Tally().merge(s.tally for s in self.consumer_stats()).rows(by)
 
     # -- routing ----------------------------------------------------------------
     def _route(self, name: str, refresh: bool = False) -> tuple[QueueInfo, list[int], int]:

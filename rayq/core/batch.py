@@ -404,7 +404,7 @@ class WriteBatch:
             return  # a task ends once: deleting its dead letter later changes nothing
         self.txn.put("outcomes", mid, U64.pack(expires_us) + bytes([ending.value]) + payload)
         self.txn.put("outcome_expiry", U64.pack(expires_us) + mid, b"")
-        self.effects.append(("outcome", message_id))
+        self.effects.append(("outcome", (message_id, ending, payload)))
 
     def _collect_outcomes(self, limit: int) -> int:
         stop = U64.pack(self.now_us + 1)

@@ -87,7 +87,7 @@ class ShardStore:
         self._counts: dict[tuple[int, int], int] = {}
         self._sq_keys: dict[int, set[int]] = defaultdict(set)
         self._states: dict[int, SubqueueState] = {}
-        self._finished: list[str] = []  # tasks whose outcome was recorded since take_finished()
+        self._finished: list[tuple[str, Ending, bytes]] = []  # outcomes since take_finished()
         self._seq, self.store_id = kv.transact(self._load)
 
     # -- opening ---------------------------------------------------------
@@ -204,8 +204,8 @@ class ShardStore:
             return None
         return Ending(value[8]), bytes(value[9:])
 
-    def take_finished(self) -> list[str]:
-        """Ids of task messages whose outcome was recorded since the last call."""
+    def take_finished(self) -> list[tuple[str, Ending, bytes]]:
+        """(message id, ending, payload) of every outcome recorded since the last call."""
         finished, self._finished = self._finished, []
         return finished
 

@@ -175,10 +175,21 @@ class Tally:
                     self._sample(who, w)
         return self
 
-    def rows(self) -> list[TallyRow]:
+    def rows(self, by: str | None = None) -> list[TallyRow]:
+        """One row per (tenant, type), or per tenant (``by="tenant"``) or type (``"type"``);
+        a grouped row has ``"*"`` in the other field."""
+        if by not in (None, "tenant", "type"):
+            raise InvalidMessage(f"rows(by=) takes None, 'tenant' or 'type', not {by!r}")
+        groups: dict[tuple[str, str], tuple[dict, list[float]]] = {}
+        for (tenant, type_), counts in self._counts.items():
+            group = (tenant if by != "type" else "*", type_ if by != "tenant" else "*")
+            total, waits = groups.setdefault(group, (dict.fromkeys(counts, 0.0), []))
+            for name, n in counts.items():
+                total[name] += n
+            waits.extend(self._waits.get((tenant, type_), []))
         out = []
-        for (tenant, type_), c in sorted(self._counts.items()):
-            waits = self._waits.get((tenant, type_), [])
+        for (tenant, type_), (c, waits) in sorted(groups.items()):
+            waits.sort()
             out.append(TallyRow(tenant, type_, int(c["succeeded"]), int(c["failed"]),
                                 int(c["dead"]), int(c["deferred"]), c["usage_s"],
                                 percentile(waits, 50), percentile(waits, 99)))

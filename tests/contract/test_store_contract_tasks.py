@@ -23,7 +23,7 @@ def test_finish_deletes_the_task_and_records_its_outcome_once(store):
     store.finish(got.receipt, b"result")
     assert store.outcome(mid) == (Ending.RESULT, b"result")
     assert store.count(0) == 0
-    assert store.take_finished() == [mid]
+    assert store.take_finished() == [(mid, Ending.RESULT, b"result")]
     assert store.take_finished() == []
 
 

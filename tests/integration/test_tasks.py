@@ -149,3 +149,12 @@ def test_scale_consumers_adds_and_removes_consumer_actors(client):
     with pytest.raises(rayq.InvalidMessage):
         client.scale_consumers(-1)
     client.scale_consumers(3)
+
+
+def test_a_malformed_batch_of_task_ends_is_refused_whole(client):
+    shard = client._shards[0]
+    for bad in ["finish", [("delete", ())], [("finish",)]]:
+        with pytest.raises(rayq.InvalidMessage):
+            ray.get(shard.end_many.remote(bad))
+    [stale] = ray.get(shard.end_many.remote([("finish", ("A" * 44, b"x", None))]))
+    assert isinstance(stale, rayq.ReceiptInvalid)

@@ -92,6 +92,9 @@ def test_tallies_count_outcomes_and_merge_wait_percentiles():
     assert (acme.succeeded, acme.deferred, acme.usage_s) == (100, 1, 100.0)
     assert (acme.wait_p50_s, acme.wait_p99_s) == (50.0, 99.0)  # deferrals are not waits
     assert (beta.tenant, beta.dead) == ("beta", 1)
+    [by_type] = Tally().merge([a, b]).rows(by="type")
+    assert (by_type.tenant, by_type.type, by_type.succeeded, by_type.dead) == ("*", "t", 100, 1)
+    assert by_type.wait_p50_s == 50.0
 
 
 @pytest.mark.parametrize("values, q, expected", [([], 50, 0.0), ([3.0], 99, 3.0),
