@@ -2,6 +2,7 @@
 
 NAMESPACE = "rayq"
 MANAGER = "rayq-manager"
+COORDINATOR = "rayq-coordinator"
 
 
 def shard_name(index: int) -> str:

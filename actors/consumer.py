@@ -14,6 +14,7 @@ import asyncio
 import inspect
 import itertools
 import logging
+import random
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -23,12 +24,13 @@ from typing import Any
 import ray
 from ray import cloudpickle
 
-from actors import MANAGER, NAMESPACE, consumer_name, shard_name
+from actors import COORDINATOR, MANAGER, NAMESPACE, consumer_name, shard_name
 from rayq.config import Config
 from rayq.core.balancer import BalancerState
+from rayq.core.fairness import ListenPlan, listen_order
 from rayq.core.model import StoredMessage
 from rayq.core.registry import QueueInfo
-from rayq.core.tasks import (Outcome, Tally, TaskSpec, UsageReport, decode_call, encode_result,
+from rayq.core.tasks import (Outcome, TaskSpec, UsageReport, decode_call, encode_result,
                              error_of)
 from rayq.errors import RayqError, ReceiptInvalid
 
@@ -39,7 +41,8 @@ ROUTE_TTL_S = 1.0
 
 @dataclass(frozen=True)
 class ConsumerStats:
-    """One consumer's balancer state and counters since it started.
+    """One consumer's balancer state and counters since it started (its finished
+    tasks go to the coordinator as usage reports: see ``client.task_stats()``).
 
     polls: receive calls; hits: those that returned a task; deferrals: tasks
     put back because their type was at its concurrency limit; lost: tasks
@@ -54,7 +57,6 @@ class ConsumerStats:
     running: int
     deferrals: int
     lost: int
-    tally: Tally
 
     @property
     def empty_polls(self) -> int:
@@ -127,17 +129,19 @@ class ConsumerActor:
         self._pollers: dict[int, asyncio.Task] = {}
         self._ends = [_Ends(shard) for shard in self.shards]
         self._reports: deque[UsageReport] = deque(maxlen=MAX_REPORTS)
-        self._tally = Tally()
         self._polls = self._hits = self._deferrals = self._lost = self._running = 0
         self._stopping = False
         self._fixed: int | None = None
+        self._plan: ListenPlan | None = None
+        self._spent: dict[str, float] = {}  # usage since the plan, scaled to all consumers
+        self._rng = random.Random(index)
         self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
 
     # -- public calls --------------------------------------------------------------
     async def stats(self) -> ConsumerStats:
         return ConsumerStats(self.index, self.balancer.load, self.balancer.hit_rate,
                              self._polls, self._hits, self._running, self._deferrals,
-                             self._lost, self._tally)
+                             self._lost)
 
     async def drain_reports(self) -> list[UsageReport]:
         """The usage reports of every task finished since the last drain (for the coordinator)."""
@@ -149,12 +153,14 @@ class ConsumerActor:
         """Pin the load (no balancing), or None to balance again: for benchmarks."""
         self._fixed = load
 
-    async def stop(self, timeout_s: float = 60.0) -> None:
-        """Stop polling and wait (up to ``timeout_s``) for running handlers to finish."""
+    async def stop(self, timeout_s: float = 60.0) -> list[UsageReport]:
+        """Stop polling, wait (up to ``timeout_s``) for running handlers to finish, and
+        hand back the reports not drained yet."""
         self._stopping = True
         pollers = list(self._pollers.values())
         if pollers:
             await asyncio.wait(pollers, timeout=timeout_s)
+        return await self.drain_reports()
 
     async def ping(self) -> int:
         return self.index
@@ -165,8 +171,9 @@ class ConsumerActor:
         while not self._stopping:
             try:
                 await self._refresh_handlers()
-            except (RayqError, ray.exceptions.RayError):
-                pass  # the manager is restarting: keep the handlers we have
+                await self._refresh_plan()
+            except (RayqError, ray.exceptions.RayError, ValueError):
+                pass  # the manager or coordinator is restarting: keep what we have
             self.balancer = self.balancer.adjusted(self.cc)
             for slot in range(self._load()):
                 if slot not in self._pollers or self._pollers[slot].done():
@@ -208,6 +215,21 @@ class ConsumerActor:
                 else (spec, cloudpickle.loads(blob), blob)
         self._handlers, self._tasks_version = handlers, version
 
+    async def _refresh_plan(self) -> None:
+        coordinator = ray.get_actor(COORDINATOR, namespace=NAMESPACE)
+        plan = await coordinator.plan.remote(self._plan.version if self._plan else None)
+        if plan is not None:
+            self._plan = plan
+            self._spent = {}
+
+    def _listen(self, exclude: set[str]) -> list[str] | None:
+        """This receive's key order from the coordinator's plan; None for plain FIFO."""
+        plan = self._plan
+        if plan is None or plan.decision is None or not plan.keys:
+            return None
+        return listen_order(plan.decision, plan.keys, self._rng, exclude,
+                            booster=self.index >= plan.regular_consumers, spent=self._spent)
+
     # -- receiving -----------------------------------------------------------------
     async def _route(self, name: str) -> tuple[QueueInfo, list[int]]:
         cached = self._routes.get(name)
@@ -240,12 +262,19 @@ class ConsumerActor:
         index = queue.subqueue(sq).shard
         shard = self.shards[index]
         now = time.monotonic()
-        saturated = [t for t, until in self._saturated.items() if until > now]
-        exclude = saturated if saturated and self.config.fairness.key == "type" else None
-        got = await unwrap(shard.receive.remote(
-            sq, self.cc.prefetch, self.cc.visibility_timeout_s,
-            max_receives=queue.max_receives, dead_letter=queue.dead_letter_on(queue.subqueue(sq).shard),
-            wait_s=wait_s, exclude=exclude))
+        exclude = set(self._plan.suspended) if self._plan else set()
+        if self.config.fairness.key == "type":
+            exclude |= {t for t, until in self._saturated.items() if until > now}
+        options = dict(max_receives=queue.max_receives, dead_letter=queue.dead_letter_on(index))
+        order = self._listen(exclude) if wait_s == 0 else None
+        got = []
+        if order:  # the plan's order first; keys it does not know yet come after
+            got = await unwrap(shard.receive.remote(
+                sq, self.cc.prefetch, self.cc.visibility_timeout_s, keys=order, **options))
+        if not got:
+            got = await unwrap(shard.receive.remote(
+                sq, self.cc.prefetch, self.cc.visibility_timeout_s, wait_s=wait_s,
+                exclude=sorted(exclude) or None, **options))
         return [_Held(m, queue, shard, self._ends[index], m.receipt) for m in got]
 
     # -- running -------------------------------------------------------------------
@@ -345,8 +374,10 @@ class ConsumerActor:
 
     def _report(self, m: StoredMessage, usage_s: float, outcome: Outcome, wait_s: float) -> None:
         report = UsageReport(m.key, m.tenant, m.type, usage_s, outcome, max(0.0, wait_s), time.time())
+        if self._plan is not None:  # every consumer is assumed to spend alike
+            self._spent[m.key] = self._spent.get(m.key, 0.0) + usage_s * max(
+                1, self._plan.regular_consumers)
         self._reports.append(report)
-        self._tally.add(report)
 
 
 async def unwrap(ref) -> Any:

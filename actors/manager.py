@@ -16,7 +16,7 @@ from collections import defaultdict
 
 import ray
 
-from actors import NAMESPACE, consumer_name, shard_name
+from actors import COORDINATOR, NAMESPACE, consumer_name, shard_name
 from actors.consumer import ConsumerRemote, named_consumers
 from rayq.config import Config
 from rayq.core.clock import SystemClock
@@ -117,7 +117,24 @@ class QueueManager:
         return await self._consumers.scale(count)
 
     def consumer_count(self) -> int:
+        """Regular consumers (boosters added for permits come on top)."""
         return self._consumers.wanted
+
+    async def set_boost(self, extra: int) -> int:
+        """Run ``extra`` booster consumers on top of the regular ones (fairness permits)."""
+        return await self._consumers.set_boost(extra)
+
+    def fairness_inputs(self) -> tuple[dict[str, int], dict[int, list[int]]]:
+        """(concurrency limit per fairness key, task subqueues per shard) for the coordinator."""
+        by_type = self.config.fairness.key == "type"
+        limits = {spec.type: spec.concurrency for spec, _ in self.tasks.all().values()
+                  if by_type and spec.concurrency}
+        subqueues: dict[int, list[int]] = defaultdict(list)
+        for name in self.tasks.queues():
+            if name in self.registry:
+                for sq in self.registry.get(name).subqueues:
+                    subqueues[sq.shard].append(sq.id)
+        return limits, dict(subqueues)
 
     def config_value(self) -> Config:
         return self.config
@@ -210,7 +227,16 @@ class Consumers:
         self.kv, self.config = kv, config
         raw = kv.read(lambda txn: txn.get("meta", b"consumers"))
         self.wanted = int(raw) if raw is not None else config.consumers.count
+        self.boost = 0
         self._lock = asyncio.Lock()
+
+    async def set_boost(self, extra: int) -> int:
+        check_count(extra, "boost", 0, MAX_CONSUMERS)
+        if extra != self.boost:
+            self.boost = extra
+            await self.scale(None)
+            _request_capacity(self.wanted + self.boost, self.config.consumers.num_cpus)
+        return self.boost
 
     async def scale(self, count: int | None) -> int:
         async with self._lock:  # one reconciliation at a time
@@ -219,14 +245,15 @@ class Consumers:
                 self.kv.transact(lambda txn: txn.put("meta", b"consumers", str(count).encode()))
                 self.wanted = count
             running = named_consumers()
-            for index in range(self.wanted):
+            total = self.wanted + self.boost
+            for index in range(total):
                 if index not in running:
                     _start_consumer(index, self.config)
-            extra = [index for index in running if index >= self.wanted]
+            extra = [index for index in running if index >= total]
             # Graceful: a consumer stops polling and finishes what it runs before it goes.
             await asyncio.gather(*(_stop_consumer(running[i]) for i in extra))
             if count is not None:
-                _request_capacity(self.wanted, self.config.consumers.num_cpus)
+                _request_capacity(self.wanted + self.boost, self.config.consumers.num_cpus)
             return self.wanted
 
 
@@ -238,10 +265,13 @@ def _start_consumer(index: int, config: Config) -> None:
 
 
 async def _stop_consumer(handle) -> None:
+    """Stop a consumer gracefully; its last usage reports go to the coordinator."""
     try:
-        await handle.stop.remote()
-    except ray.exceptions.RayError:
-        pass
+        reports = await handle.stop.remote()
+        coordinator = ray.get_actor(COORDINATOR, namespace=NAMESPACE)
+        await coordinator.absorb.remote(reports)
+    except (ray.exceptions.RayError, ValueError):
+        pass  # already gone, or no coordinator: the reports are lost, the tasks are not
     ray.kill(handle, no_restart=True)
 
 

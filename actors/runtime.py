@@ -7,7 +7,8 @@ import time
 
 import ray
 
-from actors import MANAGER, NAMESPACE, shard_name
+from actors import COORDINATOR, MANAGER, NAMESPACE, consumer_name, shard_name
+from actors.coordinator import CoordinatorRemote
 from actors.manager import QueueManager
 from actors.shard import CONCURRENCY_GROUPS, ShardActor
 from rayq.config import Config
@@ -32,8 +33,12 @@ def ensure_runtime(data_dir: str, config: Config, consumers: int | None = None) 
     ray.get([s.ping.remote() for s in shards])
     manager = ManagerRemote.options(name=MANAGER, max_restarts=-1, max_task_retries=-1,
                                     **_ACTOR_OPTIONS).remote(data_dir, config)
+    ray.get(manager.list_queues.remote())
+    coordinator = CoordinatorRemote.options(name=COORDINATOR, max_restarts=-1, max_task_retries=-1,
+                                            **_ACTOR_OPTIONS).remote(data_dir, config)
+    ray.get(coordinator.ping.remote())
     ray.get(manager.scale_consumers.remote(consumers))
-    return {"manager": manager, "shards": shards}
+    return {"manager": manager, "shards": shards, "coordinator": coordinator}
 
 
 def find_runtime() -> dict:
@@ -56,7 +61,9 @@ def runtime_actor_names() -> list[str]:
 
 def stop_runtime(timeout_s: float = 30.0) -> None:
     """Kill every runtime actor (data stays on disk) and wait until they are gone."""
-    names = runtime_actor_names()
+    # Callers before callees: consumers, then the coordinator and manager, shards last.
+    names = sorted(runtime_actor_names(), key=lambda n: (n.startswith(shard_name("")),
+                                                         not n.startswith(consumer_name(""))))
     for name in names:
         try:
             ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 from rayq.config import (Config, ConsumerConfig, FairnessConfig, FloodConfig, ScalingConfig,
                          StoreConfig)
 from rayq.core.model import Outgoing, Received
+from rayq.core.fairness import FairnessReport
+from rayq.core.rules import SuspensionRule
 from rayq.core.tasks import TaskFunction, task
 from rayq.errors import (AuthError, InvalidMessage, MessageTooLarge, Overloaded, QueueDisabled,
                          QueueExists, QueueNotFound, RayqError, ReceiptInvalid, RuntimeFailure,
@@ -38,7 +40,7 @@ _CLIENT_NAMES = frozenset({"Client", "Queue", "QueueStats", "KeyStats"})
 __all__ = [
     "start", "connect", "shutdown", "Client", "Queue", "QueueStats", "KeyStats",
     "Config", "ConsumerConfig", "FairnessConfig", "FloodConfig", "ScalingConfig", "StoreConfig",
-    "Outgoing", "Received", "task", "TaskFunction",
+    "Outgoing", "Received", "task", "TaskFunction", "FairnessReport", "SuspensionRule",
     "AuthError", "InvalidMessage", "MessageTooLarge", "Overloaded", "QueueDisabled",
     "QueueExists", "QueueNotFound", "RayqError", "ReceiptInvalid", "RuntimeFailure",
     "StoreError", "TaskError", "UsageError",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import click
@@ -10,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 import rayq
+import rayq.config
 
 console = Console()
 
@@ -28,7 +30,11 @@ def demo(data_dir: str | None, tasks: int, consumers: int) -> None:
     from rayq.demo import submit_workload, wait_all
 
     started = time.monotonic()
-    client = rayq.start(data_dir=data_dir, consumers=consumers)
+    # The demo lasts seconds, not hours: fairness windows scaled down to match.
+    config = rayq.config.load()
+    config = dataclasses.replace(config, fairness=dataclasses.replace(
+        config.fairness, window_s=5.0, latency_threshold_s=2.0, interval_s=1.0))
+    client = rayq.start(data_dir=data_dir, consumers=consumers, config=config)
     console.print(f"runtime up in {time.monotonic() - started:.1f}s with {consumers} consumers")
     t0 = time.monotonic()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -45,6 +51,11 @@ def demo(data_dir: str | None, tasks: int, consumers: int) -> None:
                   f"({tasks / elapsed:,.0f} tasks/s), {failed} failed; consumers (load, hit rate): "
                   + ", ".join(f"#{s.index} ({s.load}, {s.hit_rate:.2f})"
                               for s in client.consumer_stats()))
+    fair = client.fairness()
+    decisions = [e for e in fair.history if e["kind"] == "fairness"]
+    console.print(f"fairness: {len(decisions)} evaluations, intervened in "
+                  f"{sum(e['intervening'] for e in decisions)}; now intervening: {fair.intervening}, "
+                  f"offenders: {sorted(fair.offenders) or 'none'}")
     rayq.shutdown()
 
 

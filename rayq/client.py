@@ -22,7 +22,9 @@ from rayq.config import Config
 from rayq.core.model import (NewMessage, Outgoing, Receipt, Received, SubqueueState, check_count,
                              check_name, check_seconds, encode_body, fairness_key)
 from rayq.core.registry import QueueInfo
-from rayq.core.tasks import Tally, TallyRow, TaskFunction, encode_call
+from rayq.core.fairness import FairnessReport
+from rayq.core.rules import SuspensionRule
+from rayq.core.tasks import TallyRow, TaskFunction, encode_call
 from rayq.errors import InvalidMessage, QueueDisabled, RayqError, ReceiptInvalid, RuntimeFailure
 
 ROUTE_TTL_S = 2.0
@@ -211,6 +213,28 @@ class Client:
         [(message_id, shard)] = Queue(self, spec.queue)._put([message])
         return self._shards[shard].wait_outcome.remote(message_id)
 
+    # -- fairness ----------------------------------------------------------------
+    def _coordinator(self):
+        from actors import COORDINATOR, NAMESPACE
+
+        try:
+            return ray.get_actor(COORDINATOR, namespace=NAMESPACE)
+        except ValueError as err:
+            raise RuntimeFailure("the fairness coordinator is not running") from err
+
+    def fairness(self) -> FairnessReport:
+        """Intervention state, victims, offenders, starvation per key, listen order,
+        permits, suspension rules and recent decisions (see rayq.FairnessReport)."""
+        return call(lambda: self._coordinator().report.remote())
+
+    def suspend(self, key: str, reason: str, by: str) -> SuspensionRule:
+        """Stop dispatching fairness key ``key``; the rule keeps who, when and why."""
+        return call(lambda: self._coordinator().suspend.remote(key, reason, by))
+
+    def resume(self, key: str, by: str = "unknown") -> SuspensionRule | None:
+        """Lift the suspension of ``key`` (its history stays); None if it was not suspended."""
+        return call(lambda: self._coordinator().resume.remote(key, by))
+
     def scale_consumers(self, count: int) -> int:
         """Run ``count`` consumer actors from now on (kept across restarts); returns it.
         On a cluster with an autoscaler, room for them is requested too."""
@@ -230,9 +254,10 @@ class Client:
         return sorted(out, key=lambda s: s.index)
 
     def task_stats(self, by: str | None = None) -> list[TallyRow]:
-        """Finished tasks over all consumers: outcomes, usage, wait p50/p99, per
-        (tenant, type), or per tenant (``by="tenant"``) or per type (``by="type"``)."""
-        return Tally().merge(s.tally for s in self.consumer_stats()).rows(by)
+        """Finished tasks since the runtime started: outcomes, usage, wait p50/p99, per
+        (tenant, type), or per tenant (``by="tenant"``) or per type (``by="type"``).
+        Counted by the coordinator from every consumer's reports."""
+        return call(lambda: self._coordinator().task_stats.remote(by))
 
     # -- routing ----------------------------------------------------------------
     def _route(self, name: str, refresh: bool = False) -> tuple[QueueInfo, list[int], int]:

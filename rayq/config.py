@@ -58,6 +58,8 @@ class FairnessConfig:
     latency_threshold_s: float = 1200.0
     band: float = 0.5
     interval_s: float = 300.0
+    max_boost_consumers: int = 2   # consumers added at most for booster permits
+    history: int = 1000            # decisions kept for client.fairness() and the event log
 
 
 @dataclass(frozen=True)

@@ -175,8 +175,13 @@ def recent_run(series: list[float]) -> list[int]:
 # -- the evaluation -------------------------------------------------------------
 def evaluate(table: UsageTable, pending: Mapping[str, KeyState], now: float,
              config: FairnessConfig, threads: int,
-             suspended: Collection[str] = ()) -> Decision:
-    """Classify every key and decide whether to intervene (see the module docstring)."""
+             suspended: Collection[str] = (), was_intervening: bool = False) -> Decision:
+    """Classify every key and decide whether to intervene (see the module docstring).
+
+    An intervention starts when a latency victim is a usage victim; once on, it
+    goes on while a latency victim is below its fair share at all (hysteresis:
+    stopping at the band would hand the threads straight back to the offender).
+    """
     waiting = {k: s for k, s in pending.items() if k not in suspended and s.latency_s > 0}
     fractions = {}
     for key, state in waiting.items():
@@ -206,7 +211,8 @@ def evaluate(table: UsageTable, pending: Mapping[str, KeyState], now: float,
     latency_victims = frozenset(
         k for k, s in waiting.items()
         if s.latency_s > latency_threshold(s, config.latency_threshold_s, threads))
-    intervening = bool(latency_victims & usage_victims)
+    intervening = bool(latency_victims & usage_victims) or (was_intervening and any(
+        starvation.get(k, 0.0) > 0 for k in latency_victims))
     permits, ignored = booster_permits(waiting, table, config, threads, offenders if intervening else ())
     return Decision(
         at=now, intervening=intervening, latency_victims=latency_victims,
@@ -231,24 +237,85 @@ def booster_permits(waiting: Mapping[str, KeyState], table: UsageTable, config: 
     return permits, ignored
 
 
+def current_starvation(decision: Decision, key: str, spent: Mapping[str, float]) -> float:
+    """A key's starvation after ``spent`` more seconds of usage since the decision."""
+    expected = decision.expected_s.get(key, 0.0)
+    if expected <= 0:
+        return decision.starvation.get(key, 0.0)
+    return (expected - decision.actual_s.get(key, 0.0) - spent.get(key, 0.0)) / expected
+
+
 def listen_order(decision: Decision | None, keys: Collection[str], rng: random.Random,
-                 suspended: Collection[str] = (), booster: bool = False) -> list[str]:
+                 suspended: Collection[str] = (), booster: bool = False,
+                 spent: Mapping[str, float] | None = None) -> list[str]:
     """The order a consumer asks for keys in, built afresh for each receive.
 
     Without intervention: a random shuffle, so every key has the same chance.
     While intervening: zero-latency keys first (shuffled), then the others by
-    decreasing starvation. A ``booster`` (capacity added for permits) puts the
-    keys holding permits in front, most permits first. Suspended keys are left out.
+    decreasing starvation, brought up to date with the usage ``spent`` since
+    the decision (so the most starved key does not take every thread until the
+    next evaluation). A ``booster`` (capacity added for permits) puts the keys
+    holding permits in front, most permits first. Suspended keys are left out.
     """
     keys = [k for k in dict.fromkeys(keys) if k not in suspended]
     rng.shuffle(keys)
     if decision is not None and decision.intervening:
+        spent = spent or {}
         zero = [k for k in keys if k in decision.zero_latency]
         starved = sorted((k for k in keys if k not in decision.zero_latency),
-                         key=lambda k: -decision.starvation.get(k, 0.0))
+                         key=lambda k: -current_starvation(decision, k, spent))
         keys = zero + starved
     if not booster or decision is None:
         return keys
     permitted = sorted((k for k in keys if k in decision.permits),
                        key=lambda k: -decision.permits[k])
     return permitted + [k for k in keys if k not in decision.permits]
+
+
+@dataclass(frozen=True)
+class ListenPlan:
+    """What the coordinator publishes to consumers: the latest decision, the keys
+    with pending messages, the suspended keys, and how many consumers are regular
+    (consumers with a higher index are boosters, added for permits)."""
+
+    version: int
+    decision: Decision | None
+    keys: tuple[str, ...]
+    suspended: frozenset[str]
+    regular_consumers: int
+
+
+@dataclass(frozen=True)
+class FairnessReport:
+    """``client.fairness()``: the state of fair dispatch at the last evaluation.
+
+    starvation: (expected - actual) / expected per key; listen_order: the order a
+    regular consumer would use now; history: recent decisions, newest last.
+    """
+
+    evaluated_at: float | None
+    intervening: bool
+    intervening_since: float | None
+    victims: frozenset[str]
+    latency_victims: frozenset[str]
+    usage_victims: frozenset[str]
+    offenders: frozenset[str]
+    fair_users: frozenset[str]
+    starvation: Mapping[str, float]
+    expected_s: Mapping[str, float]
+    actual_s: Mapping[str, float]
+    listen_order: tuple[str, ...]
+    permits: Mapping[str, int]
+    ignored_permits: Mapping[str, int]
+    suspended: tuple
+    history: tuple[dict, ...]
+
+
+def decision_event(d: Decision, order: list[str]) -> dict:
+    """A decision as a plain record for the event log."""
+    return {"at": d.at, "kind": "fairness", "intervening": d.intervening,
+            "victims": sorted(d.victims), "latency_victims": sorted(d.latency_victims),
+            "usage_victims": sorted(d.usage_victims), "offenders": sorted(d.offenders),
+            "starvation": {k: round(v, 4) for k, v in d.starvation.items()},
+            "permits": dict(d.permits), "ignored_permits": dict(d.ignored_permits),
+            "listen_order": order}

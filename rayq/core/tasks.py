@@ -10,7 +10,6 @@ from __future__ import annotations
 import bisect
 import os
 import random
-from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -163,17 +162,6 @@ class Tally:
         elif (slot := self._rng.randrange(seen)) < self._samples:  # reservoir sampling
             del waits[slot]
             bisect.insort(waits, wait_s)
-
-    def merge(self, others: Iterable["Tally"]) -> "Tally":
-        for other in others:
-            for who, counts in other._counts.items():
-                mine = self._counts.setdefault(who, dict.fromkeys(counts, 0.0))
-                for name, n in counts.items():
-                    mine[name] += n
-            for who, waits in other._waits.items():
-                for w in waits:
-                    self._sample(who, w)
-        return self
 
     def rows(self, by: str | None = None) -> list[TallyRow]:
         """One row per (tenant, type), or per tenant (``by="tenant"``) or type (``"type"``);

@@ -14,6 +14,13 @@ class Probe:
         self.peak = defaultdict(int)
         self.attempts = defaultdict(int)
         self.where = defaultdict(list)
+        self.spans = []
+
+    def span(self, type_: str, started: float, ended: float) -> None:
+        self.spans.append((type_, started, ended))
+
+    def spans_of(self) -> list:
+        return list(self.spans)
 
     def enter(self, type_: str, task_id, consumer: str) -> int:
         self.running[type_] += 1
@@ -46,3 +53,7 @@ def enter(type_: str, task_id, name: str = "probe") -> int:
 
 def leave(type_: str, name: str = "probe") -> None:
     ray.get(ray.get_actor(name, namespace=PROBE_NAMESPACE).exit.remote(type_))
+
+
+def record_span(type_: str, started: float, ended: float, name: str = "probe") -> None:
+    ray.get(ray.get_actor(name, namespace=PROBE_NAMESPACE).span.remote(type_, started, ended))

@@ -188,3 +188,26 @@ def test_usage_windows_sum_reports_per_key_and_count_deferrals_apart():
     assert t.usage["A"][-2:] == [2.0, 3.0] and t.usage["B"] == [0.0] * 6
     assert t.processed["A"][-1] == 1 and t.deferred["A"][-1] == 1
     assert t.first_window_start == -1200.0
+
+
+def test_an_intervention_goes_on_while_a_latency_victim_is_below_its_share_at_all():
+    now = 1799.0
+    usage = {"A": [0, 0, 0, 0, 180, 180], "B": [0, 0, 0, 0, 120, 120]}  # B at 80 % of its share
+    pending = {"A": waiting("A", 0.0, now), "B": waiting("B", 0.0, now)}
+    fresh = evaluate(table(now, usage), pending, now, CONFIG, threads=2)
+    ongoing = evaluate(table(now, usage), pending, now, CONFIG, threads=2, was_intervening=True)
+    assert not fresh.intervening and ongoing.intervening
+    even = {"A": [0, 0, 0, 0, 150, 150], "B": [0, 0, 0, 0, 150, 150]}
+    assert not evaluate(table(now, even), pending, now, CONFIG, threads=2,
+                        was_intervening=True).intervening
+
+
+def test_usage_spent_since_the_decision_moves_a_key_down_the_listen_list():
+    now = 1799.0
+    usage = {"A": [0, 0, 0, 0, 280, 280], "B": [0, 0, 0, 0, 10, 10], "C": [0, 0, 0, 0, 10, 10]}
+    pending = {k: waiting(k, 0.0, now) for k in usage}
+    d = evaluate(table(now, usage), pending, now, CONFIG, threads=3)
+    assert d.intervening
+    assert listen_order(d, pending, random.Random(0))[-1] == "A"
+    order = listen_order(d, pending, random.Random(0), spent={"B": 150.0})
+    assert order == ["C", "B", "A"]

@@ -1,0 +1,145 @@
+"""Fair dispatch on real Ray with scaled-down windows: one type floods with long
+handlers while two others trickle short ones; the same workload with fairness
+off (plain FIFO) is the baseline. Figures are printed, not asserted as timings."""
+
+import threading
+import time
+
+import pytest
+import ray
+
+import rayq
+from rayq.config import Config, ConsumerConfig, FairnessConfig
+from tests.integration.conftest import start_runtime
+from tests.integration.probe import probe, record_span
+
+CONSUMERS = ConsumerConfig(count=2, max_load=2, visibility_timeout_s=5.0, poll_wait_s=0.3,
+                           adjust_interval_s=0.1, defer_s=0.05)
+FAIRNESS = FairnessConfig(window_s=1.0, windows=6, latency_threshold_s=0.5, interval_s=0.25)
+# 4 threads run 8 flood tasks a second; each trickle submits 5 a second, more than the
+# third of the picks a shuffled listen list gives it, so it backs up and fairness has
+# to intervene; FIFO leaves the trickles behind the whole flood.
+FLOOD, FLOOD_S, TRICKLE_S, TRICKLE_EVERY_S = 40, 0.5, 4.0, 0.2
+
+
+def _work(kind, seconds):
+    started = time.time()
+    time.sleep(seconds)
+    record_span(kind, started, time.time(), name="fair")
+    return kind
+
+
+@rayq.task(type="flood")
+def flood(seconds):
+    return _work("flood", seconds)
+
+
+@rayq.task(type="trickle-a")
+def trickle_a(seconds):
+    return _work("trickle-a", seconds)
+
+
+@rayq.task(type="trickle-b")
+def trickle_b(seconds):
+    return _work("trickle-b", seconds)
+
+
+def run_workload(client) -> dict:
+    """Flood first, then trickle for TRICKLE_S; returns waits, usage shares, refs."""
+    watcher = probe("fair")
+    for fn in (flood, trickle_a, trickle_b):
+        client.register(fn)
+    time.sleep(0.5)  # consumers learn the handlers
+    t0 = time.time()
+    refs = [client.submit(flood, FLOOD_S, tenant="big") for _ in range(FLOOD)]
+    trickled = {"trickle-a": [], "trickle-b": []}
+
+    def trickle(fn, kind):
+        c = rayq.connect()
+        while time.time() - t0 < TRICKLE_S:
+            trickled[kind].append(c.submit(fn, 0.01, tenant="small"))
+            time.sleep(TRICKLE_EVERY_S)
+
+    threads = [threading.Thread(target=trickle, args=a)
+               for a in ((trickle_a, "trickle-a"), (trickle_b, "trickle-b"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    all_refs = refs + trickled["trickle-a"] + trickled["trickle-b"]
+    results = ray.get(all_refs, timeout=120)
+    horizon = t0 + TRICKLE_S
+    usage = {}
+    for kind, started, ended in ray.get(watcher.spans_of.remote()):
+        usage[kind] = usage.get(kind, 0.0) + max(0.0, min(ended, horizon) - max(started, t0))
+    total = sum(usage.values()) or 1.0
+    waits = {r.type: r for r in client.task_stats(by="type")}
+    ray.kill(watcher)
+    return {"results": results, "expected": ["flood"] * FLOOD + ["trickle-a"] * len(trickled["trickle-a"])
+            + ["trickle-b"] * len(trickled["trickle-b"]),
+            "trickle_p99_s": max(waits[k].wait_p99_s for k in trickled),
+            "trickle_share": sum(usage.get(k, 0.0) for k in trickled) / total}
+
+
+@pytest.fixture(scope="module")
+def figures(ray_session, tmp_path_factory):
+    out = {}
+    for enabled in (False, True):
+        config = Config(consumers=CONSUMERS,
+                        fairness=FairnessConfig(**{**vars(FAIRNESS), "enabled": enabled}))
+        client, _ = start_runtime(tmp_path_factory, config, name=f"fair-{enabled}")
+        figures = run_workload(client)
+        time.sleep(3 * FAIRNESS.interval_s)  # let the coordinator see the queue drained
+        figures["report"] = client.fairness()
+        out[enabled] = figures
+    rayq.shutdown()
+    print(f"\nfairness off (FIFO): trickle p99 wait {out[False]['trickle_p99_s']:.2f}s, "
+          f"trickle usage share {out[False]['trickle_share']:.1%}; "
+          f"on: {out[True]['trickle_p99_s']:.2f}s, {out[True]['trickle_share']:.1%}")
+    return out
+
+
+def test_every_task_of_both_runs_completes_once_with_its_own_result(figures):
+    for run in figures.values():
+        assert sorted(run["results"]) == sorted(run["expected"])
+
+
+def test_the_report_shows_intervention_starting_and_then_stopping(figures):
+    history = [e for e in figures[True]["report"].history if e["kind"] == "fairness"]
+    states = [e["intervening"] for e in history]
+    assert True in states, history
+    started = states.index(True)
+    assert False in states[started:]  # it stopped once the trickles caught up
+    first = history[started]
+    assert set(first["victims"]) & {"trickle-a", "trickle-b"}
+    assert not figures[True]["report"].intervening
+
+
+def test_with_fairness_off_the_coordinator_never_intervenes(figures):
+    report = figures[False]["report"]
+    assert not report.intervening and report.evaluated_at is None
+    assert not [e for e in report.history if e["kind"] == "fairness"]
+
+
+def test_the_trickling_types_get_a_larger_share_with_fairness_on(figures):
+    assert figures[True]["trickle_share"] > figures[False]["trickle_share"]
+
+
+def test_suspended_keys_are_not_dispatched_and_their_rule_history_stays(ray_session, tmp_path_factory):
+    config = Config(consumers=CONSUMERS, fairness=FAIRNESS)
+    client, _ = start_runtime(tmp_path_factory, config, name="suspend")
+    probe("fair")
+    rule = client.suspend("trickle-a", reason="maintenance", by="ops")
+    assert rule.active and client.fairness().suspended[-1].reason == "maintenance"
+    time.sleep(2 * FAIRNESS.interval_s + CONSUMERS.adjust_interval_s * 3)  # consumers see the plan
+    held = client.submit(trickle_a, 0.0)
+    assert ray.get(client.submit(trickle_b, 0.0), timeout=60) == "trickle-b"
+    ready, _ = ray.wait([held], timeout=2.0)
+    assert not ready and client.queue("tasks").count() == 1
+    lifted = client.resume("trickle-a", by="ops")
+    assert lifted.lifted_at is not None and lifted.reason == "maintenance"
+    assert ray.get(held, timeout=60) == "trickle-a"
+    assert [r.active for r in client.fairness().suspended] == [False]
+    with pytest.raises(rayq.InvalidMessage):
+        client.suspend("", reason="x", by="ops")
+    rayq.shutdown()
