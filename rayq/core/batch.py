@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from rayq.core import spill
 from rayq.core.kv import Txn
 from rayq.core.model import (PREFIX, ROW_KEY, US, Ending, NewMessage, Receipt, Row,
                              StoredMessage, SubqueueState, check_count, check_key, check_name,
@@ -31,11 +32,17 @@ EXPIRY = struct.Struct(">QQ")
 CHUNK = struct.Struct(">I")
 MAX_BATCH = 1000
 MAX_SUBQUEUE = 2**32 - 2
-STAT_NAMES = ("puts", "receives", "deletes", "expired", "dead_lettered", "rows_scanned")
+STAT_NAMES = ("puts", "receives", "deletes", "expired", "dead_lettered", "rows_scanned",
+              "spilled", "swept", "moved")
 BATCH_OPS = frozenset({"put", "receive", "delete", "change_visibility", "clear",
-                       "collect_expired", "finish", "defer"})
+                       "collect_expired", "finish", "defer", "sweep", "move_matching"})
 MAX_OUTCOME_BYTES = 16 << 20
 _CLEAR_CHUNK = 10_000
+
+
+def tenant_count_key(kind: str, sq: int, type_: str, tenant: str) -> bytes:
+    """Key of a (type, tenant) count; names are printable, so NUL separates them."""
+    return kind.encode() + CHUNK.pack(sq) + type_.encode() + b"\x00" + tenant.encode()
 
 
 def check_subqueue(subqueue: Any) -> int:
@@ -51,6 +58,8 @@ class WriteBatch:
         self.seq = store._seq
         self.new_keys: list[tuple[str, int]] = []
         self.count_deltas: dict[tuple[int, int], int] = defaultdict(int)
+        # per (kind, subqueue, type, tenant): "L" live rows, "S" spilled messages
+        self.tenant_deltas: dict[tuple[str, int, str, str], int] = defaultdict(int)
         self.effects: list[tuple] = []
         self.stats = dict.fromkeys(STAT_NAMES, 0)
         self._touched: dict[int, set[int]] = defaultdict(set)  # kids put per subqueue
@@ -60,7 +69,7 @@ class WriteBatch:
         """Run one call in a nested transaction; a RayqError undoes it alone and is returned."""
         parent = self.txn
         mark = (len(self.new_keys), len(self.effects), dict(self.count_deltas),
-                dict(self.stats), self.seq)
+                dict(self.stats), self.seq, dict(self.tenant_deltas))
         try:
             with parent.nested() as child:
                 self.txn = child
@@ -71,6 +80,7 @@ class WriteBatch:
             del self.new_keys[mark[0]:], self.effects[mark[1]:]
             self.count_deltas = defaultdict(int, mark[2])
             self.stats, self.seq = mark[3], mark[4]
+            self.tenant_deltas = defaultdict(int, mark[5])
             return err
         finally:
             self.txn = parent
@@ -85,7 +95,20 @@ class WriteBatch:
                 self.txn.put("counts", PREFIX.pack(sq, kid), I64.pack(count))
             else:
                 self.txn.delete("counts", PREFIX.pack(sq, kid))
+        for name, delta in self.tenant_deltas.items():
+            if not delta:
+                continue
+            count = self.store._tenant_counts.get(name, 0) + delta
+            if count:
+                self.txn.put("tcounts", tenant_count_key(*name), I64.pack(count))
+            else:
+                self.txn.delete("tcounts", tenant_count_key(*name))
         self.txn.put("meta", b"seq", U64.pack(self.seq))
+
+    def count(self, sq: int, kid: int, row: Row, delta: int) -> None:
+        """A row joins (+1) or leaves (-1) subqueue ``sq``: per key and per (type, tenant)."""
+        self.count_deltas[(sq, kid)] += delta
+        self.tenant_deltas[("L", sq, row.type, row.tenant)] += delta
 
     def _next_seq(self) -> int:
         self.seq += 1
@@ -124,7 +147,11 @@ class WriteBatch:
             raise QueueDisabled(f"subqueue {subqueue} does not accept new messages")
         ids = []
         for message in messages:
-            ids.append(self._put_one(subqueue, message))
+            flooder = spill.diverted(self.store, subqueue, message)
+            if flooder is None:
+                ids.append(self._put_one(subqueue, message))
+            else:  # a flooder's new message: to the spill store, not the live queue
+                ids.append(spill.spill_one(self, subqueue, message, flooder))
         self.stats["puts"] += len(messages)
         return ids
 
@@ -139,23 +166,32 @@ class WriteBatch:
         if m.ttl_s is not None:
             check_seconds(m.ttl_s, "ttl_s", 0.001, self.config.max_ttl_s)
 
-    def _put_one(self, sq: int, m: NewMessage) -> str:
+    def new_row(self, m: NewMessage) -> tuple[int, int, Row]:
+        """(seq, key id, row) of a message being stored; a large body goes to blobs."""
         seq, kid = self._next_seq(), self.key_id(m.key, create=True)
         ttl_s = self.config.default_ttl_s if m.ttl_s is None else m.ttl_s
-        expires_us = self.now_us + to_us(ttl_s)
         message_id = f"{self.store.store_id.hex()}-{seq:x}"
         inline = len(m.body) <= self.config.blob_threshold_bytes
         blob = None if inline else self._write_blob(seq, m.body)
-        row = Row(message_id, m.tenant, m.type, self.now_us, expires_us, 0, b"",
+        row = Row(message_id, m.tenant, m.type, self.now_us, self.now_us + to_us(ttl_s), 0, b"",
                   m.body if inline else None, blob, bool(m.task))
-        row_key = ROW_KEY.pack(sq, kid, self.now_us + to_us(m.delay_s), seq)
+        return seq, kid, row
+
+    def insert(self, row_key: bytes, row: Row) -> None:
+        """Write a row into the live queue with its expiry entry and counts."""
+        sq, kid, _, seq = ROW_KEY.unpack(row_key)
         self.txn.put("rows", row_key, encode_row(row))
-        self.txn.put("expiry", EXPIRY.pack(expires_us, seq), row_key)
-        self.count_deltas[(sq, kid)] += 1
+        self.txn.put("expiry", EXPIRY.pack(row.expires_at_us, seq), row_key)
+        self.count(sq, kid, row, +1)
         self._touched[sq].add(kid)
+
+    def _put_one(self, sq: int, m: NewMessage) -> str:
+        seq, kid, row = self.new_row(m)
+        row_key = ROW_KEY.pack(sq, kid, self.now_us + to_us(m.delay_s), seq)
+        self.insert(row_key, row)
         self.effects.append(("cache", row_key, row, m.body))
         self.effects.append(("enqueue", (sq, m.type, m.tenant), self.now_us / US))
-        return message_id
+        return row.id
 
     def _write_blob(self, seq: int, body: bytes) -> tuple:
         blob_id = self.store.store_id + U64.pack(seq)
@@ -275,26 +311,40 @@ class WriteBatch:
     def _remove(self, row_key: bytes, row: Row, ending: Ending | None = None) -> None:
         sq, kid, _, seq = ROW_KEY.unpack(row_key)
         if row.task and ending is not None:
-            self._record(row.id, ending)
+            self.record(row.id, ending)
         self.txn.delete("rows", row_key)
         self.txn.delete("expiry", EXPIRY.pack(row.expires_at_us, seq))
+        self.drop_blob(row)
+        self.count(sq, kid, row, -1)
+        self.store.cache.discard(row_key)
+        self.effects.append(("uncache", row_key))
+
+    def drop_blob(self, row: Row) -> None:
         if row.blob is not None:
             for i in range(row.blob[2]):
                 self.txn.delete("blobs", row.blob[0] + CHUNK.pack(i))
-        self.count_deltas[(sq, kid)] -= 1
+
+    def move_row(self, row_key: bytes, row: Row, new_key: bytes) -> None:
+        """Move a row to another subqueue, keeping its key, visibility and seq."""
+        sq, kid = ROW_KEY.unpack(row_key)[:2]
+        target = ROW_KEY.unpack(new_key)[0]
+        self._move(row_key, row, new_key)
         self.store.cache.discard(row_key)
-        self.effects.append(("uncache", row_key))
+        self.count(sq, kid, row, -1)
+        self.count(target, kid, row, +1)
+        self._touched[target].add(kid)
+        self.stats["moved"] += 1
 
     def _dead_letter(self, row_key: bytes, row: Row, dead_letter: int, record: bool = True) -> None:
         sq, kid, _, seq = ROW_KEY.unpack(row_key)
         self._move(row_key, row, ROW_KEY.pack(dead_letter, kid, self.now_us, seq))
         self.store.cache.discard(row_key)
-        self.count_deltas[(sq, kid)] -= 1
-        self.count_deltas[(dead_letter, kid)] += 1
+        self.count(sq, kid, row, -1)
+        self.count(dead_letter, kid, row, +1)
         self._touched[dead_letter].add(kid)
         self.stats["dead_lettered"] += 1
         if row.task and record:
-            self._record(row.id, Ending.DEAD)
+            self.record(row.id, Ending.DEAD)
 
     def stored(self, row_key: bytes, row: Row, receipt: str | None,
                body: bytes | None = None) -> StoredMessage:
@@ -380,6 +430,14 @@ class WriteBatch:
             self.stats["expired"] += 1
         return len(entries) + self._collect_outcomes(limit)
 
+    # -- flooders (see rayq.core.spill) ------------------------------------------------
+    def sweep(self, type_: str, tenant: str, target: int, limit: int) -> int:
+        return spill.sweep(self, type_, tenant, target, limit)
+
+    def move_matching(self, source: int, target: int, type_: str, tenant: str,
+                      limit: int, after: bytes | None = None) -> tuple[int, bytes | None]:
+        return spill.move_matching(self, source, target, type_, tenant, limit, after)
+
     # -- outcomes of task messages -----------------------------------------------
     def finish(self, receipt: str, outcome: bytes, dead_letter: int | None = None) -> None:
         """End a received task: record ``outcome`` and delete the message, or move it
@@ -395,9 +453,9 @@ class WriteBatch:
             self.stats["deletes"] += 1
         else:
             self._dead_letter(row_key, row, dead_letter, record=False)
-        self._record(row.id, Ending.RESULT, outcome)
+        self.record(row.id, Ending.RESULT, outcome)
 
-    def _record(self, message_id: str, ending: Ending, payload: bytes = b"") -> None:
+    def record(self, message_id: str, ending: Ending, payload: bytes = b"") -> None:
         expires_us = self.now_us + to_us(self.config.outcome_ttl_s)
         mid = message_id.encode()
         if self.txn.get("outcomes", mid) is not None:

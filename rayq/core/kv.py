@@ -17,7 +17,8 @@ import lmdb
 from rayq.errors import StoreError
 
 T = TypeVar("T")
-DATABASES = ("rows", "expiry", "blobs", "counts", "keys", "meta", "outcomes", "outcome_expiry")
+DATABASES = ("rows", "expiry", "blobs", "counts", "keys", "meta", "outcomes", "outcome_expiry",
+             "spill", "tcounts")
 
 
 class Txn(Protocol):

@@ -26,12 +26,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from rayq.config import StoreConfig
-from rayq.core.batch import BATCH_OPS, I64, MAX_BATCH, STAT_NAMES, U64, WriteBatch, check_subqueue
+from rayq.core.batch import (BATCH_OPS, CHUNK as U32, I64, MAX_BATCH, STAT_NAMES, U64, WriteBatch,
+                             check_subqueue)
 from rayq.core.cache import CacheStats, MessageCache, PressureMonitor, psutil_probe
 from rayq.core.clock import Clock, SystemClock
 from rayq.core.kv import KV, Txn
 from rayq.core.model import (PREFIX, ROW_KEY, US, Ending, NewMessage, StoredMessage, SubqueueState,
-                             check_count, decode_row, to_us)
+                             check_count, check_name, decode_row, to_us)
 from rayq.core.windows import WindowedSums
 from rayq.errors import InvalidMessage
 
@@ -62,6 +63,9 @@ class StoreStats:
     expired: int
     dead_lettered: int
     rows_scanned: int
+    spilled: int      # flooders' puts written to the spill store
+    swept: int        # spilled messages moved back into the queue
+    moved: int        # messages moved to dedicated subqueues
     cache: CacheStats
     map_size_bytes: int
     used_bytes: int
@@ -88,6 +92,8 @@ class ShardStore:
         self._sq_keys: dict[int, set[int]] = defaultdict(set)
         self._states: dict[int, SubqueueState] = {}
         self._finished: list[tuple[str, Ending, bytes]] = []  # outcomes since take_finished()
+        self._tenant_counts: dict[tuple[str, int, str, str], int] = {}
+        self.diverts: dict[int, list[tuple[str, str]]] = {}  # subqueue -> flooders to spill
         self._seq, self.store_id = kv.transact(self._load)
 
     # -- opening ---------------------------------------------------------
@@ -105,6 +111,10 @@ class ShardStore:
             sq, kid = PREFIX.unpack(key)
             self._counts[(sq, kid)] = I64.unpack(value)[0]
             self._sq_keys[sq].add(kid)
+        for key, value in txn.scan("tcounts", b""):
+            type_, tenant = key[5:].decode().split("\x00", 1)
+            self._tenant_counts[(key[:1].decode(), U32.unpack(key[1:5])[0], type_, tenant)] = \
+                I64.unpack(value)[0]
         return (U64.unpack(seq)[0] if seq else 0), store_id
 
     def _remember_key(self, name: str, kid: int) -> None:
@@ -160,6 +170,12 @@ class ShardStore:
                 self.enqueues.add(args[0], 1, args[1])
             elif op == "outcome":
                 self._finished.append(args[0])
+        for name, delta in batch.tenant_deltas.items():
+            count = self._tenant_counts.get(name, 0) + delta
+            if count:
+                self._tenant_counts[name] = count
+            else:
+                self._tenant_counts.pop(name, None)
         for name, n in batch.stats.items():
             self._stats[name] += n
 
@@ -247,8 +263,31 @@ class ShardStore:
         self._states[subqueue] = state
 
     def count(self, subqueue: int) -> int:
-        """Messages in a subqueue (visible, hidden and delayed): O(keys of that subqueue)."""
-        return sum(self._counts.get((subqueue, kid), 0) for kid in self._sq_keys.get(subqueue, ()))
+        """Messages of a subqueue (visible, hidden, delayed, and spilled from it):
+        O(keys of that subqueue + spilled flooders)."""
+        live = sum(self._counts.get((subqueue, kid), 0) for kid in self._sq_keys.get(subqueue, ()))
+        return live + sum(n for (kind, sq, _, _), n in self._tenant_counts.items()
+                          if kind == "S" and sq == subqueue)
+
+    def tenant_counts(self) -> dict[tuple[str, int, str, str], int]:
+        """Messages per (kind, subqueue, type, tenant): kind "L" live, "S" spilled."""
+        return dict(self._tenant_counts)
+
+    def set_diverts(self, diverts: dict[int, list[tuple[str, str]]]) -> None:
+        """Which (type, tenant) puts to each subqueue go to the spill store from now on."""
+        if not isinstance(diverts, dict):
+            raise InvalidMessage("diverts maps subqueues to lists of (type, tenant)")
+        self.diverts = {check_subqueue(sq): [(check_name(t, "type"), check_name(w, "tenant"))
+                                             for t, w in pairs] for sq, pairs in diverts.items()}
+
+    def sweep(self, type_: str, tenant: str, target: int, limit: int) -> int:
+        """Move up to ``limit`` spilled messages of a flooder into ``target`` (one transaction)."""
+        return self._run(lambda b: b.sweep(type_, tenant, target, limit))
+
+    def move_matching(self, source: int, target: int, type_: str, tenant: str, limit: int,
+                      after: bytes | None = None) -> tuple[int, bytes | None]:
+        """Move a flooder's visible messages between subqueues, ``limit`` rows a call."""
+        return self._run(lambda b: b.move_matching(source, target, type_, tenant, limit, after))
 
     def counts(self) -> dict[tuple[int, str], int]:
         """Messages per (subqueue, fairness key), zero entries left out."""

@@ -1,0 +1,129 @@
+"""Flood detection and removal (seed 001), pure functions of depths and counts.
+
+A *flooder* is a (queue, type, tenant) combination, or (queue, type, "*") for a
+whole job type. Its existing messages move to a dedicated subqueue, its new
+ones go to a spill store that bypasses the cache, and a sweeper brings them
+back while the shard is healthy. The rules:
+
+- tenant-level: the combination's depth is over ``depth_threshold`` and the
+  tenant enqueued more than ``enqueue_threshold`` of that type into that queue
+  within the look-back;
+- type-level: the type's depth on the queue's dedicated subqueues is over
+  ``type_depth_threshold`` (flooding goes on although its tenants are isolated);
+- removal: nothing left in the spill store and fewer unprocessed messages than
+  ``exit_dedicated`` (a tenant flooder with its own subqueue) or
+  ``exit_shared`` (a type-level flooder, whose messages share subqueues).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from rayq.config import FloodConfig
+
+ALL_TENANTS = "*"
+
+
+@dataclass(frozen=True)
+class Flooder:
+    """An entry of the flooder list. ``spilled``: messages in spill stores now."""
+
+    queue: str
+    type: str
+    tenant: str
+    since: float
+    spilled: int = 0
+    depth: int = 0
+
+    @property
+    def combination(self) -> tuple[str, str, str]:
+        return (self.queue, self.type, self.tenant)
+
+    @property
+    def type_level(self) -> bool:
+        return self.tenant == ALL_TENANTS
+
+    def covers(self, type_: str, tenant: str) -> bool:
+        return self.type == type_ and self.tenant in (tenant, ALL_TENANTS)
+
+
+@dataclass(frozen=True)
+class FloodView:
+    """What the detector knows at one run, summed over shards.
+
+    depth: messages per (queue, type, tenant) in live subqueues;
+    dedicated_depth: the same on dedicated subqueues; enqueued: enqueues per
+    (queue, type, tenant) over the look-back; spilled: per (queue, type, tenant).
+    """
+
+    depth: Mapping[tuple[str, str, str], int]
+    dedicated_depth: Mapping[tuple[str, str, str], int]
+    enqueued: Mapping[tuple[str, str, str], float]
+    spilled: Mapping[tuple[str, str, str], int]
+
+    def unprocessed(self, combo: tuple[str, str, str]) -> int:
+        """Depth (live and dedicated) plus spilled, for a combination or a whole type."""
+        queue, type_, tenant = combo
+        total = 0
+        for table in (self.depth, self.dedicated_depth, self.spilled):
+            total += sum(n for (q, t, who), n in table.items()
+                         if q == queue and t == type_ and tenant in (who, ALL_TENANTS))
+        return total
+
+    def spilled_of(self, combo: tuple[str, str, str]) -> int:
+        queue, type_, tenant = combo
+        return sum(n for (q, t, who), n in self.spilled.items()
+                   if q == queue and t == type_ and tenant in (who, ALL_TENANTS))
+
+
+@dataclass(frozen=True)
+class FloodChanges:
+    added: tuple[Flooder, ...]
+    removed: tuple[Flooder, ...]
+    kept: tuple[Flooder, ...]
+
+
+def tenant_flooders(view: FloodView, config: FloodConfig) -> set[tuple[str, str, str]]:
+    """Combinations deeper than the depth threshold whose tenant enqueued too much."""
+    return {combo for combo, depth in view.depth.items()
+            if depth + view.dedicated_depth.get(combo, 0) > config.depth_threshold
+            and view.enqueued.get(combo, 0) > config.enqueue_threshold}
+
+
+def type_flooders(view: FloodView, config: FloodConfig) -> set[tuple[str, str, str]]:
+    """Types whose dedicated subqueues hold more than the type depth threshold."""
+    per_type: dict[tuple[str, str], int] = {}
+    for (queue, type_, _), depth in view.dedicated_depth.items():
+        per_type[(queue, type_)] = per_type.get((queue, type_), 0) + depth
+    return {(q, t, ALL_TENANTS) for (q, t), depth in per_type.items()
+            if depth > config.type_depth_threshold}
+
+
+def may_leave(flooder: Flooder, view: FloodView, config: FloodConfig) -> bool:
+    """Spill store empty and few enough unprocessed messages left."""
+    limit = config.exit_shared if flooder.type_level else config.exit_dedicated
+    return view.spilled_of(flooder.combination) == 0 and \
+        view.unprocessed(flooder.combination) < limit
+
+
+def detect(view: FloodView, current: list[Flooder], config: FloodConfig,
+           now: float) -> FloodChanges:
+    """New flooders, flooders that may leave, and the others with fresh figures."""
+    known = {f.combination: f for f in current}
+    found = tenant_flooders(view, config) | type_flooders(view, config)
+    added = tuple(Flooder(*combo, since=now, depth=view.unprocessed(combo))
+                  for combo in sorted(found - set(known)))
+    removed, kept = [], []
+    for combo, flooder in known.items():
+        fresh = replace(flooder, spilled=view.spilled_of(combo), depth=view.unprocessed(combo))
+        if combo not in found and may_leave(fresh, view, config):
+            removed.append(fresh)
+        else:
+            kept.append(fresh)
+    return FloodChanges(added, tuple(removed), tuple(kept))
+
+
+def shard_healthy(depth: int, under_pressure: bool, config: FloodConfig) -> bool:
+    """The sweeper moves messages back onto a shard only while this holds."""
+    return depth < config.healthy_depth and not under_pressure

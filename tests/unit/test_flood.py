@@ -1,0 +1,77 @@
+"""Flood rules of seed 001 with scaled-down thresholds (depth 100, enqueues 50,
+type depth 200, exits 5 dedicated / 50 shared, healthy depth 500)."""
+
+import pytest
+
+from rayq.config import FloodConfig
+from rayq.core.flood import Flooder, FloodView, detect, may_leave, shard_healthy
+
+CONFIG = FloodConfig(depth_threshold=100, enqueue_threshold=50, type_depth_threshold=200,
+                     healthy_depth=500, exit_dedicated=5, exit_shared=50)
+
+
+def view(depth=None, dedicated=None, enqueued=None, spilled=None):
+    return FloodView(depth or {}, dedicated or {}, enqueued or {}, spilled or {})
+
+
+def test_a_deep_combination_whose_tenant_enqueued_a_lot_is_a_flooder():
+    v = view(depth={("q", "report", "acme"): 150, ("q", "report", "meek"): 150},
+             enqueued={("q", "report", "acme"): 60, ("q", "report", "meek"): 10})
+    changes = detect(v, [], CONFIG, now=5.0)
+    assert [(f.queue, f.type, f.tenant, f.since) for f in changes.added] == [("q", "report", "acme", 5.0)]
+
+
+@pytest.mark.parametrize("depth, enqueued, flooding", [
+    (101, 51, True), (100, 51, False), (101, 50, False), (10, 10_000, False)])
+def test_both_thresholds_must_be_passed(depth, enqueued, flooding):
+    v = view(depth={("q", "t", "a"): depth}, enqueued={("q", "t", "a"): enqueued})
+    assert bool(detect(v, [], CONFIG, 0.0).added) == flooding
+
+
+def test_a_tenant_flooding_several_types_is_listed_once_per_type():
+    v = view(depth={("q", t, "acme"): 120 for t in ("report", "email", "export")},
+             enqueued={("q", t, "acme"): 80 for t in ("report", "email", "export")})
+    added = detect(v, [], CONFIG, 0.0).added
+    assert sorted(f.type for f in added) == ["email", "export", "report"]
+    assert {f.tenant for f in added} == {"acme"}
+
+
+def test_a_deep_dedicated_queue_makes_the_whole_type_a_flooder():
+    v = view(dedicated={("q", "report", "acme"): 150, ("q", "report", "beta"): 60})
+    added = detect(v, [Flooder("q", "report", "acme", 0.0)], CONFIG, 1.0).added
+    assert [(f.type, f.tenant, f.type_level) for f in added] == [("report", "*", True)]
+
+
+def test_a_flood_that_ends_is_removed_once_spill_is_empty_and_few_remain():
+    flooder = Flooder("q", "report", "acme", since=0.0)
+    still_spilled = view(depth={("q", "report", "acme"): 2}, spilled={("q", "report", "acme"): 1})
+    assert detect(still_spilled, [flooder], CONFIG, 9.0).removed == ()
+    backlog = view(dedicated={("q", "report", "acme"): 5})
+    assert detect(backlog, [flooder], CONFIG, 9.0).removed == ()  # not below 5 yet
+    drained = view(dedicated={("q", "report", "acme"): 4})
+    changes = detect(drained, [flooder], CONFIG, 10.0)
+    assert [f.tenant for f in changes.removed] == ["acme"] and not changes.kept
+
+
+def test_a_type_level_flooder_leaves_under_the_shared_threshold():
+    flooder = Flooder("q", "report", "*", since=0.0)
+    assert not may_leave(flooder, view(depth={("q", "report", "a"): 30, ("q", "report", "b"): 30}),
+                         CONFIG)
+    assert may_leave(flooder, view(depth={("q", "report", "a"): 30, ("q", "report", "b"): 19}),
+                     CONFIG)
+
+
+def test_flooders_that_go_on_are_kept_with_fresh_figures():
+    flooder = Flooder("q", "report", "acme", since=0.0)
+    v = view(depth={("q", "report", "acme"): 300}, enqueued={("q", "report", "acme"): 100},
+             spilled={("q", "report", "acme"): 40})
+    changes = detect(v, [flooder], CONFIG, 3.0)
+    assert not changes.added and not changes.removed
+    [kept] = changes.kept
+    assert (kept.since, kept.spilled, kept.depth) == (0.0, 40, 340)
+
+
+@pytest.mark.parametrize("depth, pressure, healthy", [
+    (0, False, True), (499, False, True), (500, False, False), (10, True, False)])
+def test_the_sweeper_only_works_on_a_healthy_shard(depth, pressure, healthy):
+    assert shard_healthy(depth, pressure, CONFIG) == healthy
