@@ -3,6 +3,7 @@
 NAMESPACE = "rayq"
 MANAGER = "rayq-manager"
 COORDINATOR = "rayq-coordinator"
+FLOOD_DETECTOR = "rayq-flood-detector"
 
 
 def shard_name(index: int) -> str:

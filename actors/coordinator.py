@@ -14,9 +14,7 @@ import asyncio
 import logging
 import os
 import random
-import struct
 import time
-from collections import deque
 
 import ray
 
@@ -25,13 +23,12 @@ from actors.consumer import named_consumers, unwrap
 from rayq.config import Config
 from rayq.core.fairness import (Decision, FairnessReport, KeyState, ListenPlan, UsageWindows,
                                 decision_event, evaluate, listen_order)
+from rayq.core.history import EventHistory
 from rayq.core.kv import LmdbKV
-from rayq.core.model import pack, unpack
 from rayq.core.rules import SuspensionRule, SuspensionRules
 from rayq.core.tasks import Outcome, Tally, TallyRow, UsageReport
 from rayq.errors import RayqError
 
-_SEQ = struct.Struct(">Q")
 log = logging.getLogger("rayq.coordinator")
 
 
@@ -48,15 +45,11 @@ class FairnessCoordinator:
         self.decision: Decision | None = None
         self.pending: dict[str, KeyState] = {}
         self.intervening_since: float | None = None
-        self.history: deque[dict] = deque(self.kv.read(self._load_history), maxlen=self.fc.history)
-        self._seq = self.history[-1]["seq"] if self.history else 0
+        self.history = EventHistory(self.kv, self.fc.history)
         self._version = 0
         self._regular = config.consumers.count
         self._rng = random.Random()
         asyncio.get_running_loop().create_task(self._evaluate_forever())
-
-    def _load_history(self, txn) -> list[dict]:
-        return [unpack(v) for _, v in txn.scan("meta", b"ev:", b"ev;")][-self.fc.history:]
 
     # -- consumers and clients -------------------------------------------------------
     def plan(self, known_version: int | None = None) -> ListenPlan | None:
@@ -79,7 +72,7 @@ class FairnessCoordinator:
             expected_s=dict(d.expected_s) if d else {}, actual_s=dict(d.actual_s) if d else {},
             listen_order=order, permits=dict(d.permits) if d else {},
             ignored_permits=dict(d.ignored_permits) if d else {},
-            suspended=tuple(self.rules.history()), history=tuple(self.history))
+            suspended=tuple(self.rules.history()), history=self.history.recent())
 
     def suspend(self, key: str, reason: str, by: str) -> SuspensionRule:
         rule = self.rules.suspend(key, reason, by, time.time())
@@ -163,16 +156,6 @@ class FairnessCoordinator:
         await unwrap(self.manager.set_boost.remote(extra))
 
     def _publish(self, event: dict) -> None:
-        self._seq += 1
-        event = {**event, "seq": self._seq}
-        key = b"ev:" + _SEQ.pack(self._seq)
-        oldest = self._seq - self.fc.history  # keep the newest `history` decisions
-
-        def write(txn):
-            txn.put("meta", key, pack(event))
-            if oldest > 0:
-                txn.delete("meta", b"ev:" + _SEQ.pack(oldest))
-        self.kv.transact(write)
         self.history.append(event)
         self._version += 1
 

@@ -84,6 +84,21 @@ class QueueManager:
         queue = self.registry.get(name)
         return queue, [s.id for s in receive_order(queue, self._counts)]
 
+    # -- flooders ----------------------------------------------------------------
+    def flood_layout(self) -> dict[str, QueueInfo]:
+        """Every queue but dead-letter queues, for the flood detector."""
+        return {q.name: q for q in self.registry.all() if not q.is_dlq}
+
+    def add_dedicated(self, name: str, shard: int, type_: str, tenant: str):
+        """A subqueue on ``shard`` that isolates flooder (type, tenant) of queue ``name``."""
+        return self.registry.add_dedicated(name, shard, type_, tenant)
+
+    async def coalesce(self, name: str, sq: int) -> None:
+        """A removed flooder's dedicated subqueue drains like any retired subqueue."""
+        queue = self.registry.coalesce(name, sq)
+        info = queue.subqueue(sq)
+        await self.shards[info.shard].set_state.remote(sq, SubqueueState.NO_PUT.value)
+
     # -- tasks -------------------------------------------------------------------
     async def register_task(self, spec: TaskSpec, handler: bytes) -> int:
         """Register a job type's handler (and create its queue); returns the registry version."""
@@ -177,7 +192,8 @@ class QueueManager:
         now = self.clock.now()
         for queue in self.registry.all():
             loads = [SubqueueLoad(s.id, s.shard, s.state, s.version, self._counts.get(s.id, 0),
-                                  *self._rates.get(s.id, (0.0, 0.0))) for s in queue.subqueues]
+                                  *self._rates.get(s.id, (0.0, 0.0)))
+                     for s in queue.subqueues if not s.dedicated]  # the flood detector's
             if is_idle(loads, self.config.scaling):
                 self._idle_since.setdefault(queue.name, now)
             else:

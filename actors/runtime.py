@@ -7,8 +7,9 @@ import time
 
 import ray
 
-from actors import COORDINATOR, MANAGER, NAMESPACE, consumer_name, shard_name
+from actors import COORDINATOR, FLOOD_DETECTOR, MANAGER, NAMESPACE, consumer_name, shard_name
 from actors.coordinator import CoordinatorRemote
+from actors.flood import FloodRemote
 from actors.manager import QueueManager
 from actors.shard import CONCURRENCY_GROUPS, ShardActor
 from rayq.config import Config
@@ -37,6 +38,9 @@ def ensure_runtime(data_dir: str, config: Config, consumers: int | None = None) 
     coordinator = CoordinatorRemote.options(name=COORDINATOR, max_restarts=-1, max_task_retries=-1,
                                             **_ACTOR_OPTIONS).remote(data_dir, config)
     ray.get(coordinator.ping.remote())
+    detector = FloodRemote.options(name=FLOOD_DETECTOR, max_restarts=-1, max_task_retries=-1,
+                                   **_ACTOR_OPTIONS).remote(data_dir, config)
+    ray.get(detector.ping.remote())
     ray.get(manager.scale_consumers.remote(consumers))
     return {"manager": manager, "shards": shards, "coordinator": coordinator}
 

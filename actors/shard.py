@@ -227,6 +227,29 @@ class ShardActor:
     async def set_state(self, subqueue: int, state: str) -> None:
         await self._read(self.store.set_state, subqueue, SubqueueState(state))
 
+    # -- flooders ------------------------------------------------------------------
+    async def set_diverts(self, diverts: dict) -> None:
+        """Flooders whose new messages to a subqueue go to the spill store."""
+        await self._read(self.store.set_diverts, diverts)
+
+    async def sweep(self, type_: str, tenant: str, target: int, limit: int) -> int:
+        return await self._write(target, "sweep", type_, tenant, target, limit)
+
+    async def move_matching(self, source: int, target: int, type_: str, tenant: str,
+                            limit: int, after: bytes | None = None) -> tuple:
+        return await self._write(source, "move_matching", source, target, type_, tenant,
+                                 limit, after)
+
+    async def flood_snapshot(self) -> dict:
+        """What the flood detector needs: counts per (kind, subqueue, type, tenant),
+        enqueues per window, the shard's depth and whether it is under memory pressure."""
+        def read():
+            stats = self.store.stats()
+            return {"tenant_counts": self.store.tenant_counts(),
+                    "enqueues": self.store.enqueue_counts(), "depth": stats.messages,
+                    "under_pressure": stats.cache.under_pressure}
+        return await self._read(read)
+
     async def depths(self) -> list[KeyDepth]:
         return await self._read(self.store.depths)
 

@@ -23,6 +23,7 @@ from rayq.config import (Config, ConsumerConfig, FairnessConfig, FloodConfig, Sc
                          StoreConfig)
 from rayq.core.model import Outgoing, Received
 from rayq.core.fairness import FairnessReport
+from rayq.core.flood import Flooder
 from rayq.core.rules import SuspensionRule
 from rayq.core.tasks import TaskFunction, task
 from rayq.errors import (AuthError, InvalidMessage, MessageTooLarge, Overloaded, QueueDisabled,
@@ -41,6 +42,7 @@ __all__ = [
     "start", "connect", "shutdown", "Client", "Queue", "QueueStats", "KeyStats",
     "Config", "ConsumerConfig", "FairnessConfig", "FloodConfig", "ScalingConfig", "StoreConfig",
     "Outgoing", "Received", "task", "TaskFunction", "FairnessReport", "SuspensionRule",
+    "Flooder",
     "AuthError", "InvalidMessage", "MessageTooLarge", "Overloaded", "QueueDisabled",
     "QueueExists", "QueueNotFound", "RayqError", "ReceiptInvalid", "RuntimeFailure",
     "StoreError", "TaskError", "UsageError",

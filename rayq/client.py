@@ -18,11 +18,14 @@ from typing import Any
 import ray
 from ray import cloudpickle
 
+from actors import COORDINATOR, FLOOD_DETECTOR, NAMESPACE
+
 from rayq.config import Config
 from rayq.core.model import (NewMessage, Outgoing, Receipt, Received, SubqueueState, check_count,
                              check_name, check_seconds, encode_body, fairness_key)
 from rayq.core.registry import QueueInfo
 from rayq.core.fairness import FairnessReport
+from rayq.core.flood import Flooder
 from rayq.core.rules import SuspensionRule
 from rayq.core.tasks import TallyRow, TaskFunction, encode_call
 from rayq.errors import InvalidMessage, QueueDisabled, RayqError, ReceiptInvalid, RuntimeFailure
@@ -146,6 +149,14 @@ def _sender(manager, name: str, flush) -> SendCoalescer:
         return sender
 
 
+def _named(name: str):
+    """A runtime actor by name. Raises RuntimeFailure when it is not running."""
+    try:
+        return ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError as err:
+        raise RuntimeFailure(f"the runtime actor {name!r} is not running") from err
+
+
 class Client:
     """A session with a rayq runtime. Build it with ``rayq.start()`` or ``rayq.connect()``."""
 
@@ -215,12 +226,7 @@ class Client:
 
     # -- fairness ----------------------------------------------------------------
     def _coordinator(self):
-        from actors import COORDINATOR, NAMESPACE
-
-        try:
-            return ray.get_actor(COORDINATOR, namespace=NAMESPACE)
-        except ValueError as err:
-            raise RuntimeFailure("the fairness coordinator is not running") from err
+        return _named(COORDINATOR)
 
     def fairness(self) -> FairnessReport:
         """Intervention state, victims, offenders, starvation per key, listen order,
@@ -234,6 +240,15 @@ class Client:
     def resume(self, key: str, by: str = "unknown") -> SuspensionRule | None:
         """Lift the suspension of ``key`` (its history stays); None if it was not suspended."""
         return call(lambda: self._coordinator().resume.remote(key, by))
+
+    # -- flooders ----------------------------------------------------------------
+    def flooders(self) -> list[Flooder]:
+        """The flooder list: queue, type, tenant ("*" for a whole type), since, spilled."""
+        return call(lambda: _named(FLOOD_DETECTOR).flooders_now.remote())
+
+    def flood_events(self) -> tuple[dict, ...]:
+        """Recent detections, isolations, sweep batches, pauses and removals, oldest first."""
+        return call(lambda: _named(FLOOD_DETECTOR).events.remote())
 
     def scale_consumers(self, count: int) -> int:
         """Run ``count`` consumer actors from now on (kept across restarts); returns it.
@@ -360,9 +375,13 @@ class Queue:
             info = queue.subqueue(sq)
             shard = self._client._shards[info.shard]
             dead_letter = queue.dead_letter_on(info.shard) if queue.max_receives else None
-            got = call(lambda: shard.receive.remote(
-                sq, n - len(out), visibility_timeout_s, max_receives=queue.max_receives,
-                dead_letter=dead_letter, wait_s=wait_s))
+            try:
+                got = call(lambda: shard.receive.remote(
+                    sq, n - len(out), visibility_timeout_s, max_receives=queue.max_receives,
+                    dead_letter=dead_letter, wait_s=wait_s))
+            except QueueDisabled:  # dropped since we routed (drained, retired): route anew
+                self._client._route(self.name, refresh=True)
+                continue
             out.extend(Received.from_stored(m) for m in got)
             if len(out) >= n:
                 break

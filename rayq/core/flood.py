@@ -127,3 +127,43 @@ def detect(view: FloodView, current: list[Flooder], config: FloodConfig,
 def shard_healthy(depth: int, under_pressure: bool, config: FloodConfig) -> bool:
     """The sweeper moves messages back onto a shard only while this holds."""
     return depth < config.healthy_depth and not under_pressure
+
+
+def build_view(layout: Mapping[int, tuple[str, bool]], tenant_counts: list[Mapping],
+               enqueue_counts: list[Mapping]) -> FloodView:
+    """Sum the shards' counts into a :class:`FloodView`.
+
+    layout: subqueue -> (queue name, dedicated?); tenant_counts: per shard,
+    (kind, subqueue, type, tenant) -> n with kind "L" (live) or "S" (spilled);
+    enqueue_counts: per shard, (subqueue, type, tenant) -> enqueues per window.
+    Subqueues not in the layout (dead-letter queues, dropped ones) are left out.
+    """
+    depth: dict = {}
+    dedicated: dict = {}
+    spilled: dict = {}
+    enqueued: dict = {}
+    for counts in tenant_counts:
+        for (kind, sq, type_, tenant), n in counts.items():
+            if sq not in layout:
+                continue
+            queue, is_dedicated = layout[sq]
+            table = spilled if kind == "S" else dedicated if is_dedicated else depth
+            table[(queue, type_, tenant)] = table.get((queue, type_, tenant), 0) + n
+    for counts in enqueue_counts:
+        for (sq, type_, tenant), series in counts.items():
+            if sq in layout:
+                combo = (layout[sq][0], type_, tenant)
+                enqueued[combo] = enqueued.get(combo, 0) + sum(series)
+    return FloodView(depth, dedicated, enqueued, spilled)
+
+
+def sweep_step(depth: int, under_pressure: bool, spilled: int, batches_done: int,
+               config: FloodConfig, max_batches: int) -> str:
+    """What the sweeper does next on one shard, checked before every batch:
+    "sweep" a batch, "pause" (the shard is unhealthy: stop at once), "done"
+    (nothing spilled) or "later" (this run's share of batches is used up)."""
+    if spilled <= 0:
+        return "done"
+    if not shard_healthy(depth, under_pressure, config):
+        return "pause"
+    return "later" if batches_done >= max_batches else "sweep"

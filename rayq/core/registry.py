@@ -22,10 +22,14 @@ _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,80}$")
 
 @dataclass(frozen=True)
 class SubqueueInfo:
+    """One subqueue. ``dedicated`` names the (type, tenant) flooder it isolates: it
+    takes no producer's puts (only the flood sweeper's) and scaling leaves it alone."""
+
     id: int
     shard: int
     state: SubqueueState
     version: int
+    dedicated: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -50,12 +54,15 @@ class QueueInfo:
         return {"name": self.name, "min": self.min_subqueues, "max_receives": self.max_receives,
                 "dlq": [list(p) for p in self.dead_letter], "created_at": self.created_at,
                 "is_dlq": self.is_dlq,
-                "subqueues": [[s.id, s.shard, s.state.value, s.version] for s in self.subqueues]}
+                "subqueues": [[s.id, s.shard, s.state.value, s.version,
+                               list(s.dedicated) if s.dedicated else None]
+                              for s in self.subqueues]}
 
     @classmethod
     def from_record(cls, r: dict) -> "QueueInfo":
-        subqueues = tuple(SubqueueInfo(i, shard, SubqueueState(state), version)
-                          for i, shard, state, version in r["subqueues"])
+        subqueues = tuple(SubqueueInfo(i, shard, SubqueueState(state), version,
+                                       tuple(rest[0]) if rest and rest[0] else None)
+                          for i, shard, state, version, *rest in r["subqueues"])
         return cls(r["name"], subqueues, r["min"], r["max_receives"],
                    tuple(tuple(p) for p in r["dlq"]), r["created_at"], r["is_dlq"])
 
@@ -184,6 +191,26 @@ class QueueRegistry:
             self._save(queue)
         return added
 
+    def add_dedicated(self, name: str, shard: int, type_: str, tenant: str) -> SubqueueInfo:
+        """The subqueue isolating flooder (type, tenant) on ``shard``, made if missing."""
+        queue = self.get(name)
+        for s in queue.subqueues:
+            if s.shard == shard and s.dedicated == (type_, tenant) and s.state is SubqueueState.ALL:
+                return s
+        version = max((s.version for s in queue.subqueues), default=-1) + 1
+        added = SubqueueInfo(self._next_ids(1)[0], shard, SubqueueState.ALL, version, (type_, tenant))
+        self._save(replace(queue, subqueues=queue.subqueues + (added,)))
+        return added
+
+    def coalesce(self, name: str, sq: int) -> QueueInfo:
+        """Return a dedicated subqueue to the pool: it takes no puts, drains, then is dropped."""
+        queue = self.get(name)
+        subqueues = tuple(replace(s, state=SubqueueState.NO_PUT, dedicated=None) if s.id == sq else s
+                          for s in queue.subqueues)
+        queue = replace(queue, subqueues=subqueues)
+        self._save(queue)
+        return queue
+
     def set_state(self, name: str, sq: int, state: SubqueueState) -> QueueInfo:
         queue = self.get(name)
         subqueues = tuple(replace(s, state=state) if s.id == sq else s for s in queue.subqueues)
@@ -200,14 +227,15 @@ class QueueRegistry:
 
 def put_target(queue: QueueInfo, counts: Mapping[int, int]) -> SubqueueInfo:
     """The subqueue a new producer session sticks to: the emptiest one taking puts."""
-    open_ = [s for s in queue.subqueues if s.state is SubqueueState.ALL]
+    open_ = [s for s in queue.subqueues if s.state is SubqueueState.ALL and not s.dedicated]
     if not open_:
         raise QueueDisabled(f"queue {queue.name!r} has no subqueue accepting messages")
     return min(open_, key=lambda s: (counts.get(s.id, 0), s.version))
 
 
 def receive_order(queue: QueueInfo, counts: Mapping[int, int]) -> list[SubqueueInfo]:
-    """Subqueues to receive from: draining (oldest-version) ones first, then the fullest."""
+    """Subqueues to receive from: draining (oldest-version) ones first, then the fullest;
+    flooders' dedicated subqueues last, so their backlog does not stand in front."""
     live = [s for s in queue.subqueues if s.state is not SubqueueState.DISABLED]
-    return sorted(live, key=lambda s: (s.state is not SubqueueState.NO_PUT,
+    return sorted(live, key=lambda s: (bool(s.dedicated), s.state is not SubqueueState.NO_PUT,
                                        -counts.get(s.id, 0), s.version))

@@ -75,3 +75,44 @@ def test_flooders_that_go_on_are_kept_with_fresh_figures():
     (0, False, True), (499, False, True), (500, False, False), (10, True, False)])
 def test_the_sweeper_only_works_on_a_healthy_shard(depth, pressure, healthy):
     assert shard_healthy(depth, pressure, CONFIG) == healthy
+
+
+def test_the_view_sums_shards_and_keeps_dedicated_spilled_and_dead_letter_apart():
+    from rayq.core.flood import build_view
+
+    layout = {1: ("q", False), 2: ("q", True), 3: ("q", False)}  # 9 is a DLQ: not listed
+    shard_a = {("L", 1, "t", "acme"): 10, ("L", 2, "t", "acme"): 5, ("S", 1, "t", "acme"): 7,
+               ("L", 9, "t", "acme"): 100}
+    shard_b = {("L", 3, "t", "acme"): 1}
+    v = build_view(layout, [shard_a, shard_b], [{(1, "t", "acme"): [1.0, 2.0]},
+                                                 {(3, "t", "acme"): [3.0], (9, "t", "acme"): [50.0]}])
+    combo = ("q", "t", "acme")
+    assert (v.depth[combo], v.dedicated_depth[combo], v.spilled[combo], v.enqueued[combo]) == \
+        (11, 5, 7, 6.0)
+    assert v.unprocessed(combo) == 23 and v.unprocessed(("q", "t", "*")) == 23
+
+
+def test_a_shard_that_turns_unhealthy_mid_sweep_stops_the_sweeper_at_once():
+    from rayq.core.flood import sweep_step
+
+    depth, spilled, batches, steps = 0, 1000, 0, []
+    pressure_after = 4  # memory pressure arrives after the fourth batch
+    while (step := sweep_step(depth, batches >= pressure_after, spilled, batches, CONFIG, 50)) \
+            == "sweep":
+        depth, spilled, batches = depth + 100, spilled - 100, batches + 1
+        steps.append(step)
+    assert (step, batches, spilled) == ("pause", 4, 600)
+    # and by depth alone: healthy below 500, so five batches of 100 then a pause
+    depth, batches = 0, 0
+    while sweep_step(depth, False, 1000, batches, CONFIG, 50) == "sweep":
+        depth, batches = depth + 100, batches + 1
+    assert batches == 5 and sweep_step(depth, False, 1000, batches, CONFIG, 50) == "pause"
+
+
+@pytest.mark.parametrize("spilled, batches, expected", [(0, 0, "done"), (10, 50, "later"),
+                                                        (10, 3, "sweep")])
+def test_the_sweeper_ends_when_nothing_is_spilled_and_yields_after_its_share(
+        spilled, batches, expected):
+    from rayq.core.flood import sweep_step
+
+    assert sweep_step(0, False, spilled, batches, CONFIG, 50) == expected
