@@ -294,7 +294,7 @@ class ConsumerActor:
             self._saturated[m.type] = time.monotonic() + self.cc.defer_s
             self._deferrals += 1
             await self._put_back(held, self.cc.defer_s)
-            self._report(m, 0.0, Outcome.DEFERRED, time.time() - m.enqueued_at)
+            self._report(held, 0.0, Outcome.DEFERRED, time.time() - m.enqueued_at)
             return
         self._running += 1
         started = time.time()
@@ -306,7 +306,7 @@ class ConsumerActor:
                 await self.manager.release.remote(m.type, lease)
         usage_s = time.time() - started
         ending = await self._end(held, spec, ok, outcome)
-        self._report(m, usage_s, ending, started - m.enqueued_at)
+        self._report(held, usage_s, ending, started - m.enqueued_at)
 
     async def _call(self, fn, held: _Held, spec: TaskSpec, lease: str) -> tuple[bool, bytes]:
         """Run the handler while a heartbeat keeps the task hidden; (ok, encoded outcome)."""
@@ -372,8 +372,10 @@ class ConsumerActor:
         except ReceiptInvalid:
             self._lost += 1
 
-    def _report(self, m: StoredMessage, usage_s: float, outcome: Outcome, wait_s: float) -> None:
-        report = UsageReport(m.key, m.tenant, m.type, usage_s, outcome, max(0.0, wait_s), time.time())
+    def _report(self, held: _Held, usage_s: float, outcome: Outcome, wait_s: float) -> None:
+        m = held.message
+        report = UsageReport(m.key, m.tenant, m.type, usage_s, outcome, max(0.0, wait_s),
+                             time.time(), m.id, m.dequeue_count, held.queue.name)
         if self._plan is not None:  # every consumer is assumed to spend alike
             self._spent[m.key] = self._spent.get(m.key, 0.0) + usage_s * max(
                 1, self._plan.regular_consumers)

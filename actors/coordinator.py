@@ -11,6 +11,7 @@ the autoscaler). Suspension rules and every decision are persisted.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import random
@@ -20,6 +21,7 @@ import ray
 
 from actors import MANAGER, NAMESPACE, shard_name
 from actors.consumer import named_consumers, unwrap
+from rayq.analytics.eventlog import EventLog, flush_forever, log_report
 from rayq.config import Config
 from rayq.core.fairness import (Decision, FairnessReport, KeyState, ListenPlan, UsageWindows,
                                 decision_event, evaluate, listen_order)
@@ -39,6 +41,11 @@ class FairnessCoordinator:
         self.rules = SuspensionRules(self.kv)
         self.usage = UsageWindows(self.fc.window_s, self.fc.windows)
         self.tally = Tally()  # every finished delivery since the coordinator started
+        self.events = EventLog(os.path.join(data_dir, "events"), "coordinator") \
+            if config.analytics.events else None
+        if self.events:
+            asyncio.get_running_loop().create_task(
+                flush_forever(self.events, config.analytics.flush_interval_s))
         self.manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
         self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
                        for i in range(config.store.shards)]
@@ -125,6 +132,8 @@ class FairnessCoordinator:
         for r in reports:
             self.usage.add(r.key, r.usage_s, r.outcome is Outcome.DEFERRED, r.finished_at)
             self.tally.add(r)
+            if self.events is not None:
+                log_report(self.events, r)
 
     async def task_stats(self, by: str | None = None) -> list[TallyRow]:
         """Finished deliveries per (tenant, type), tenant or type, up to now."""
@@ -158,6 +167,13 @@ class FairnessCoordinator:
     def _publish(self, event: dict) -> None:
         self.history.append(event)
         self._version += 1
+        if self.events is not None and event["kind"] == "fairness":
+            self.events.append("fairness", event["at"], detail=json.dumps(event),
+                               outcome="intervening" if event["intervening"] else "fair")
+
+    async def flush_events(self) -> int:
+        await self._pull_usage()
+        return await asyncio.to_thread(self.events.flush) if self.events else 0
 
     async def _evaluate_forever(self) -> None:
         while True:

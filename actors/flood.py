@@ -18,6 +18,7 @@ Every detection, isolation, sweep batch, pause and removal is an event.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -26,6 +27,7 @@ import ray
 
 from actors import MANAGER, NAMESPACE, shard_name
 from actors.consumer import unwrap
+from rayq.analytics.eventlog import EventLog, flush_forever
 from rayq.config import Config
 from rayq.core.flood import Flooder, build_view, detect, sweep_step
 from rayq.core.history import EventHistory
@@ -44,6 +46,11 @@ class FloodDetector:
         self.config, self.fc = config, config.flood
         self.kv = LmdbKV(os.path.join(data_dir, "flood"), map_size=64 << 20)
         self.history = EventHistory(self.kv, 1000)
+        self.events = EventLog(os.path.join(data_dir, "events"), "flood") \
+            if config.analytics.events else None
+        if self.events:
+            asyncio.get_running_loop().create_task(
+                flush_forever(self.events, config.analytics.flush_interval_s))
         raw = self.kv.read(lambda txn: txn.get("meta", b"flooders"))
         self.flooders: list[Flooder] = [Flooder(**f) for f in unpack(raw)] if raw else []
         self.manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
@@ -156,9 +163,15 @@ class FloodDetector:
                    if kind == "S" and flooder.covers(type_, tenant))
 
     def _event(self, what: str, flooder: Flooder, **details) -> None:
-        self.history.append({"at": time.time(), "kind": "flood", "event": what,
-                             "queue": flooder.queue, "type": flooder.type,
-                             "tenant": flooder.tenant, **details})
+        event = self.history.append({"at": time.time(), "kind": "flood", "event": what,
+                                     "queue": flooder.queue, "type": flooder.type,
+                                     "tenant": flooder.tenant, **details})
+        if self.events is not None:
+            self.events.append("flood", event["at"], queue=flooder.queue, type=flooder.type,
+                               tenant=flooder.tenant, outcome=what, detail=json.dumps(details))
+
+    async def flush_events(self) -> int:
+        return await asyncio.to_thread(self.events.flush) if self.events else 0
 
     async def _detect_forever(self) -> None:
         while True:

@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 import ray
 
+from rayq.analytics.eventlog import EventLog, flush_forever
 from rayq.config import Config
 from rayq.core.model import Ending, SubqueueState
 from rayq.core.store import KeyDepth, StoreStats, open_store
@@ -68,6 +69,12 @@ class ShardActor:
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future]]] = {}
         self._waiters_lock = threading.Lock()
         self._housekeeping = self._loop.create_task(self._collect_expired_forever())
+        self.events = None
+        if config.analytics.events:  # enqueues go to the event log, in batches
+            self.events = EventLog(os.path.join(os.path.dirname(path), "events"), f"shard-{index}")
+            self.store.keep_enqueued = True
+            self._loop.create_task(flush_forever(self.events, config.analytics.flush_interval_s,
+                                                 self._collect_events))
 
     # -- group commit ------------------------------------------------------
     async def _write(self, subqueue: int | None, name: str, *args, **kwargs) -> Any:
@@ -266,6 +273,18 @@ class ShardActor:
         memory without the LMDB file pages the kernel maps in and can drop at will."""
         info = psutil.Process().memory_info()  # on Linux `shared` is RssFile + RssShmem
         return {"pid": os.getpid(), "rss_bytes": info.rss, "private_bytes": info.rss - info.shared}
+
+    async def _collect_events(self) -> None:
+        for at, sq, type_, tenant, message_id, key in await self._read(self.store.take_enqueued):
+            self.events.append("enqueue", at, subqueue=sq, type=type_, tenant=tenant,
+                               message_id=message_id, key=key)
+
+    async def flush_events(self) -> int:
+        """Write buffered events now (``client.report`` does this first)."""
+        if self.events is None:
+            return 0
+        await self._collect_events()
+        return await asyncio.to_thread(self.events.flush)
 
     async def ping(self) -> int:
         return self.index

@@ -36,10 +36,10 @@ if TYPE_CHECKING:
 DEFAULT_DATA_DIR = ".rayq-data"
 # Names that need Ray are imported on first use, so that importing rayq.core
 # (or rayq.config, rayq.errors) never loads Ray.
-_CLIENT_NAMES = frozenset({"Client", "Queue", "QueueStats", "KeyStats"})
+_CLIENT_NAMES = frozenset({"Client", "Queue", "QueueStats", "KeyStats", "Report"})
 
 __all__ = [
-    "start", "connect", "shutdown", "Client", "Queue", "QueueStats", "KeyStats",
+    "start", "connect", "shutdown", "Client", "Queue", "QueueStats", "KeyStats", "Report",
     "Config", "ConsumerConfig", "FairnessConfig", "FloodConfig", "ScalingConfig", "StoreConfig",
     "Outgoing", "Received", "task", "TaskFunction", "FairnessReport", "SuspensionRule",
     "Flooder",

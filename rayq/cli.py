@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 
 import click
@@ -56,6 +57,8 @@ def demo(data_dir: str | None, tasks: int, consumers: int) -> None:
     console.print(f"fairness: {len(decisions)} evaluations, intervened in "
                   f"{sum(e['intervening'] for e in decisions)}; now intervening: {fair.intervening}, "
                   f"offenders: {sorted(fair.offenders) or 'none'}")
+    _report(client, os.path.join(os.path.dirname(os.path.abspath(data_dir or ".rayq-data")),
+                                 "rayq-report"))
     rayq.shutdown()
 
 
@@ -68,6 +71,22 @@ def _tally_table(rows, by: str) -> Table:
         table.add_row(getattr(r, by), str(r.succeeded), str(r.deferred), f"{r.usage_s:.2f}",
                       f"{r.usage_s / total:.0%}", f"{r.wait_p50_s:.3f}", f"{r.wait_p99_s:.3f}")
     return table
+
+
+@main.command()
+@click.option("--out", "out_dir", default="rayq-report", show_default=True,
+              help="Where the tables, plots and report.html go.")
+def report(out_dir: str) -> None:
+    """Analyse the running runtime's event log with Spark (RayDP) and write a report."""
+    client = rayq.connect()
+    _report(client, out_dir)
+
+
+def _report(client, out_dir: str):
+    with console.status("starting") as status:
+        result = client.report(out_dir, progress=lambda step: status.update(step))
+    console.print(f"report of {result.events:,} events in {result.seconds:.0f}s: {result.html}")
+    return result
 
 
 @main.command()

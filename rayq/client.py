@@ -8,6 +8,7 @@ A client is one producer session: its puts to a queue stick to one subqueue
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import defaultdict
@@ -20,6 +21,7 @@ from ray import cloudpickle
 
 from actors import COORDINATOR, FLOOD_DETECTOR, NAMESPACE
 
+from rayq.analytics.report import Report
 from rayq.config import Config
 from rayq.core.model import (NewMessage, Outgoing, Receipt, Received, SubqueueState, check_count,
                              check_name, check_seconds, encode_body, fairness_key)
@@ -249,6 +251,24 @@ class Client:
     def flood_events(self) -> tuple[dict, ...]:
         """Recent detections, isolations, sweep batches, pauses and removals, oldest first."""
         return call(lambda: _named(FLOOD_DETECTOR).events.remote())
+
+    # -- analytics ---------------------------------------------------------------
+    def flush_events(self) -> int:
+        """Write every runtime actor's buffered events to the event log now."""
+        refs = [s.flush_events.remote() for s in self._shards]
+        refs += [_named(name).flush_events.remote() for name in (COORDINATOR, FLOOD_DETECTOR)]
+        return sum(call(lambda ref=ref: ref) for ref in refs)
+
+    def report(self, out_dir: str | os.PathLike, progress=None) -> Report:
+        """Flush pending events, then run the Spark report (RayDP, on this Ray cluster)
+        over the event log. Returns a rayq.Report: ``html`` is the page's path, ``tables``
+        maps table names to Parquet paths. ``progress(step)`` hears each step."""
+        from rayq.analytics.report import run_report
+
+        self.flush_events()
+        data_dir = call(lambda: self._manager.info.remote())["data_dir"]
+        return run_report(os.path.join(data_dir, "events"), os.path.abspath(out_dir),
+                          self.config.analytics, progress or (lambda step: None))
 
     def scale_consumers(self, count: int) -> int:
         """Run ``count`` consumer actors from now on (kept across restarts); returns it.

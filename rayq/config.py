@@ -112,12 +112,27 @@ class ScalingConfig:
 
 
 @dataclass(frozen=True)
+class AnalyticsConfig:
+    """The event log and the Spark report (RayDP), sized for a 2-core machine by default."""
+
+    events: bool = True              # write the Parquet event log under <data_dir>/events
+    flush_interval_s: float = 2.0    # how often writers turn buffered events into files
+    window_s: float = 60.0           # the report's time windows
+    executors: int = 1
+    executor_cores: int = 1
+    executor_memory: str = "700M"
+    driver_memory: str = "700m"
+    shuffle_partitions: int = 4
+
+
+@dataclass(frozen=True)
 class Config:
     store: StoreConfig = field(default_factory=StoreConfig)
     fairness: FairnessConfig = field(default_factory=FairnessConfig)
     flood: FloodConfig = field(default_factory=FloodConfig)
     consumers: ConsumerConfig = field(default_factory=ConsumerConfig)
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
+    analytics: AnalyticsConfig = field(default_factory=AnalyticsConfig)
 
     def __post_init__(self) -> None:
         if self.fairness.key not in FAIRNESS_KEYS:
@@ -130,7 +145,8 @@ class Config:
 
 FAIRNESS_KEYS = frozenset({"type", "tenant", "tenant_type"})
 _SECTIONS = {"store": StoreConfig, "fairness": FairnessConfig, "flood": FloodConfig,
-             "consumers": ConsumerConfig, "scaling": ScalingConfig}
+             "consumers": ConsumerConfig, "scaling": ScalingConfig,
+             "analytics": AnalyticsConfig}
 
 
 def from_dict(data: dict[str, Any]) -> Config:

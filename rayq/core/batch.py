@@ -190,7 +190,7 @@ class WriteBatch:
         row_key = ROW_KEY.pack(sq, kid, self.now_us + to_us(m.delay_s), seq)
         self.insert(row_key, row)
         self.effects.append(("cache", row_key, row, m.body))
-        self.effects.append(("enqueue", (sq, m.type, m.tenant), self.now_us / US))
+        self.effects.append(("enqueue", (sq, m.type, m.tenant), self.now_us / US, row.id, m.key))
         return row.id
 
     def _write_blob(self, seq: int, body: bytes) -> tuple:

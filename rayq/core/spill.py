@@ -50,7 +50,7 @@ def spill_one(batch: "WriteBatch", sq: int, m: NewMessage, flooder: str) -> str:
     head = SPILL_HEAD.pack(sq, kid, batch.now_us + to_us(m.delay_s))
     batch.txn.put("spill", SPILL_KEY.pack(spill_kid, seq), head + encode_row(row))
     batch.tenant_deltas[("S", sq, m.type, m.tenant)] += 1
-    batch.effects.append(("enqueue", (sq, m.type, m.tenant), batch.now_us / 1e6))
+    batch.effects.append(("enqueue", (sq, m.type, m.tenant), batch.now_us / 1e6, row.id, m.key))
     batch.stats["spilled"] += 1
     return row.id
 

@@ -94,6 +94,8 @@ class ShardStore:
         self._finished: list[tuple[str, Ending, bytes]] = []  # outcomes since take_finished()
         self._tenant_counts: dict[tuple[str, int, str, str], int] = {}
         self.diverts: dict[int, list[tuple[str, str]]] = {}  # subqueue -> flooders to spill
+        self.keep_enqueued = False  # the shard actor turns this on to log enqueues
+        self._enqueued: list[tuple] = []
         self._seq, self.store_id = kv.transact(self._load)
 
     # -- opening ---------------------------------------------------------
@@ -168,6 +170,8 @@ class ShardStore:
                 self.cache.discard(*args)
             elif op == "enqueue":
                 self.enqueues.add(args[0], 1, args[1])
+                if self.keep_enqueued:
+                    self._enqueued.append((args[1], *args[0], args[2], args[3]))
             elif op == "outcome":
                 self._finished.append(args[0])
         for name, delta in batch.tenant_deltas.items():
@@ -219,6 +223,12 @@ class ShardStore:
         if value is None:
             return None
         return Ending(value[8]), bytes(value[9:])
+
+    def take_enqueued(self) -> list[tuple[float, int, str, str, str, str]]:
+        """(at, subqueue, type, tenant, message id, key) of every put since the last call,
+        when ``keep_enqueued`` is on (for the event log)."""
+        enqueued, self._enqueued = self._enqueued, []
+        return enqueued
 
     def take_finished(self) -> list[tuple[str, Ending, bytes]]:
         """(message id, ending, payload) of every outcome recorded since the last call."""

@@ -111,6 +111,9 @@ class UsageReport:
     outcome: Outcome
     wait_s: float
     finished_at: float
+    message_id: str = ""
+    attempt: int = 1       # the delivery's dequeue count: above 1, it was redelivered
+    queue: str = ""
 
 
 def percentile(sorted_values: list[float], q: float) -> float:

@@ -1,0 +1,1 @@
+"""The event log (Parquet, partitioned by date and hour) and the Spark report over it."""

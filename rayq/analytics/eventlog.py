@@ -1,0 +1,109 @@
+"""Append-only event log: buffered records written as Arrow record batches to
+Parquet files under ``<root>/date=YYYY-MM-DD/hour=HH/``.
+
+Appending only adds a dict to a list: the hot path never touches the disk.
+``flush()`` (called by the owning actor every few seconds, off its event loop)
+writes one file per (date, hour) and writer, atomically (write, then rename).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import threading
+import uuid
+from collections import defaultdict
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rayq.analytics.schema import EVENT_SCHEMA, FIELDS, KINDS, SCHEMA_VERSION
+
+MAX_BUFFERED = 200_000   # past this, appends flush inline rather than grow without bound
+
+
+class EventLog:
+    """One writer's events (a shard, the coordinator, the flood detector)."""
+
+    def __init__(self, root: str | os.PathLike, writer: str):
+        self.root, self.writer = os.fspath(root), writer
+        self._rows: list[dict] = []
+        self._lock = threading.Lock()
+        self.written = 0
+
+    def append(self, kind: str, ts: float, **fields) -> None:
+        """Buffer one event; ``ts`` in seconds since the epoch. Unknown fields are refused."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown event kind {kind!r}")
+        unknown = set(fields) - set(FIELDS)
+        if unknown:
+            raise ValueError(f"unknown event fields {sorted(unknown)}")
+        row = {"schema_version": SCHEMA_VERSION, "kind": kind, "ts": ts, **fields}
+        with self._lock:
+            self._rows.append(row)
+            full = len(self._rows) >= MAX_BUFFERED
+        if full:
+            self.flush()
+
+    def pending(self) -> int:
+        return len(self._rows)
+
+    def flush(self) -> int:
+        """Write what is buffered; returns how many events were written."""
+        with self._lock:
+            rows, self._rows = self._rows, []
+        if not rows:
+            return 0
+        by_hour: dict[str, list[dict]] = defaultdict(list)
+        for row in rows:
+            moment = dt.datetime.fromtimestamp(row["ts"], dt.timezone.utc)
+            row["ts"] = moment
+            by_hour[moment.strftime("date=%Y-%m-%d/hour=%H")].append(row)
+        for partition, part in by_hour.items():
+            folder = os.path.join(self.root, partition)
+            os.makedirs(folder, exist_ok=True)
+            name = f"part-{self.writer}-{uuid.uuid4().hex[:12]}.parquet"
+            table = pa.Table.from_pylist(part, schema=EVENT_SCHEMA)
+            tmp = os.path.join(folder, "." + name + ".tmp")
+            pq.write_table(table, tmp)
+            os.replace(tmp, os.path.join(folder, name))  # readers never see a half file
+        self.written += len(rows)
+        return len(rows)
+
+
+def read_events(root: str | os.PathLike) -> pa.Table:
+    """Every event under ``root`` (for tests and the pyarrow-only baseline)."""
+    dataset = pq.ParquetDataset(os.fspath(root), schema=EVENT_SCHEMA, partitioning=None)
+    return dataset.read()
+
+
+async def flush_forever(log: EventLog, interval_s: float, collect=None) -> None:
+    """Every ``interval_s``: ``await collect()`` (gather events kept elsewhere), then
+    write the buffer off the event loop. Runs as a background task of an actor."""
+    import asyncio
+
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            if collect is not None:
+                await collect()
+            await asyncio.to_thread(log.flush)
+        except OSError:
+            pass  # disk trouble: the events stay buffered (bounded) and the next round retries
+
+
+def log_report(log: EventLog, report) -> None:
+    """A consumer's usage report as events: its completion or deferral, plus a
+    redelivery when it was not the first attempt and a dead letter when it died."""
+    fields = dict(queue=report.queue or None, tenant=report.tenant, type=report.type,
+                  key=report.key, message_id=report.message_id or None, attempt=report.attempt)
+    outcome = report.outcome.value
+    if outcome == "deferred":
+        log.append("deferral", report.finished_at, wait_s=report.wait_s, outcome=outcome, **fields)
+        return
+    log.append("completion", report.finished_at, usage_s=report.usage_s, wait_s=report.wait_s,
+               outcome=outcome, **fields)
+    if report.attempt > 1:
+        log.append("redelivery", report.finished_at, outcome=outcome, **fields)
+    if outcome == "dead":
+        log.append("dead_letter", report.finished_at, outcome=outcome, **fields)

@@ -1,0 +1,197 @@
+"""The Spark report through RayDP, checked figure by figure against ground truth
+computed independently with pyarrow from the same synthetic event log."""
+
+import json
+import os
+import random
+from collections import defaultdict
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+import ray
+
+import rayq
+from rayq.analytics.eventlog import EventLog, read_events
+from rayq.analytics.report import NoEvents, run_report
+from rayq.config import AnalyticsConfig, Config, ConsumerConfig
+from tests.integration.conftest import start_runtime
+
+T0 = 1_790_000_040.0   # on a minute boundary
+WINDOW_S = 60.0
+TENANTS, TYPES = ("acme", "globex", "initech"), ("report", "email")
+
+
+def synthetic_log(root) -> dict:
+    """Ten minutes of enqueues, completions (some redelivered), deferrals, dead letters,
+    fairness decisions and flood events; returns what was written, by kind."""
+    rng, log, truth = random.Random(42), EventLog(root, "test"), defaultdict(list)
+    for i in range(3000):
+        at = T0 + i * 0.2
+        tenant, type_ = rng.choice(TENANTS), rng.choice(TYPES)
+        log.append("enqueue", at, tenant=tenant, type=type_, subqueue=1, message_id=f"m{i}", key=type_)
+        truth["enqueue"].append((at, tenant, type_))
+        outcome = "failed" if i % 37 == 0 else "succeeded"
+        done = dict(tenant=tenant, type=type_, key=type_, usage_s=round(rng.uniform(0.01, 2.0), 3),
+                    wait_s=round(rng.expovariate(1.0), 3), outcome=outcome,
+                    attempt=2 if i % 11 == 0 else 1, message_id=f"m{i}")
+        log.append("completion", at + 0.1, **done)
+        truth["completion"].append((at + 0.1, done))
+        if done["attempt"] > 1:
+            log.append("redelivery", at + 0.1, tenant=tenant, type=type_, outcome=outcome)
+        if i % 101 == 0:
+            log.append("dead_letter", at + 0.1, tenant=tenant, type=type_, outcome="dead")
+            log.append("deferral", at, tenant=tenant, type=type_, outcome="deferred", wait_s=0.5)
+    for k, state in enumerate(["fair", "fair", "intervening", "intervening", "fair"]):
+        log.append("fairness", T0 + 60 * k, outcome=state, detail=json.dumps({"k": k}))
+    for k, what in enumerate(["detected", "isolated", "swept", "removed"]):
+        log.append("flood", T0 + 100 + k, queue="q", type="report", tenant="acme", outcome=what,
+                   detail="{}")
+    log.flush()
+    return truth
+
+
+def quantiles(values) -> list[float]:
+    return pc.quantile(pa.array(values, pa.float64()), q=[0.5, 0.95, 0.99],
+                       interpolation="linear").to_pylist()
+
+
+@pytest.fixture(scope="module")
+def report(ray_session, tmp_path_factory):
+    rayq.shutdown()  # Spark's executor needs a CPU the consumers of earlier modules hold
+    root = tmp_path_factory.mktemp("events")
+    truth = synthetic_log(str(root))
+    out = tmp_path_factory.mktemp("report")
+    steps = []
+    result = run_report(str(root), str(out), AnalyticsConfig(window_s=WINDOW_S), steps.append)
+    tables = {name: pq.read_table(path).to_pylist() for name, path in result.tables.items()}
+    truth["written"] = read_events(str(root)).num_rows
+    return result, tables, truth, steps
+
+
+def succeeded(truth):
+    return [d for _, d in truth["completion"] if d["outcome"] == "succeeded"]
+
+
+@pytest.mark.parametrize("by", ["tenant", "type"])
+def test_usage_and_wait_percentiles_per_tenant_and_type_match_pyarrow(report, by):
+    _, tables, truth, _ = report
+    rows = {r[by]: r for r in tables[f"usage_by_{by}"]}
+    done = succeeded(truth)
+    total = sum(d["usage_s"] for d in done)
+    for name in (TENANTS if by == "tenant" else TYPES):
+        mine = [d for d in done if d[by] == name]
+        row = rows[name]
+        assert row["completed"] == len(mine)
+        assert row["usage_s"] == pytest.approx(sum(d["usage_s"] for d in mine))
+        assert row["usage_share"] == pytest.approx(sum(d["usage_s"] for d in mine) / total)
+        expected = quantiles([d["wait_s"] for d in mine])
+        assert [row["wait_p50_s"], row["wait_p95_s"], row["wait_p99_s"]] == pytest.approx(expected)
+
+
+def _windows(truth):
+    usage = defaultdict(float)
+    count = defaultdict(int)
+    for at, d in truth["completion"]:
+        if d["outcome"] == "succeeded":
+            w = (at // WINDOW_S) * WINDOW_S
+            usage[(w, d["type"])] += d["usage_s"]
+            count[w] += 1
+    return usage, count
+
+
+def test_usage_share_fairness_index_and_throughput_per_window_match(report):
+    _, tables, truth, _ = report
+    usage, count = _windows(truth)
+    shares = {(r["window_start"], r["type"]): r["usage_share"] for r in tables["usage_share_by_window"]}
+    assert set(shares) == set(usage)
+    for (w, t), u in usage.items():
+        assert shares[(w, t)] == pytest.approx(u / sum(v for (w2, _), v in usage.items() if w2 == w))
+    jain = {r["window_start"]: r["jain_index"] for r in tables["fairness_index_by_window"]}
+    for w in count:
+        xs = [v for (w2, _), v in usage.items() if w2 == w]
+        assert jain[w] == pytest.approx(sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)))
+    rates = {r["window_start"]: (r["completed"], r["per_s"]) for r in tables["throughput_by_window"]}
+    assert rates == {w: (n, pytest.approx(n / WINDOW_S)) for w, n in count.items()}
+
+
+def test_redeliveries_dead_letters_and_deferrals_are_counted_per_tenant_and_type(report):
+    _, tables, truth, _ = report
+    expected = defaultdict(lambda: defaultdict(int))
+    for i, (_, d) in enumerate(truth["completion"]):
+        row = expected[(d["tenant"], d["type"])]
+        row["completed" if d["outcome"] == "succeeded" else "failed"] += 1
+        row["redeliveries"] += i % 11 == 0
+        row["dead_letters"] += i % 101 == 0
+        row["deferrals"] += i % 101 == 0
+    for r in tables["redeliveries"]:
+        e = expected[(r["tenant"], r["type"])]
+        assert [r[k] for k in ("completed", "failed", "redeliveries", "dead_letters", "deferrals")] \
+            == [e[k] for k in ("completed", "failed", "redeliveries", "dead_letters", "deferrals")]
+    assert len(tables["redeliveries"]) == len(expected)
+
+
+def test_flood_and_intervention_timelines_keep_order_and_changes(report):
+    _, tables, _, _ = report
+    assert [r["event"] for r in tables["flood_timeline"]] == ["detected", "isolated", "swept", "removed"]
+    assert [r["state"] for r in tables["intervention_timeline"]] == ["fair", "intervening", "fair"]
+
+
+def test_suggested_thresholds_follow_the_observed_distributions(report):
+    _, tables, truth, _ = report
+    got = {r["name"]: r["value"] for r in tables["suggested_thresholds"]}
+    waits = [d["wait_s"] for d in succeeded(truth)]
+    assert got["fairness.latency_threshold_s"] == pytest.approx(2 * quantiles(waits)[2])
+    per_window = defaultdict(int)
+    for at, tenant, type_ in truth["enqueue"]:
+        per_window[((at // 1800) * 1800, type_, tenant)] += 1
+    p99 = pc.quantile(pa.array(list(per_window.values()), pa.float64()), q=0.99).to_pylist()[0]
+    assert got["flood.enqueue_threshold"] == pytest.approx(2 * p99)
+    steps = sorted([(at, 0, tenant, type_, 1) for at, tenant, type_ in truth["enqueue"]]
+                   + [(at, 1, d["tenant"], d["type"], -1) for at, d in truth["completion"]
+                      if d["outcome"] == "succeeded"] +
+                   [(at, 1, d["tenant"], d["type"], 0) for at, d in truth["completion"]
+                    if d["outcome"] != "succeeded"])
+    level, peak = defaultdict(int), defaultdict(int)
+    for _, _, tenant, type_, step in steps:
+        level[(type_, tenant)] += step
+        peak[(type_, tenant)] = max(peak[(type_, tenant)], level[(type_, tenant)])
+    p99 = pc.quantile(pa.array(list(peak.values()), pa.float64()), q=0.99).to_pylist()[0]
+    assert got["flood.depth_threshold"] == pytest.approx(2 * p99)
+
+
+def test_the_report_writes_plots_and_one_self_contained_page(report):
+    result, _, truth, steps = report
+    assert steps[0].startswith("starting Spark") and "plotting" in steps
+    assert set(result.plots) == {"usage_share", "waits", "fairness_index"}
+    for path in result.plots.values():
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    page = open(result.html, encoding="utf-8").read()
+    assert page.count("data:image/png;base64,") == 3 and "usage_by_tenant" in page
+    assert result.events == truth["written"]
+
+
+def test_a_report_with_no_events_says_so(tmp_path):
+    with pytest.raises(NoEvents):
+        run_report(str(tmp_path / "none"), str(tmp_path / "out"), AnalyticsConfig())
+
+
+def test_client_report_flushes_the_runtimes_events_and_counts_real_tasks(report, tmp_path_factory):
+    config = Config(consumers=ConsumerConfig(count=1, poll_wait_s=0.3),
+                    analytics=AnalyticsConfig(flush_interval_s=3600))  # only report() flushes
+    client, data_dir = start_runtime(tmp_path_factory, config, name="report-runtime")
+
+    @rayq.task(type="double")
+    def double(x):
+        return 2 * x
+
+    refs = [client.submit(double, i, tenant=("a" if i % 3 else "b")) for i in range(30)]
+    assert ray.get(refs, timeout=60) == [2 * i for i in range(30)]
+    result = client.report(tmp_path_factory.mktemp("client-report"))
+    rows = {r["tenant"]: r["completed"] for r in pq.read_table(result.tables["usage_by_tenant"]).to_pylist()}
+    assert rows == {"a": 20, "b": 10}
+    kinds = read_events(os.path.join(data_dir, "events")).column("kind").to_pylist()
+    assert kinds.count("enqueue") == 30 and kinds.count("completion") == 30
+    rayq.shutdown()
