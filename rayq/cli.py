@@ -33,8 +33,10 @@ def demo(data_dir: str | None, tasks: int, consumers: int) -> None:
     started = time.monotonic()
     # The demo lasts seconds, not hours: fairness windows scaled down to match.
     config = rayq.config.load()
-    config = dataclasses.replace(config, fairness=dataclasses.replace(
-        config.fairness, window_s=5.0, latency_threshold_s=2.0, interval_s=1.0))
+    config = dataclasses.replace(
+        config, fairness=dataclasses.replace(config.fairness, window_s=5.0,
+                                             latency_threshold_s=2.0, interval_s=1.0),
+        analytics=dataclasses.replace(config.analytics, window_s=5.0))
     client = rayq.start(data_dir=data_dir, consumers=consumers, config=config)
     console.print(f"runtime up in {time.monotonic() - started:.1f}s with {consumers} consumers")
     t0 = time.monotonic()

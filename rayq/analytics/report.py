@@ -58,13 +58,14 @@ def run_report(events_dir: str, out_dir: str, config: AnalyticsConfig,
     import raydp
 
     from rayq.analytics import jobs
+    from rayq.analytics.eventlog import event_files
 
-    if not os.path.isdir(events_dir) or not any(f.endswith(".parquet")
-                                                for _, _, fs in os.walk(events_dir) for f in fs):
+    if not event_files(events_dir):
         raise NoEvents(f"no events under {events_dir!r} yet")
     started = time.monotonic()
     progress("starting Spark on Ray (RayDP)")
     spark = spark_session(config)
+    spark.sparkContext.setLogLevel("ERROR")
     try:
         events = spark.read.parquet(events_dir)
         count = events.count()
