@@ -21,6 +21,7 @@ import ray
 
 from actors import MANAGER, NAMESPACE, shard_name
 from actors.consumer import named_consumers, unwrap
+from actors.metrics import CoordinatorMetrics
 from rayq.analytics.eventlog import EventLog, flush_forever, log_report
 from rayq.config import Config
 from rayq.core.fairness import (Decision, FairnessReport, KeyState, ListenPlan, UsageWindows,
@@ -41,6 +42,7 @@ class FairnessCoordinator:
         self.rules = SuspensionRules(self.kv)
         self.usage = UsageWindows(self.fc.window_s, self.fc.windows)
         self.tally = Tally()  # every finished delivery since the coordinator started
+        self.metrics = CoordinatorMetrics()
         self.events = EventLog(os.path.join(data_dir, "events"), "coordinator") \
             if config.analytics.events else None
         if self.events:
@@ -108,10 +110,12 @@ class FairnessCoordinator:
         decision = evaluate(self.usage.table(now), self.pending, now, self.fc, threads,
                             self.rules.suspended(),
                             was_intervening=bool(self.decision and self.decision.intervening))
-        if decision.intervening and not (self.decision and self.decision.intervening):
+        started = decision.intervening and not (self.decision and self.decision.intervening)
+        if started:
             self.intervening_since = now
         elif not decision.intervening:
             self.intervening_since = None
+        self.metrics.decided(decision, started, dict(decision.actual_s))
         self.decision = decision
         order = listen_order(decision, self.pending, self._rng, self.rules.suspended())
         self._publish(decision_event(decision, order))
@@ -132,6 +136,7 @@ class FairnessCoordinator:
         for r in reports:
             self.usage.add(r.key, r.usage_s, r.outcome is Outcome.DEFERRED, r.finished_at)
             self.tally.add(r)
+            self.metrics.reported(r)
             if self.events is not None:
                 log_report(self.events, r)
 

@@ -27,6 +27,7 @@ import ray
 
 from actors import MANAGER, NAMESPACE, shard_name
 from actors.consumer import unwrap
+from actors.metrics import FloodMetrics
 from rayq.analytics.eventlog import EventLog, flush_forever
 from rayq.config import Config
 from rayq.core.flood import Flooder, build_view, detect, sweep_step
@@ -46,6 +47,7 @@ class FloodDetector:
         self.config, self.fc = config, config.flood
         self.kv = LmdbKV(os.path.join(data_dir, "flood"), map_size=64 << 20)
         self.history = EventHistory(self.kv, 1000)
+        self.metrics = FloodMetrics()
         self.events = EventLog(os.path.join(data_dir, "events"), "flood") \
             if config.analytics.events else None
         if self.events:
@@ -86,6 +88,7 @@ class FloodDetector:
         await self._sweep(queues)
         self.kv.transact(lambda txn: txn.put("meta", b"flooders",
                                              pack([vars(f) for f in self.flooders])))
+        self.metrics.update(self.flooders)
         return list(self.flooders)
 
     async def _isolate(self, flooder: Flooder, queues: dict[str, QueueInfo]) -> None:

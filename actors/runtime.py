@@ -22,24 +22,32 @@ ShardRemote = ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(ShardActor)
 ManagerRemote = ray.remote(QueueManager)
 
 
+def _placed(config: Config) -> dict:
+    """Actor options: detached, named, no CPU, on the node with the data if configured."""
+    options = dict(_ACTOR_OPTIONS)
+    if config.store.data_resource:
+        options["resources"] = {config.store.data_resource: 0.01}
+    return options
+
+
 def ensure_runtime(data_dir: str, config: Config, consumers: int | None = None) -> dict:
     """Create the shards, the manager and the consumers unless they run already.
 
     ``consumers`` sets how many consumer actors run; None keeps the number a
     previous run chose (or the configured one). Returns the handles."""
     shards = [ShardRemote.options(name=shard_name(i), max_restarts=-1, max_task_retries=-1,
-                                  **_ACTOR_OPTIONS)
+                                  **_placed(config))
               .remote(i, os.path.join(data_dir, f"shard-{i}"), config)
               for i in range(config.store.shards)]
     ray.get([s.ping.remote() for s in shards])
     manager = ManagerRemote.options(name=MANAGER, max_restarts=-1, max_task_retries=-1,
-                                    **_ACTOR_OPTIONS).remote(data_dir, config)
+                                    **_placed(config)).remote(data_dir, config)
     ray.get(manager.list_queues.remote())
     coordinator = CoordinatorRemote.options(name=COORDINATOR, max_restarts=-1, max_task_retries=-1,
-                                            **_ACTOR_OPTIONS).remote(data_dir, config)
+                                            **_placed(config)).remote(data_dir, config)
     ray.get(coordinator.ping.remote())
     detector = FloodRemote.options(name=FLOOD_DETECTOR, max_restarts=-1, max_task_retries=-1,
-                                   **_ACTOR_OPTIONS).remote(data_dir, config)
+                                   **_placed(config)).remote(data_dir, config)
     ray.get(detector.ping.remote())
     ray.get(manager.scale_consumers.remote(consumers))
     return {"manager": manager, "shards": shards, "coordinator": coordinator}

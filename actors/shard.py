@@ -9,6 +9,7 @@ keeps accepting calls while LMDB syncs.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 from collections import Counter
@@ -19,6 +20,7 @@ from typing import Any
 import psutil
 import ray
 
+from actors.metrics import ShardMetrics
 from rayq.analytics.eventlog import EventLog, flush_forever
 from rayq.config import Config
 from rayq.core.model import Ending, SubqueueState
@@ -26,6 +28,7 @@ from rayq.core.store import KeyDepth, StoreStats, open_store
 from rayq.core.tasks import decode_outcome
 from rayq.errors import InvalidMessage, Overloaded, RayqError, StoreError, TaskError
 
+log = logging.getLogger("rayq.shard")
 MAX_PENDING_CALLS = 10_000
 EXPIRY_INTERVAL_S = 5.0
 MAX_WAIT_SLICE_S = 1.0  # long polls re-check at least this often (messages whose visibility lapses)
@@ -69,6 +72,7 @@ class ShardActor:
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future]]] = {}
         self._waiters_lock = threading.Lock()
         self._housekeeping = self._loop.create_task(self._collect_expired_forever())
+        self.metrics = ShardMetrics(index)
         self.events = None
         if config.analytics.events:  # enqueues go to the event log, in batches
             self.events = EventLog(os.path.join(os.path.dirname(path), "events"), f"shard-{index}")
@@ -290,12 +294,17 @@ class ShardActor:
         return self.index
 
     async def _collect_expired_forever(self) -> None:
+        """Housekeeping: collect expired messages, then refresh the metrics."""
         while True:
             await asyncio.sleep(EXPIRY_INTERVAL_S)
             try:
                 await self._write(None, "collect_expired", 10_000)
+                stats, depths = await self._read(lambda: (self.store.stats(), self.store.depths()))
+                self.metrics.update(stats, depths)
             except RayqError:
                 pass  # overloaded: try again next round
+            except Exception:  # metrics must never stop housekeeping
+                log.exception("shard %d housekeeping failed", self.index)
 
 
 def _settle(future: asyncio.Future, value: Any) -> None:

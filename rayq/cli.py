@@ -7,7 +7,8 @@ import os
 import time
 
 import click
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -92,25 +93,53 @@ def _report(client, out_dir: str):
 
 
 @main.command()
-def status() -> None:
-    """Print the queues and shards of a running runtime."""
+@click.option("--watch", default=0.0, help="Refresh every this many seconds (0: print once).")
+def status(watch: float) -> None:
+    """Queues, shards, consumers, fairness victims and flooders of a running runtime."""
     client = rayq.connect()
-    table = Table(title="rayq queues")
-    for column in ("queue", "depth", "subqueues", "oldest age s"):
-        table.add_column(column)
+    if not watch:
+        console.print(_status(client))
+        return
+    with Live(_status(client), console=console, refresh_per_second=4) as live:
+        while True:
+            time.sleep(watch)
+            live.update(_status(client))
+
+
+def _status(client) -> Group:
+    queues = _table("queues", "queue", "depth", "subqueues", "oldest age s")
     for name in client.list_queues():
         stats = client.queue(name).stats()
         oldest = max((k.oldest_age_s for k in stats.keys.values()), default=0.0)
-        table.add_row(name, str(stats.depth), str(len(stats.subqueues)), f"{oldest:.1f}")
-    console.print(table)
-    shards = Table(title="rayq shards")
-    for column in ("shard", "messages", "commits", "calls/commit", "cache hits", "bypasses"):
-        shards.add_column(column)
+        queues.add_row(name, str(stats.depth), str(len(stats.subqueues)), f"{oldest:.1f}")
+    shards = _table("shards", "shard", "messages", "calls/commit", "cache MiB", "hits", "bypasses",
+                    "pressure", "spilled")
     for s in client.stats():
-        shards.add_row(str(s.index), str(s.store.messages), str(s.commits),
-                       f"{s.calls_committed / max(1, s.commits):.1f}", str(s.store.cache.hits),
-                       str(s.store.cache.bypasses))
-    console.print(shards)
+        c = s.store.cache
+        shards.add_row(str(s.index), str(s.store.messages),
+                       f"{s.calls_committed / max(1, s.commits):.1f}", f"{c.bytes / 2**20:.1f}",
+                       str(c.hits), str(c.bypasses), "yes" if c.under_pressure else "no",
+                       str(s.store.spilled))
+    consumers = _table("consumers", "consumer", "load", "hit rate", "running", "polls", "deferrals")
+    for s in client.consumer_stats():
+        consumers.add_row(str(s.index), str(s.load), f"{s.hit_rate:.2f}", str(s.running),
+                          str(s.polls), str(s.deferrals))
+    fair = client.fairness()
+    fairness = _table("fairness", "intervening", "victims", "offenders", "listen order")
+    fairness.add_row("yes" if fair.intervening else "no", ", ".join(sorted(fair.victims)) or "-",
+                     ", ".join(sorted(fair.offenders)) or "-", ", ".join(fair.listen_order[:8]) or "-")
+    flooders = _table("flooders", "queue", "type", "tenant", "spilled", "depth", "since")
+    for f in client.flooders():
+        flooders.add_row(f.queue, f.type, f.tenant, str(f.spilled), str(f.depth),
+                         time.strftime("%H:%M:%S", time.localtime(f.since)))
+    return Group(queues, shards, consumers, fairness, flooders)
+
+
+def _table(title: str, *columns: str) -> Table:
+    table = Table(title=f"rayq {title}")
+    for column in columns:
+        table.add_column(column)
+    return table
 
 
 if __name__ == "__main__":

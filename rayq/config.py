@@ -45,6 +45,10 @@ class StoreConfig:
     enqueue_window_s: float = 180.0
     enqueue_windows: int = 10
     durable: bool = True
+    # A custom Ray resource held by the node(s) whose disk keeps data_dir: every
+    # runtime actor with data (shards, manager, coordinator, flood detector) asks for
+    # a sliver of it, so a restarted actor comes back where its LMDB files are.
+    data_resource: str | None = None
 
 
 @dataclass(frozen=True)

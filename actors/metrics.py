@@ -1,0 +1,71 @@
+"""Ray metrics (``ray.util.metrics``, exported by Ray's metrics agent) of the runtime.
+
+Tags are bounded: shard index, and at most TOP_KEYS fairness keys or tenants
+per metric with the rest summed under "other" (:func:`rayq.core.metrics.top_keys`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ray.util.metrics import Counter, Gauge
+
+from rayq.core.metrics import top_keys
+
+
+class ShardMetrics:
+    def __init__(self, index: int):
+        tags = {"shard": str(index)}
+        self.messages = Gauge("rayq_shard_messages", "Messages stored on the shard", ("shard",))
+        self.cache_bytes = Gauge("rayq_cache_bytes", "Bytes in the shard's message cache", ("shard",))
+        self.pressure = Gauge("rayq_cache_pressure", "1 while the shard is under memory pressure",
+                              ("shard",))
+        self.depth = Gauge("rayq_key_depth", "Messages per fairness key", ("shard", "key"))
+        self.oldest = Gauge("rayq_key_oldest_age_s", "Wait of the oldest visible message per key",
+                            ("shard", "key"))
+        for metric in (self.messages, self.cache_bytes, self.pressure, self.depth, self.oldest):
+            metric.set_default_tags(tags)
+
+    def update(self, stats, depths) -> None:
+        self.messages.set(stats.messages)
+        self.cache_bytes.set(stats.cache.bytes)
+        self.pressure.set(1.0 if stats.cache.under_pressure else 0.0)
+        depth, oldest = defaultdict(float), defaultdict(float)
+        for d in depths:
+            depth[d.key] += d.count
+            oldest[d.key] = max(oldest[d.key], d.latency_s)
+        for key, n in top_keys(depth).items():
+            self.depth.set(n, {"key": key})
+        for key, age in top_keys(oldest).items():
+            self.oldest.set(age, {"key": key})
+
+
+class CoordinatorMetrics:
+    def __init__(self):
+        self.intervening = Gauge("rayq_fairness_intervening", "1 while fairness intervenes")
+        self.interventions = Counter("rayq_fairness_interventions_total", "Interventions started")
+        self.victims = Gauge("rayq_fairness_victims", "Keys both latency and usage victims")
+        self.usage = Gauge("rayq_key_usage_s", "Handler seconds per key in the look-back", ("key",))
+        self.redeliveries = Counter("rayq_redeliveries_total", "Deliveries after the first")
+
+    def decided(self, decision, started: bool, usage: dict[str, float]) -> None:
+        self.intervening.set(1.0 if decision.intervening else 0.0)
+        self.victims.set(len(decision.victims))
+        if started:
+            self.interventions.inc()
+        for key, seconds in top_keys(usage).items():
+            self.usage.set(seconds, {"key": key})
+
+    def reported(self, report) -> None:
+        if report.attempt > 1:
+            self.redeliveries.inc()
+
+
+class FloodMetrics:
+    def __init__(self):
+        self.flooders = Gauge("rayq_flooders", "Entries on the flooder list")
+        self.spilled = Gauge("rayq_spilled_messages", "Flooders' messages in spill stores")
+
+    def update(self, flooders) -> None:
+        self.flooders.set(len(flooders))
+        self.spilled.set(sum(f.spilled for f in flooders))

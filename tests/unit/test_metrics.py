@@ -1,0 +1,14 @@
+"""Metric labels stay bounded whatever the number of keys."""
+
+from rayq.core.metrics import OTHER, top_keys
+
+
+def test_only_the_largest_keys_keep_their_own_label():
+    values = {f"tenant-{i}": float(i) for i in range(100)}
+    out = top_keys(values, limit=5)
+    assert list(out)[:5] == [f"tenant-{i}" for i in (99, 98, 97, 96, 95)]
+    assert out[OTHER] == sum(range(95)) and len(out) == 6
+
+
+def test_few_keys_are_kept_as_they_are():
+    assert top_keys({"a": 1.0, "b": 2.0}) == {"b": 2.0, "a": 1.0}
