@@ -280,14 +280,19 @@ def _start_consumer(index: int, config: Config) -> None:
                            max_concurrency=1000).remote(index, config)
 
 
+STOP_TIMEOUT_S = 30.0
+
+
 async def _stop_consumer(handle) -> None:
-    """Stop a consumer gracefully; its last usage reports go to the coordinator."""
+    """Stop a consumer gracefully; its last usage reports go to the coordinator. A
+    consumer that does not answer in time (say, one never placed for want of CPUs) is
+    killed all the same: its tasks come back when their visibility lapses."""
     try:
-        reports = await handle.stop.remote()
+        reports = await asyncio.wait_for(handle.stop.remote(STOP_TIMEOUT_S - 5), STOP_TIMEOUT_S)
         coordinator = ray.get_actor(COORDINATOR, namespace=NAMESPACE)
         await coordinator.absorb.remote(reports)
-    except (ray.exceptions.RayError, ValueError):
-        pass  # already gone, or no coordinator: the reports are lost, the tasks are not
+    except (ray.exceptions.RayError, ValueError, asyncio.TimeoutError):
+        pass  # gone, stuck or no coordinator: the reports are lost, the tasks are not
     ray.kill(handle, no_restart=True)
 
 

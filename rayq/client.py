@@ -25,7 +25,7 @@ from rayq.analytics.report import Report
 from rayq.config import Config
 from rayq.core.model import (NewMessage, Outgoing, Receipt, Received, SubqueueState, check_count,
                              check_name, check_seconds, encode_body, fairness_key)
-from rayq.core.registry import QueueInfo
+from rayq.core.registry import QueueInfo, check_queue_name
 from rayq.core.fairness import FairnessReport
 from rayq.core.flood import Flooder
 from rayq.core.rules import SuspensionRule
@@ -172,12 +172,14 @@ class Client:
     # -- administration ------------------------------------------------------
     def create_queue(self, name: str, subqueues: int = 1, max_receives: int | None = 5) -> "Queue":
         """Create a queue and its ``<name>-dlq`` (idempotent); returns the queue."""
+        check_queue_name(name)
         call(lambda: self._manager.create_queue.remote(name, subqueues, max_receives))
         self._routes.pop(name, None)
         return Queue(self, name)
 
     def queue(self, name: str) -> "Queue":
         """The queue called ``name``. Raises QueueNotFound."""
+        check_queue_name(name)
         self._route(name, refresh=True)
         return Queue(self, name)
 
@@ -186,6 +188,7 @@ class Client:
 
     def delete_queue(self, name: str) -> None:
         """Delete a queue, its dead-letter queue and all their messages."""
+        check_queue_name(name)
         call(lambda: self._manager.delete_queue.remote(name))
         self._routes.pop(name, None)
 
@@ -273,6 +276,7 @@ class Client:
     def scale_consumers(self, count: int) -> int:
         """Run ``count`` consumer actors from now on (kept across restarts); returns it.
         On a cluster with an autoscaler, room for them is requested too."""
+        check_count(count, "consumers", 0, 1000)
         return call(lambda: self._manager.scale_consumers.remote(count))
 
     def consumer_stats(self) -> list:
