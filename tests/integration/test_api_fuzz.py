@@ -12,10 +12,11 @@ import rayq
 JUNK = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
                  st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20),
                  st.binary(max_size=20), st.lists(st.integers(), max_size=3),
-                 st.just(object()), st.just("x" * 500), st.just(""))
+                 st.just(object()), st.integers(400, 600).map(lambda n: "x" * n), st.just(""))
 BODIES = st.one_of(st.binary(max_size=64), st.text(max_size=64),
                    st.dictionaries(st.text(max_size=5), st.integers(), max_size=3), st.just(object()),
-                   st.just({(1, 2): "tuple key"}), st.just(b"x" * (1 << 17)))
+                   st.just({(1, 2): "tuple key"}),
+                   st.integers(1 << 16, 1 << 17).map(lambda n: b"x" * n))  # blobs
 NAMES = st.one_of(st.sampled_from(["acme", "globex", "t-1"]), JUNK)
 SECONDS = st.one_of(st.sampled_from([0, 0.5, 30]), JUNK)
 CLIENT = None
