@@ -89,8 +89,15 @@ def figures(ray_session, tmp_path_factory):
                         fairness=FairnessConfig(**{**vars(FAIRNESS), "enabled": enabled}))
         client, _ = start_runtime(tmp_path_factory, config, name=f"fair-{enabled}")
         figures = run_workload(client)
-        time.sleep(3 * FAIRNESS.interval_s)  # let the coordinator see the queue drained
-        figures["report"] = client.fairness()
+        drained = time.time()
+        deadline = drained + 30  # the coordinator's next evaluations see the queue drained
+        while True:
+            figures["report"] = client.fairness()
+            seen = figures["report"].evaluated_at
+            if not enabled or (seen and seen > drained + FAIRNESS.interval_s
+                               and not figures["report"].intervening) or time.time() > deadline:
+                break
+            time.sleep(FAIRNESS.interval_s)
         out[enabled] = figures
     rayq.shutdown()
     print(f"\nfairness off (FIFO): trickle p99 wait {out[False]['trickle_p99_s']:.2f}s, "
