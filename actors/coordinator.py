@@ -22,7 +22,7 @@ import ray
 from actors import MANAGER, NAMESPACE, shard_name
 from actors.consumer import named_consumers, unwrap
 from actors.metrics import CoordinatorMetrics
-from rayq.analytics.eventlog import EventLog, flush_forever, log_report
+from rayq.analytics.eventlog import log_report, open_event_log
 from rayq.config import Config
 from rayq.core.fairness import (Decision, FairnessReport, KeyState, ListenPlan, UsageWindows,
                                 decision_event, evaluate, listen_order)
@@ -43,11 +43,7 @@ class FairnessCoordinator:
         self.usage = UsageWindows(self.fc.window_s, self.fc.windows)
         self.tally = Tally()  # every finished delivery since the coordinator started
         self.metrics = CoordinatorMetrics()
-        self.events = EventLog(os.path.join(data_dir, "events"), "coordinator") \
-            if config.analytics.events else None
-        if self.events:
-            asyncio.get_running_loop().create_task(
-                flush_forever(self.events, config.analytics.flush_interval_s))
+        self.events = open_event_log(data_dir, "coordinator", config.analytics)
         self.manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
         self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
                        for i in range(config.store.shards)]

@@ -28,7 +28,7 @@ import ray
 from actors import MANAGER, NAMESPACE, shard_name
 from actors.consumer import unwrap
 from actors.metrics import FloodMetrics
-from rayq.analytics.eventlog import EventLog, flush_forever
+from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
 from rayq.core.flood import Flooder, build_view, detect, sweep_step
 from rayq.core.history import EventHistory
@@ -48,11 +48,7 @@ class FloodDetector:
         self.kv = LmdbKV(os.path.join(data_dir, "flood"), map_size=64 << 20)
         self.history = EventHistory(self.kv, 1000)
         self.metrics = FloodMetrics()
-        self.events = EventLog(os.path.join(data_dir, "events"), "flood") \
-            if config.analytics.events else None
-        if self.events:
-            asyncio.get_running_loop().create_task(
-                flush_forever(self.events, config.analytics.flush_interval_s))
+        self.events = open_event_log(data_dir, "flood", config.analytics)
         raw = self.kv.read(lambda txn: txn.get("meta", b"flooders"))
         self.flooders: list[Flooder] = [Flooder(**f) for f in unpack(raw)] if raw else []
         self.manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
@@ -85,7 +81,7 @@ class FloodDetector:
         await self._route(queues)
         for flooder in changes.removed:
             await self._release(flooder, queues)
-        await self._sweep(queues)
+        await self._sweep(queues, snapshots)
         self.kv.transact(lambda txn: txn.put("meta", b"flooders",
                                              pack([vars(f) for f in self.flooders])))
         self.metrics.update(self.flooders)
@@ -102,9 +98,11 @@ class FloodDetector:
         self._event("isolated", flooder, moved=moved)
 
     async def _dedicated(self, flooder: Flooder, queue: QueueInfo) -> dict[int, int]:
-        """The flooder's dedicated subqueue on every shard its queue uses, by shard."""
-        out = {}
-        for shard in sorted({sq.shard for sq in queue.subqueues if not sq.dedicated}):
+        """The flooder's dedicated subqueue on every shard its queue uses, by shard; the
+        manager is asked only for shards that have none yet (e.g. after scaling)."""
+        out = {sq.shard: sq.id for sq in queue.subqueues
+               if sq.dedicated == (flooder.type, flooder.tenant) and sq.state is SubqueueState.ALL}
+        for shard in sorted({sq.shard for sq in queue.subqueues if not sq.dedicated} - set(out)):
             sq = await unwrap(self.manager.add_dedicated.remote(
                 flooder.queue, shard, flooder.type, flooder.tenant))
             out[shard] = sq.id
@@ -135,29 +133,30 @@ class FloodDetector:
                 await unwrap(self.manager.coalesce.remote(flooder.queue, sq.id))
         self._event("removed", flooder, depth=flooder.depth)
 
-    async def _sweep(self, queues: dict[str, QueueInfo]) -> None:
-        """Move spilled messages back, batch by batch, while each shard stays healthy."""
+    async def _sweep(self, queues: dict[str, QueueInfo], snapshots: list[dict]) -> None:
+        """Move what was spilled when this run began back, batch by batch, while each
+        shard stays healthy (what spills meanwhile waits for the next run)."""
         for flooder in self.flooders:
             for sq in queues[flooder.queue].subqueues:
                 if sq.dedicated == (flooder.type, flooder.tenant) and sq.state is SubqueueState.ALL:
-                    await self._sweep_into(flooder, sq.shard, sq.id)
+                    spilled = self._spilled_on(snapshots[sq.shard], flooder)
+                    await self._sweep_into(flooder, sq.shard, sq.id, spilled)
 
-    async def _sweep_into(self, flooder: Flooder, shard: int, target: int) -> None:
+    async def _sweep_into(self, flooder: Flooder, shard: int, target: int, spilled: int) -> None:
         handle = self.shards[shard]
         batches = 0
         while True:
-            health = await handle.flood_snapshot.remote()
-            step = sweep_step(health["depth"], health["under_pressure"],
-                              self._spilled_on(health, flooder), batches, self.fc,
-                              MAX_SWEEP_BATCHES)
+            depth, under_pressure = await handle.health.remote()  # checked before every batch
+            step = sweep_step(depth, under_pressure, spilled, batches, self.fc, MAX_SWEEP_BATCHES)
             if step == "pause":
-                self._event("sweep paused", flooder, shard=shard, depth=health["depth"],
-                            under_pressure=health["under_pressure"])
+                self._event("sweep paused", flooder, shard=shard, depth=depth,
+                            under_pressure=under_pressure)
             if step != "sweep":
                 return
             moved = await unwrap(handle.sweep.remote(flooder.type, flooder.tenant, target,
                                                      self.fc.sweep_batch))
             batches += 1
+            spilled = spilled - moved if moved else 0  # nothing moved: the rest had expired
             self._event("swept", flooder, shard=shard, moved=moved)
 
     @staticmethod

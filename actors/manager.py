@@ -21,7 +21,7 @@ from actors.consumer import ConsumerRemote, named_consumers
 from rayq.config import Config
 from rayq.core.clock import SystemClock
 from rayq.core.kv import LmdbKV
-from rayq.core.leases import ConcurrencyLeases, LeaseStats
+from rayq.core.leases import ConcurrencyLeases
 from rayq.core.model import SubqueueState, check_count
 from rayq.core.registry import QueueInfo, QueueRegistry, put_target, receive_order
 from rayq.core.scaling import SubqueueLoad, decide, is_idle
@@ -122,9 +122,6 @@ class QueueManager:
 
     def release(self, type_: str, lease_id: str) -> None:
         self.leases.release(type_, lease_id)
-
-    def lease_stats(self) -> LeaseStats:
-        return self.leases.stats(time.monotonic())
 
     # -- consumers -----------------------------------------------------------------
     async def scale_consumers(self, count: int | None = None) -> int:

@@ -21,7 +21,7 @@ import psutil
 import ray
 
 from actors.metrics import ShardMetrics
-from rayq.analytics.eventlog import EventLog, flush_forever
+from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
 from rayq.core.model import Ending, SubqueueState
 from rayq.core.store import KeyDepth, StoreStats, open_store
@@ -73,12 +73,10 @@ class ShardActor:
         self._waiters_lock = threading.Lock()
         self._housekeeping = self._loop.create_task(self._collect_expired_forever())
         self.metrics = ShardMetrics(index)
-        self.events = None
-        if config.analytics.events:  # enqueues go to the event log, in batches
-            self.events = EventLog(os.path.join(os.path.dirname(path), "events"), f"shard-{index}")
-            self.store.keep_enqueued = True
-            self._loop.create_task(flush_forever(self.events, config.analytics.flush_interval_s,
-                                                 self._collect_events))
+        # enqueues go to the event log, in batches
+        self.events = open_event_log(os.path.dirname(path), f"shard-{index}", config.analytics,
+                                     self._collect_events)
+        self.store.keep_enqueued = self.events is not None
 
     # -- group commit ------------------------------------------------------
     async def _write(self, subqueue: int | None, name: str, *args, **kwargs) -> Any:
@@ -250,6 +248,11 @@ class ShardActor:
                             limit: int, after: bytes | None = None) -> tuple:
         return await self._write(source, "move_matching", source, target, type_, tenant,
                                  limit, after)
+
+    async def health(self) -> tuple[int, bool]:
+        """(messages stored, under memory pressure): what the sweeper checks per batch."""
+        stats = await self._read(self.store.stats)
+        return stats.messages, stats.cache.under_pressure
 
     async def flood_snapshot(self) -> dict:
         """What the flood detector needs: counts per (kind, subqueue, type, tenant),

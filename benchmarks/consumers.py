@@ -55,8 +55,9 @@ def plain_ray_tasks(tasks: int) -> float:
 
 
 def _counters(client) -> tuple[int, int]:
+    """(empty polls, hits) summed over the consumers."""
     stats = client.consumer_stats()
-    return sum(s.polls for s in stats), sum(s.hits for s in stats)
+    return sum(s.empty_polls for s in stats), sum(s.hits for s in stats)
 
 
 def polling(client, seconds: float, rate: float, fixed: int | None) -> dict:
@@ -65,20 +66,20 @@ def polling(client, seconds: float, rate: float, fixed: int | None) -> dict:
 
     ray.get([h.set_fixed_load.remote(fixed) for h in named_consumers().values()])
     time.sleep(3)  # settle into the regime
-    polls0, hits0 = _counters(client)
+    empty0, hits0 = _counters(client)
     time.sleep(seconds)
-    polls1, hits1 = _counters(client)
-    idle_empty = ((polls1 - polls0) - (hits1 - hits0)) / seconds
+    empty1, hits1 = _counters(client)
+    idle_empty = (empty1 - empty0) / seconds
     refs, start = [], time.monotonic()
     while (elapsed := time.monotonic() - start) < seconds:
         due = int(elapsed * rate) + 1
         refs += [client.submit(noop, i) for i in range(len(refs), due)]
         time.sleep(0.005)
     ray.get(refs)
-    polls2, hits2 = _counters(client)
+    empty2, hits2 = _counters(client)
     busy_s = time.monotonic() - start
     return {"idle_empty_per_s": idle_empty, "delivered_per_s": (hits2 - hits1) / busy_s,
-            "busy_empty_per_s": ((polls2 - polls1) - (hits2 - hits1)) / busy_s}
+            "busy_empty_per_s": (empty2 - empty1) / busy_s}
 
 
 def main() -> None:

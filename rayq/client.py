@@ -9,7 +9,6 @@ A client is one producer session: its puts to a queue stick to one subqueue
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -25,12 +24,13 @@ from rayq.analytics.report import Report
 from rayq.config import Config
 from rayq.core.model import (NewMessage, Outgoing, Receipt, Received, SubqueueState, check_count,
                              check_name, check_seconds, encode_body, fairness_key)
-from rayq.core.registry import QueueInfo, check_queue_name
 from rayq.core.fairness import FairnessReport
 from rayq.core.flood import Flooder
+from rayq.core.registry import QueueInfo, check_queue_name
 from rayq.core.rules import SuspensionRule
 from rayq.core.tasks import TallyRow, TaskFunction, encode_call
 from rayq.errors import InvalidMessage, QueueDisabled, RayqError, ReceiptInvalid, RuntimeFailure
+from rayq.sending import sender_for
 
 ROUTE_TTL_S = 2.0
 MAX_WAIT_S = 20.0
@@ -77,78 +77,6 @@ class QueueStats:
     subqueues: tuple[dict, ...]
     keys: dict[str, KeyStats] = field(default_factory=dict)
     shards: tuple[dict, ...] = ()
-
-
-class _Slot:
-    __slots__ = ("messages", "done", "result", "error")
-
-    def __init__(self, messages: list[NewMessage]):
-        self.messages, self.done = messages, threading.Event()
-        self.result: list | None = None
-        self.error: BaseException | None = None
-
-
-class SendCoalescer:
-    """Client-side group commit: concurrent sends from threads of one process share
-    one put call. The first sender flushes what is pending while others wait; each
-    caller still returns only after its own messages are durable."""
-
-    def __init__(self, flush: Callable[[list[NewMessage]], list], max_messages: int = 1000):
-        self._flush, self._max = flush, max_messages
-        self._lock = threading.Lock()
-        self._pending: list[_Slot] = []
-        self._flushing = False
-
-    def send(self, messages: list[NewMessage]) -> list:
-        slot = _Slot(messages)
-        with self._lock:
-            self._pending.append(slot)
-            leader = not self._flushing
-            self._flushing = True
-        if leader:
-            self._drain()
-        slot.done.wait()
-        if slot.error is not None:
-            raise slot.error
-        return slot.result
-
-    def _drain(self) -> None:
-        while True:
-            with self._lock:
-                batch, size = [], 0
-                while self._pending and (not batch or size + len(self._pending[0].messages) <= self._max):
-                    slot = self._pending.pop(0)
-                    batch.append(slot)
-                    size += len(slot.messages)
-                if not batch:
-                    self._flushing = False
-                    return
-            try:
-                ids = self._flush([m for slot in batch for m in slot.messages])
-                offset = 0
-                for slot in batch:
-                    slot.result = ids[offset:offset + len(slot.messages)]
-                    offset += len(slot.messages)
-            except BaseException as err:  # every sender of this flush learns of the failure
-                for slot in batch:
-                    slot.error = err
-            for slot in batch:
-                slot.done.set()
-
-
-# One coalescer per (runtime, queue) in this process: every client of the process
-# shares it, so concurrent senders on any thread ride the same put call.
-_SENDERS: dict[tuple[Any, str], SendCoalescer] = {}
-_SENDERS_LOCK = threading.Lock()
-
-
-def _sender(manager, name: str, flush) -> SendCoalescer:
-    key = (manager._actor_id.hex(), name)
-    with _SENDERS_LOCK:
-        sender = _SENDERS.get(key)
-        if sender is None:
-            sender = _SENDERS[key] = SendCoalescer(flush)
-        return sender
 
 
 def _named(name: str):
@@ -355,7 +283,8 @@ class Queue:
 
     def _put(self, messages: list[NewMessage]) -> list[tuple[str, int]]:
         """Put durably; (message id, shard index) per message."""
-        return _sender(self._client._manager, self.name, self._put_now).send(messages)
+        runtime = self._client._manager._actor_id.hex()
+        return sender_for(runtime, self.name, self._put_now).send(messages)
 
     def _put_now(self, messages: list[NewMessage]) -> list[tuple[str, int]]:
         for attempt in range(3):

@@ -85,6 +85,19 @@ def read_events(root: str | os.PathLike) -> pa.Table:
     return pa.concat_tables(pq.read_table(f, schema=EVENT_SCHEMA) for f in files)
 
 
+def open_event_log(data_dir: str, writer: str, config, collect=None) -> EventLog | None:
+    """The event log of one runtime actor under ``<data_dir>/events`` with its flushing
+    task started on the running loop; None when ``config.events`` is off (an
+    ``AnalyticsConfig``). ``collect`` gathers events kept elsewhere before each flush."""
+    import asyncio
+
+    if not config.events:
+        return None
+    log = EventLog(os.path.join(data_dir, "events"), writer)
+    asyncio.get_running_loop().create_task(flush_forever(log, config.flush_interval_s, collect))
+    return log
+
+
 async def flush_forever(log: EventLog, interval_s: float, collect=None) -> None:
     """Every ``interval_s``: ``await collect()`` (gather events kept elsewhere), then
     write the buffer off the event loop. Runs as a background task of an actor."""

@@ -18,6 +18,7 @@ import itertools
 import struct
 from typing import TYPE_CHECKING
 
+from rayq.core.flood import ALL_TENANTS
 from rayq.core.model import PREFIX, ROW_KEY, Ending, NewMessage, check_count, check_name, decode_row, encode_row, to_us
 
 if TYPE_CHECKING:
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
 
 SPILL_KEY = struct.Struct(">QQ")
 SPILL_HEAD = struct.Struct(">IIQ")  # source subqueue, fairness key id, visible_at µs
-ALL_TENANTS = "*"
 
 
 def spill_name(type_: str, tenant: str) -> str:

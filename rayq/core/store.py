@@ -93,6 +93,7 @@ class ShardStore:
         self._states: dict[int, SubqueueState] = {}
         self._finished: list[tuple[str, Ending, bytes]] = []  # outcomes since take_finished()
         self._tenant_counts: dict[tuple[str, int, str, str], int] = {}
+        self._spilled: dict[int, int] = defaultdict(int)  # per subqueue, for count()
         self.diverts: dict[int, list[tuple[str, str]]] = {}  # subqueue -> flooders to spill
         self.keep_enqueued = False  # the shard actor turns this on to log enqueues
         self._enqueued: list[tuple] = []
@@ -115,8 +116,10 @@ class ShardStore:
             self._sq_keys[sq].add(kid)
         for key, value in txn.scan("tcounts", b""):
             type_, tenant = key[5:].decode().split("\x00", 1)
-            self._tenant_counts[(key[:1].decode(), U32.unpack(key[1:5])[0], type_, tenant)] = \
-                I64.unpack(value)[0]
+            name = (key[:1].decode(), U32.unpack(key[1:5])[0], type_, tenant)
+            self._tenant_counts[name] = I64.unpack(value)[0]
+            if name[0] == "S":
+                self._spilled[name[1]] += self._tenant_counts[name]
         return (U64.unpack(seq)[0] if seq else 0), store_id
 
     def _remember_key(self, name: str, kid: int) -> None:
@@ -175,6 +178,8 @@ class ShardStore:
             elif op == "outcome":
                 self._finished.append(args[0])
         for name, delta in batch.tenant_deltas.items():
+            if name[0] == "S":
+                self._spilled[name[1]] += delta
             count = self._tenant_counts.get(name, 0) + delta
             if count:
                 self._tenant_counts[name] = count
@@ -274,10 +279,9 @@ class ShardStore:
 
     def count(self, subqueue: int) -> int:
         """Messages of a subqueue (visible, hidden, delayed, and spilled from it):
-        O(keys of that subqueue + spilled flooders)."""
+        O(keys of that subqueue)."""
         live = sum(self._counts.get((subqueue, kid), 0) for kid in self._sq_keys.get(subqueue, ()))
-        return live + sum(n for (kind, sq, _, _), n in self._tenant_counts.items()
-                          if kind == "S" and sq == subqueue)
+        return live + self._spilled.get(subqueue, 0)
 
     def tenant_counts(self) -> dict[tuple[str, int, str, str], int]:
         """Messages per (kind, subqueue, type, tenant): kind "L" live, "S" spilled."""

@@ -50,7 +50,7 @@ def chaos(stop: threading.Event, killed: list, seed: int = 7) -> None:
 @pytest.fixture(scope="module")
 def outcome(ray_session, tmp_path_factory):
     client, _ = start_runtime(tmp_path_factory, CONFIG, name="chaos")
-    queue = client.create_queue("chaos-plain", max_receives=None)
+    client.create_queue("chaos-plain", max_receives=None)
     acked, received, refs, killed = set(), set(), [], []
     stop, done_sending = threading.Event(), threading.Event()
     t0 = time.time()
