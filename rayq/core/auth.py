@@ -1,36 +1,49 @@
-"""HMAC-SHA256 request signing for accounts (seed 003's shared-key scheme), pure.
+"""Accounts and HMAC-SHA256 request signing (seed 003's shared-key scheme), pure.
 
 Each account has two 256-bit secrets, as Azure storage accounts do, so a key can
-be rotated while clients still holding the other one keep working. A request
-is signed over a canonical string of account, queue, operation, timestamp,
-nonce and the SHA-256 digest of its body; the verifier recomputes it with
-``hmac.compare_digest``, refuses timestamps more than ``skew_s`` away, and
-refuses a nonce it has seen within the window (a replay).
+be rotated while clients still holding the other one keep working. A client
+signs each request over a canonical string of account, queue, operation,
+timestamp, nonce and the SHA-256 digest of the request's arguments; the
+runtime recomputes it with ``hmac.compare_digest``, refuses timestamps more
+than ``skew_s`` away, and refuses a nonce it has seen (a replay).
+
+The account ``default`` is the runtime's own: it always exists, it owns the
+queues of unsigned (embedded) clients and it administers the runtime.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
+import enum
 import hashlib
 import hmac
 import os
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import msgpack
 
 from rayq.core.kv import KV
-from rayq.core.model import check_name, pack, unpack
+from rayq.core.model import DLQ_SUFFIX, check_name, pack, unpack
 from rayq.errors import AuthError, InvalidMessage
 
+ADMIN = "default"
 SECRET_BYTES = 32
 MAX_SKEW_S = 900.0
 KEY_SLOTS = (1, 2)
+_NONCE_CHARS = 32
 
 
 def new_secret() -> str:
     return base64.urlsafe_b64encode(os.urandom(SECRET_BYTES)).decode("ascii")
 
 
-def _secret_bytes(secret: str) -> bytes:
+def _secret_bytes(secret: Any) -> bytes:
     try:
         raw = base64.urlsafe_b64decode(secret.encode("ascii"))
     except (binascii.Error, UnicodeEncodeError, AttributeError, ValueError) as err:
@@ -40,9 +53,28 @@ def _secret_bytes(secret: str) -> bytes:
     return raw
 
 
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [type(value).__name__] + [getattr(value, f.name) for f in dataclasses.fields(value)]
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    raise TypeError(f"cannot sign an argument of type {type(value).__name__}")
+
+
+def request_body(*args: Any) -> bytes:
+    """The canonical bytes of an operation's arguments: what a signature's digest covers.
+    Client and runtime compute it from the same values, so any change breaks the MAC."""
+    try:
+        return msgpack.packb(list(args), default=_plain, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as err:
+        raise AuthError(f"the request's arguments cannot be signed: {err}") from err
+
+
 @dataclass(frozen=True)
 class Signature:
-    """What travels with a signed request besides its body."""
+    """What travels with a signed request besides its arguments."""
 
     account: str
     queue: str
@@ -59,18 +91,36 @@ def canonical(account: str, queue: str, operation: str, timestamp: float, nonce:
 
 
 def sign(account: str, secret: str, queue: str, operation: str, body: bytes, now: float) -> Signature:
-    nonce = os.urandom(16).hex()
+    nonce = os.urandom(_NONCE_CHARS // 2).hex()
     mac = hmac.new(_secret_bytes(secret), canonical(account, queue, operation, now, nonce, body),
                    hashlib.sha256).hexdigest()
     return Signature(account, queue, operation, now, nonce, mac)
 
 
+class Signer:
+    """A client's credentials: signs each request it makes for ``account``."""
+
+    def __init__(self, account: str, secret: str, clock: Callable[[], float] = time.time):
+        check_name(account, "account")
+        _secret_bytes(secret)  # a malformed key fails here, not on the first request
+        self.account, self._secret, self._clock = account, secret, clock
+
+    def __repr__(self) -> str:  # never show the secret
+        return f"Signer({self.account!r})"
+
+    def sign(self, queue: str, operation: str, *args: Any) -> Signature:
+        return sign(self.account, self._secret, queue, operation, request_body(*args), self._clock())
+
+
 class Accounts:
-    """Accounts and their two keys, persisted in a KV's ``meta`` table."""
+    """Accounts and their two keys, persisted in a KV's ``meta`` table. The ``default``
+    account is made on first use."""
 
     def __init__(self, kv: KV):
         self.kv = kv
         self._keys: dict[str, dict[int, str]] = kv.read(self._load)
+        if ADMIN not in self._keys:
+            self.create(ADMIN)
 
     @staticmethod
     def _load(txn) -> dict[str, dict[int, str]]:
@@ -80,6 +130,12 @@ class Accounts:
     def _save(self, account: str) -> None:
         record = pack({str(slot): key for slot, key in self._keys[account].items()})
         self.kv.transact(lambda txn: txn.put("meta", b"acct:" + account.encode(), record))
+
+    def __contains__(self, account: str) -> bool:
+        return account in self._keys
+
+    def names(self) -> list[str]:
+        return sorted(self._keys)
 
     def create(self, account: str) -> str:
         """A new account; returns its primary key (slot 1). Refuses an existing name."""
@@ -98,38 +154,92 @@ class Accounts:
         self._save(account)
         return self._keys[account][slot]
 
-    def keys(self, account: str) -> list[str]:
-        return list(self._keys.get(account, {}).values())
+    def keys(self, account: Any) -> list[str]:
+        return list(self._keys.get(account, {}).values()) if isinstance(account, str) else []
+
+    def table(self) -> dict[str, list[str]]:
+        """Every account's current keys (what the runtime's verifiers need)."""
+        return {account: list(keys.values()) for account, keys in self._keys.items()}
+
+
+class SignatureMismatch(AuthError):
+    """The MAC matches none of the account's keys as the verifier knows them (they may
+    have just changed: a verifier holding a copy refreshes it and tries once more)."""
 
 
 class Verifier:
-    """Checks signatures; remembers nonces for twice the allowed skew."""
+    """Checks signatures; remembers each nonce for twice the allowed skew, which is as
+    long as a request carrying it could still pass the timestamp check."""
 
-    def __init__(self, accounts: Accounts, skew_s: float = MAX_SKEW_S):
-        self.accounts, self.skew_s = accounts, skew_s
-        self._seen: dict[str, float] = {}
+    def __init__(self, keys: Callable[[str], Sequence[str]], skew_s: float = MAX_SKEW_S):
+        self.keys, self.skew_s = keys, skew_s
+        self._seen: set[str] = set()
+        self._order: deque[tuple[float, str]] = deque()
 
-    def verify(self, sig: Signature, queue: str, operation: str, body: bytes, now: float) -> str:
+    def verify(self, sig: Any, queue: str, operation: str, body: bytes, now: float) -> str:
         """The account a request acts for. Raises AuthError for anything not genuine,
         stale, replayed, or signed for another queue or operation."""
-        if not isinstance(sig, Signature) or not isinstance(body, bytes):
+        if not isinstance(sig, Signature) or not all(
+                isinstance(v, str) for v in (sig.account, sig.queue, sig.operation, sig.nonce, sig.mac)):
             raise AuthError("the request is not signed")
         if (sig.queue, sig.operation) != (queue, operation):
             raise AuthError("the signature is for another queue or operation")
-        if not isinstance(sig.timestamp, (int, float)) or abs(now - sig.timestamp) > self.skew_s:
+        if (not isinstance(sig.timestamp, (int, float)) or isinstance(sig.timestamp, bool)
+                or not abs(now - sig.timestamp) <= self.skew_s):
             raise AuthError("the request's timestamp is outside the allowed window")
+        if len(sig.nonce) != _NONCE_CHARS:
+            raise AuthError("the request's nonce is malformed")
         expected = canonical(sig.account, queue, operation, sig.timestamp, sig.nonce, body)
         genuine = any(hmac.compare_digest(
-            hmac.new(_secret_bytes(key), expected, hashlib.sha256).hexdigest(), str(sig.mac))
-            for key in self.accounts.keys(sig.account))
+            hmac.new(_secret_bytes(key), expected, hashlib.sha256).hexdigest(), sig.mac)
+            for key in self.keys(sig.account))
         if not genuine:
-            raise AuthError("the signature does not match")
+            raise SignatureMismatch("the signature does not match the account's keys")
         self._forget_before(now - 2 * self.skew_s)
         if sig.nonce in self._seen:
             raise AuthError("the request was replayed")
-        self._seen[sig.nonce] = now
+        self._seen.add(sig.nonce)
+        self._order.append((now, sig.nonce))
         return sig.account
 
     def _forget_before(self, cutoff: float) -> None:
-        for nonce in [n for n, at in self._seen.items() if at < cutoff]:
-            del self._seen[nonce]
+        while self._order and self._order[0][0] < cutoff:
+            self._seen.discard(self._order.popleft()[1])
+
+
+def may_use(account: str, owner: str) -> bool:
+    """Whether ``account`` may see and touch what ``owner`` owns: its own, or anything
+    for the ``default`` account, which administers the runtime."""
+    return account == ADMIN or account == owner
+
+
+def check_admin(account: str, what: str) -> None:
+    if account != ADMIN:
+        raise AuthError(f"{what} is for the {ADMIN!r} account only, not {account!r}")
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a subqueue belongs, as a verifier sees it: its queue, that queue's owner,
+    its shard, and whether it carries tasks (which any account may submit to)."""
+
+    queue: str
+    owner: str
+    shard: int
+    tasks: bool = False
+
+
+def check_access(account: str, queue: str, place: Place | None, shard: int,
+                 operation: str, tenants: Sequence[str] = ()) -> None:
+    """Raise AuthError unless ``account`` may run ``operation`` on a subqueue at ``place``
+    through queue ``queue`` on shard ``shard``. ``tenants`` are those of the messages
+    a put carries: an account sends only as itself."""
+    if account == ADMIN:
+        return
+    if place is None or place.shard != shard or place.queue not in (queue, queue + DLQ_SUFFIX):
+        raise AuthError(f"queue {queue!r} of account {account!r} has no such subqueue here")
+    if any(t != account for t in tenants):
+        raise AuthError(f"account {account!r} sends messages only as tenant {account!r}")
+    if place.owner == account or (operation == "put" and place.tasks):
+        return
+    raise AuthError(f"queue {queue!r} belongs to another account")

@@ -70,6 +70,9 @@ def decode_body(data: bytes) -> Any:
     raise InvalidMessage(f"unknown body tag {tag}")
 
 
+DLQ_SUFFIX = "-dlq"  # a queue's dead-letter queue is named <queue>-dlq
+
+
 def pack(value: Any) -> bytes:
     return msgpack.packb(value, use_bin_type=True)
 

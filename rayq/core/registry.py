@@ -10,13 +10,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from rayq.core.auth import ADMIN
 from rayq.core.clock import Clock
 from rayq.core.kv import KV
-from rayq.core.model import SubqueueState, check_count, pack, unpack
+from rayq.core.model import DLQ_SUFFIX, SubqueueState, check_count, pack, unpack
 from rayq.core.scaling import least_loaded_shard
-from rayq.errors import InvalidMessage, QueueDisabled, QueueExists, QueueNotFound
+from rayq.errors import AuthError, InvalidMessage, QueueDisabled, QueueExists, QueueNotFound
 
-DLQ_SUFFIX = "-dlq"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,80}$")
 
 
@@ -43,6 +43,7 @@ class QueueInfo:
     dead_letter: tuple[tuple[int, int], ...]
     created_at: float
     is_dlq: bool = False
+    owner: str = ADMIN  # the account whose queue this is
 
     def subqueue(self, sq: int) -> SubqueueInfo | None:
         return next((s for s in self.subqueues if s.id == sq), None)
@@ -53,7 +54,7 @@ class QueueInfo:
     def to_record(self) -> dict:
         return {"name": self.name, "min": self.min_subqueues, "max_receives": self.max_receives,
                 "dlq": [list(p) for p in self.dead_letter], "created_at": self.created_at,
-                "is_dlq": self.is_dlq,
+                "is_dlq": self.is_dlq, "owner": self.owner,
                 "subqueues": [[s.id, s.shard, s.state.value, s.version,
                                list(s.dedicated) if s.dedicated else None]
                               for s in self.subqueues]}
@@ -64,7 +65,8 @@ class QueueInfo:
                                        tuple(rest[0]) if rest and rest[0] else None)
                           for i, shard, state, version, *rest in r["subqueues"])
         return cls(r["name"], subqueues, r["min"], r["max_receives"],
-                   tuple(tuple(p) for p in r["dlq"]), r["created_at"], r["is_dlq"])
+                   tuple(tuple(p) for p in r["dlq"]), r["created_at"], r["is_dlq"],
+                   r.get("owner", ADMIN))
 
 
 def check_queue_name(name) -> str:
@@ -125,8 +127,9 @@ class QueueRegistry:
 
     # -- changes ---------------------------------------------------------------
     def create(self, name: str, *, subqueues: int, max_receives: int | None,
-               shard_depths: Mapping[int, int]) -> QueueInfo:
-        """Create a queue and its ``<name>-dlq`` (idempotent for the same settings)."""
+               shard_depths: Mapping[int, int], owner: str = ADMIN) -> QueueInfo:
+        """Create a queue and its ``<name>-dlq`` for account ``owner`` (idempotent for the
+        same settings and owner)."""
         check_queue_name(name)
         if name.endswith(DLQ_SUFFIX):
             raise InvalidMessage(f"names ending in {DLQ_SUFFIX!r} are reserved for dead-letter queues")
@@ -135,6 +138,8 @@ class QueueRegistry:
             check_count(max_receives, "max_receives", 1, 1000)
         existing = self._queues.get(name)
         if existing is not None:
+            if existing.owner != owner:
+                raise AuthError(f"queue {name!r} belongs to another account")
             if existing.max_receives != max_receives:
                 raise QueueExists(f"queue {name!r} exists with max_receives={existing.max_receives}")
             return existing
@@ -148,8 +153,8 @@ class QueueRegistry:
         now = self.clock.now()
         main = QueueInfo(name, tuple(SubqueueInfo(i, s, SubqueueState.ALL, v)
                                      for v, (i, s) in enumerate(zip(ids, placed))),
-                         subqueues, max_receives, (), now)
-        dlq = QueueInfo(name + DLQ_SUFFIX, (), 1, None, (), now, is_dlq=True)
+                         subqueues, max_receives, (), now, owner=owner)
+        dlq = QueueInfo(name + DLQ_SUFFIX, (), 1, None, (), now, is_dlq=True, owner=owner)
         main, dlq = self._with_dead_letters(main, dlq)
         self._save(main, dlq)
         return main

@@ -20,7 +20,7 @@ def accounts():
 def test_a_signed_request_is_verified_and_names_its_account(accounts):
     key = accounts.create("acme")
     sig = sign("acme", key, "jobs", "send", b"body", NOW)
-    assert Verifier(accounts).verify(sig, "jobs", "send", b"body", NOW + 10) == "acme"
+    assert Verifier(accounts.keys).verify(sig, "jobs", "send", b"body", NOW + 10) == "acme"
 
 
 @pytest.mark.parametrize("tamper", [
@@ -33,12 +33,12 @@ def test_forged_or_altered_signatures_are_refused(accounts, tamper):
     accounts.create("globex")
     sig = tamper(sign("acme", accounts.create("acme"), "jobs", "send", b"body", NOW))
     with pytest.raises(AuthError):
-        Verifier(accounts).verify(sig, "jobs", "send", b"body", NOW)
+        Verifier(accounts.keys).verify(sig, "jobs", "send", b"body", NOW)
 
 
 def test_a_changed_body_queue_or_operation_is_refused(accounts):
     sig = sign("acme", accounts.create("acme"), "jobs", "send", b"body", NOW)
-    verifier = Verifier(accounts)
+    verifier = Verifier(accounts.keys)
     for queue, op, body in [("jobs", "send", b"other"), ("other", "send", b"body"),
                             ("jobs", "delete", b"body")]:
         with pytest.raises(AuthError):
@@ -49,12 +49,12 @@ def test_a_changed_body_queue_or_operation_is_refused(accounts):
 def test_timestamps_outside_fifteen_minutes_are_refused(accounts, offset):
     sig = sign("acme", accounts.create("acme"), "jobs", "send", b"", NOW + offset)
     with pytest.raises(AuthError, match="window"):
-        Verifier(accounts).verify(sig, "jobs", "send", b"", NOW)
+        Verifier(accounts.keys).verify(sig, "jobs", "send", b"", NOW)
 
 
 def test_a_replayed_request_is_refused(accounts):
     sig = sign("acme", accounts.create("acme"), "jobs", "send", b"x", NOW)
-    verifier = Verifier(accounts)
+    verifier = Verifier(accounts.keys)
     verifier.verify(sig, "jobs", "send", b"x", NOW)
     with pytest.raises(AuthError, match="replayed"):
         verifier.verify(sig, "jobs", "send", b"x", NOW + 1)
@@ -65,7 +65,7 @@ def test_rotating_one_key_keeps_the_other_working_and_retires_the_old_one(tmp_pa
     first = accounts.create("acme")
     second = accounts.keys("acme")[1]
     new = accounts.rotate("acme", 1)
-    verifier = Verifier(accounts)
+    verifier = Verifier(accounts.keys)
     assert verifier.verify(sign("acme", second, "q", "op", b"", NOW), "q", "op", b"", NOW) == "acme"
     assert verifier.verify(sign("acme", new, "q", "op", b"", NOW), "q", "op", b"", NOW) == "acme"
     with pytest.raises(AuthError):
@@ -85,4 +85,77 @@ def test_account_names_and_keys_are_checked(accounts):
     with pytest.raises(AuthError):
         sign("acme", "not-a-key", "q", "op", b"", NOW)
     with pytest.raises(AuthError):
-        Verifier(accounts).verify("unsigned", "q", "op", b"", NOW)
+        Verifier(accounts.keys).verify("unsigned", "q", "op", b"", NOW)
+
+
+def test_the_default_account_always_exists_and_cannot_be_made_again(accounts):
+    assert "default" in accounts and len(accounts.keys("default")) == 2
+    with pytest.raises(InvalidMessage):
+        accounts.create("default")
+
+
+def test_a_signer_signs_the_arguments_themselves(accounts):
+    from rayq.core.auth import Signer, request_body
+    from rayq.core.model import NewMessage
+
+    key = accounts.create("acme")
+    message = NewMessage(b"\x01hi", "acme", "report", "report")
+    sig = Signer("acme", key, clock=lambda: NOW).sign("jobs", "put", 7, [message])
+    verifier = Verifier(accounts.keys)
+    with pytest.raises(AuthError):  # another subqueue, same message
+        verifier.verify(sig, "jobs", "put", request_body(8, [message]), NOW)
+    changed = dataclasses.replace(message, tenant="globex")
+    with pytest.raises(AuthError):
+        verifier.verify(sig, "jobs", "put", request_body(7, [changed]), NOW)
+    assert verifier.verify(sig, "jobs", "put", request_body(7, [message]), NOW) == "acme"
+    assert "secret" not in repr(Signer("acme", key)) and key not in repr(Signer("acme", key))
+
+
+def test_malformed_credentials_and_signatures_are_auth_errors(accounts):
+    from rayq.core.auth import Signer
+
+    with pytest.raises(AuthError):
+        Signer("acme", "too-short")
+    sig = sign("acme", accounts.create("acme"), "q", "op", b"", NOW)
+    verifier = Verifier(accounts.keys)
+    for bad in (None, "sig", dataclasses.replace(sig, account=7), dataclasses.replace(sig, nonce="x"),
+                dataclasses.replace(sig, timestamp=float("nan")),
+                dataclasses.replace(sig, timestamp=True)):
+        with pytest.raises(AuthError):
+            verifier.verify(bad, "q", "op", b"", NOW)
+
+
+def test_nonces_are_forgotten_only_after_twice_the_skew(accounts):
+    key = accounts.create("acme")
+    verifier = Verifier(accounts.keys)
+    sig = sign("acme", key, "q", "op", b"", NOW)
+    verifier.verify(sig, "q", "op", b"", NOW + 900)
+    kept = sign("acme", key, "q", "op", b"", NOW + 2000)
+    verifier.verify(kept, "q", "op", b"", NOW + 2000)  # 1100 s after the first: still known
+    assert sig.nonce in verifier._seen
+    later = sign("acme", key, "q", "op", b"", NOW + 2701)
+    verifier.verify(later, "q", "op", b"", NOW + 2701)  # 1801 s after: forgotten
+    assert sig.nonce not in verifier._seen and later.nonce in verifier._seen
+
+
+@pytest.mark.parametrize("account, place, operation, tenants, allowed", [
+    ("acme", ("jobs", "acme", 0, False), "receive", (), True),
+    ("acme", ("jobs-dlq", "acme", 0, False), "receive", (), True),     # its dead-letter queue
+    ("acme", ("jobs", "globex", 0, False), "receive", (), False),      # another's queue
+    ("acme", ("other", "acme", 0, False), "receive", (), False),       # not the signed queue
+    ("acme", ("jobs", "acme", 1, False), "receive", (), False),        # on another shard
+    ("acme", None, "receive", (), False),                              # unknown subqueue
+    ("acme", ("jobs", "acme", 0, False), "put", ("acme", "globex"), False),  # impersonation
+    ("acme", ("jobs", "default", 0, True), "put", ("acme",), True),    # a task queue: submit
+    ("acme", ("jobs", "default", 0, True), "receive", (), False),      # but not receive
+    ("default", None, "clear", (), True),                              # the admin
+])
+def test_access_rules(account, place, operation, tenants, allowed):
+    from rayq.core.auth import Place, check_access
+
+    place = Place(*place) if place else None
+    if allowed:
+        check_access(account, "jobs", place, 0, operation, tenants)
+    else:
+        with pytest.raises(AuthError):
+            check_access(account, "jobs", place, 0, operation, tenants)
