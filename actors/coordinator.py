@@ -21,9 +21,11 @@ import ray
 
 from actors import MANAGER, NAMESPACE, shard_name
 from actors.consumer import named_consumers, unwrap
+from actors.gate import Gate, manager_directory
 from actors.metrics import CoordinatorMetrics
 from rayq.analytics.eventlog import log_report, open_event_log
 from rayq.config import Config
+from rayq.core.auth import Signature
 from rayq.core.fairness import (Decision, FairnessReport, KeyState, ListenPlan, UsageWindows,
                                 decision_event, evaluate, listen_order)
 from rayq.core.history import EventHistory
@@ -54,6 +56,7 @@ class FairnessCoordinator:
         self._version = 0
         self._regular = config.consumers.count
         self._rng = random.Random()
+        self.gate = Gate(manager_directory)
         asyncio.get_running_loop().create_task(self._evaluate_forever())
 
     # -- consumers and clients -------------------------------------------------------
@@ -64,7 +67,8 @@ class FairnessCoordinator:
         return ListenPlan(self._version, self.decision, tuple(self.pending),
                           self.rules.suspended(), self._regular)
 
-    def report(self) -> FairnessReport:
+    async def report(self, auth: Signature | None = None) -> FairnessReport:
+        await self.gate.admin(auth, "fairness")
         d = self.decision
         order = tuple(listen_order(d, self.pending, self._rng, self.rules.suspended()))
         empty: frozenset[str] = frozenset()
@@ -79,12 +83,16 @@ class FairnessCoordinator:
             ignored_permits=dict(d.ignored_permits) if d else {},
             suspended=tuple(self.rules.history()), history=self.history.recent())
 
-    def suspend(self, key: str, reason: str, by: str) -> SuspensionRule:
+    async def suspend(self, key: str, reason: str, by: str,
+                      auth: Signature | None = None) -> SuspensionRule:
+        await self.gate.admin(auth, "suspend", key, reason, by)
         rule = self.rules.suspend(key, reason, by, time.time())
         self._publish({"at": rule.since, "kind": "suspend", "key": key, "reason": reason, "by": by})
         return rule
 
-    def resume(self, key: str, by: str) -> SuspensionRule | None:
+    async def resume(self, key: str, by: str,
+                     auth: Signature | None = None) -> SuspensionRule | None:
+        await self.gate.admin(auth, "resume", key, by)
         rule = self.rules.resume(key, by, time.time())
         if rule is not None:
             self._publish({"at": rule.lifted_at, "kind": "resume", "key": key, "by": by})
@@ -136,8 +144,10 @@ class FairnessCoordinator:
             if self.events is not None:
                 log_report(self.events, r)
 
-    async def task_stats(self, by: str | None = None) -> list[TallyRow]:
+    async def task_stats(self, by: str | None = None,
+                         auth: Signature | None = None) -> list[TallyRow]:
         """Finished deliveries per (tenant, type), tenant or type, up to now."""
+        await self.gate.admin(auth, "task_stats", by)
         await self._pull_usage()
         return self.tally.rows(by)
 
@@ -172,7 +182,8 @@ class FairnessCoordinator:
             self.events.append("fairness", event["at"], detail=json.dumps(event),
                                outcome="intervening" if event["intervening"] else "fair")
 
-    async def flush_events(self) -> int:
+    async def flush_events(self, auth: Signature | None = None) -> int:
+        await self.gate.admin(auth, "flush_events")
         await self._pull_usage()
         return await asyncio.to_thread(self.events.flush) if self.events else 0
 
@@ -185,6 +196,9 @@ class FairnessCoordinator:
                 pass  # a shard or the manager restarting: evaluate next round
             except Exception:  # a bug must not stop fair dispatch for good: log, go on
                 log.exception("fairness evaluation failed")
+
+    async def forget_keys(self) -> None:
+        self.gate.forget()
 
     async def ping(self) -> bool:
         return True

@@ -27,9 +27,11 @@ import ray
 
 from actors import MANAGER, NAMESPACE, shard_name
 from actors.consumer import unwrap
+from actors.gate import Gate, manager_directory
 from actors.metrics import FloodMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
+from rayq.core.auth import Signature
 from rayq.core.flood import Flooder, build_view, detect, sweep_step
 from rayq.core.history import EventHistory
 from rayq.core.kv import LmdbKV
@@ -54,12 +56,15 @@ class FloodDetector:
         self.manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
         self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
                        for i in range(config.store.shards)]
+        self.gate = Gate(manager_directory)
         asyncio.get_running_loop().create_task(self._detect_forever())
 
-    def flooders_now(self) -> list[Flooder]:
+    async def flooders_now(self, auth: Signature | None = None) -> list[Flooder]:
+        await self.gate.admin(auth, "flooders")
         return list(self.flooders)
 
-    def events(self) -> tuple[dict, ...]:
+    async def events(self, auth: Signature | None = None) -> tuple[dict, ...]:
+        await self.gate.admin(auth, "flood_events")
         return self.history.recent()
 
     # -- one run ---------------------------------------------------------------------
@@ -172,7 +177,8 @@ class FloodDetector:
             self.events.append("flood", event["at"], queue=flooder.queue, type=flooder.type,
                                tenant=flooder.tenant, outcome=what, detail=json.dumps(details))
 
-    async def flush_events(self) -> int:
+    async def flush_events(self, auth: Signature | None = None) -> int:
+        await self.gate.admin(auth, "flush_events")
         return await asyncio.to_thread(self.events.flush) if self.events else 0
 
     async def _detect_forever(self) -> None:
@@ -186,6 +192,9 @@ class FloodDetector:
                 pass  # a shard or the manager restarting: the next run catches up
             except Exception:  # a bug must not end flood protection for good
                 log.exception("flood detection failed")
+
+    async def forget_keys(self) -> None:
+        self.gate.forget()
 
     async def ping(self) -> bool:
         return True

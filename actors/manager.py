@@ -16,9 +16,11 @@ from collections import defaultdict
 
 import ray
 
-from actors import COORDINATOR, NAMESPACE, consumer_name, shard_name
+from actors import COORDINATOR, FLOOD_DETECTOR, NAMESPACE, consumer_name, shard_name
 from actors.consumer import ConsumerRemote, named_consumers
+from actors.gate import Directory, Gate
 from rayq.config import Config
+from rayq.core.auth import ADMIN, Accounts, Place, Signature, may_use
 from rayq.core.clock import SystemClock
 from rayq.core.kv import LmdbKV
 from rayq.core.leases import ConcurrencyLeases
@@ -26,7 +28,7 @@ from rayq.core.model import SubqueueState, check_count
 from rayq.core.registry import QueueInfo, QueueRegistry, put_target, receive_order
 from rayq.core.scaling import SubqueueLoad, decide, is_idle
 from rayq.core.tasks import TaskRegistry, TaskSpec
-from rayq.errors import InvalidMessage, RayqError
+from rayq.errors import AuthError, InvalidMessage, RayqError
 
 MAX_CONSUMERS = 1000
 
@@ -39,6 +41,8 @@ class QueueManager:
         self.kv = kv
         self.registry = QueueRegistry(kv, shards=config.store.shards, clock=self.clock)
         self.tasks = TaskRegistry(kv)
+        self.accounts = Accounts(kv)
+        self.gate = Gate(self._directory)
         self.leases = ConcurrencyLeases()
         self._consumers = Consumers(kv, config)
         self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
@@ -51,29 +55,89 @@ class QueueManager:
         self._loop = asyncio.get_running_loop()
         self._loop.create_task(self._scale_forever())
 
+    # -- accounts --------------------------------------------------------------
+    async def _directory(self) -> Directory:
+        return self.directory()
+
+    def directory(self) -> Directory:
+        """(every account's keys, where every subqueue belongs): what gates verify with."""
+        task_queues = set(self.tasks.queues())
+        places = {sq.id: Place(q.name, q.owner, sq.shard, q.name in task_queues)
+                  for q in self.registry.all() for sq in q.subqueues}
+        return self.accounts.table(), places
+
+    async def whoami(self, auth: Signature | None = None) -> str:
+        """The account a request acts for (``connect`` checks its credentials with it)."""
+        return await self.gate.account(auth, "", "whoami")
+
+    async def create_account(self, name: str, auth: Signature | None = None) -> str:
+        """A new account (admin only); returns its primary key."""
+        await self.gate.admin(auth, "create_account", name)
+        key = self.accounts.create(name)
+        self.gate.forget()
+        return key
+
+    async def rotate_key(self, account: str, slot: int, auth: Signature | None = None) -> str:
+        """Replace key ``slot`` (1 or 2) of ``account`` (its own, or any for the admin);
+        the other key keeps working. Every gate forgets the old key at once."""
+        caller = await self.gate.account(auth, "", "rotate_key", account, slot)
+        if not may_use(caller, account):
+            raise AuthError(f"account {caller!r} cannot rotate the keys of {account!r}")
+        key = self.accounts.rotate(account, slot)
+        self.gate.forget()
+        await self._forget_everywhere()
+        return key
+
+    async def _forget_everywhere(self) -> None:
+        holders = list(self.shards)
+        for name in (COORDINATOR, FLOOD_DETECTOR):
+            try:
+                holders.append(ray.get_actor(name, namespace=NAMESPACE))
+            except ValueError:
+                pass
+        await asyncio.gather(*(h.forget_keys.remote() for h in holders), return_exceptions=True)
+
+    def _visible(self, account: str, name: str) -> QueueInfo:
+        """Queue ``name`` if ``account`` may see it: its own, or a task queue (to submit)."""
+        queue = self.registry.get(name)
+        if not may_use(account, queue.owner) and queue.name not in self.tasks.queues():
+            raise AuthError(f"queue {name!r} belongs to another account")
+        return queue
+
     # -- registry --------------------------------------------------------------
-    async def create_queue(self, name: str, subqueues: int = 1,
-                           max_receives: int | None = 5) -> QueueInfo:
+    async def create_queue(self, name: str, subqueues: int = 1, max_receives: int | None = 5,
+                           auth: Signature | None = None) -> QueueInfo:
+        account = await self.gate.account(auth, name, "create_queue", name, subqueues, max_receives)
+        owner = account
+        if name in self.registry and may_use(account, self.registry.get(name).owner):
+            owner = self.registry.get(name).owner  # the admin re-creating an account's queue
         # Placement needs shard depths only for a queue that does not exist yet.
         depths = {} if name in self.registry else await self._shard_depths()
         return self.registry.create(name, subqueues=subqueues, max_receives=max_receives,
-                                    shard_depths=depths)
+                                    shard_depths=depths, owner=owner)
 
     def get_queue(self, name: str) -> QueueInfo:
         return self.registry.get(name)
 
-    def list_queues(self) -> list[str]:
-        return self.registry.names()
+    async def list_queues(self, auth: Signature | None = None) -> list[str]:
+        account = await self.gate.account(auth, "", "list_queues")
+        return [q.name for q in sorted(self.registry.all(), key=lambda q: q.name)
+                if may_use(account, q.owner)]
 
-    async def delete_queue(self, name: str) -> None:
+    async def delete_queue(self, name: str, auth: Signature | None = None) -> None:
+        account = await self.gate.account(auth, name, "delete_queue", name)
+        if not may_use(account, self.registry.get(name).owner):
+            raise AuthError(f"queue {name!r} belongs to another account")
         for sq in self.registry.delete(name):
             shard = self.shards[sq.shard]
             await shard.set_state.remote(sq.id, SubqueueState.DISABLED.value)
             await shard.clear.remote(sq.id)
 
-    def routing(self, name: str) -> tuple[QueueInfo, list[int], int]:
+    async def routing(self, name: str, auth: Signature | None = None
+                      ) -> tuple[QueueInfo, list[int], int]:
         """(queue, subqueue ids in receive order, the put subqueue for a new session)."""
-        queue = self.registry.get(name)
+        account = await self.gate.account(auth, name, "routing", name)
+        queue = self._visible(account, name)
         order = [s.id for s in receive_order(queue, self._counts)]
         target = put_target(queue, self._counts)
         self._counts[target.id] = self._counts.get(target.id, 0) + 1  # spread new sessions
@@ -100,10 +164,20 @@ class QueueManager:
         await self.shards[info.shard].set_state.remote(sq, SubqueueState.NO_PUT.value)
 
     # -- tasks -------------------------------------------------------------------
-    async def register_task(self, spec: TaskSpec, handler: bytes) -> int:
-        """Register a job type's handler (and create its queue); returns the registry version."""
+    async def register_task(self, spec: TaskSpec, handler: bytes,
+                            auth: Signature | None = None) -> int:
+        """Register a job type's handler (and create its queue); returns the registry version.
+        Handlers run inside the runtime, so only the admin registers them; another account
+        may "register" a type that is registered already with the same spec (a no-op)."""
         if not isinstance(spec, TaskSpec):
             raise InvalidMessage("register_task takes a TaskSpec")
+        account = await self.gate.account(auth, spec.queue, "register_task", spec, handler)
+        if account != ADMIN:
+            known = self.tasks.all().get(spec.type)
+            if known is None or known[0] != spec:
+                raise AuthError(f"task type {spec.type!r} is not registered as given; only "
+                                f"the {ADMIN!r} account registers task handlers")
+            return self.tasks.version
         if spec.queue not in self.registry:
             await self.create_queue(spec.queue, max_receives=spec.max_receives)
         return self.tasks.register(spec, handler)
@@ -124,8 +198,10 @@ class QueueManager:
         self.leases.release(type_, lease_id)
 
     # -- consumers -----------------------------------------------------------------
-    async def scale_consumers(self, count: int | None = None) -> int:
+    async def scale_consumers(self, count: int | None = None,
+                              auth: Signature | None = None) -> int:
         """Run ``count`` consumer actors (None: the persisted or configured count)."""
+        await self.gate.admin(auth, "scale_consumers", count)
         return await self._consumers.scale(count)
 
     def consumer_count(self) -> int:
@@ -151,7 +227,8 @@ class QueueManager:
     def config_value(self) -> Config:
         return self.config
 
-    def info(self) -> dict:
+    async def info(self, auth: Signature | None = None) -> dict:
+        await self.gate.admin(auth, "info")
         return {"data_dir": self.data_dir, "shards": len(self.shards),
                 "scaling_events": self.scaling_events[-50:]}
 

@@ -20,13 +20,16 @@ from typing import Any
 import psutil
 import ray
 
+from actors.gate import Gate, manager_directory
 from actors.metrics import ShardMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
-from rayq.core.model import Ending, SubqueueState
+from rayq.core.auth import ADMIN, Signature, check_admin
+from rayq.core.model import Ending, Receipt, SubqueueState
 from rayq.core.store import KeyDepth, StoreStats, open_store
 from rayq.core.tasks import decode_outcome
-from rayq.errors import InvalidMessage, Overloaded, RayqError, StoreError, TaskError
+from rayq.errors import (AuthError, InvalidMessage, Overloaded, RayqError, ReceiptInvalid,
+                         StoreError, TaskError)
 
 log = logging.getLogger("rayq.shard")
 MAX_PENDING_CALLS = 10_000
@@ -77,6 +80,7 @@ class ShardActor:
         self.events = open_event_log(os.path.dirname(path), f"shard-{index}", config.analytics,
                                      self._collect_events)
         self.store.keep_enqueued = self.events is not None
+        self.gate = Gate(manager_directory)
 
     # -- group commit ------------------------------------------------------
     async def _write(self, subqueue: int | None, name: str, *args, **kwargs) -> Any:
@@ -133,7 +137,9 @@ class ShardActor:
             event.set()
 
     # -- queue operations ------------------------------------------------------
-    async def put(self, subqueue: int, messages: list) -> list[str]:
+    async def put(self, subqueue: int, messages: list, auth: Signature | None = None) -> list[str]:
+        await self.gate.allow(auth, "put", self.index, [subqueue], subqueue, messages,
+                              tenants=_tenants(messages))
         ids = await self._write(subqueue, "put", subqueue, messages)
         self._ops[subqueue] += len(ids)
         return ids
@@ -141,8 +147,12 @@ class ShardActor:
     async def receive(self, subqueue: int, max_messages: int = 1,
                       visibility_timeout_s: float | None = None, *, keys=None,
                       max_receives: int | None = None, dead_letter: int | None = None,
-                      wait_s: float = 0.0, exclude=None) -> list:
+                      wait_s: float = 0.0, exclude=None, auth: Signature | None = None) -> list:
         """Receive; with ``wait_s`` wait for arrivals (woken by puts, no spinning)."""
+        await self.gate.allow(auth, "receive", self.index,
+                              [subqueue] + ([dead_letter] if dead_letter is not None else []),
+                              subqueue, max_messages, visibility_timeout_s, keys, max_receives,
+                              dead_letter, wait_s, exclude)
         deadline = self._loop.time() + max(0.0, float(wait_s or 0.0))
         while True:
             got = await self._write(subqueue, "receive", subqueue, max_messages,
@@ -158,10 +168,14 @@ class ShardActor:
             except asyncio.TimeoutError:
                 pass
 
-    async def delete(self, receipts: list[str]) -> list[str]:
+    async def delete(self, receipts: list[str], auth: Signature | None = None) -> list[str]:
+        await self.gate.allow(auth, "delete", self.index, _receipt_subqueues(receipts), receipts)
         return await self._write(None, "delete", receipts)
 
-    async def change_visibility(self, receipt: str, timeout_s: float) -> str:
+    async def change_visibility(self, receipt: str, timeout_s: float,
+                                auth: Signature | None = None) -> str:
+        await self.gate.allow(auth, "change_visibility", self.index,
+                              _receipt_subqueues([receipt]), receipt, timeout_s)
         return await self._write(None, "change_visibility", receipt, timeout_s)
 
     async def defer(self, receipt: str, delay_s: float) -> str:
@@ -224,14 +238,22 @@ class ShardActor:
             if not waiters:
                 del self._waiters[message_id]
 
-    async def clear(self, subqueue: int) -> int:
+    async def clear(self, subqueue: int, auth: Signature | None = None) -> int:
+        await self.gate.allow(auth, "clear", self.index, [subqueue], subqueue)
         return await self._write(subqueue, "clear", subqueue)
 
-    async def peek(self, subqueue: int, max_messages: int = 1, *, keys=None) -> list:
+    async def peek(self, subqueue: int, max_messages: int = 1, *, keys=None,
+                   auth: Signature | None = None) -> list:
+        await self.gate.allow(auth, "peek", self.index, [subqueue], subqueue, max_messages, keys)
         return await self._read(lambda: self.store.peek(subqueue, max_messages, keys=keys))
 
-    async def counts(self, subqueues: list[int]) -> dict[int, int]:
+    async def counts(self, subqueues: list[int], auth: Signature | None = None) -> dict[int, int]:
+        await self.gate.allow(auth, "counts", self.index, _listed(subqueues), subqueues)
         return await self._read(lambda: {sq: self.store.count(sq) for sq in subqueues})
+
+    async def forget_keys(self) -> None:
+        """Account keys changed: verify the next signed request with a fresh copy."""
+        self.gate.forget()
 
     async def set_state(self, subqueue: int, state: str) -> None:
         await self._read(self.store.set_state, subqueue, SubqueueState(state))
@@ -264,13 +286,22 @@ class ShardActor:
                     "under_pressure": stats.cache.under_pressure}
         return await self._read(read)
 
-    async def depths(self) -> list[KeyDepth]:
-        return await self._read(self.store.depths)
+    async def depths(self, subqueues: list[int] | None = None,
+                     auth: Signature | None = None) -> list[KeyDepth]:
+        """Depth and oldest age per (subqueue, key); only of ``subqueues`` if given (an
+        account other than the admin must name its own)."""
+        account = await self.gate.allow(auth, "depths", self.index, _listed(subqueues or []),
+                                        subqueues)
+        if subqueues is None and account != ADMIN:
+            raise AuthError("an account reads the depths of its own subqueues only")
+        depths = await self._read(self.store.depths)
+        return depths if subqueues is None else [d for d in depths if d.subqueue in set(subqueues)]
 
     async def enqueue_counts(self) -> dict:
         return await self._read(self.store.enqueue_counts)
 
-    async def stats(self) -> ShardStats:
+    async def stats(self, auth: Signature | None = None) -> ShardStats:
+        check_admin(await self.gate.account(auth, "", "stats"), "shard statistics")
         store_stats = await self._read(self.store.stats)
         return ShardStats(self.index, store_stats, self._commits, self._calls,
                           dict(self._ops), dict(self._throttled))
@@ -286,8 +317,9 @@ class ShardActor:
             self.events.append("enqueue", at, subqueue=sq, type=type_, tenant=tenant,
                                message_id=message_id, key=key)
 
-    async def flush_events(self) -> int:
+    async def flush_events(self, auth: Signature | None = None) -> int:
         """Write buffered events now (``client.report`` does this first)."""
+        await self.gate.admin(auth, "flush_events")
         if self.events is None:
             return 0
         await self._collect_events()
@@ -308,6 +340,28 @@ class ShardActor:
                 pass  # overloaded: try again next round
             except Exception:  # metrics must never stop housekeeping
                 log.exception("shard %d housekeeping failed", self.index)
+
+
+def _tenants(messages: Any) -> list:
+    """The tenants a put carries (None where a message is malformed: refused for accounts)."""
+    if not isinstance(messages, list):
+        return [None]
+    return [getattr(m, "tenant", None) for m in messages]
+
+
+def _listed(subqueues: Any) -> list:
+    return list(subqueues) if isinstance(subqueues, (list, tuple)) else [None]
+
+
+def _receipt_subqueues(receipts: Any) -> list:
+    """The subqueues receipts point into; malformed ones are left to the store to refuse."""
+    out = []
+    for receipt in _listed(receipts):
+        try:
+            out.append(Receipt.decode(receipt).subqueue)
+        except ReceiptInvalid:
+            pass
+    return out
 
 
 def _settle(future: asyncio.Future, value: Any) -> None:
