@@ -89,16 +89,27 @@ def start(data_dir: str | os.PathLike | None = None, config: Config | None = Non
 
 
 def connect(address: str = "auto", account: str | None = None, key: str | None = None) -> Client:
-    """Attach to a running runtime (also from inside Ray tasks and actors)."""
+    """Attach to a running runtime (also from inside Ray tasks and actors).
+
+    With ``account`` and ``key`` every request is signed (HMAC-SHA256) and the
+    client sees and touches only that account's queues and messages; the
+    credentials are checked here, so wrong ones raise AuthError at once.
+    Without them the client acts for the ``default`` account.
+    """
     from actors.runtime import find_runtime
 
     from rayq.client import Client
+    from rayq.core.auth import Signer
 
-    if account is not None or key is not None:
-        raise AuthError("signed accounts are not available yet in this version of rayq")
+    if (account is None) != (key is None):
+        raise AuthError("connect takes both account= and key=, or neither")
+    signer = Signer(account, key) if account is not None else None
     _init_ray(address)
     found = find_runtime()
-    return Client(found["manager"], found["shards"], found["config"])
+    client = Client(found["manager"], found["shards"], found["config"], signer)
+    if signer is not None:
+        client.whoami()
+    return client
 
 
 def shutdown() -> None:

@@ -22,6 +22,7 @@ from actors import COORDINATOR, FLOOD_DETECTOR, NAMESPACE
 
 from rayq.analytics.report import Report
 from rayq.config import Config
+from rayq.core.auth import ADMIN, Signature, Signer
 from rayq.core.model import (NewMessage, Outgoing, Receipt, Received, SubqueueState, check_count,
                              check_name, check_seconds, encode_body, fairness_key)
 from rayq.core.fairness import FairnessReport
@@ -90,18 +91,50 @@ def _named(name: str):
 class Client:
     """A session with a rayq runtime. Build it with ``rayq.start()`` or ``rayq.connect()``."""
 
-    def __init__(self, manager, shards: Sequence, config: Config):
+    def __init__(self, manager, shards: Sequence, config: Config, signer: Signer | None = None):
         self._manager = manager
         self._shards = list(shards)
         self.config = config
+        self._signer = signer
         self._routes: dict[str, tuple[float, QueueInfo, list[int], int]] = {}
         self._registered: dict[str, tuple] = {}  # type -> (spec, pickled handler) sent
 
+    # -- accounts ------------------------------------------------------------
+    @property
+    def account(self) -> str:
+        """The account this client acts for: its signer's, or ``default`` when unsigned."""
+        return self._signer.account if self._signer else ADMIN
+
+    def _auth(self, queue: str, operation: str, *args: Any) -> Signature | None:
+        """The signature of one request (None for an unsigned client)."""
+        return self._signer.sign(queue, operation, *args) if self._signer else None
+
+    def whoami(self) -> str:
+        """The account the runtime sees this client as (checks the credentials)."""
+        return call(lambda: self._manager.whoami.remote(auth=self._auth("", "whoami")))
+
+    def create_account(self, name: str) -> str:
+        """Create account ``name`` (``default`` account only); returns its primary key.
+        Hand it to the account's owner: ``rayq.connect(account=name, key=key)``."""
+        return call(lambda: self._manager.create_account.remote(
+            name, auth=self._auth("", "create_account", name)))
+
+    def rotate_key(self, slot: int = 1, account: str | None = None) -> str:
+        """Replace key ``slot`` (1 or 2) of ``account`` (default: this client's own);
+        returns the new key. The other slot's key keeps working, so clients move over
+        one slot at a time; the replaced key is refused from now on."""
+        account = self.account if account is None else account
+        return call(lambda: self._manager.rotate_key.remote(
+            account, slot, auth=self._auth("", "rotate_key", account, slot)))
+
     # -- administration ------------------------------------------------------
     def create_queue(self, name: str, subqueues: int = 1, max_receives: int | None = 5) -> "Queue":
-        """Create a queue and its ``<name>-dlq`` (idempotent); returns the queue."""
+        """Create a queue and its ``<name>-dlq`` (idempotent); returns the queue. It belongs
+        to this client's account; a name another account owns raises AuthError."""
         check_queue_name(name)
-        call(lambda: self._manager.create_queue.remote(name, subqueues, max_receives))
+        call(lambda: self._manager.create_queue.remote(
+            name, subqueues, max_receives,
+            auth=self._auth(name, "create_queue", name, subqueues, max_receives)))
         self._routes.pop(name, None)
         return Queue(self, name)
 
@@ -112,17 +145,19 @@ class Client:
         return Queue(self, name)
 
     def list_queues(self) -> list[str]:
-        return call(lambda: self._manager.list_queues.remote())
+        """The names of this account's queues (every queue for the ``default`` account)."""
+        return call(lambda: self._manager.list_queues.remote(auth=self._auth("", "list_queues")))
 
     def delete_queue(self, name: str) -> None:
         """Delete a queue, its dead-letter queue and all their messages."""
         check_queue_name(name)
-        call(lambda: self._manager.delete_queue.remote(name))
+        call(lambda: self._manager.delete_queue.remote(
+            name, auth=self._auth(name, "delete_queue", name)))
         self._routes.pop(name, None)
 
     def stats(self) -> list:
         """Every shard's statistics."""
-        return [call(lambda s=s: s.stats.remote()) for s in self._shards]
+        return [call(lambda s=s: s.stats.remote(auth=self._auth("", "stats"))) for s in self._shards]
 
     # -- tasks ------------------------------------------------------------------
     def register(self, fn: TaskFunction) -> None:
@@ -133,21 +168,24 @@ class Client:
         handler = cloudpickle.dumps(fn.fn)
         if self._registered.get(fn.spec.type) == (fn.spec, handler):
             return
-        call(lambda: self._manager.register_task.remote(fn.spec, handler))
+        call(lambda: self._manager.register_task.remote(
+            fn.spec, handler, auth=self._auth(fn.spec.queue, "register_task", fn.spec, handler)))
         self._registered[fn.spec.type] = (fn.spec, handler)
 
-    def submit(self, fn: TaskFunction, *args: Any, tenant: str = "default", delay_s: float = 0,
+    def submit(self, fn: TaskFunction, *args: Any, tenant: str | None = None, delay_s: float = 0,
                **kwargs: Any) -> ray.ObjectRef:
         """Enqueue a call of a ``@rayq.task`` durably; returns a ``ray.ObjectRef``.
 
         ``ray.get`` on it gives the handler's return value, or raises an error
         that is a :class:`rayq.TaskError` carrying the handler's exception type
         and message (also when the task ended in the dead-letter queue).
-        Arguments and the result must be msgpack-able values.
+        Arguments and the result must be msgpack-able values. ``tenant`` defaults to
+        this client's account (a signed client submits only as its own account).
         """
         self.register(fn)
         spec = fn.spec
         store = self.config.store
+        tenant = self.account if tenant is None else tenant
         check_name(tenant, "tenant")
         check_seconds(delay_s, "delay_s", 0, store.max_delay_s)
         body = encode_call(spec.type, args, kwargs, store.max_message_bytes)
@@ -164,30 +202,35 @@ class Client:
     def fairness(self) -> FairnessReport:
         """Intervention state, victims, offenders, starvation per key, listen order,
         permits, suspension rules and recent decisions (see rayq.FairnessReport)."""
-        return call(lambda: self._coordinator().report.remote())
+        return call(lambda: self._coordinator().report.remote(auth=self._auth("", "fairness")))
 
     def suspend(self, key: str, reason: str, by: str) -> SuspensionRule:
         """Stop dispatching fairness key ``key``; the rule keeps who, when and why."""
-        return call(lambda: self._coordinator().suspend.remote(key, reason, by))
+        return call(lambda: self._coordinator().suspend.remote(
+            key, reason, by, auth=self._auth("", "suspend", key, reason, by)))
 
     def resume(self, key: str, by: str = "unknown") -> SuspensionRule | None:
         """Lift the suspension of ``key`` (its history stays); None if it was not suspended."""
-        return call(lambda: self._coordinator().resume.remote(key, by))
+        return call(lambda: self._coordinator().resume.remote(
+            key, by, auth=self._auth("", "resume", key, by)))
 
     # -- flooders ----------------------------------------------------------------
     def flooders(self) -> list[Flooder]:
         """The flooder list: queue, type, tenant ("*" for a whole type), since, spilled."""
-        return call(lambda: _named(FLOOD_DETECTOR).flooders_now.remote())
+        return call(lambda: _named(FLOOD_DETECTOR).flooders_now.remote(
+            auth=self._auth("", "flooders")))
 
     def flood_events(self) -> tuple[dict, ...]:
         """Recent detections, isolations, sweep batches, pauses and removals, oldest first."""
-        return call(lambda: _named(FLOOD_DETECTOR).events.remote())
+        return call(lambda: _named(FLOOD_DETECTOR).events.remote(
+            auth=self._auth("", "flood_events")))
 
     # -- analytics ---------------------------------------------------------------
     def flush_events(self) -> int:
         """Write every runtime actor's buffered events to the event log now."""
-        refs = [s.flush_events.remote() for s in self._shards]
-        refs += [_named(name).flush_events.remote() for name in (COORDINATOR, FLOOD_DETECTOR)]
+        handles = self._shards + [_named(name) for name in (COORDINATOR, FLOOD_DETECTOR)]
+        refs = [h.flush_events.remote(auth=self._auth("", "flush_events")) for h in handles]
+        ray.wait(refs, num_returns=len(refs))  # every answer in, before any error is raised
         return sum(call(lambda ref=ref: ref) for ref in refs)
 
     def report(self, out_dir: str | os.PathLike, progress=None) -> Report:
@@ -197,7 +240,7 @@ class Client:
         from rayq.analytics.report import run_report
 
         self.flush_events()
-        data_dir = call(lambda: self._manager.info.remote())["data_dir"]
+        data_dir = call(lambda: self._manager.info.remote(auth=self._auth("", "info")))["data_dir"]
         return run_report(os.path.join(data_dir, "events"), os.path.abspath(out_dir),
                           self.config.analytics, progress or (lambda step: None))
 
@@ -205,7 +248,8 @@ class Client:
         """Run ``count`` consumer actors from now on (kept across restarts); returns it.
         On a cluster with an autoscaler, room for them is requested too."""
         check_count(count, "consumers", 0, 1000)
-        return call(lambda: self._manager.scale_consumers.remote(count))
+        return call(lambda: self._manager.scale_consumers.remote(
+            count, auth=self._auth("", "scale_consumers", count)))
 
     def consumer_stats(self) -> list:
         """Every running consumer's :class:`~actors.consumer.ConsumerStats`."""
@@ -224,7 +268,8 @@ class Client:
         """Finished tasks since the runtime started: outcomes, usage, wait p50/p99, per
         (tenant, type), or per tenant (``by="tenant"``) or per type (``by="type"``).
         Counted by the coordinator from every consumer's reports."""
-        return call(lambda: self._coordinator().task_stats.remote(by))
+        return call(lambda: self._coordinator().task_stats.remote(
+            by, auth=self._auth("", "task_stats", by)))
 
     # -- routing ----------------------------------------------------------------
     def _route(self, name: str, refresh: bool = False) -> tuple[QueueInfo, list[int], int]:
@@ -233,7 +278,8 @@ class Client:
         now = time.monotonic()
         if cached and not refresh and now - cached[0] < ROUTE_TTL_S:
             return cached[1:]
-        queue, order, target = call(lambda: self._manager.routing.remote(name))
+        queue, order, target = call(lambda: self._manager.routing.remote(
+            name, auth=self._auth(name, "routing", name)))
         if cached:  # enqueuer affinity: keep our subqueue while it takes puts
             mine = queue.subqueue(cached[3])
             if mine is not None and mine.state is SubqueueState.ALL:
@@ -256,9 +302,10 @@ class Queue:
         return f"Queue({self.name!r})"
 
     # -- sending -------------------------------------------------------------------
-    def _message(self, body: Any, tenant: str, type: str, delay_s: float,
+    def _message(self, body: Any, tenant: str | None, type: str, delay_s: float,
                  ttl_s: float | None) -> NewMessage:
         store = self._client.config.store
+        tenant = self._client.account if tenant is None else tenant
         check_name(tenant, "tenant"), check_name(type, "type")
         check_seconds(delay_s, "delay_s", 0, store.max_delay_s)
         if ttl_s is not None:
@@ -267,9 +314,10 @@ class Queue:
         return NewMessage(encode_body(body, store.max_message_bytes), tenant, type, key,
                           float(delay_s), ttl_s)
 
-    def send(self, body: Any, tenant: str = "default", type: str = "default",
+    def send(self, body: Any, tenant: str | None = None, type: str = "default",
              delay_s: float = 0, ttl_s: float | None = None) -> str:
-        """Store one message durably (fsync'd before this returns); returns its id."""
+        """Store one message durably (fsync'd before this returns); returns its id.
+        ``tenant`` defaults to the client's account (a signed client sends only as it)."""
         return self._put([self._message(body, tenant, type, delay_s, ttl_s)])[0][0]
 
     def send_batch(self, messages: Sequence[Outgoing]) -> list[str]:
@@ -284,7 +332,8 @@ class Queue:
     def _put(self, messages: list[NewMessage]) -> list[tuple[str, int]]:
         """Put durably; (message id, shard index) per message."""
         runtime = self._client._manager._actor_id.hex()
-        return sender_for(runtime, self.name, self._put_now).send(messages)
+        # one coalescer per account: a batch is signed by, and checked for, one account
+        return sender_for((runtime, self._client.account), self.name, self._put_now).send(messages)
 
     def _put_now(self, messages: list[NewMessage]) -> list[tuple[str, int]]:
         for attempt in range(3):
@@ -292,7 +341,8 @@ class Queue:
             index = queue.subqueue(target).shard
             shard = self._client._shards[index]
             try:
-                return [(mid, index) for mid in call(lambda: shard.put.remote(target, messages))]
+                return [(mid, index) for mid in call(lambda: shard.put.remote(
+                    target, messages, auth=self._client._auth(self.name, "put", target, messages)))]
             except QueueDisabled:
                 continue  # the subqueue was retired: ask for another
         raise QueueDisabled(f"queue {self.name!r} accepts no messages")
@@ -331,7 +381,10 @@ class Queue:
             try:
                 got = call(lambda: shard.receive.remote(
                     sq, n - len(out), visibility_timeout_s, max_receives=queue.max_receives,
-                    dead_letter=dead_letter, wait_s=wait_s))
+                    dead_letter=dead_letter, wait_s=wait_s,
+                    auth=self._client._auth(self.name, "receive", sq, n - len(out),
+                                            visibility_timeout_s, None, queue.max_receives,
+                                            dead_letter, wait_s, None)))
             except QueueDisabled:  # dropped since we routed (drained, retired): route anew
                 self._client._route(self.name, refresh=True)
                 continue
@@ -347,7 +400,9 @@ class Queue:
         out: list[Received] = []
         for sq in order:
             shard = self._client._shard_of(queue, sq)
-            got = call(lambda: shard.peek.remote(sq, max_messages - len(out)))
+            want = max_messages - len(out)
+            got = call(lambda: shard.peek.remote(
+                sq, want, auth=self._client._auth(self.name, "peek", sq, want, None)))
             out.extend(Received.from_stored(m) for m in got)
             if len(out) >= max_messages:
                 break
@@ -366,7 +421,8 @@ class Queue:
     def delete(self, receipt: str) -> None:
         """Delete a received message. Raises ReceiptInvalid when the receipt is stale."""
         shard, receipt = self._locate(receipt)
-        if call(lambda: shard.delete.remote([receipt])):
+        if call(lambda: shard.delete.remote(
+                [receipt], auth=self._client._auth(self.name, "delete", [receipt]))):
             raise ReceiptInvalid("pop receipt is stale: the message was deleted, received "
                                  "again or had its visibility changed", (receipt,))
 
@@ -383,7 +439,8 @@ class Queue:
                 invalid.append(receipt)
                 continue
             by_shard[shard].append(receipt)
-        refs = [shard.delete.remote(batch) for shard, batch in by_shard.items()]
+        refs = [shard.delete.remote(batch, auth=self._client._auth(self.name, "delete", batch))
+                for shard, batch in by_shard.items()]
         for ref in refs:
             invalid.extend(call(lambda ref=ref: ref))
         if invalid:
@@ -394,14 +451,18 @@ class Queue:
         """Hide a received message for ``timeout_s`` from now; returns the new receipt
         (the old one is invalid from then on)."""
         shard, receipt = self._locate(receipt)
-        return call(lambda: shard.change_visibility.remote(receipt, timeout_s))
+        return call(lambda: shard.change_visibility.remote(
+            receipt, timeout_s,
+            auth=self._client._auth(self.name, "change_visibility", receipt, timeout_s)))
 
     # -- inspection ------------------------------------------------------------------------
     def _counts(self, queue: QueueInfo) -> dict[int, int]:
         by_shard = defaultdict(list)
         for sq in queue.subqueues:
             by_shard[sq.shard].append(sq.id)
-        refs = [self._client._shards[shard].counts.remote(ids) for shard, ids in by_shard.items()]
+        refs = [self._client._shards[shard].counts.remote(
+                    ids, auth=self._client._auth(self.name, "counts", ids))
+                for shard, ids in by_shard.items()]
         return {sq: n for ref in refs for sq, n in call(lambda ref=ref: ref).items()}
 
     def count(self) -> int:
@@ -413,17 +474,21 @@ class Queue:
         """Delete every message of the queue (not of its dead-letter queue)."""
         queue, _, _ = self._client._route(self.name, refresh=True)
         for sq in queue.subqueues:
-            call(lambda sq=sq: self._client._shards[sq.shard].clear.remote(sq.id))
+            call(lambda sq=sq: self._client._shards[sq.shard].clear.remote(
+                sq.id, auth=self._client._auth(self.name, "clear", sq.id)))
 
     def stats(self) -> QueueStats:
-        """Depth, per-key depth and oldest age, subqueues and their shards' cache counters."""
+        """Depth, per-key depth and oldest age, subqueues and (for the ``default`` account)
+        their shards' cache counters."""
         queue, _, _ = self._client._route(self.name, refresh=True)
         counts = self._counts(queue)
         mine = {sq.id for sq in queue.subqueues}
         keys: dict[str, KeyStats] = {}
         shard_ids = sorted({sq.shard for sq in queue.subqueues})
         for shard in shard_ids:
-            for d in call(lambda shard=shard: self._client._shards[shard].depths.remote()):
+            ids = sorted(sq.id for sq in queue.subqueues if sq.shard == shard)
+            for d in call(lambda shard=shard, ids=ids: self._client._shards[shard].depths.remote(
+                    ids, auth=self._client._auth(self.name, "depths", ids))):
                 if d.subqueue in mine:
                     old = keys.get(d.key, KeyStats(0, 0.0))
                     keys[d.key] = KeyStats(old.depth + d.count, max(old.oldest_age_s, d.latency_s))
@@ -434,7 +499,10 @@ class Queue:
         subqueues = tuple({"id": s.id, "shard": s.shard, "state": s.state.value,
                            "version": s.version, "count": counts.get(s.id, 0)}
                           for s in queue.subqueues)
-        shards = tuple({"shard": st.index, **vars(st.store.cache)}
-                       for st in (call(lambda s=s: self._client._shards[s].stats.remote())
-                                  for s in shard_ids))
+        shards = ()
+        if self._client.account == ADMIN:  # shard caches hold every account's messages
+            shards = tuple({"shard": st.index, **vars(st.store.cache)}
+                           for st in (call(lambda s=s: self._client._shards[s].stats.remote(
+                               auth=self._client._auth("", "stats")))
+                                      for s in shard_ids))
         return QueueStats(self.name, sum(counts.values()), dlq, subqueues, keys, shards)
