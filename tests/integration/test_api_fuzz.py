@@ -1,6 +1,7 @@
 """Hypothesis drives the whole client API with good and bad arguments against a
 real runtime: every call either succeeds or raises a RayqError subclass, and the
-set of stored messages stays exactly what the successful calls made it."""
+set of stored messages stays exactly what the successful calls made it. Another
+account's signed client tries the same queue throughout and is always refused."""
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -20,6 +21,7 @@ BODIES = st.one_of(st.binary(max_size=64), st.text(max_size=64),
 NAMES = st.one_of(st.sampled_from(["acme", "globex", "t-1"]), JUNK)
 SECONDS = st.one_of(st.sampled_from([0, 0.5, 30]), JUNK)
 CLIENT = None
+INTRUDER = None  # a signed client of another account
 
 
 def attempt(call):
@@ -101,6 +103,24 @@ class ClientAPI(RuleBasedStateMachine):
             ok, _ = attempt(lambda: CLIENT.scale_consumers(n))  # only invalid counts here
             assert not ok
 
+    @rule(data=st.data(), what=st.sampled_from(
+        ["send", "receive", "peek", "count", "clear", "delete", "change_visibility", "drop"]))
+    def another_account_tries(self, data, what):
+        """A genuine signed client of another account goes for this queue: AuthError."""
+        receipt = data.draw(st.sampled_from(sorted(self.receipts)) if self.receipts else JUNK)
+        theirs = rayq.client.Queue(INTRUDER, self.q.name)
+        calls = {"send": lambda: theirs.send("x"), "receive": lambda: theirs.receive(5),
+                 "peek": lambda: theirs.peek(5), "count": theirs.count, "clear": theirs.clear,
+                 "delete": lambda: theirs.delete(receipt),
+                 "change_visibility": lambda: theirs.change_visibility(receipt, 0),
+                 "drop": lambda: INTRUDER.delete_queue(self.q.name)}
+        refused = rayq.AuthError
+        if what in ("delete", "change_visibility") and not (
+                isinstance(receipt, str) and receipt in self.receipts):
+            refused = (rayq.AuthError, rayq.ReceiptInvalid)  # junk is junk to anyone
+        with pytest.raises(refused):
+            calls[what]()
+
     @invariant()
     def stored_messages_are_exactly_the_model(self):
         if hasattr(self, "q"):
@@ -109,8 +129,10 @@ class ClientAPI(RuleBasedStateMachine):
 
 @pytest.mark.parametrize("seed", [0])
 def test_every_call_succeeds_or_raises_a_rayq_error_and_storage_stays_exact(client, seed):
-    global CLIENT
+    global CLIENT, INTRUDER
     CLIENT = client
+    if INTRUDER is None:
+        INTRUDER = rayq.connect(account="fuzz-intruder", key=client.create_account("fuzz-intruder"))
     machine = ClientAPI.TestCase
     machine.settings = settings(max_examples=25, stateful_step_count=15, deadline=None,
                                 suppress_health_check=list(HealthCheck), derandomize=True)

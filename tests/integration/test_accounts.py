@@ -1,0 +1,181 @@
+"""Accounts on real Ray: signed clients, and forged, expired, replayed and cross-account
+requests refused with AuthError while the stored messages stay exactly as they were."""
+
+import dataclasses
+import time
+
+import pytest
+import ray
+
+import rayq
+from rayq.core.auth import Signer
+from rayq.core.model import NewMessage, encode_body
+
+pytestmark = pytest.mark.integration
+
+
+@rayq.task(type="greet")
+def greet(name):
+    return f"hello {name}"
+
+
+@pytest.fixture(scope="module")
+def accounts(client):
+    """Two accounts with a queue each, plus their signed clients and keys."""
+    keys = {name: client.create_account(name) for name in ("acme", "globex")}
+    clients = {name: rayq.connect(account=name, key=key) for name, key in keys.items()}
+    for name, signed in clients.items():
+        signed.create_queue(f"{name}-jobs", max_receives=3)
+    return clients, keys
+
+
+def _put_target(client, queue_name):
+    """(shard handle, subqueue) a client puts to: for calling the shard directly, as a
+    hand-rolled client would."""
+    queue, _, target = client._route(queue_name, refresh=True)
+    shard = client._shards[queue.subqueue(target).shard]
+    return shard, target
+
+
+def _stored(admin, name) -> list:
+    """Every visible message of a queue as the admin sees it: (id, body, tenant)."""
+    return sorted((m.id, m.body, m.tenant) for m in admin.queue(name).peek(max_messages=100))
+
+
+def test_connect_checks_credentials(client, accounts):
+    clients, keys = accounts
+    assert clients["acme"].whoami() == "acme" and client.whoami() == "default"
+    with pytest.raises(rayq.AuthError):
+        rayq.connect(account="acme", key=keys["globex"])  # someone else's key
+    with pytest.raises(rayq.AuthError):
+        rayq.connect(account="acme", key="not-a-key")
+    with pytest.raises(rayq.AuthError):
+        rayq.connect(account="acme")
+
+
+def test_an_account_sees_and_uses_only_its_own_queues(client, accounts):
+    clients, _ = accounts
+    acme, globex = clients["acme"], clients["globex"]
+    q = acme.queue("acme-jobs")
+    mid = q.send({"n": 1})
+    [got] = q.receive(visibility_timeout_s=30)
+    assert (got.id, got.tenant, got.body) == (mid, "acme", {"n": 1})
+    q.delete(got.receipt)
+    assert q.count() == 0 and q.stats().depth == 0
+    assert [n for n in acme.list_queues() if not n.startswith("acme")] == []
+    assert {"acme-jobs", "globex-jobs"} <= set(client.list_queues())  # the admin sees all
+    for attempt in (lambda: globex.queue("acme-jobs"), lambda: globex.delete_queue("acme-jobs"),
+                    lambda: globex.create_queue("acme-jobs", max_receives=3)):
+        with pytest.raises(rayq.AuthError):
+            attempt()
+    assert "acme-jobs" in client.list_queues()
+
+
+def test_an_account_sends_only_as_itself(client, accounts):
+    clients, _ = accounts
+    q = clients["acme"].queue("acme-jobs")
+    before = _stored(client, "acme-jobs")
+    with pytest.raises(rayq.AuthError):
+        q.send("pretending", tenant="globex")
+    with pytest.raises(rayq.AuthError):
+        q.send_batch([rayq.Outgoing("mine"), rayq.Outgoing("not mine", tenant="globex")])
+    assert _stored(client, "acme-jobs") == before
+
+
+def test_forged_expired_and_replayed_requests_change_nothing(client, accounts):
+    clients, keys = accounts
+    acme = clients["acme"]
+    acme.queue("acme-jobs").send("kept")
+    before = _stored(client, "acme-jobs")
+    shard, target = _put_target(acme, "acme-jobs")
+    messages = [NewMessage(encode_body("sneaked", 1 << 20), "acme", "default", "default")]
+    good = Signer("acme", keys["acme"])
+    forged = dataclasses.replace(good.sign("acme-jobs", "put", target, messages), mac="0" * 64)
+    stale = Signer("acme", keys["acme"], clock=lambda: time.time() - 16 * 60)
+    wrong_body = good.sign("acme-jobs", "put", target, messages[:0])
+    for auth in (forged, stale.sign("acme-jobs", "put", target, messages), wrong_body):
+        with pytest.raises(rayq.AuthError):
+            rayq.client.call(lambda a=auth: shard.put.remote(target, messages, auth=a))
+    assert _stored(client, "acme-jobs") == before
+
+    once = good.sign("acme-jobs", "put", target, messages)
+    rayq.client.call(lambda: shard.put.remote(target, messages, auth=once))
+    with pytest.raises(rayq.AuthError, match="replayed"):
+        rayq.client.call(lambda: shard.put.remote(target, messages, auth=once))
+    after = _stored(client, "acme-jobs")
+    assert len(after) == len(before) + 1 and [b for _, b, _ in after].count("sneaked") == 1
+
+
+def test_cross_account_requests_are_refused_and_change_nothing(client, accounts):
+    clients, keys = accounts
+    acme = clients["acme"]
+    q = acme.queue("acme-jobs")
+    q.clear()
+    q.send("private")
+    [held] = q.receive(visibility_timeout_s=60)
+    mallory = Signer("globex", keys["globex"])
+    shard, target = _put_target(acme, "acme-jobs")
+    # globex signs its own requests genuinely, but names acme's queue or subqueues
+    attempts = [
+        ("receive", (target, 10, 30, None, 3, None, 0.0, None),
+         lambda a: shard.receive.remote(target, 10, 30, max_receives=3, wait_s=0.0, auth=a)),
+        ("delete", ([held.receipt],), lambda a: shard.delete.remote([held.receipt], auth=a)),
+        ("change_visibility", (held.receipt, 0),
+         lambda a: shard.change_visibility.remote(held.receipt, 0, auth=a)),
+        ("peek", (target, 10, None), lambda a: shard.peek.remote(target, 10, auth=a)),
+        ("clear", (target,), lambda a: shard.clear.remote(target, auth=a)),
+        ("counts", ([target],), lambda a: shard.counts.remote([target], auth=a)),
+    ]
+    for queue_name in ("acme-jobs", "globex-jobs"):
+        for operation, args, make in attempts:
+            auth = mallory.sign(queue_name, operation, *args)
+            with pytest.raises(rayq.AuthError):
+                rayq.client.call(lambda make=make, auth=auth: make(auth))
+    assert q.count() == 1
+    q.delete(held.receipt)  # acme's receipt is still the valid one
+    assert q.count() == 0
+
+
+def test_admin_operations_are_refused_to_accounts(accounts):
+    globex = accounts[0]["globex"]
+    for attempt in (globex.fairness, globex.flooders, globex.flood_events, globex.task_stats,
+                    globex.flush_events, globex.stats, lambda: globex.scale_consumers(3),
+                    lambda: globex.create_account("initech"),
+                    lambda: globex.rotate_key(1, account="acme"),
+                    lambda: globex.suspend("greet", reason="x", by="globex")):
+        with pytest.raises(rayq.AuthError):
+            attempt()
+
+
+def test_accounts_submit_tasks_as_themselves(client, accounts):
+    clients, _ = accounts
+    client.register(greet)
+    acme = clients["acme"]
+    assert ray.get(acme.submit(greet, "acme"), timeout=60) == "hello acme"
+    with pytest.raises(rayq.AuthError):
+        acme.submit(greet, "x", tenant="globex")
+    with pytest.raises(rayq.AuthError):  # a task queue takes submissions, not receives
+        acme.queue("tasks").receive()
+
+
+def test_an_account_cannot_register_handlers(accounts):
+    @rayq.task(type="sneaky")
+    def sneaky():
+        return "ran inside the runtime"
+
+    with pytest.raises(rayq.AuthError):
+        accounts[0]["acme"].submit(sneaky)
+
+
+def test_a_rotated_key_is_refused_and_the_other_keeps_working(client):
+    first = client.create_account("rotor")
+    user = rayq.connect(account="rotor", key=first)
+    q = user.create_queue("rotor-jobs")
+    q.send("before")
+    new = user.rotate_key(1)
+    for refused in (q.count, user.list_queues):  # shards and manager refuse the old key at once
+        with pytest.raises(rayq.AuthError):
+            refused()
+    second = client.rotate_key(2, account="rotor")  # the admin may rotate anyone's key
+    for key in (new, second):
+        assert rayq.connect(account="rotor", key=key).queue("rotor-jobs").count() == 1
