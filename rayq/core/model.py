@@ -129,10 +129,11 @@ def fairness_key(tenant: str, type_: str, mode: str) -> str:
 
 @dataclass(frozen=True)
 class Outgoing:
-    """One message of a ``send_batch``: the body plus its attributes."""
+    """One message of a ``send_batch``: the body plus its attributes (``tenant`` None:
+    the sending client's account)."""
 
     body: Any
-    tenant: str = "default"
+    tenant: str | None = None
     type: str = "default"
     delay_s: float = 0.0
     ttl_s: float | None = None
