@@ -1,4 +1,4 @@
-"""The ``rayq`` command: demo, status and bench."""
+"""The ``rayq`` command: demo, report, status and account."""
 
 from __future__ import annotations
 
@@ -104,6 +104,30 @@ def status(watch: float) -> None:
         while True:
             time.sleep(watch)
             live.update(_status(client))
+
+
+@main.group()
+def account() -> None:
+    """Accounts of a running runtime (run where the default account's client works)."""
+
+
+@account.command("create")
+@click.argument("name")
+def account_create(name: str) -> None:
+    """Create account NAME and print its key (shown once: hand it to the account)."""
+    key = rayq.connect().create_account(name)
+    click.echo(key)
+    click.echo(f"account {name!r} created; connect with "
+               f"rayq.connect(account={name!r}, key=<the key above>)", err=True)
+
+
+@account.command("rotate")
+@click.argument("name")
+@click.option("--slot", type=click.IntRange(1, 2), default=1, show_default=True,
+              help="Which of the two keys to replace; the other keeps working.")
+def account_rotate(name: str, slot: int) -> None:
+    """Replace one key of account NAME and print the new one."""
+    click.echo(rayq.connect().rotate_key(slot, account=name))
 
 
 def _status(client) -> Group:

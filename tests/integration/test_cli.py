@@ -1,7 +1,9 @@
-"""`rayq status` against a running runtime: every section is printed."""
+"""`rayq status` and `rayq account` against a running runtime."""
 
+import pytest
 from click.testing import CliRunner
 
+import rayq
 from rayq.cli import main
 
 
@@ -12,3 +14,15 @@ def test_status_prints_queues_shards_consumers_fairness_and_flooders(client):
     for title in ("rayq queues", "rayq shards", "rayq consumers", "rayq fairness", "rayq flooders"):
         assert title in result.output
     assert "cli-status" in result.output
+
+
+def test_account_create_and_rotate_print_working_keys(client):
+    created = CliRunner().invoke(main, ["account", "create", "cli-co"])
+    assert created.exit_code == 0, created.output
+    key = created.stdout.splitlines()[0]
+    assert rayq.connect(account="cli-co", key=key).whoami() == "cli-co"
+    rotated = CliRunner().invoke(main, ["account", "rotate", "cli-co", "--slot", "1"])
+    assert rotated.exit_code == 0, rotated.output
+    assert rayq.connect(account="cli-co", key=rotated.stdout.strip()).whoami() == "cli-co"
+    with pytest.raises(rayq.AuthError):
+        rayq.connect(account="cli-co", key=key)
