@@ -2,25 +2,28 @@
 
 Unsigned requests act for the ``default`` account (the embedded default). A
 signed one is verified against the account keys the gate fetched from the
-manager, which also says which account owns each subqueue. The copy is
-refreshed when it is older than ``MAX_AGE_S``, when a signature matches none
-of the keys it knows or a subqueue is unknown (at most once per
-``MIN_REFRESH_S``: forged requests wait rather than hammer the manager), and
-at once after the manager says keys were rotated.
+manager, which also says where each subqueue belongs. The copy is refreshed
+when it is older than ``MAX_AGE_S`` and when a verified request names a
+subqueue it does not know (a queue made since; fetches at least
+``MIN_REFRESH_S`` apart). When accounts, keys or task queues change, the
+manager tells every gate to forget its copy before it answers, so a new
+key works and a replaced one is refused from the next request on. A forged
+request never causes a fetch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import ray
 
 from actors import MANAGER, NAMESPACE
-from rayq.core.auth import (ADMIN, MAX_SKEW_S, Place, Signature, SignatureMismatch, Verifier,
-                            check_access, check_admin, request_body)
+from rayq.core.auth import (ADMIN, MAX_SKEW_S, Place, Signature, Verifier, check_access,
+                            check_admin, request_body)
+from rayq.errors import AuthError
 
 MAX_AGE_S = 30.0
 MIN_REFRESH_S = 1.0
@@ -34,42 +37,39 @@ class Gate:
         self._keys: dict[str, list[str]] = {}
         self._places: dict[int, Place] = {}
         self._fetched_at = float("-inf")
+        self._generation = 0  # bumped by forget(): a fetch begun before is not trusted
         self._lock = asyncio.Lock()
         self.verifier = Verifier(lambda account: self._keys.get(account, ()), skew_s)
 
     def forget(self) -> None:
         """Drop the copy: the next signed request fetches the directory anew."""
-        self._fetched_at = float("-inf")
+        self._generation += 1
+        self._keys, self._fetched_at = {}, float("-inf")
 
-    async def _refresh(self, force: bool = False) -> bool:
-        """Fetch the directory if the copy is old (or ``force``); True when the copy is
-        newer than this call. Fetches are at least MIN_REFRESH_S apart: a caller that
-        comes sooner waits for the next one."""
+    async def _refresh(self, force: bool = False) -> None:
+        """Fetch the directory if the copy is old (or ``force``). Callers that come at
+        once share one fetch; forced fetches are MIN_REFRESH_S apart (the wait holds
+        no lock)."""
         asked = time.monotonic()
         if not force and asked - self._fetched_at < MAX_AGE_S:
-            return False
+            return
+        wait = self._fetched_at + MIN_REFRESH_S - asked
+        if wait > 0:
+            await asyncio.sleep(wait)
         async with self._lock:
-            if self._fetched_at >= asked:
-                return True  # fetched by another request while this one waited
-            wait = self._fetched_at + MIN_REFRESH_S - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            self._keys, self._places = await self._fetch()
-            self._fetched_at = time.monotonic()
-            return True
+            while self._fetched_at < asked:
+                generation = self._generation
+                keys, places = await self._fetch()
+                if generation == self._generation:  # not forgotten meanwhile
+                    self._keys, self._places = keys, places
+                    self._fetched_at = time.monotonic()
 
     async def account(self, auth: Signature | None, queue: str, operation: str, *args: Any) -> str:
         """The account a request acts for; raises AuthError if its signature does not hold."""
         if auth is None:
             return ADMIN
         await self._refresh()
-        body = request_body(*args)
-        try:
-            return self.verifier.verify(auth, queue, operation, body, time.time())
-        except SignatureMismatch:
-            if not await self._refresh(force=True):
-                raise
-            return self.verifier.verify(auth, queue, operation, body, time.time())
+        return self.verifier.verify(auth, queue, operation, request_body(*args), time.time())
 
     async def admin(self, auth: Signature | None, operation: str, *args: Any) -> str:
         """Like :meth:`account`, for operations only the ``default`` account may run."""
@@ -78,23 +78,25 @@ class Gate:
         return account
 
     async def check(self, account: str, queue: str, operation: str, shard: int,
-                    subqueues: Iterable[int], tenants: Sequence[str] = ()) -> None:
+                    subqueues: Iterable[Any]) -> None:
         """Raise AuthError unless ``account`` may run ``operation`` on every subqueue."""
         if account == ADMIN:
             return
         subqueues = list(subqueues)
+        if not all(isinstance(sq, int) and not isinstance(sq, bool) for sq in subqueues):
+            raise AuthError("subqueues are named by their integer ids")
         if any(sq not in self._places for sq in subqueues):
             await self._refresh(force=True)  # a queue made since the last copy
         for sq in subqueues:
-            check_access(account, queue, self._places.get(sq), shard, operation, tenants)
+            check_access(account, queue, self._places.get(sq), shard, operation)
 
     async def allow(self, auth: Signature | None, operation: str, shard: int,
-                    subqueues: Iterable[int], *args: Any, tenants: Sequence[str] = ()) -> str:
+                    subqueues: Iterable[Any], *args: Any) -> str:
         """Verify a shard request and check it touches only subqueues of the queue it is
         signed for that its account may use; returns the account."""
         queue = getattr(auth, "queue", "")
         account = await self.account(auth, queue, operation, *args)
-        await self.check(account, queue, operation, shard, subqueues, tenants)
+        await self.check(account, queue, operation, shard, subqueues)
         return account
 
 

@@ -31,6 +31,7 @@ from rayq.core.tasks import TaskRegistry, TaskSpec
 from rayq.errors import AuthError, InvalidMessage, RayqError
 
 MAX_CONSUMERS = 1000
+FORGET_TIMEOUT_S = 10.0
 
 
 class QueueManager:
@@ -74,28 +75,31 @@ class QueueManager:
         """A new account (admin only); returns its primary key."""
         await self.gate.admin(auth, "create_account", name)
         key = self.accounts.create(name)
-        self.gate.forget()
+        await self._forget_everywhere()
         return key
 
     async def rotate_key(self, account: str, slot: int, auth: Signature | None = None) -> str:
-        """Replace key ``slot`` (1 or 2) of ``account`` (its own, or any for the admin);
-        the other key keeps working. Every gate forgets the old key at once."""
-        caller = await self.gate.account(auth, "", "rotate_key", account, slot)
-        if not may_use(caller, account):
-            raise AuthError(f"account {caller!r} cannot rotate the keys of {account!r}")
+        """Replace key ``slot`` (1 or 2) of ``account`` (admin only, as regenerating a
+        storage key is a management operation: a leaked key must not be able to replace
+        the other one); the other key keeps working. Every gate forgets the old key
+        before this returns."""
+        await self.gate.admin(auth, "rotate_key", account, slot)
         key = self.accounts.rotate(account, slot)
-        self.gate.forget()
         await self._forget_everywhere()
         return key
 
     async def _forget_everywhere(self) -> None:
+        """Every gate drops its directory copy (accounts, keys or task queues changed)."""
+        self.gate.forget()
         holders = list(self.shards)
         for name in (COORDINATOR, FLOOD_DETECTOR):
             try:
                 holders.append(ray.get_actor(name, namespace=NAMESPACE))
             except ValueError:
                 pass
-        await asyncio.gather(*(h.forget_keys.remote() for h in holders), return_exceptions=True)
+        # A holder that does not answer in time is restarting: it starts with no copy.
+        await asyncio.wait([asyncio.ensure_future(h.forget_keys.remote()) for h in holders],
+                           timeout=FORGET_TIMEOUT_S)
 
     def _visible(self, account: str, name: str) -> QueueInfo:
         """Queue ``name`` if ``account`` may see it: its own, or a task queue (to submit)."""
@@ -180,7 +184,14 @@ class QueueManager:
             return self.tasks.version
         if spec.queue not in self.registry:
             await self.create_queue(spec.queue, max_receives=spec.max_receives)
-        return self.tasks.register(spec, handler)
+        elif self.registry.get(spec.queue).owner != ADMIN:  # every account's tasks go there
+            raise AuthError(f"queue {spec.queue!r} belongs to an account: task queues "
+                            f"must belong to {ADMIN!r}")
+        new_queue = spec.queue not in self.tasks.queues()
+        version = self.tasks.register(spec, handler)
+        if new_queue:
+            await self._forget_everywhere()  # gates learn that accounts may submit there
+        return version
 
     def task_table(self, known_version: int | None = None) -> tuple[int, dict | None]:
         """(version, {type: (spec, handler bytes)}); the table is None when unchanged."""

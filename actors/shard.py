@@ -24,7 +24,7 @@ from actors.gate import Gate, manager_directory
 from actors.metrics import ShardMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
-from rayq.core.auth import ADMIN, Signature, check_admin
+from rayq.core.auth import ADMIN, Signature, check_admin, check_senders
 from rayq.core.model import Ending, Receipt, SubqueueState
 from rayq.core.store import KeyDepth, StoreStats, open_store
 from rayq.core.tasks import decode_outcome
@@ -81,6 +81,7 @@ class ShardActor:
                                      self._collect_events)
         self.store.keep_enqueued = self.events is not None
         self.gate = Gate(manager_directory)
+        self.key_mode = config.fairness.key
 
     # -- group commit ------------------------------------------------------
     async def _write(self, subqueue: int | None, name: str, *args, **kwargs) -> Any:
@@ -138,8 +139,8 @@ class ShardActor:
 
     # -- queue operations ------------------------------------------------------
     async def put(self, subqueue: int, messages: list, auth: Signature | None = None) -> list[str]:
-        await self.gate.allow(auth, "put", self.index, [subqueue], subqueue, messages,
-                              tenants=_tenants(messages))
+        account = await self.gate.allow(auth, "put", self.index, [subqueue], subqueue, messages)
+        check_senders(account, messages, self.key_mode)
         ids = await self._write(subqueue, "put", subqueue, messages)
         self._ops[subqueue] += len(ids)
         return ids
@@ -340,13 +341,6 @@ class ShardActor:
                 pass  # overloaded: try again next round
             except Exception:  # metrics must never stop housekeeping
                 log.exception("shard %d housekeeping failed", self.index)
-
-
-def _tenants(messages: Any) -> list:
-    """The tenants a put carries (None where a message is malformed: refused for accounts)."""
-    if not isinstance(messages, list):
-        return [None]
-    return [getattr(m, "tenant", None) for m in messages]
 
 
 def _listed(subqueues: Any) -> list:

@@ -120,9 +120,9 @@ class Client:
             name, auth=self._auth("", "create_account", name)))
 
     def rotate_key(self, slot: int = 1, account: str | None = None) -> str:
-        """Replace key ``slot`` (1 or 2) of ``account`` (default: this client's own);
-        returns the new key. The other slot's key keeps working, so clients move over
-        one slot at a time; the replaced key is refused from now on."""
+        """Replace key ``slot`` (1 or 2) of ``account`` (``default`` account only; default:
+        this client's own); returns the new key. The other slot's key keeps working, so
+        clients move over one slot at a time; the replaced key is refused from now on."""
         account = self.account if account is None else account
         return call(lambda: self._manager.rotate_key.remote(
             account, slot, auth=self._auth("", "rotate_key", account, slot)))

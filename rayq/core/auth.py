@@ -19,6 +19,7 @@ import dataclasses
 import enum
 import hashlib
 import hmac
+import math
 import os
 import time
 from collections import deque
@@ -29,12 +30,13 @@ from typing import Any
 import msgpack
 
 from rayq.core.kv import KV
-from rayq.core.model import DLQ_SUFFIX, check_name, pack, unpack
-from rayq.errors import AuthError, InvalidMessage
+from rayq.core.model import DLQ_SUFFIX, NewMessage, check_name, fairness_key, pack, unpack
+from rayq.errors import AuthError, InvalidMessage, Overloaded
 
 ADMIN = "default"
 SECRET_BYTES = 32
 MAX_SKEW_S = 900.0
+MAX_NONCES = 1_000_000  # per verifier: about 150 MB at most
 KEY_SLOTS = (1, 2)
 _NONCE_CHARS = 32
 
@@ -163,18 +165,27 @@ class Accounts:
 
 
 class SignatureMismatch(AuthError):
-    """The MAC matches none of the account's keys as the verifier knows them (they may
-    have just changed: a verifier holding a copy refreshes it and tries once more)."""
+    """The MAC matches none of the account's keys."""
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _hex(value: str, chars: int) -> bool:
+    return len(value) == chars and set(value) <= _HEX
 
 
 class Verifier:
-    """Checks signatures; remembers each nonce for twice the allowed skew, which is as
-    long as a request carrying it could still pass the timestamp check."""
+    """Checks signatures; remembers each (account, nonce) for twice the allowed skew,
+    which is as long as a request carrying it could still pass the timestamp check.
+    At most ``max_nonces`` are remembered: past that, signed requests are shed with
+    Overloaded rather than let replays through or memory grow without bound."""
 
-    def __init__(self, keys: Callable[[str], Sequence[str]], skew_s: float = MAX_SKEW_S):
-        self.keys, self.skew_s = keys, skew_s
-        self._seen: set[str] = set()
-        self._order: deque[tuple[float, str]] = deque()
+    def __init__(self, keys: Callable[[str], Sequence[str]], skew_s: float = MAX_SKEW_S,
+                 max_nonces: int = MAX_NONCES):
+        self.keys, self.skew_s, self.max_nonces = keys, skew_s, max_nonces
+        self._seen: set[int] = set()
+        self._order: deque[tuple[float, int]] = deque()
 
     def verify(self, sig: Any, queue: str, operation: str, body: bytes, now: float) -> str:
         """The account a request acts for. Raises AuthError for anything not genuine,
@@ -184,11 +195,10 @@ class Verifier:
             raise AuthError("the request is not signed")
         if (sig.queue, sig.operation) != (queue, operation):
             raise AuthError("the signature is for another queue or operation")
-        if (not isinstance(sig.timestamp, (int, float)) or isinstance(sig.timestamp, bool)
-                or not abs(now - sig.timestamp) <= self.skew_s):
+        if not _within(sig.timestamp, now, self.skew_s):
             raise AuthError("the request's timestamp is outside the allowed window")
-        if len(sig.nonce) != _NONCE_CHARS:
-            raise AuthError("the request's nonce is malformed")
+        if not (_hex(sig.nonce, _NONCE_CHARS) and _hex(sig.mac, 64)):
+            raise AuthError("the request's nonce or signature is malformed")
         expected = canonical(sig.account, queue, operation, sig.timestamp, sig.nonce, body)
         genuine = any(hmac.compare_digest(
             hmac.new(_secret_bytes(key), expected, hashlib.sha256).hexdigest(), sig.mac)
@@ -196,15 +206,27 @@ class Verifier:
         if not genuine:
             raise SignatureMismatch("the signature does not match the account's keys")
         self._forget_before(now - 2 * self.skew_s)
-        if sig.nonce in self._seen:
+        seen = hash((sig.account, sig.nonce))  # 64 bits: a false "replayed" is ~1e-8 at 1M
+        if seen in self._seen:
             raise AuthError("the request was replayed")
-        self._seen.add(sig.nonce)
-        self._order.append((now, sig.nonce))
+        if len(self._seen) >= self.max_nonces:
+            raise Overloaded("too many signed requests in the replay window; retry later")
+        self._seen.add(seen)
+        self._order.append((now, seen))
         return sig.account
 
     def _forget_before(self, cutoff: float) -> None:
         while self._order and self._order[0][0] < cutoff:
             self._seen.discard(self._order.popleft()[1])
+
+
+def _within(timestamp: Any, now: float, skew_s: float) -> bool:
+    if not isinstance(timestamp, (int, float)) or isinstance(timestamp, bool):
+        return False
+    try:
+        return math.isfinite(timestamp) and abs(now - float(timestamp)) <= skew_s
+    except OverflowError:
+        return False
 
 
 def may_use(account: str, owner: str) -> bool:
@@ -230,16 +252,28 @@ class Place:
 
 
 def check_access(account: str, queue: str, place: Place | None, shard: int,
-                 operation: str, tenants: Sequence[str] = ()) -> None:
+                 operation: str) -> None:
     """Raise AuthError unless ``account`` may run ``operation`` on a subqueue at ``place``
-    through queue ``queue`` on shard ``shard``. ``tenants`` are those of the messages
-    a put carries: an account sends only as itself."""
+    through queue ``queue`` on shard ``shard``."""
     if account == ADMIN:
         return
     if place is None or place.shard != shard or place.queue not in (queue, queue + DLQ_SUFFIX):
         raise AuthError(f"queue {queue!r} of account {account!r} has no such subqueue here")
-    if any(t != account for t in tenants):
-        raise AuthError(f"account {account!r} sends messages only as tenant {account!r}")
     if place.owner == account or (operation == "put" and place.tasks):
         return
     raise AuthError(f"queue {queue!r} belongs to another account")
+
+
+def check_senders(account: str, messages: Any, key_mode: str) -> None:
+    """Raise AuthError unless every message a put carries is sent as ``account`` and keyed
+    for fairness as the runtime would key it: an account can neither pass as another
+    tenant nor dodge a suspension or bill its usage to a key of its choosing."""
+    if account == ADMIN:
+        return
+    if not isinstance(messages, list) or not all(isinstance(m, NewMessage) for m in messages):
+        raise AuthError("a put carries a list of messages")
+    for m in messages:
+        if m.tenant != account:
+            raise AuthError(f"account {account!r} sends messages only as tenant {account!r}")
+        if not isinstance(m.type, str) or m.key != fairness_key(m.tenant, m.type, key_mode):
+            raise AuthError("a message's fairness key does not match its tenant and type")

@@ -172,10 +172,34 @@ def test_a_rotated_key_is_refused_and_the_other_keeps_working(client):
     user = rayq.connect(account="rotor", key=first)
     q = user.create_queue("rotor-jobs")
     q.send("before")
-    new = user.rotate_key(1)
+    with pytest.raises(rayq.AuthError):  # a leaked key must not replace the other one
+        user.rotate_key(2)
+    new = client.rotate_key(1, account="rotor")
     for refused in (q.count, user.list_queues):  # shards and manager refuse the old key at once
         with pytest.raises(rayq.AuthError):
             refused()
-    second = client.rotate_key(2, account="rotor")  # the admin may rotate anyone's key
+    second = client.rotate_key(2, account="rotor")
     for key in (new, second):
         assert rayq.connect(account="rotor", key=key).queue("rotor-jobs").count() == 1
+
+
+def test_an_account_cannot_rekey_its_messages_or_squat_a_task_queue(client, accounts):
+    clients, keys = accounts
+    acme = clients["acme"]
+    shard, target = _put_target(acme, "acme-jobs")
+    before = _stored(client, "acme-jobs")
+    # keyed "x" instead of its type: would dodge a suspension of "report"
+    dodging = [NewMessage(encode_body("m", 1 << 20), "acme", "report", "x")]
+    auth = Signer("acme", keys["acme"]).sign("acme-jobs", "put", target, dodging)
+    with pytest.raises(rayq.AuthError, match="fairness key"):
+        rayq.client.call(lambda: shard.put.remote(target, dodging, auth=auth))
+    assert _stored(client, "acme-jobs") == before
+
+    acme.create_queue("acme-squat")  # made before an admin puts tasks there
+
+    @rayq.task(type="squatted", queue="acme-squat")
+    def squatted():
+        return None
+
+    with pytest.raises(rayq.AuthError, match="task queues"):
+        client.register(squatted)

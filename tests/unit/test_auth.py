@@ -125,37 +125,70 @@ def test_malformed_credentials_and_signatures_are_auth_errors(accounts):
             verifier.verify(bad, "q", "op", b"", NOW)
 
 
-def test_nonces_are_forgotten_only_after_twice_the_skew(accounts):
+def test_nonces_are_remembered_for_twice_the_skew_and_bounded(accounts):
+    from rayq.errors import Overloaded
+
     key = accounts.create("acme")
+    verifier = Verifier(accounts.keys, max_nonces=2)
+    for at in (NOW, NOW + 10):
+        verifier.verify(sign("acme", key, "q", "op", b"", at), "q", "op", b"", at)
+    with pytest.raises(Overloaded):  # full: shed, rather than forget a nonce too early
+        verifier.verify(sign("acme", key, "q", "op", b"", NOW + 20), "q", "op", b"", NOW + 20)
+    later = NOW + 1799  # the first nonce could still be replayed until NOW + 1800
+    with pytest.raises(Overloaded):
+        verifier.verify(sign("acme", key, "q", "op", b"", later), "q", "op", b"", later)
+    later = NOW + 1801
+    assert verifier.verify(sign("acme", key, "q", "op", b"", later), "q", "op", b"", later) == "acme"
+
+
+def test_huge_or_odd_timestamps_and_macs_are_auth_errors(accounts):
+    sig = sign("acme", accounts.create("acme"), "q", "op", b"", NOW)
     verifier = Verifier(accounts.keys)
-    sig = sign("acme", key, "q", "op", b"", NOW)
-    verifier.verify(sig, "q", "op", b"", NOW + 900)
-    kept = sign("acme", key, "q", "op", b"", NOW + 2000)
-    verifier.verify(kept, "q", "op", b"", NOW + 2000)  # 1100 s after the first: still known
-    assert sig.nonce in verifier._seen
-    later = sign("acme", key, "q", "op", b"", NOW + 2701)
-    verifier.verify(later, "q", "op", b"", NOW + 2701)  # 1801 s after: forgotten
-    assert sig.nonce not in verifier._seen and later.nonce in verifier._seen
+    for bad in (dataclasses.replace(sig, timestamp=10**400), dataclasses.replace(sig, mac="é" * 64),
+                dataclasses.replace(sig, mac=sig.mac.upper()),
+                dataclasses.replace(sig, timestamp=float("inf"))):
+        with pytest.raises(AuthError):
+            verifier.verify(bad, "q", "op", b"", NOW)
 
 
-@pytest.mark.parametrize("account, place, operation, tenants, allowed", [
-    ("acme", ("jobs", "acme", 0, False), "receive", (), True),
-    ("acme", ("jobs-dlq", "acme", 0, False), "receive", (), True),     # its dead-letter queue
-    ("acme", ("jobs", "globex", 0, False), "receive", (), False),      # another's queue
-    ("acme", ("other", "acme", 0, False), "receive", (), False),       # not the signed queue
-    ("acme", ("jobs", "acme", 1, False), "receive", (), False),        # on another shard
-    ("acme", None, "receive", (), False),                              # unknown subqueue
-    ("acme", ("jobs", "acme", 0, False), "put", ("acme", "globex"), False),  # impersonation
-    ("acme", ("jobs", "default", 0, True), "put", ("acme",), True),    # a task queue: submit
-    ("acme", ("jobs", "default", 0, True), "receive", (), False),      # but not receive
-    ("default", None, "clear", (), True),                              # the admin
+@pytest.mark.parametrize("account, place, operation, allowed", [
+    ("acme", ("jobs", "acme", 0, False), "receive", True),
+    ("acme", ("jobs-dlq", "acme", 0, False), "receive", True),     # its dead-letter queue
+    ("acme", ("jobs", "globex", 0, False), "receive", False),      # another's queue
+    ("acme", ("other", "acme", 0, False), "receive", False),       # not the signed queue
+    ("acme", ("jobs", "acme", 1, False), "receive", False),        # on another shard
+    ("acme", None, "receive", False),                              # unknown subqueue
+    ("acme", ("jobs", "default", 0, True), "put", True),           # a task queue: submit
+    ("acme", ("jobs", "default", 0, True), "receive", False),      # but not receive
+    ("default", None, "clear", True),                              # the admin
 ])
-def test_access_rules(account, place, operation, tenants, allowed):
+def test_access_rules(account, place, operation, allowed):
     from rayq.core.auth import Place, check_access
 
     place = Place(*place) if place else None
     if allowed:
-        check_access(account, "jobs", place, 0, operation, tenants)
+        check_access(account, "jobs", place, 0, operation)
     else:
         with pytest.raises(AuthError):
-            check_access(account, "jobs", place, 0, operation, tenants)
+            check_access(account, "jobs", place, 0, operation)
+
+
+@pytest.mark.parametrize("tenant, key, allowed", [
+    ("acme", "report", True), ("globex", "report", False),    # impersonation
+    ("acme", "anything", False),                              # a key of its own choosing
+])
+def test_an_account_sends_as_itself_keyed_as_the_runtime_keys(tenant, key, allowed):
+    from rayq.core.auth import check_senders
+    from rayq.core.model import NewMessage
+
+    messages = [NewMessage(b"\x01", "acme", "report", "report"),
+                NewMessage(b"\x01", tenant, "report", key)]
+    if allowed:
+        check_senders("acme", messages, "type")
+    else:
+        with pytest.raises(AuthError):
+            check_senders("acme", messages, "type")
+    for junk in (None, "x", [object()]):
+        with pytest.raises(AuthError):
+            check_senders("acme", junk, "type")
+    check_senders("default", [NewMessage(b"\x01", "any", "report", "free")], "type")
