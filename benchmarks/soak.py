@@ -1,5 +1,7 @@
 """Soak: a steady multi-tenant workload for a bounded time, sampling throughput and
-memory of every runtime process; both should stay flat within noise.
+memory of every runtime process; both should stay flat within noise. Besides the
+unsigned producer, receiver and task submitter, a signed account sends, receives
+and deletes one message at a time (a signature, and a remembered nonce, per call).
 
     python benchmarks/soak.py [--seconds 60] [--sample 5]
 
@@ -55,7 +57,8 @@ def main() -> None:
     client = rayq.start(data_dir=tempfile.mkdtemp(prefix="rayq-soak-"),
                         config=Config(consumers=ConsumerConfig(count=2)))
     queue = client.create_queue("soak", max_receives=None)
-    counts = {"sent": 0, "received": 0, "tasks": 0}
+    soak_key = client.create_account("soaker")
+    counts = {"sent": 0, "received": 0, "tasks": 0, "signed": 0}
     stop = threading.Event()
 
     def produce():  # 500 messages a second, which the receiver keeps up with
@@ -73,13 +76,22 @@ def main() -> None:
                 q.delete_batch([m.receipt for m in got])
                 counts["received"] += len(got)
 
+    def signed():  # one message at a time through a signed account: a signature per call
+        c = rayq.connect(account="soaker", key=soak_key)
+        q = c.create_queue("soak-signed", max_receives=None)
+        while not stop.is_set():
+            q.send("x" * 200)
+            for m in q.receive(max_messages=10):
+                q.delete(m.receipt)
+                counts["signed"] += 1
+
     def submit():
         c = rayq.connect()
         while not stop.is_set():
             ray.get([c.submit(soak_task, i, tenant=f"t{i % 3}") for i in range(20)])
             counts["tasks"] += 20
 
-    workers = [threading.Thread(target=f) for f in (produce, consume, submit)]
+    workers = [threading.Thread(target=f) for f in (produce, consume, submit, signed)]
     for w in workers:
         w.start()
     samples = []
@@ -92,6 +104,7 @@ def main() -> None:
         span = now - t_last
         samples.append({"received_per_s": (snap["received"] - last["received"]) / span,
                         "tasks_per_s": (snap["tasks"] - last["tasks"]) / span,
+                        "signed_per_s": (snap["signed"] - last["signed"]) / span,
                         "runtime_private_mib": runtime_private_mib()})
         last, t_last = snap, now
     stop.set()
@@ -104,7 +117,7 @@ def main() -> None:
              "unit": unit, "baseline": "first interval", "baseline_value": first[name]}
             for i, s in enumerate(samples)
             for name, unit in (("received_per_s", "msg/s"), ("tasks_per_s", "tasks/s"),
-                               ("runtime_private_mib", "MiB"))]
+                               ("signed_per_s", "msg/s"), ("runtime_private_mib", "MiB"))]
     report("soak", rows, {"samples": samples, "seconds": args.seconds, "left_in_queue": depth})
 
 
