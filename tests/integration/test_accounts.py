@@ -8,6 +8,7 @@ import pytest
 import ray
 
 import rayq
+import rayq.remote
 from rayq.core.auth import Signer
 from rayq.core.model import NewMessage, encode_body
 
@@ -95,13 +96,13 @@ def test_forged_expired_and_replayed_requests_change_nothing(client, accounts):
     wrong_body = good.sign("acme-jobs", "put", target, messages[:0])
     for auth in (forged, stale.sign("acme-jobs", "put", target, messages), wrong_body):
         with pytest.raises(rayq.AuthError):
-            rayq.client.call(lambda a=auth: shard.put.remote(target, messages, auth=a))
+            rayq.remote.call(lambda a=auth: shard.put.remote(target, messages, auth=a))
     assert _stored(client, "acme-jobs") == before
 
     once = good.sign("acme-jobs", "put", target, messages)
-    rayq.client.call(lambda: shard.put.remote(target, messages, auth=once))
+    rayq.remote.call(lambda: shard.put.remote(target, messages, auth=once))
     with pytest.raises(rayq.AuthError, match="replayed"):
-        rayq.client.call(lambda: shard.put.remote(target, messages, auth=once))
+        rayq.remote.call(lambda: shard.put.remote(target, messages, auth=once))
     after = _stored(client, "acme-jobs")
     assert len(after) == len(before) + 1 and [b for _, b, _ in after].count("sneaked") == 1
 
@@ -130,7 +131,7 @@ def test_cross_account_requests_are_refused_and_change_nothing(client, accounts)
         for operation, args, make in attempts:
             auth = mallory.sign(queue_name, operation, *args)
             with pytest.raises(rayq.AuthError):
-                rayq.client.call(lambda make=make, auth=auth: make(auth))
+                rayq.remote.call(lambda make=make, auth=auth: make(auth))
     assert q.count() == 1
     q.delete(held.receipt)  # acme's receipt is still the valid one
     assert q.count() == 0
@@ -192,7 +193,7 @@ def test_an_account_cannot_rekey_its_messages_or_squat_a_task_queue(client, acco
     dodging = [NewMessage(encode_body("m", 1 << 20), "acme", "report", "x")]
     auth = Signer("acme", keys["acme"]).sign("acme-jobs", "put", target, dodging)
     with pytest.raises(rayq.AuthError, match="fairness key"):
-        rayq.client.call(lambda: shard.put.remote(target, dodging, auth=auth))
+        rayq.remote.call(lambda: shard.put.remote(target, dodging, auth=auth))
     assert _stored(client, "acme-jobs") == before
 
     acme.create_queue("acme-squat")  # made before an admin puts tasks there

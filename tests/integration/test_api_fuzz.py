@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 import rayq
+import rayq.queue
 
 JUNK = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
                  st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20),
@@ -108,7 +109,7 @@ class ClientAPI(RuleBasedStateMachine):
     def another_account_tries(self, data, what):
         """A genuine signed client of another account goes for this queue: AuthError."""
         receipt = data.draw(st.sampled_from(sorted(self.receipts)) if self.receipts else JUNK)
-        theirs = rayq.client.Queue(INTRUDER, self.q.name)
+        theirs = rayq.queue.Queue(INTRUDER, self.q.name)
         calls = {"send": lambda: theirs.send("x"), "receive": lambda: theirs.receive(5),
                  "peek": lambda: theirs.peek(5), "count": theirs.count, "clear": theirs.clear,
                  "delete": lambda: theirs.delete(receipt),

@@ -1,0 +1,46 @@
+"""Calling runtime actors from a client: rayq errors come back as themselves, and calls
+that meet a restarting actor are issued again."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+from actors import NAMESPACE
+from rayq.errors import RayqError, RuntimeFailure
+
+_RETRY_ERRORS = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+_RETRY_FOR_S = 60.0
+
+
+def call(make_ref: Callable[[], Any]) -> Any:
+    """``ray.get`` a remote call, re-raising rayq errors as themselves.
+
+    A call that meets a restarting actor is issued again until it answers
+    (shards restart by themselves and lose nothing they acknowledged).
+    """
+    deadline = time.monotonic() + _RETRY_FOR_S
+    delay = 0.05
+    while True:
+        try:
+            return ray.get(make_ref())
+        except ray.exceptions.RayTaskError as err:
+            if isinstance(err.cause, RayqError):
+                raise err.cause from None
+            raise RuntimeFailure(f"runtime call failed: {err}") from err
+        except _RETRY_ERRORS as err:
+            if time.monotonic() > deadline:
+                raise RuntimeFailure(f"runtime actor unavailable: {err}") from err
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+def named(name: str):
+    """A runtime actor by name. Raises RuntimeFailure when it is not running."""
+    try:
+        return ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError as err:
+        raise RuntimeFailure(f"the runtime actor {name!r} is not running") from err
