@@ -296,7 +296,10 @@ class ShardActor:
         if subqueues is None and account != ADMIN:
             raise AuthError("an account reads the depths of its own subqueues only")
         depths = await self._read(self.store.depths)
-        return depths if subqueues is None else [d for d in depths if d.subqueue in set(subqueues)]
+        if subqueues is None:
+            return depths
+        wanted = set(subqueues)
+        return [d for d in depths if d.subqueue in wanted]
 
     async def enqueue_counts(self) -> dict:
         return await self._read(self.store.enqueue_counts)

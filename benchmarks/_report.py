@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import platform
+import threading
 import time
+from collections.abc import Callable
 
 import psutil
 from rich.console import Console
@@ -38,3 +40,17 @@ class Timer:
 
     def __exit__(self, *exc):
         self.seconds = time.perf_counter() - self.start
+
+
+def run_threads(fn: Callable[[int], None], n: int, seconds: float, stop: threading.Event) -> float:
+    """Run ``fn(i)`` on ``n`` threads for ``seconds``, then set ``stop`` and join them;
+    returns the seconds they ran."""
+    threads = [threading.Thread(target=fn, args=(i,)) for i in range(n)]
+    start = time.perf_counter()
+    for th in threads:
+        th.start()
+    time.sleep(seconds)
+    stop.set()
+    for th in threads:
+        th.join()
+    return time.perf_counter() - start

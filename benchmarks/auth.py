@@ -25,7 +25,7 @@ import time
 import ray
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _report import Timer, report  # noqa: E402
+from _report import Timer, report, run_threads  # noqa: E402
 
 import rayq  # noqa: E402
 from rayq.core.auth import Accounts, Signer, Verifier, request_body  # noqa: E402
@@ -44,15 +44,8 @@ def single_sends(client: rayq.Client, queue: str, seconds: float, producers: int
             q.send(BODY)
             counts[i] += 1
 
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(producers)]
-    start = time.perf_counter()
-    for th in threads:
-        th.start()
-    time.sleep(seconds)
-    stop.set()
-    for th in threads:
-        th.join()
-    return sum(counts) / (time.perf_counter() - start)
+    ran_s = run_threads(send, producers, seconds, stop)
+    return sum(counts) / ran_s
 
 
 def batches(client: rayq.Client, queue: str, n: int) -> float:

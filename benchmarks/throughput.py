@@ -25,7 +25,7 @@ import ray
 from ray.util.queue import Queue as RayQueue
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _report import Timer, report  # noqa: E402
+from _report import Timer, report, run_threads  # noqa: E402
 from store import raw_lmdb_puts  # noqa: E402
 
 import rayq  # noqa: E402
@@ -86,7 +86,7 @@ def concurrent_sends(seconds: float, producers: int = 8) -> tuple[float, float]:
             q.send(BODY, tenant=f"t{i}")
             counts[i] += 1
 
-    mine = _run_threads(send, producers, seconds, stop)
+    mine = run_threads(send, producers, seconds, stop)
     rq = RayQueue(actor_options={"num_cpus": 0})
     counts_b = [0] * producers
     stop_b = threading.Event()
@@ -96,20 +96,8 @@ def concurrent_sends(seconds: float, producers: int = 8) -> tuple[float, float]:
             rq.put(BODY)
             counts_b[i] += 1
 
-    base = _run_threads(put, producers, seconds, stop_b)
+    base = run_threads(put, producers, seconds, stop_b)
     return sum(counts) / mine, sum(counts_b) / base
-
-
-def _run_threads(fn, n: int, seconds: float, stop: threading.Event) -> float:
-    threads = [threading.Thread(target=fn, args=(i,)) for i in range(n)]
-    start = time.perf_counter()
-    for th in threads:
-        th.start()
-    time.sleep(seconds)
-    stop.set()
-    for th in threads:
-        th.join()
-    return time.perf_counter() - start
 
 
 def receive_latency(q: rayq.Queue, samples: int = 300) -> tuple[float, float]:
