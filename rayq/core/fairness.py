@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from rayq.config import FairnessConfig
@@ -143,18 +143,26 @@ def deferral_scale(key: str, table: UsageTable) -> list[float]:
     return [p / (p + d) if d else 1.0 for p, d in zip(processed, deferred)]
 
 
-def fair_shares(fractions: Mapping[str, list[float]], table: UsageTable) -> dict[str, list[float]]:
+def fair_shares(fractions: Mapping[str, list[float]], table: UsageTable,
+                weight: Callable[[str], float] = lambda key: 1.0) -> dict[str, list[float]]:
     """Expected usage per key per window: the window's usage by the competing keys,
-    shared in proportion to the fractions of the window they spent waiting."""
+    shared in proportion to the fractions of the window they spent waiting, times
+    their weights (a key of weight 2 is entitled to twice the thread time)."""
     n = table.windows
     shares = {key: [0.0] * n for key in fractions}
     for j in range(n):
         members = [k for k, f in fractions.items() if f[j] > 0]
-        f_sum = sum(fractions[k][j] for k in members)
+        f_sum = sum(fractions[k][j] * weight(k) for k in members)
         used = sum(table.series("usage", k, n)[j] for k in members)
         for k in members:
-            shares[k][j] = used * fractions[k][j] / f_sum
+            shares[k][j] = used * fractions[k][j] * weight(k) / f_sum
     return shares
+
+
+def key_weight(config: FairnessConfig) -> Callable[[str], float]:
+    """A key's weight under ``config`` (``weights``, else ``default_weight``)."""
+    weights = dict(config.weights)
+    return lambda key: weights.get(key, config.default_weight)
 
 
 def recent_run(series: list[float]) -> list[int]:
@@ -187,7 +195,8 @@ def evaluate(table: UsageTable, pending: Mapping[str, KeyState], now: float,
     for key, state in waiting.items():
         raw = waiting_fractions(state.oldest_enqueued_at, table, now)
         fractions[key] = [f * s for f, s in zip(raw, deferral_scale(key, table))]
-    first = fair_shares(fractions, table)
+    weight = key_weight(config)
+    first = fair_shares(fractions, table, weight)
     n = table.windows
     # Zero-latency keys: pending with nothing waiting, or finished recently.
     zero = sorted((set(table.usage) | set(pending)) - set(waiting) - set(suspended))
@@ -198,7 +207,7 @@ def evaluate(table: UsageTable, pending: Mapping[str, KeyState], now: float,
         least_fair = min((sum(first[k][j] for j in run) for k in waiting), default=math.inf)
         if run and used > least_fair:
             competing[key] = [1.0 if j in run else 0.0 for j in range(n)]
-    shares = fair_shares(competing, table) if len(competing) > len(fractions) else first
+    shares = fair_shares(competing, table, weight) if len(competing) > len(fractions) else first
     expected, actual, starvation = {}, {}, {}
     for key, f in competing.items():
         usage = table.series("usage", key, n)
@@ -290,7 +299,8 @@ class FairnessReport:
     """``client.fairness()``: the state of fair dispatch at the last evaluation.
 
     starvation: (expected - actual) / expected per key; listen_order: the order a
-    regular consumer would use now; history: recent decisions, newest last.
+    regular consumer would use now; history: recent decisions, newest last;
+    noisy: the keys the shards' fair dispatch treats as noisy (first layer), since when.
     """
 
     evaluated_at: float | None
@@ -309,6 +319,7 @@ class FairnessReport:
     ignored_permits: Mapping[str, int]
     suspended: tuple
     history: tuple[dict, ...]
+    noisy: tuple = ()   # rayq.core.dispatch.NoisyKey: what the shards' fair dispatch serves last
 
 
 def decision_event(d: Decision, order: list[str]) -> dict:
