@@ -9,7 +9,8 @@ developer guide):
   in-flight messages (and at least ``noisy_min_inflight`` of them), or more than
   ``noisy_share`` of its recent processing time;
 - receives serve quiet keys first; among keys alike, the one with the fewest
-  in-flight messages per unit of weight, then the oldest message;
+  in-flight messages per unit of weight, then the least recent processing time
+  per unit of weight, then the oldest message;
 - a key stops being noisy when its backlog is drained, or when it has sent
   nothing for ``noisy_idle_s``.
 
@@ -134,8 +135,9 @@ class NoisyChange:
 class _Key:
     weight: float
     inflight: int = 0
-    usage_s: float = 0.0          # decayed processing time, as of usage_at
-    usage_at: float = 0.0
+    # Recent processing time, in units of the dispatcher's epoch: every key decays at
+    # the same rate, so comparing these compares recent usage without touching them.
+    usage: float = 0.0
     head: Head | None = None      # (visible_at µs, seq) of the key's first row in the subqueue
     noisy_since: float | None = None
     last_sent: float = -math.inf
@@ -171,6 +173,7 @@ class FairDispatch:
         self._flights: dict[bytes, _Flight] = {}
         self._deadlines: list[tuple[int, bytes]] = []
         self._decay = math.log(2) / policy.usage_half_life_s
+        self._epoch: float | None = None  # usage values are seconds x exp(decay (t - epoch))
         self._changes: list[NoisyChange] = []  # noticed between reviews (drained backlogs)
 
     # -- scores -----------------------------------------------------------------
@@ -181,9 +184,9 @@ class FairDispatch:
             return head
         state = self._subqueues.get(sq, _EMPTY).keys.get(kid)
         if state is None:  # a key new in this transaction: not noisy, nothing in flight
-            return (False, extra_inflight / self._weight(kid), *head)
+            return (False, extra_inflight / self._weight(kid), 0.0, *head)
         return (state.noisy_since is not None, (state.inflight + extra_inflight) / state.weight,
-                *head)
+                state.usage / state.weight, *head)
 
     def _weight(self, kid: int) -> float:
         return self.policy.weight(self._name_of(kid) or "")
@@ -276,8 +279,7 @@ class FairDispatch:
         state.inflight -= 1
         if used:
             now = now_us / US
-            state.usage_s = self._decayed(state, now) + (now_us - flight.delivered_us) / US
-            state.usage_at = now
+            state.usage += (now_us - flight.delivered_us) / US * self._growth(now)
         self._place(flight.sq, flight.kid, now_us)
 
     def _drop(self, sq: int, kid: int) -> None:
@@ -286,8 +288,25 @@ class FairDispatch:
         if state.entry is not None:
             sub.ready.remove(state.entry)
 
+    def _growth(self, now: float) -> float:
+        """exp(decay (now - epoch)); the epoch moves up (rescaling every key) before it
+        could overflow, about every 290 half-lives."""
+        if self._epoch is None:
+            self._epoch = now
+        exponent = self._decay * max(0.0, now - self._epoch)
+        if exponent > 200:
+            shrink = math.exp(-exponent)  # may underflow to 0: that usage is long forgotten
+            self._epoch, exponent = now, 0.0
+            for sq, sub in self._subqueues.items():
+                for kid, state in sub.keys.items():
+                    state.usage *= shrink
+                    if state.entry is not None:
+                        self._place(sq, kid, int(now * US))
+        return math.exp(exponent)
+
     def _decayed(self, state: _Key, now: float) -> float:
-        return state.usage_s * math.exp(-self._decay * max(0.0, now - state.usage_at))
+        """A key's recent processing time in seconds."""
+        return state.usage / self._growth(now)
 
     # -- noisy keys ------------------------------------------------------------------
     def review(self, now: float) -> list[NoisyChange]:

@@ -204,3 +204,25 @@ def test_a_reopened_shard_dispatches_what_it_had_stored(tmp_path, clock):
     assert keys_of(store.receive(SQ, 5, 30)) == ["a", "a"]
     clock.advance(5)
     assert keys_of(store.receive(SQ, 5, 30)) == ["b"]
+
+
+def test_with_nothing_in_flight_the_key_with_less_recent_processing_time_goes_first(store, clock):
+    put(store, "busy", 5)
+    clock.advance(1)
+    put(store, "idle", 1)
+    [m] = store.receive(SQ, 1, 30)
+    clock.advance(2)
+    store.delete([m.receipt])  # busy has two seconds of processing time, nothing in flight
+    assert keys_of(store.receive(SQ, 1, 30)) == ["idle"]  # no review needed
+
+
+def test_recent_processing_time_fades_and_survives_a_rescale_after_days(store, clock):
+    for day in range(3):
+        put(store, "a", 2)
+        put(store, "b", 1)
+        [m] = store.receive(SQ, 1, 30, keys=["a"])
+        clock.advance(5)
+        store.delete([m.receipt])
+        assert keys_of(store.receive(SQ, 2, 30)) == ["b", "a"]
+        clock.advance(86_400)  # past the rescale of the decay's epoch
+        store.delete([r.receipt for r in store.receive(SQ, 10, 30)])
