@@ -192,7 +192,9 @@ class FairDispatch:
         return self.policy.weight(self._name_of(kid) or "")
 
     def _key(self, sq: int, kid: int) -> _Key:
-        sub = self._subqueues.setdefault(sq, _Subqueue())
+        sub = self._subqueues.get(sq)
+        if sub is None:
+            sub = self._subqueues[sq] = _Subqueue()
         state = sub.keys.get(kid)
         if state is None:
             state = sub.keys[kid] = _Key(weight=self._weight(kid))
@@ -222,6 +224,7 @@ class FairDispatch:
             flight = self._flights.get(row_key)
             if flight is not None and flight.deadline_us == deadline:
                 self._land(row_key, now_us, used=False)
+                self._place(flight.sq, flight.kid, now_us)
         for sq, sub in self._subqueues.items():
             while sub.timers and sub.timers[0][0] <= now_us:
                 _, kid, version = heapq.heappop(sub.timers)
@@ -240,22 +243,27 @@ class FairDispatch:
         """Take a committed transaction's flights and the new first-row times of the
         (subqueue, key) pairs it touched."""
         now = now_us / US
+        touched: set[tuple[int, int]] = set()  # re-ranked once each, at the end
+        flights = self._flights
         for event in events:
             if isinstance(event, Took):
-                if event.old_key in self._flights:
-                    self._land(event.old_key, now_us, used=False)
-                self._fly(event.new_key, _Flight(event.sq, event.kid, now_us, event.deadline_us),
-                          now_us)
+                if event.old_key in flights:
+                    touched.add(self._land(event.old_key, now_us, used=False))
+                touched.add(self._fly(event.new_key, _Flight(event.sq, event.kid, now_us,
+                                                             event.deadline_us)))
             elif isinstance(event, Rehid):
-                flight = self._flights.get(event.old_key)
+                flight = flights.get(event.old_key)
                 if flight is not None:
                     self._land(event.old_key, now_us, used=False)
-                    self._fly(event.new_key, flight._replace(deadline_us=event.deadline_us), now_us)
+                    touched.add(self._fly(event.new_key,
+                                          flight._replace(deadline_us=event.deadline_us)))
             elif isinstance(event, Released):
-                if event.row_key in self._flights:
-                    self._land(event.row_key, now_us, used=event.used)
+                if event.row_key in flights:
+                    touched.add(self._land(event.row_key, now_us, used=event.used))
             else:
                 self._key(event.sq, event.kid).last_sent = now
+        for sq, kid in touched - heads.keys():
+            self._place(sq, kid, now_us)
         for (sq, kid), head in heads.items():
             state = self._key(sq, kid)
             state.head = head
@@ -267,20 +275,21 @@ class FairDispatch:
             else:
                 self._place(sq, kid, now_us)
 
-    def _fly(self, row_key: bytes, flight: _Flight, now_us: int) -> None:
+    def _fly(self, row_key: bytes, flight: _Flight) -> tuple[int, int]:
+        """A row is in flight; returns its (subqueue, key), whose rank must be redone."""
         self._flights[row_key] = flight
         heapq.heappush(self._deadlines, (flight.deadline_us, row_key))
         self._key(flight.sq, flight.kid).inflight += 1
-        self._place(flight.sq, flight.kid, now_us)
+        return flight.sq, flight.kid
 
-    def _land(self, row_key: bytes, now_us: int, used: bool) -> None:
+    def _land(self, row_key: bytes, now_us: int, used: bool) -> tuple[int, int]:
+        """A row's flight ended; returns its (subqueue, key), whose rank must be redone."""
         flight = self._flights.pop(row_key)
         state = self._key(flight.sq, flight.kid)
         state.inflight -= 1
         if used:
-            now = now_us / US
-            state.usage += (now_us - flight.delivered_us) / US * self._growth(now)
-        self._place(flight.sq, flight.kid, now_us)
+            state.usage += (now_us - flight.delivered_us) / US * self._growth(now_us / US)
+        return flight.sq, flight.kid
 
     def _drop(self, sq: int, kid: int) -> None:
         sub = self._subqueues[sq]
