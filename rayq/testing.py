@@ -64,6 +64,14 @@ class _MemoryTxn:
         self.undo.append((db, key, old))
         return True
 
+    def putmulti(self, db, items):
+        for key, value in items:
+            self.put(db, key, value)
+
+    def scan_keys(self, db, start, stop=None):
+        for key, _ in self.scan(db, start, stop):
+            yield key
+
     def scan(self, db, start, stop=None):
         table = self._tables[db]
         i = bisect.bisect_left(table.keys, start)

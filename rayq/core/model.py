@@ -11,7 +11,7 @@ import binascii
 import struct
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgpack
 
@@ -200,19 +200,6 @@ ROW_KEY = struct.Struct(">IIQQ")
 PREFIX = struct.Struct(">II")
 
 
-class Row(NamedTuple):
-    id: str
-    tenant: str
-    type: str
-    enqueued_at_us: int
-    expires_at_us: int
-    dequeue_count: int
-    nonce: bytes
-    body: bytes | None          # inline body, or None when the body is a blob
-    blob: tuple | None          # (blob id, size bytes, chunks) when stored as a blob
-    task: bool = False          # a task message: its ending is recorded as an outcome
-
-
 class Ending(Enum):
     """How a task message left its queue, as recorded in the shard's outcomes table."""
 
@@ -220,15 +207,6 @@ class Ending(Enum):
     DEAD = 2          # dead-lettered after max_receives; the payload is empty
     EXPIRED = 3       # its time to live ran out before anyone finished it
     DELETED = 4       # deleted or cleared without a result
-
-
-def encode_row(row: Row) -> bytes:
-    return msgpack.packb(tuple(row), use_bin_type=True)
-
-
-def decode_row(data: bytes) -> Row:
-    fields = msgpack.unpackb(data, raw=False, use_list=False)
-    return Row(*fields)
 
 
 # -- receipts ----------------------------------------------------------------

@@ -33,8 +33,11 @@ from rayq.core.batch import (BATCH_OPS, CHUNK as U32, I64, MAX_BATCH, STAT_NAMES
 from rayq.core.cache import CacheStats, MessageCache, PressureMonitor, psutil_probe
 from rayq.core.clock import Clock, SystemClock
 from rayq.core.kv import KV, Txn
+from rayq.core import rows
+from rayq.core.migrate import migrate_rows
 from rayq.core.model import (PREFIX, ROW_KEY, US, Ending, NewMessage, StoredMessage, SubqueueState,
-                             check_count, check_name, decode_row, to_us)
+                             check_count, check_name, to_us)
+from rayq.core.wire import decode_delivered, encode_messages
 from rayq.core.windows import WindowedSums
 from rayq.errors import InvalidMessage
 
@@ -102,6 +105,7 @@ class ShardStore:
         self._enqueued: list[tuple] = []
         self.dispatch = FairDispatch(dispatch, self._key_names.get)
         self._seq, self.store_id = kv.transact(self._load)
+        self.store_hex = self.store_id.hex()  # message ids are "<store hex>-<seq hex>"
 
     # -- opening ---------------------------------------------------------
     def _load(self, txn: Txn) -> tuple[int, bytes]:
@@ -109,6 +113,7 @@ class ShardStore:
         if store_id is None:
             store_id = os.urandom(6)
             txn.put("meta", b"store_id", store_id)
+        migrate_rows(txn, store_id)
         seq = txn.get("meta", b"seq")
         for name, kid in txn.scan("keys", b"n:", b"n;"):
             self._remember_key(name[2:].decode(), U64.unpack(kid)[0])
@@ -130,6 +135,24 @@ class ShardStore:
 
     def _remember_key(self, name: str, kid: int) -> None:
         self._key_ids[name], self._key_names[kid] = kid, name
+
+    # -- what a write batch reads ------------------------------------------
+    @property
+    def seq(self) -> int:
+        """The last sequence number committed."""
+        return self._seq
+
+    def known_key_id(self, name: str) -> int | None:
+        return self._key_ids.get(name)
+
+    def key_name_of(self, kid: int) -> str | None:
+        return self._key_names.get(kid)
+
+    def count_of(self, sq: int, kid: int) -> int:
+        return self._counts.get((sq, kid), 0)
+
+    def tenant_count_of(self, name: tuple[str, int, str, str]) -> int:
+        return self._tenant_counts.get(name, 0)
 
     # -- transactions ------------------------------------------------------
     def _run(self, fn: Callable[[WriteBatch], Any]) -> Any:
@@ -172,17 +195,15 @@ class ShardStore:
             else:
                 self._counts.pop((sq, kid), None)
                 self._sq_keys[sq].discard(kid)
-        for op, *args in batch.effects:
-            if op == "cache":
-                self.cache.add(*args)
-            elif op == "uncache":
-                self.cache.discard(*args)
-            elif op == "enqueue":
-                self.enqueues.add(args[0], 1, args[1])
-                if self.keep_enqueued:
-                    self._enqueued.append((args[1], *args[0], args[2], args[3]))
-            elif op == "outcome":
-                self._finished.append(args[0])
+        for row_key in batch.uncached:
+            self.cache.discard(row_key)
+        for row_key, value in batch.cached:
+            self.cache.add(row_key, value)
+        for group in batch.enqueued:
+            self.enqueues.add((group.subqueue, group.type, group.tenant), group.count, group.at)
+        if self.keep_enqueued:
+            self._enqueued.extend(batch.enqueued)
+        self._finished.extend(batch.outcomes)
         for name, delta in batch.tenant_deltas.items():
             if name[0] == "S":
                 self._spilled[name[1]] += delta
@@ -198,7 +219,13 @@ class ShardStore:
     # -- public operations (each one transaction) ---------------------------
     def put(self, subqueue: int, messages: Sequence[NewMessage]) -> list[str]:
         """Store messages durably; returns their ids in order."""
-        return self._run(lambda b: b.put(subqueue, messages))
+        if not isinstance(messages, (list, tuple)):
+            raise InvalidMessage("put takes a list of NewMessage values")
+        return self.put_batch(subqueue, encode_messages(messages))
+
+    def put_batch(self, subqueue: int, batch: bytes) -> list[str]:
+        """Store a put buffer (:mod:`rayq.core.wire`) durably; returns the ids in order."""
+        return self._run(lambda b: b.put(subqueue, batch))
 
     def receive(self, subqueue: int, max_messages: int = 1, visibility_timeout_s: float | None = None,
                 *, keys: Sequence[str] | None = None, max_receives: int | None = None,
@@ -211,9 +238,9 @@ class ShardStore:
         keys in ``exclude``. A message already received ``max_receives`` times
         moves to subqueue ``dead_letter`` instead of being delivered.
         """
-        return self._run(lambda b: b.receive(subqueue, max_messages, visibility_timeout_s,
-                                             keys=keys, max_receives=max_receives,
-                                             dead_letter=dead_letter, exclude=exclude))
+        return decode_delivered(self._run(lambda b: b.receive(
+            subqueue, max_messages, visibility_timeout_s, keys=keys, max_receives=max_receives,
+            dead_letter=dead_letter, exclude=exclude)))
 
     def delete(self, receipts: Sequence[str]) -> list[str]:
         """Delete the messages of valid receipts; returns the receipts that were invalid."""
@@ -239,8 +266,9 @@ class ShardStore:
     def take_enqueued(self) -> list[tuple[float, int, str, str, str, str]]:
         """(at, subqueue, type, tenant, message id, key) of every put since the last call,
         when ``keep_enqueued`` is on (for the event log)."""
-        enqueued, self._enqueued = self._enqueued, []
-        return enqueued
+        groups, self._enqueued = self._enqueued, []
+        return [(g.at, g.subqueue, g.type, g.tenant, f"{self.store_hex}-{seq:x}", g.key)
+                for g in groups for seq in range(g.first_seq, g.first_seq + g.count)]
 
     def take_finished(self) -> list[tuple[str, Ending, bytes]]:
         """(message id, ending, payload) of every outcome recorded since the last call."""
@@ -269,7 +297,7 @@ class ShardStore:
         def read(txn: Txn):
             reader = WriteBatch(self, txn)
             picked, _ = reader.pick(subqueue, max_messages, now_us, keys, None)
-            return [reader.stored(key, row, None) for key, row in picked]
+            return [reader.stored(key, value, None) for key, value in picked]
         return self.kv.read(read)
 
     def state(self, subqueue: int) -> SubqueueState:
@@ -326,7 +354,7 @@ class ShardStore:
                 latency, oldest = 0.0, None
                 for row_key, value in txn.scan("rows", PREFIX.pack(sq, kid), PREFIX.pack(sq, kid + 1)):
                     visible_us = ROW_KEY.unpack(row_key)[2]
-                    oldest = decode_row(value).enqueued_at_us / US
+                    oldest = rows.enqueued_us(value) / US
                     latency = max(0.0, (now_us - visible_us) / US)
                     break
                 out.append(KeyDepth(sq, self._key_names[kid], n, latency, oldest))
