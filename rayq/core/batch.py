@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from rayq.core import rows
 from rayq.core.dispatch import Event, Rehid, Released, Sent, Took
 from rayq.core.kv import Txn
-from rayq.core.model import (PREFIX, ROW_KEY, US, Ending, Receipt, StoredMessage,
+from rayq.core.model import (PREFIX, ROW_KEY, US, Ending, StoredMessage, parse_receipt, receipt_text,
                              SubqueueState, check_count, check_seconds, to_us)
 from rayq.core.spill import SpillOps
 from rayq.core.wire import Attrs, decode_put, encode_delivered
@@ -319,7 +319,7 @@ class WriteBatch(SpillOps):
             self.flights.append(Took(row_key, new_key, sq, kid, visible_us))
             self._taken[(sq, kid)] += 1
             self.store.cache.take(row_key)  # a hit: this read came from memory, not LMDB
-            out.append([self.message_id(seq), Receipt(new_key, nonce).encode(),
+            out.append([self.message_id(seq), receipt_text(new_key, nonce),
                         self.body_of(value, meta), meta.tenant, meta.type, self.key_name(kid),
                         meta.dequeue_count + 1, meta.enqueued_us, sq])
         self.txn.putmulti("rows", moved)
@@ -463,11 +463,11 @@ class WriteBatch(SpillOps):
     # -- receipts --------------------------------------------------------------
     def _resolve(self, receipt: Any) -> tuple[bytes, bytes]:
         """(row key, value) of the row a receipt holds; 8 bytes compared, nothing decoded."""
-        parsed = Receipt.decode(receipt)
-        value = self.txn.get("rows", parsed.row_key)
-        if value is None or rows.nonce_of(value) != parsed.nonce or parsed.nonce == rows.NO_NONCE:
+        row_key, nonce = parse_receipt(receipt)
+        value = self.txn.get("rows", row_key)
+        if value is None or rows.nonce_of(value) != nonce or nonce == rows.NO_NONCE:
             raise ReceiptInvalid(_STALE)
-        return parsed.row_key, value
+        return row_key, value
 
     def delete(self, receipts: Sequence[str]) -> list[str]:
         if not isinstance(receipts, (list, tuple)) or len(receipts) > MAX_BATCH:
@@ -503,7 +503,7 @@ class WriteBatch(SpillOps):
         self._move(row_key, new_value, new_key)
         self.flights.append(Released(row_key, used=False) if undeliver
                             else Rehid(row_key, new_key, visible_us))
-        return Receipt(new_key, nonce).encode()
+        return receipt_text(new_key, nonce)
 
     # -- housekeeping ------------------------------------------------------------
     def clear(self, subqueue: int) -> int:

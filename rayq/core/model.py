@@ -6,8 +6,6 @@ types, fairness keys or limits lives here.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import struct
 from dataclasses import dataclass
 from enum import Enum
@@ -211,6 +209,25 @@ class Ending(Enum):
 
 # -- receipts ----------------------------------------------------------------
 _RECEIPT = struct.Struct(">IIQQ8s")
+RECEIPT_CHARS = 2 * _RECEIPT.size
+
+
+def receipt_text(row_key: bytes, nonce: bytes) -> str:
+    """A pop receipt as users hold it: the row key and the nonce, in hex."""
+    return (row_key + nonce).hex()
+
+
+def parse_receipt(text: Any) -> tuple[bytes, bytes]:
+    """(row key, nonce) of a receipt string. Raises ReceiptInvalid when it is not one."""
+    if not isinstance(text, str) or len(text) != RECEIPT_CHARS:
+        raise ReceiptInvalid(f"not a pop receipt: {text!r:.80}")
+    try:
+        raw = bytes.fromhex(text)
+    except ValueError as err:
+        raise ReceiptInvalid(f"not a pop receipt: {text!r:.80}") from err
+    if len(raw) != _RECEIPT.size:  # fromhex skips white space
+        raise ReceiptInvalid(f"not a pop receipt: {text!r:.80}")
+    return raw[:ROW_KEY.size], raw[ROW_KEY.size:]
 
 
 @dataclass(frozen=True)
@@ -221,20 +238,12 @@ class Receipt:
     nonce: bytes
 
     def encode(self) -> str:
-        return base64.urlsafe_b64encode(self.row_key + self.nonce).decode("ascii")
+        return receipt_text(self.row_key, self.nonce)
 
     @classmethod
     def decode(cls, text: Any) -> "Receipt":
         """Parse a receipt string. Raises ReceiptInvalid when it is not one."""
-        if not isinstance(text, str) or len(text) != 44:
-            raise ReceiptInvalid(f"not a pop receipt: {text!r:.60}")
-        try:
-            raw = base64.urlsafe_b64decode(text.encode("ascii"))
-        except (binascii.Error, UnicodeEncodeError, ValueError) as err:
-            raise ReceiptInvalid(f"not a pop receipt: {text!r:.60}") from err
-        if len(raw) != _RECEIPT.size:
-            raise ReceiptInvalid(f"not a pop receipt: {text!r:.60}")
-        return cls(raw[:ROW_KEY.size], raw[ROW_KEY.size:])
+        return cls(*parse_receipt(text))
 
     @property
     def subqueue(self) -> int:

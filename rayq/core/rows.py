@@ -50,13 +50,21 @@ class RowMeta(NamedTuple):
         return bool(self.flags & TASK)
 
 
+_NAMES: dict[bytes, tuple[str, str]] = {}  # decoded (tenant, type) by their raw bytes
+_NAMES_KEPT = 10_000
+
+
 def meta(value: bytes) -> RowMeta:
     enqueued, expires, dequeues, flags, nonce, tenant_len, type_len = HEAD.unpack_from(value)
-    names_at = HEAD.size
-    type_at = names_at + tenant_len
-    body_at = type_at + type_len
-    return RowMeta(enqueued, expires, dequeues, flags, nonce,
-                   value[names_at:type_at].decode(), value[type_at:body_at].decode(), body_at)
+    body_at = HEAD.size + tenant_len + type_len
+    raw = value[HEAD.size - 4:body_at]  # both lengths and both names: unambiguous
+    names = _NAMES.get(raw)
+    if names is None:  # few distinct (tenant, type) pairs: decode each once
+        if len(_NAMES) >= _NAMES_KEPT:
+            _NAMES.clear()
+        type_at = HEAD.size + tenant_len
+        names = _NAMES[raw] = (value[HEAD.size:type_at].decode(), value[type_at:body_at].decode())
+    return RowMeta(enqueued, expires, dequeues, flags, nonce, names[0], names[1], body_at)
 
 
 def nonce_of(value: bytes) -> bytes:
