@@ -71,7 +71,7 @@ class FloodDetector:
     async def detect_once(self) -> list[Flooder]:
         queues: dict[str, QueueInfo] = await unwrap(self.manager.flood_layout.remote())
         snapshots = await asyncio.gather(*(s.flood_snapshot.remote() for s in self.shards))
-        layout = {sq.id: (q.name, bool(sq.dedicated)) for q in queues.values() for sq in q.subqueues}
+        layout = {sq.id: (ref, bool(sq.dedicated)) for ref, q in queues.items() for sq in q.subqueues}
         view = build_view(layout, [s["tenant_counts"] for s in snapshots],
                           [s["enqueues"] for s in snapshots])
         now = time.time()

@@ -64,6 +64,11 @@ class Gate:
                     self._keys, self._places = keys, places
                     self._fetched_at = time.monotonic()
 
+    async def places(self) -> dict[int, Place]:
+        """Where every subqueue belongs (a copy at most MAX_AGE_S old)."""
+        await self._refresh()
+        return dict(self._places)
+
     async def account(self, auth: Signature | None, queue: str, operation: str, *args: Any) -> str:
         """The account a request acts for; raises AuthError if its signature does not hold."""
         if auth is None:

@@ -14,7 +14,7 @@ import os
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
@@ -50,7 +50,9 @@ _ENDINGS = {Ending.DEAD: ("DeadLettered", "the task was delivered max_receives t
 
 @dataclass(frozen=True)
 class ShardStats:
-    """A shard's store counters plus its group-commit and per-subqueue load counters."""
+    """A shard's store counters plus its group-commit and per-subqueue load counters.
+    ``queues``: messages on this shard per queue, every account's, by unambiguous name
+    (``acme/orders``; the default account's plain)."""
 
     index: int
     store: StoreStats
@@ -58,6 +60,7 @@ class ShardStats:
     calls_committed: int
     ops: dict[int, int]
     throttled: dict[int, int]
+    queues: dict[str, int] = field(default_factory=dict)
 
 
 class ShardActor:
@@ -307,8 +310,12 @@ class ShardActor:
     async def stats(self, auth: Signature | None = None) -> ShardStats:
         check_admin(await self.gate.account(auth, "", "stats"), "shard statistics")
         store_stats = await self._read(self.store.stats)
+        mine = {sq: p.queue for sq, p in (await self.gate.places()).items() if p.shard == self.index}
+        queues: Counter[str] = Counter()
+        for sq, n in (await self._read(lambda: {sq: self.store.count(sq) for sq in mine})).items():
+            queues[mine[sq]] += n
         return ShardStats(self.index, store_stats, self._commits, self._calls,
-                          dict(self._ops), dict(self._throttled))
+                          dict(self._ops), dict(self._throttled), dict(queues))
 
     async def process(self) -> dict:
         """The shard process's pid and memory: resident in all, and private (anonymous)
