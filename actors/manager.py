@@ -20,8 +20,8 @@ from actors import COORDINATOR, FLOOD_DETECTOR, NAMESPACE, consumer_name, shard_
 from actors.consumer import ConsumerRemote, named_consumers
 from actors.gate import Directory, Gate
 from rayq.config import Config
-from rayq.core.auth import ADMIN, Accounts, Place, Signature, may_use, queue_ref,
-                            resolve_ref, split_ref
+from rayq.core.auth import (ADMIN, Accounts, Place, Signature, may_use, queue_ref, resolve_ref,
+                            split_ref)
 from rayq.core.clock import SystemClock
 from rayq.core.kv import LmdbKV
 from rayq.core.leases import ConcurrencyLeases

@@ -310,12 +310,22 @@ class ShardActor:
     async def stats(self, auth: Signature | None = None) -> ShardStats:
         check_admin(await self.gate.account(auth, "", "stats"), "shard statistics")
         store_stats = await self._read(self.store.stats)
-        mine = {sq: p.queue for sq, p in (await self.gate.places()).items() if p.shard == self.index}
-        queues: Counter[str] = Counter()
-        for sq, n in (await self._read(lambda: {sq: self.store.count(sq) for sq in mine})).items():
-            queues[mine[sq]] += n
         return ShardStats(self.index, store_stats, self._commits, self._calls,
-                          dict(self._ops), dict(self._throttled), dict(queues))
+                          dict(self._ops), dict(self._throttled), await self._queue_counts())
+
+    async def _queue_counts(self) -> dict[str, int]:
+        """Messages here per queue by unambiguous name; empty while the manager is away
+        (statistics never wait for it to come back)."""
+        try:
+            places = await self.gate.places()
+        except (ValueError, ray.exceptions.RayError):
+            return {}
+        mine = {sq: p.queue for sq, p in places.items() if p.shard == self.index}
+        counts = await self._read(lambda: {sq: self.store.count(sq) for sq in mine})
+        queues: Counter[str] = Counter()
+        for sq, n in counts.items():
+            queues[mine[sq]] += n
+        return dict(queues)
 
     async def process(self) -> dict:
         """The shard process's pid and memory: resident in all, and private (anonymous)
