@@ -2,14 +2,16 @@
 requests refused with AuthError while the stored messages stay exactly as they were."""
 
 import dataclasses
+import gc
 import time
+import weakref
 
 import pytest
 import ray
 
 import rayq
 import rayq.remote
-from rayq.core.auth import Signer
+from rayq.core.auth import Signer, Verifier, request_body
 from rayq.core.model import NewMessage, encode_body
 
 pytestmark = pytest.mark.integration
@@ -254,3 +256,35 @@ def test_another_accounts_queue_names_do_not_leak(accounts):
     with pytest.raises(rayq.AuthError):  # no account creates in another's namespace
         globex.create_queue("acme/sneaky")
     assert clients["acme"].queue("secret-plans").count() == 0
+
+
+def test_two_clients_of_one_account_each_sign_their_own_sends(client, monkeypatch):
+    first = client.create_account("pair")
+    old = rayq.connect(account="pair", key=first)
+    old_queue = old.create_queue("pair-jobs")
+    old_queue.send("sent by the old client")
+    second = client.rotate_key(1, account="pair")
+    new = rayq.connect(account="pair", key=second)
+    signed = []  # (signature, signed arguments) of every request the new client makes
+    sign = new.transport.sign
+    monkeypatch.setattr(new.transport, "sign",
+                        lambda queue, op, *args: signed.append((sign(queue, op, *args), args))
+                        or signed[-1][0])
+    new.queue("pair-jobs").send("sent by the new client")
+    puts = [(sig, args) for sig, args in signed if sig.operation == "put"]
+    assert len(puts) == 1
+    sig, args = puts[0]
+    body = request_body(*args)
+    assert Verifier(lambda account: [second]).verify(sig, "pair-jobs", "put", body,
+                                                     time.time()) == "pair"
+    with pytest.raises(rayq.AuthError):  # not made with the rotated-out key
+        Verifier(lambda account: [first]).verify(sig, "pair-jobs", "put", body, time.time())
+    with pytest.raises(rayq.AuthError):  # the old client's key is refused once rotated out
+        old_queue.send("refused")
+    assert sorted(m.body for m in new.queue("pair-jobs").peek(max_messages=10)) == [
+        "sent by the new client", "sent by the old client"]
+
+    dropped = weakref.ref(old.transport)
+    del old, old_queue
+    gc.collect()
+    assert dropped() is None  # nothing process-wide keeps a client's transport alive
