@@ -27,7 +27,7 @@ import ray
 
 from actors import MANAGER, NAMESPACE, shard_name
 from actors.consumer import unwrap
-from actors.gate import Gate, manager_directory
+from actors.gate import durable_gate, manager_directory
 from actors.metrics import FloodMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
@@ -56,7 +56,7 @@ class FloodDetector:
         self.manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
         self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
                        for i in range(config.store.shards)]
-        self.gate = Gate(manager_directory)
+        self.gate = durable_gate(manager_directory, self.kv)
         asyncio.get_running_loop().create_task(self._detect_forever())
 
     async def flooders_now(self, auth: Signature | None = None) -> list[Flooder]:

@@ -18,7 +18,7 @@ import ray
 
 from actors import COORDINATOR, FLOOD_DETECTOR, NAMESPACE, consumer_name, shard_name
 from actors.consumer import ConsumerRemote, named_consumers
-from actors.gate import Directory, Gate
+from actors.gate import Directory, durable_gate
 from rayq.config import Config
 from rayq.core.auth import (ADMIN, Accounts, Place, Signature, may_use, queue_ref, resolve_ref,
                             split_ref)
@@ -45,7 +45,7 @@ class QueueManager:
         self.registry = QueueRegistry(kv, shards=config.store.shards, clock=self.clock)
         self.tasks = TaskRegistry(kv)
         self.accounts = Accounts(kv)
-        self.gate = Gate(self._directory)
+        self.gate = durable_gate(self._directory, kv)
         self.leases = ConcurrencyLeases()
         self._consumers = Consumers(kv, config)
         self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)

@@ -4,6 +4,11 @@ Concurrent calls queue up while a transaction commits; the next transaction
 takes all of them at once (group commit: one fsync for many calls, with no
 fixed delay). Every store access runs on one worker thread, so the event loop
 keeps accepting calls while LMDB syncs.
+
+A signed request's nonce is written in the same transaction as the request it
+signs, so a request captured before a restart is still refused after it. A
+signed read (peek, counts, depths, stats) waits for its nonce's group commit
+before it answers: a replayed read would show the replayer the queue as it is now.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -21,6 +27,7 @@ import psutil
 import ray
 
 from actors.gate import Gate, manager_directory
+from rayq.core import nonces
 from actors.metrics import ShardMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
@@ -69,7 +76,8 @@ class ShardActor:
         self.store = open_store(path, config=config.store)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard-{index}")
         self._loop = asyncio.get_running_loop()
-        self._pending: list[tuple[str, tuple, dict, asyncio.Future]] = []
+        # (store call or None for a nonce alone, args, kwargs, future, nonce key or None)
+        self._pending: list[tuple[str | None, tuple, dict, asyncio.Future, bytes | None]] = []
         self._committing = False
         self._arrivals: dict[int, asyncio.Event] = {}
         self._ops: Counter[int] = Counter()
@@ -83,17 +91,26 @@ class ShardActor:
         self.events = open_event_log(os.path.dirname(path), f"shard-{index}", config.analytics,
                                      self._collect_events)
         self.store.keep_enqueued = self.events is not None
-        self.gate = Gate(manager_directory)
+        self.gate = Gate(manager_directory, seen=nonces.load(self.store.kv, time.time()))
         self.key_mode = config.fairness.key
 
     # -- group commit ------------------------------------------------------
-    async def _write(self, subqueue: int | None, name: str, *args, **kwargs) -> Any:
-        result = await self._enqueue(subqueue, name, *args, **kwargs)
+    async def _write(self, subqueue: int | None, name: str | None, *args,
+                     signed: Signature | None = None, **kwargs) -> Any:
+        """Run store call ``name`` in the next group commit, with the nonce of the
+        request that ``signed`` it (None: unsigned, or a later round of a long poll)."""
+        result = await self._enqueue(subqueue, name, *args, signed=signed, **kwargs)
         if isinstance(result, BaseException):
             raise result
         return result
 
-    def _enqueue(self, subqueue: int | None, name: str, *args, **kwargs) -> asyncio.Future:
+    async def _remember(self, signed: Signature | None) -> None:
+        """Make a signed read's nonce durable (the next group commit) before it answers."""
+        if signed is not None:
+            await self._write(None, None, signed=signed)
+
+    def _enqueue(self, subqueue: int | None, name: str | None, *args,
+                 signed: Signature | None = None, **kwargs) -> asyncio.Future:
         """Queue one store call for the next group commit; its future holds the result
         or the RayqError it raised."""
         if len(self._pending) >= MAX_PENDING_CALLS:
@@ -101,7 +118,8 @@ class ShardActor:
                 self._throttled[subqueue] += 1
             raise Overloaded(f"shard {self.index} has {len(self._pending)} calls waiting")
         future = self._loop.create_future()
-        self._pending.append((name, args, kwargs, future))
+        nonce = nonces.nonce_key(signed) if signed is not None else None
+        self._pending.append((name, args, kwargs, future, nonce))
         if not self._committing:
             self._committing = True
             self._loop.create_task(self._commit_pending())
@@ -113,7 +131,7 @@ class ShardActor:
                 calls, self._pending = self._pending, []
                 try:
                     results, finished = await self._loop.run_in_executor(
-                        self._thread, self._group, [c[:3] for c in calls])
+                        self._thread, self._group, calls)
                     self._notify(finished)
                 except RayqError as err:
                     results = [err] * len(calls)
@@ -121,7 +139,7 @@ class ShardActor:
                     results = [StoreError(f"shard {self.index} transaction failed: {err!r}")] * len(calls)
                 self._commits += 1
                 self._calls += len(calls)
-                for (name, args, _, future), result in zip(calls, results):
+                for (name, args, _, future, _), result in zip(calls, results):
                     if name == "put" and not isinstance(result, BaseException):
                         self._wake(args[0])
                     if not future.done():
@@ -130,7 +148,12 @@ class ShardActor:
             self._committing = False
 
     def _group(self, calls: list) -> tuple[list, list]:
-        return self.store.group(calls), self.store.take_finished()
+        """One transaction: the store calls, and the nonces of the requests they serve."""
+        keys = [c[4] for c in calls if c[4] is not None]
+        also = (lambda txn: nonces.remember(txn, keys, time.time())) if keys else None
+        done = iter(self.store.group([c[:3] for c in calls if c[0] is not None], also))
+        results = [next(done) if c[0] is not None else None for c in calls]
+        return results, self.store.take_finished()
 
     async def _read(self, fn, *args) -> Any:
         return await self._loop.run_in_executor(self._thread, fn, *args)
@@ -144,7 +167,7 @@ class ShardActor:
     async def put(self, subqueue: int, messages: list, auth: Signature | None = None) -> list[str]:
         account = await self.gate.allow(auth, "put", self.index, [subqueue], subqueue, messages)
         check_senders(account, messages, self.key_mode)
-        ids = await self._write(subqueue, "put", subqueue, messages)
+        ids = await self._write(subqueue, "put", subqueue, messages, signed=auth)
         self._ops[subqueue] += len(ids)
         return ids
 
@@ -158,10 +181,13 @@ class ShardActor:
                               subqueue, max_messages, visibility_timeout_s, keys, max_receives,
                               dead_letter, wait_s, exclude)
         deadline = self._loop.time() + max(0.0, float(wait_s or 0.0))
+        signed = auth  # its nonce goes with the first round
         while True:
             got = await self._write(subqueue, "receive", subqueue, max_messages,
                                     visibility_timeout_s, keys=keys, exclude=exclude,
-                                    max_receives=max_receives, dead_letter=dead_letter)
+                                    max_receives=max_receives, dead_letter=dead_letter,
+                                    signed=signed)
+            signed = None
             remaining = deadline - self._loop.time()
             if got or remaining <= 0:
                 self._ops[subqueue] += max(1, len(got))
@@ -174,13 +200,13 @@ class ShardActor:
 
     async def delete(self, receipts: list[str], auth: Signature | None = None) -> list[str]:
         await self.gate.allow(auth, "delete", self.index, _receipt_subqueues(receipts), receipts)
-        return await self._write(None, "delete", receipts)
+        return await self._write(None, "delete", receipts, signed=auth)
 
     async def change_visibility(self, receipt: str, timeout_s: float,
                                 auth: Signature | None = None) -> str:
         await self.gate.allow(auth, "change_visibility", self.index,
                               _receipt_subqueues([receipt]), receipt, timeout_s)
-        return await self._write(None, "change_visibility", receipt, timeout_s)
+        return await self._write(None, "change_visibility", receipt, timeout_s, signed=auth)
 
     async def defer(self, receipt: str, delay_s: float) -> str:
         return await self._write(None, "defer", receipt, delay_s)
@@ -244,15 +270,17 @@ class ShardActor:
 
     async def clear(self, subqueue: int, auth: Signature | None = None) -> int:
         await self.gate.allow(auth, "clear", self.index, [subqueue], subqueue)
-        return await self._write(subqueue, "clear", subqueue)
+        return await self._write(subqueue, "clear", subqueue, signed=auth)
 
     async def peek(self, subqueue: int, max_messages: int = 1, *, keys=None,
                    auth: Signature | None = None) -> list:
         await self.gate.allow(auth, "peek", self.index, [subqueue], subqueue, max_messages, keys)
+        await self._remember(auth)
         return await self._read(lambda: self.store.peek(subqueue, max_messages, keys=keys))
 
     async def counts(self, subqueues: list[int], auth: Signature | None = None) -> dict[int, int]:
         await self.gate.allow(auth, "counts", self.index, _listed(subqueues), subqueues)
+        await self._remember(auth)
         return await self._read(lambda: {sq: self.store.count(sq) for sq in subqueues})
 
     async def forget_keys(self) -> None:
@@ -298,6 +326,7 @@ class ShardActor:
                                         subqueues)
         if subqueues is None and account != ADMIN:
             raise AuthError("an account reads the depths of its own subqueues only")
+        await self._remember(auth)
         depths = await self._read(self.store.depths)
         if subqueues is None:
             return depths
@@ -309,6 +338,7 @@ class ShardActor:
 
     async def stats(self, auth: Signature | None = None) -> ShardStats:
         check_admin(await self.gate.account(auth, "", "stats"), "shard statistics")
+        await self._remember(auth)
         store_stats = await self._read(self.store.stats)
         return ShardStats(self.index, store_stats, self._commits, self._calls,
                           dict(self._ops), dict(self._throttled), await self._queue_counts())
@@ -341,6 +371,7 @@ class ShardActor:
     async def flush_events(self, auth: Signature | None = None) -> int:
         """Write buffered events now (``client.report`` does this first)."""
         await self.gate.admin(auth, "flush_events")
+        await self._remember(auth)
         if self.events is None:
             return 0
         await self._collect_events()

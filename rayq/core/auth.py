@@ -89,6 +89,13 @@ class Signature:
     mac: str
 
 
+def nonce_digest(account: str, nonce: str) -> int:
+    """A 64-bit digest of (account, nonce), stable across processes (unlike ``hash``), so
+    remembered nonces can be stored and read back after a restart."""
+    data = f"{account}\n{nonce}".encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
 def canonical(account: str, queue: str, operation: str, timestamp: float, nonce: str,
               body: bytes) -> bytes:
     digest = hashlib.sha256(body).hexdigest()
@@ -193,6 +200,14 @@ class Verifier:
         self._seen: set[int] = set()
         self._order: deque[tuple[float, int]] = deque()
 
+    def preload(self, digests: Sequence[int], now: float) -> None:
+        """Refuse these nonce digests (:func:`nonce_digest`) as seen: what a restarted
+        runtime actor reads back from its durable table (see rayq.core.nonces)."""
+        for digest in digests:
+            if digest not in self._seen:
+                self._seen.add(digest)
+                self._order.append((now, digest))
+
     def verify(self, sig: Any, queue: str, operation: str, body: bytes, now: float) -> str:
         """The account a request acts for. Raises AuthError for anything not genuine,
         stale, replayed, or signed for another queue or operation."""
@@ -212,7 +227,7 @@ class Verifier:
         if not genuine:
             raise SignatureMismatch("the signature does not match the account's keys")
         self._forget_before(now - 2 * self.skew_s)
-        seen = hash((sig.account, sig.nonce))  # 64 bits: a false "replayed" is ~1e-8 at 1M
+        seen = nonce_digest(sig.account, sig.nonce)  # 64 bits: a false "replayed" is ~1e-8 at 1M
         if seen in self._seen:
             raise AuthError("the request was replayed")
         if len(self._seen) >= self.max_nonces:

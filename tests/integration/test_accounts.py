@@ -288,3 +288,29 @@ def test_two_clients_of_one_account_each_sign_their_own_sends(client, monkeypatc
     del old, old_queue
     gc.collect()
     assert dropped() is None  # nothing process-wide keeps a client's transport alive
+
+
+def test_requests_replayed_after_a_shard_restart_are_refused(client, accounts):
+    clients, keys = accounts
+    shard, target = _put_target(clients["acme"], "acme-jobs")
+    messages = [NewMessage(encode_body("captured", 1 << 20), "acme", "default", "default")]
+    signer = Signer("acme", keys["acme"])
+    put = signer.sign("acme-jobs", "put", target, messages)
+    read = signer.sign("acme-jobs", "counts", [target])
+    rayq.remote.call(lambda: shard.put.remote(target, messages, auth=put))
+    counted = rayq.remote.call(lambda: shard.counts.remote([target], auth=read))
+    before = rayq.remote.call(lambda: shard.process.remote())["pid"]
+
+    ray.kill(shard, no_restart=False)  # a real kill; Ray restarts the shard
+    deadline = time.monotonic() + 60
+    while rayq.remote.call(lambda: shard.process.remote())["pid"] == before:
+        assert time.monotonic() < deadline, "the shard did not restart"
+
+    with pytest.raises(rayq.AuthError, match="replayed"):
+        rayq.remote.call(lambda: shard.put.remote(target, messages, auth=put))
+    with pytest.raises(rayq.AuthError, match="replayed"):
+        rayq.remote.call(lambda: shard.counts.remote([target], auth=read))
+    stored = [body for _, body, _ in _stored(client, "acme/acme-jobs")]
+    assert stored.count("captured") == 1  # stored exactly once
+    fresh = signer.sign("acme-jobs", "counts", [target])  # the shard serves new requests
+    assert rayq.remote.call(lambda: shard.counts.remote([target], auth=fresh)) == counted
