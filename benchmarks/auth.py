@@ -129,6 +129,8 @@ def main() -> None:
         signed = rayq.connect(account="bench", key=admin.create_account("bench"))
         admin.create_queue("plain", max_receives=None)
         signed.create_queue("signed", max_receives=None)
+        for client, queue in ((admin, "plain"), (signed, "signed")):  # warm-up, not measured
+            single_sends(client, queue, 1.0), counts(client, queue, 20)
         figures = {}
         for name, client, queue in (("unsigned", admin, "plain"), ("signed", signed, "signed")):
             figures[name] = (single_sends(client, queue, args.seconds),

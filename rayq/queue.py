@@ -132,13 +132,14 @@ class Queue:
             info = queue.subqueue(sq)
             shard = self._transport.shards[info.shard]
             dead_letter = queue.dead_letter_on(info.shard) if queue.max_receives else None
+            want = n - len(out)
             try:
-                got = call(lambda: shard.receive.remote(
-                    sq, n - len(out), visibility_timeout_s, max_receives=queue.max_receives,
-                    dead_letter=dead_letter, wait_s=wait_s,
-                    auth=self._transport.sign(self.name, "receive", sq, n - len(out),
-                                            visibility_timeout_s, None, queue.max_receives,
-                                            dead_letter, wait_s, None)))
+                got = self._transport.call_signed(
+                    lambda auth: shard.receive.remote(
+                        sq, want, visibility_timeout_s, max_receives=queue.max_receives,
+                        dead_letter=dead_letter, wait_s=wait_s, auth=auth),
+                    self.name, "receive", sq, want, visibility_timeout_s, None,
+                    queue.max_receives, dead_letter, wait_s, None)
             except QueueDisabled:  # dropped since we routed (drained, retired): route anew
                 self._transport.route(self.name, refresh=True)
                 continue
@@ -155,8 +156,8 @@ class Queue:
         for sq in order:
             shard = self._transport.shard_of(queue, sq)
             want = max_messages - len(out)
-            got = call(lambda: shard.peek.remote(
-                sq, want, auth=self._transport.sign(self.name, "peek", sq, want, None)))
+            got = self._transport.call_signed(lambda auth: shard.peek.remote(sq, want, auth=auth),
+                                              self.name, "peek", sq, want, None)
             out.extend(Received.from_stored(m) for m in got)
             if len(out) >= max_messages:
                 break

@@ -17,7 +17,7 @@ from typing import Any
 import ray
 
 from rayq.config import Config
-from rayq.core.auth import ADMIN, Signature, Signer
+from rayq.core.auth import ADMIN, ReplayedRequest, Signature, Signer
 from rayq.core.model import NewMessage, SubqueueState
 from rayq.core.registry import QueueInfo
 from rayq.remote import call
@@ -59,7 +59,25 @@ class Transport:
 
     def call(self, method, queue: str, operation: str, *args: Any) -> Any:
         """A signed request's result; retried (signed anew) while the actor restarts."""
-        return call(lambda: self.request(method, queue, operation, *args))
+        return self.call_signed(lambda auth: method.remote(*args, auth=auth), queue, operation,
+                                *args)
+
+    def call_signed(self, make: Callable[[Signature | None], ray.ObjectRef], queue: str,
+                    operation: str, *args: Any) -> Any:
+        """The result of ``make(signature over args)``, retried while the actor restarts.
+
+        Ray re-delivers a call that met an actor restart with its arguments, signature
+        included; if the first delivery's nonce was stored before the restart, the
+        runtime refuses the second as a replay. This transport signed the request
+        once, so that refusal is its own call coming back: it is signed anew and sent
+        once more (at least once, as for any call retried over a restart).
+        """
+        def send() -> Any:
+            return call(lambda: make(self.sign(queue, operation, *args)))
+        try:
+            return send()
+        except ReplayedRequest:
+            return send()
 
     def shard_of(self, queue: QueueInfo, sq: int):
         """The handle of the shard that holds subqueue ``sq`` of ``queue``."""

@@ -181,6 +181,10 @@ class SignatureMismatch(AuthError):
     """The MAC matches none of the account's keys."""
 
 
+class ReplayedRequest(AuthError):
+    """Raised when a signed request's nonce was seen before (also before a restart)."""
+
+
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -229,7 +233,7 @@ class Verifier:
         self._forget_before(now - 2 * self.skew_s)
         seen = nonce_digest(sig.account, sig.nonce)  # 64 bits: a false "replayed" is ~1e-8 at 1M
         if seen in self._seen:
-            raise AuthError("the request was replayed")
+            raise ReplayedRequest("the request was replayed")
         if len(self._seen) >= self.max_nonces:
             raise Overloaded("too many signed requests in the replay window; retry later")
         self._seen.add(seen)

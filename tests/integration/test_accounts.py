@@ -314,3 +314,26 @@ def test_requests_replayed_after_a_shard_restart_are_refused(client, accounts):
     assert stored.count("captured") == 1  # stored exactly once
     fresh = signer.sign("acme-jobs", "counts", [target])  # the shard serves new requests
     assert rayq.remote.call(lambda: shard.counts.remote([target], auth=fresh)) == counted
+
+
+def test_a_client_whose_own_request_comes_back_as_a_replay_signs_it_anew(client, accounts,
+                                                                         monkeypatch):
+    """What Ray's re-delivery of a call across a shard restart looks like to a client: its
+    request, with its stored nonce, arrives again. The client signs anew, once."""
+    acme = accounts[0]["acme"]
+    q = acme.queue("acme-jobs")
+    q.clear()
+    shard, target = _put_target(acme, "acme-jobs")
+    messages = [NewMessage(encode_body("twice", 1 << 20), "acme", "default", "default")]
+    delivered = acme.transport.sign("acme-jobs", "put", target, messages)
+    rayq.remote.call(lambda: shard.put.remote(target, messages, auth=delivered))
+    sign, signed = acme.transport.sign, []
+
+    def redeliver_first(queue, operation, *args):
+        signed.append(delivered if not signed else sign(queue, operation, *args))
+        return signed[-1]
+
+    monkeypatch.setattr(acme.transport, "sign", redeliver_first)
+    ids = acme.transport.call(shard.put, "acme-jobs", "put", target, messages)
+    assert len(ids) == 1 and len(signed) == 2 and signed[1].nonce != delivered.nonce
+    assert q.count() == 2  # at least once: the re-delivered put is stored again
