@@ -21,7 +21,7 @@ import ray
 
 from actors import MANAGER, NAMESPACE, shard_name
 from actors.consumer import named_consumers, unwrap
-from actors.gate import Gate, manager_directory
+from actors.gate import durable_gate, manager_directory
 from actors.metrics import CoordinatorMetrics
 from rayq.analytics.eventlog import log_report, open_event_log
 from rayq.config import Config
@@ -56,7 +56,7 @@ class FairnessCoordinator:
         self._version = 0
         self._regular = config.consumers.count
         self._rng = random.Random()
-        self.gate = Gate(manager_directory)
+        self.gate = durable_gate(manager_directory, self.kv)
         asyncio.get_running_loop().create_task(self._evaluate_forever())
 
     # -- consumers and clients -------------------------------------------------------

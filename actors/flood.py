@@ -27,7 +27,7 @@ import ray
 
 from actors import MANAGER, NAMESPACE, shard_name
 from actors.consumer import unwrap
-from actors.gate import Gate, manager_directory
+from actors.gate import durable_gate, manager_directory
 from actors.metrics import FloodMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
@@ -56,7 +56,7 @@ class FloodDetector:
         self.manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
         self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
                        for i in range(config.store.shards)]
-        self.gate = Gate(manager_directory)
+        self.gate = durable_gate(manager_directory, self.kv)
         asyncio.get_running_loop().create_task(self._detect_forever())
 
     async def flooders_now(self, auth: Signature | None = None) -> list[Flooder]:
@@ -71,7 +71,7 @@ class FloodDetector:
     async def detect_once(self) -> list[Flooder]:
         queues: dict[str, QueueInfo] = await unwrap(self.manager.flood_layout.remote())
         snapshots = await asyncio.gather(*(s.flood_snapshot.remote() for s in self.shards))
-        layout = {sq.id: (q.name, bool(sq.dedicated)) for q in queues.values() for sq in q.subqueues}
+        layout = {sq.id: (ref, bool(sq.dedicated)) for ref, q in queues.items() for sq in q.subqueues}
         view = build_view(layout, [s["tenant_counts"] for s in snapshots],
                           [s["enqueues"] for s in snapshots])
         now = time.time()

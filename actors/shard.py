@@ -4,6 +4,11 @@ Concurrent calls queue up while a transaction commits; the next transaction
 takes all of them at once (group commit: one fsync for many calls, with no
 fixed delay). Every store access runs on one worker thread, so the event loop
 keeps accepting calls while LMDB syncs.
+
+A signed request's nonce is written in the same transaction as the request it
+signs, so a request captured before a restart is still refused after it. A
+signed read (peek, counts, depths, stats) waits for its nonce's group commit
+before it answers: a replayed read would show the replayer the queue as it is now.
 """
 
 from __future__ import annotations
@@ -12,15 +17,17 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
 import ray
 
 from actors.gate import Gate, manager_directory
+from rayq.core import nonces
 from actors.metrics import ShardMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
@@ -52,7 +59,9 @@ _ENDINGS = {Ending.DEAD: ("DeadLettered", "the task was delivered max_receives t
 
 @dataclass(frozen=True)
 class ShardStats:
-    """A shard's store counters plus its group-commit and per-subqueue load counters."""
+    """A shard's store counters plus its group-commit and per-subqueue load counters.
+    ``queues``: messages on this shard per queue, every account's, by unambiguous name
+    (``acme/orders``; the default account's plain)."""
 
     index: int
     store: StoreStats
@@ -60,6 +69,7 @@ class ShardStats:
     calls_committed: int
     ops: dict[int, int]
     throttled: dict[int, int]
+    queues: dict[str, int] = field(default_factory=dict)
 
 
 class ShardActor:
@@ -69,7 +79,8 @@ class ShardActor:
                                 dispatch=DispatchPolicy.of(config.fairness))
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard-{index}")
         self._loop = asyncio.get_running_loop()
-        self._pending: list[tuple[str, tuple, dict, asyncio.Future]] = []
+        # (store call or None for a nonce alone, args, kwargs, future, nonce key or None)
+        self._pending: list[tuple[str | None, tuple, dict, asyncio.Future, bytes | None]] = []
         self._committing = False
         self._arrivals: dict[int, asyncio.Event] = {}
         self._ops: Counter[int] = Counter()
@@ -84,17 +95,26 @@ class ShardActor:
         self.events = open_event_log(os.path.dirname(path), f"shard-{index}", config.analytics,
                                      self._collect_events)
         self.store.keep_enqueued = self.events is not None
-        self.gate = Gate(manager_directory)
+        self.gate = Gate(manager_directory, seen=nonces.load(self.store.kv, time.time()))
         self.key_mode = config.fairness.key
 
     # -- group commit ------------------------------------------------------
-    async def _write(self, subqueue: int | None, name: str, *args, **kwargs) -> Any:
-        result = await self._enqueue(subqueue, name, *args, **kwargs)
+    async def _write(self, subqueue: int | None, name: str | None, *args,
+                     signed: Signature | None = None, **kwargs) -> Any:
+        """Run store call ``name`` in the next group commit, with the nonce of the
+        request that ``signed`` it (None: unsigned, or a later round of a long poll)."""
+        result = await self._enqueue(subqueue, name, *args, signed=signed, **kwargs)
         if isinstance(result, BaseException):
             raise result
         return result
 
-    def _enqueue(self, subqueue: int | None, name: str, *args, **kwargs) -> asyncio.Future:
+    async def _remember(self, signed: Signature | None) -> None:
+        """Make a signed read's nonce durable (the next group commit) before it answers."""
+        if signed is not None:
+            await self._write(None, None, signed=signed)
+
+    def _enqueue(self, subqueue: int | None, name: str | None, *args,
+                 signed: Signature | None = None, **kwargs) -> asyncio.Future:
         """Queue one store call for the next group commit; its future holds the result
         or the RayqError it raised."""
         if len(self._pending) >= MAX_PENDING_CALLS:
@@ -102,7 +122,8 @@ class ShardActor:
                 self._throttled[subqueue] += 1
             raise Overloaded(f"shard {self.index} has {len(self._pending)} calls waiting")
         future = self._loop.create_future()
-        self._pending.append((name, args, kwargs, future))
+        nonce = nonces.nonce_key(signed) if signed is not None else None
+        self._pending.append((name, args, kwargs, future, nonce))
         if not self._committing:
             self._committing = True
             self._loop.create_task(self._commit_pending())
@@ -114,7 +135,7 @@ class ShardActor:
                 calls, self._pending = self._pending, []
                 try:
                     results, finished = await self._loop.run_in_executor(
-                        self._thread, self._group, [c[:3] for c in calls])
+                        self._thread, self._group, calls)
                     self._notify(finished)
                 except RayqError as err:
                     results = [err] * len(calls)
@@ -122,7 +143,7 @@ class ShardActor:
                     results = [StoreError(f"shard {self.index} transaction failed: {err!r}")] * len(calls)
                 self._commits += 1
                 self._calls += len(calls)
-                for (name, args, _, future), result in zip(calls, results):
+                for (name, args, _, future, _), result in zip(calls, results):
                     if name == "put" and not isinstance(result, BaseException):
                         self._wake(args[0])
                     if not future.done():
@@ -131,7 +152,12 @@ class ShardActor:
             self._committing = False
 
     def _group(self, calls: list) -> tuple[list, list]:
-        return self.store.group(calls), self.store.take_finished()
+        """One transaction: the store calls, and the nonces of the requests they serve."""
+        keys = [c[4] for c in calls if c[4] is not None]
+        also = (lambda txn: nonces.remember(txn, keys, time.time())) if keys else None
+        done = iter(self.store.group([c[:3] for c in calls if c[0] is not None], also))
+        results = [next(done) if c[0] is not None else None for c in calls]
+        return results, self.store.take_finished()
 
     async def _read(self, fn, *args) -> Any:
         return await self._loop.run_in_executor(self._thread, fn, *args)
@@ -145,7 +171,7 @@ class ShardActor:
     async def put(self, subqueue: int, messages: list, auth: Signature | None = None) -> list[str]:
         account = await self.gate.allow(auth, "put", self.index, [subqueue], subqueue, messages)
         check_senders(account, messages, self.key_mode)
-        ids = await self._write(subqueue, "put", subqueue, messages)
+        ids = await self._write(subqueue, "put", subqueue, messages, signed=auth)
         self._ops[subqueue] += len(ids)
         return ids
 
@@ -159,10 +185,13 @@ class ShardActor:
                               subqueue, max_messages, visibility_timeout_s, keys, max_receives,
                               dead_letter, wait_s, exclude)
         deadline = self._loop.time() + max(0.0, float(wait_s or 0.0))
+        signed = auth  # its nonce goes with the first round
         while True:
             got = await self._write(subqueue, "receive", subqueue, max_messages,
                                     visibility_timeout_s, keys=keys, exclude=exclude,
-                                    max_receives=max_receives, dead_letter=dead_letter)
+                                    max_receives=max_receives, dead_letter=dead_letter,
+                                    signed=signed)
+            signed = None
             remaining = deadline - self._loop.time()
             if got or remaining <= 0:
                 self._ops[subqueue] += max(1, len(got))
@@ -175,13 +204,13 @@ class ShardActor:
 
     async def delete(self, receipts: list[str], auth: Signature | None = None) -> list[str]:
         await self.gate.allow(auth, "delete", self.index, _receipt_subqueues(receipts), receipts)
-        return await self._write(None, "delete", receipts)
+        return await self._write(None, "delete", receipts, signed=auth)
 
     async def change_visibility(self, receipt: str, timeout_s: float,
                                 auth: Signature | None = None) -> str:
         await self.gate.allow(auth, "change_visibility", self.index,
                               _receipt_subqueues([receipt]), receipt, timeout_s)
-        return await self._write(None, "change_visibility", receipt, timeout_s)
+        return await self._write(None, "change_visibility", receipt, timeout_s, signed=auth)
 
     async def defer(self, receipt: str, delay_s: float) -> str:
         return await self._write(None, "defer", receipt, delay_s)
@@ -245,15 +274,17 @@ class ShardActor:
 
     async def clear(self, subqueue: int, auth: Signature | None = None) -> int:
         await self.gate.allow(auth, "clear", self.index, [subqueue], subqueue)
-        return await self._write(subqueue, "clear", subqueue)
+        return await self._write(subqueue, "clear", subqueue, signed=auth)
 
     async def peek(self, subqueue: int, max_messages: int = 1, *, keys=None,
                    auth: Signature | None = None) -> list:
         await self.gate.allow(auth, "peek", self.index, [subqueue], subqueue, max_messages, keys)
+        await self._remember(auth)
         return await self._read(lambda: self.store.peek(subqueue, max_messages, keys=keys))
 
     async def counts(self, subqueues: list[int], auth: Signature | None = None) -> dict[int, int]:
         await self.gate.allow(auth, "counts", self.index, _listed(subqueues), subqueues)
+        await self._remember(auth)
         return await self._read(lambda: {sq: self.store.count(sq) for sq in subqueues})
 
     async def forget_keys(self) -> None:
@@ -299,6 +330,7 @@ class ShardActor:
                                         subqueues)
         if subqueues is None and account != ADMIN:
             raise AuthError("an account reads the depths of its own subqueues only")
+        await self._remember(auth)
         depths = await self._read(self.store.depths)
         if subqueues is None:
             return depths
@@ -310,9 +342,24 @@ class ShardActor:
 
     async def stats(self, auth: Signature | None = None) -> ShardStats:
         check_admin(await self.gate.account(auth, "", "stats"), "shard statistics")
+        await self._remember(auth)
         store_stats = await self._read(self.store.stats)
         return ShardStats(self.index, store_stats, self._commits, self._calls,
-                          dict(self._ops), dict(self._throttled))
+                          dict(self._ops), dict(self._throttled), await self._queue_counts())
+
+    async def _queue_counts(self) -> dict[str, int]:
+        """Messages here per queue by unambiguous name; empty while the manager is away
+        (statistics never wait for it to come back)."""
+        try:
+            places = await self.gate.places()
+        except (ValueError, ray.exceptions.RayError):
+            return {}
+        mine = {sq: p.queue for sq, p in places.items() if p.shard == self.index}
+        counts = await self._read(lambda: {sq: self.store.count(sq) for sq in mine})
+        queues: Counter[str] = Counter()
+        for sq, n in counts.items():
+            queues[mine[sq]] += n
+        return dict(queues)
 
     async def process(self) -> dict:
         """The shard process's pid and memory: resident in all, and private (anonymous)
@@ -328,6 +375,7 @@ class ShardActor:
     async def flush_events(self, auth: Signature | None = None) -> int:
         """Write buffered events now (``client.report`` does this first)."""
         await self.gate.admin(auth, "flush_events")
+        await self._remember(auth)
         if self.events is None:
             return 0
         await self._collect_events()

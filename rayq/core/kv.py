@@ -18,7 +18,7 @@ from rayq.errors import StoreError
 
 T = TypeVar("T")
 DATABASES = ("rows", "expiry", "blobs", "counts", "keys", "meta", "outcomes", "outcome_expiry",
-             "spill", "tcounts")
+             "spill", "tcounts", "nonces")
 
 
 class Txn(Protocol):

@@ -166,13 +166,18 @@ class ShardStore:
         self._apply(batch)
         return result
 
-    def group(self, calls: Sequence[tuple[str, tuple, dict]]) -> list[Any]:
+    def group(self, calls: Sequence[tuple[str, tuple, dict]],
+              also: Callable[[Txn], None] | None = None) -> list[Any]:
         """Run many calls in one write transaction (group commit).
 
         Each call runs in a nested transaction: one that raises a RayqError is
         rolled back alone and its exception takes its place in the results.
+        ``also(txn)`` writes in the same transaction, before the calls (the shard
+        records the signed requests' nonces this way: durable exactly when they are).
         """
         def run(batch: WriteBatch) -> list[Any]:
+            if also is not None:
+                also(batch.txn)
             results = []
             for name, args, kwargs in calls:
                 if name not in BATCH_OPS:

@@ -116,3 +116,18 @@ def test_the_sweeper_ends_when_nothing_is_spilled_and_yields_after_its_share(
     from rayq.core.flood import sweep_step
 
     assert sweep_step(0, False, spilled, batches, CONFIG, 50) == expected
+
+
+def test_two_accounts_queues_of_one_name_are_judged_apart():
+    """The detector's layout names queues account-qualified (the manager's flood_layout):
+    acme's deep orders make acme a flooder of acme/orders, not of globex's orders."""
+    from rayq.core.flood import build_view
+
+    layout = {1: ("acme/orders", False), 2: ("globex/orders", False)}
+    counts = {("L", 1, "t", "acme"): 80, ("L", 2, "t", "acme"): 80}
+    enqueues = {(1, "t", "acme"): [60.0], (2, "t", "acme"): [60.0]}
+    changes = detect(build_view(layout, [counts], [enqueues]), [], CONFIG, now=1.0)
+    assert changes.added == ()  # 80 + 80 would pass 100 were the two one queue
+    counts[("L", 1, "t", "acme")] = 120
+    added = detect(build_view(layout, [counts], [enqueues]), [], CONFIG, now=2.0).added
+    assert [(f.queue, f.tenant) for f in added] == [("acme/orders", "acme")]
