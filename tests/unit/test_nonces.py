@@ -12,6 +12,7 @@ from rayq.core.auth import MAX_SKEW_S, Accounts, Signer, Verifier, sign
 from rayq.core.kv import LmdbKV
 from rayq.core.model import NewMessage, encode_body
 from rayq.core.store import ShardStore
+from rayq.core.wire import encode_messages
 from rayq.errors import AuthError
 from rayq.testing import FakeClock, MemoryKV, plenty_of_memory
 
@@ -65,7 +66,7 @@ def test_a_group_commit_writes_its_nonces_in_the_same_transaction(accounts):
     store = _store(MemoryKV())
     message = NewMessage(encode_body("m", 1 << 20), "acme", "report", "report")
     key = nonces.nonce_key(sign("acme", accounts.create("acme"), "q", "put", b"", NOW))
-    [ids] = store.group([("put", (1, [message]), {})],
+    [ids] = store.group([("put", (1, encode_messages([message])), {})],
                         also=lambda txn: nonces.remember(txn, [key], NOW))
     assert len(ids) == 1 and _seen_nonces(store.kv) == [key]
 
@@ -74,7 +75,7 @@ def test_a_group_commit_writes_its_nonces_in_the_same_transaction(accounts):
         raise OSError("disk gone")
 
     with pytest.raises(OSError):
-        store.group([("put", (1, [message]), {})], also=broken)
+        store.group([("put", (1, encode_messages([message])), {})], also=broken)
     assert store.count(1) == 1 and _seen_nonces(store.kv) == [key]  # neither was written
 
 
