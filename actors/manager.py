@@ -26,7 +26,7 @@ from rayq.core.kv import LmdbKV
 from rayq.core.leases import ConcurrencyLeases
 from rayq.core.model import SubqueueState, check_count
 from rayq.core.registry import QueueInfo, QueueRegistry, put_target, receive_order
-from rayq.core.scaling import SubqueueLoad, decide, is_idle
+from rayq.core.scaling import SubqueueLoad, decide, is_quiet
 from rayq.core.tasks import TaskRegistry, TaskSpec
 from rayq.errors import AuthError, InvalidMessage, RayqError
 
@@ -51,7 +51,7 @@ class QueueManager:
         self._counts: dict[int, int] = {}
         self._last_ops: dict[int, tuple[float, int, int]] = {}
         self._rates: dict[int, tuple[float, float]] = {}
-        self._idle_since: dict[str, float] = {}
+        self._quiet_since: dict[int, float] = {}  # per subqueue
         self.scaling_events: list[dict] = []
         self._loop = asyncio.get_running_loop()
         self._loop.create_task(self._scale_forever())
@@ -279,14 +279,20 @@ class QueueManager:
             loads = [SubqueueLoad(s.id, s.shard, s.state, s.version, self._counts.get(s.id, 0),
                                   *self._rates.get(s.id, (0.0, 0.0)))
                      for s in queue.subqueues if not s.dedicated]  # the flood detector's
-            if is_idle(loads, self.config.scaling):
-                self._idle_since.setdefault(queue.name, now)
-            else:
-                self._idle_since.pop(queue.name, None)
-            idle_for = now - self._idle_since.get(queue.name, now)
             decision = decide(loads, depths, min_subqueues=queue.min_subqueues,
-                              idle_for_s=idle_for, config=self.config.scaling)
+                              quiet_for_s=self._quiet_for(loads, now),
+                              config=self.config.scaling)
             await self._apply(queue, decision, now)
+
+    def _quiet_for(self, loads: list[SubqueueLoad], now: float) -> dict[int, float]:
+        """How long each subqueue has been quiet (seed 003: small, fast, seldom throttled)."""
+        out = {}
+        for load in loads:
+            if is_quiet(load, self.config.scaling):
+                out[load.id] = now - self._quiet_since.setdefault(load.id, now)
+            else:
+                self._quiet_since.pop(load.id, None)
+        return out
 
     async def _apply(self, queue: QueueInfo, decision, now: float) -> None:
         if decision.add_on_shard is not None:
@@ -296,7 +302,8 @@ class QueueManager:
             sq = queue.subqueue(decision.retire)
             await self.shards[sq.shard].set_state.remote(sq.id, SubqueueState.NO_PUT.value)
             self.registry.set_state(queue.name, sq.id, SubqueueState.NO_PUT)
-            self._idle_since.pop(queue.name, None)
+            for other in queue.subqueues:  # the rest must be quiet for idle_s again
+                self._quiet_since.pop(other.id, None)
             self._event("retire", queue.name, sq.id, now)
         for sq_id in decision.drop:
             sq = queue.subqueue(sq_id)

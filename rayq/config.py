@@ -110,9 +110,12 @@ class ScalingConfig:
     interval_s: float = 1.0
     scale_up_ops_per_s: float = 5_000.0
     scale_up_throttled_per_s: float = 1.0
-    idle_ops_per_s: float = 1.0
-    idle_s: float = 60.0
+    idle_ops_per_s: float = 1.0       # a subqueue this slow is quiet whatever it holds
+    idle_s: float = 60.0              # how long a subqueue stays quiet before one retires
     max_subqueues: int = 8
+    small_count: int = 1_000          # a subqueue holding fewer messages is small
+    fast_ops_fraction: float = 0.25   # under this share of scale_up_ops_per_s it serves fast
+    seldom_throttled_per_s: float = 0.1  # throttling under this rate is seldom
 
 
 @dataclass(frozen=True)
