@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from rayq.core.flood import ALL_TENANTS
 from rayq.core.model import PREFIX, ROW_KEY, Ending, NewMessage, check_count, check_name, decode_row, encode_row, to_us
+from rayq.errors import QueueDisabled
 
 if TYPE_CHECKING:
     from rayq.core.batch import WriteBatch
@@ -57,9 +58,11 @@ def spill_one(batch: "WriteBatch", sq: int, m: NewMessage, flooder: str) -> str:
 
 def sweep(batch: "WriteBatch", type_: str, tenant: str, target: int, limit: int) -> int:
     """Move up to ``limit`` spilled messages of (type, tenant) into subqueue ``target``;
-    expired ones are dropped instead. Returns how many moved."""
+    expired ones, and those of a cleared or deleted subqueue, are dropped instead.
+    Returns how many moved. Raises QueueDisabled when ``target`` is being removed."""
     check_name(type_, "type"), check_name(tenant, "tenant")
     check_count(target, "target", 0, 2**32 - 2), check_count(limit, "limit", 1, 100_000)
+    check_target(batch, target)
     spill_kid = batch.key_id(spill_name(type_, tenant), create=False)
     if spill_kid is None:
         return 0
@@ -69,19 +72,36 @@ def sweep(batch: "WriteBatch", type_: str, tenant: str, target: int, limit: int)
     for key, value in entries:
         source, kid, visible_us = SPILL_HEAD.unpack(value[:SPILL_HEAD.size])
         row = decode_row(value[SPILL_HEAD.size:])
-        seq = SPILL_KEY.unpack(key)[1]
-        batch.txn.delete("spill", key)
-        batch.tenant_deltas[("S", source, row.type, row.tenant)] -= 1
+        if source in batch.store.purging:  # cleared: it must never come back
+            drop_spilled(batch, key, value, Ending.DELETED)
+            continue
         if row.expires_at_us <= batch.now_us:
-            batch.drop_blob(row)
-            if row.task:
-                batch.record(row.id, Ending.EXPIRED)
+            drop_spilled(batch, key, value, Ending.EXPIRED)
             batch.stats["expired"] += 1
             continue
-        batch.insert(ROW_KEY.pack(target, kid, visible_us, seq), row)
+        batch.txn.delete("spill", key)
+        batch.tenant_deltas[("S", source, row.type, row.tenant)] -= 1
+        batch.insert(ROW_KEY.pack(target, kid, visible_us, SPILL_KEY.unpack(key)[1]), row)
         moved += 1
     batch.stats["swept"] += moved
     return moved
+
+
+def drop_spilled(batch: "WriteBatch", key: bytes, value: bytes, ending: Ending) -> None:
+    """Delete one spill entry for good; a task message ends with ``ending``."""
+    source = SPILL_HEAD.unpack(value[:SPILL_HEAD.size])[0]
+    row = decode_row(value[SPILL_HEAD.size:])
+    batch.txn.delete("spill", key)
+    batch.tenant_deltas[("S", source, row.type, row.tenant)] -= 1
+    batch.drop_blob(row)
+    if row.task:
+        batch.record(row.id, ending)
+
+
+def check_target(batch: "WriteBatch", target: int) -> None:
+    """Nothing moves into a subqueue that is being removed (a stale layout)."""
+    if target in batch.store.purging:
+        raise QueueDisabled(f"subqueue {target} is being removed")
 
 
 def move_matching(batch: "WriteBatch", source: int, target: int, type_: str, tenant: str,
@@ -92,6 +112,7 @@ def move_matching(batch: "WriteBatch", source: int, target: int, type_: str, ten
     check_name(type_, "type"), check_name(tenant, "tenant")
     check_count(source, "source", 0, 2**32 - 2), check_count(target, "target", 0, 2**32 - 2)
     check_count(limit, "limit", 1, 100_000)
+    check_target(batch, target)
     start = after + b"\x00" if after else PREFIX.pack(source, 0)
     rows = list(itertools.islice(batch.txn.scan("rows", start, PREFIX.pack(source + 1, 0)), limit))
     moved = 0
