@@ -132,10 +132,27 @@ class QueueManager:
         account = await self.gate.account(auth, name, "delete_queue", name)
         if not may_use(account, self.registry.get(name).owner):
             raise AuthError(f"queue {name!r} belongs to another account")
-        for sq in self.registry.delete(name):
-            shard = self.shards[sq.shard]
-            await shard.set_state.remote(sq.id, SubqueueState.DISABLED.value)
-            await shard.clear.remote(sq.id)
+        removed = self.registry.delete(name)
+        self.registry.note_purges(removed)
+        await self._purge(removed)
+
+    async def clear_queue(self, name: str, auth: Signature | None = None) -> None:
+        """Empty a queue at once (not its DLQ): fresh subqueues take its place and the
+        shards remove the old ones' messages, spilled ones too, in the background."""
+        account = await self.gate.account(auth, name, "clear_queue", name)
+        if not may_use(account, self.registry.get(name).owner):
+            raise AuthError(f"queue {name!r} belongs to another account")
+        await self._purge(self.registry.renew(name))
+
+    async def _purge(self, subqueues: list) -> None:
+        """Hand subqueues to their shards for removal (O(subqueues) here); what a shard
+        did not take yet stays recorded and is handed over again by the scaling loop."""
+        by_shard: dict[int, list[int]] = defaultdict(list)
+        for sq in subqueues:
+            by_shard[sq.shard].append(sq.id)
+        for shard, ids in by_shard.items():
+            await self.shards[shard].purge.remote(ids)
+            self.registry.purged(ids)
 
     async def routing(self, name: str, auth: Signature | None = None
                       ) -> tuple[QueueInfo, list[int], int]:
@@ -322,6 +339,7 @@ class QueueManager:
         while True:
             await asyncio.sleep(self.config.scaling.interval_s)
             try:
+                await self._purge(self.registry.pending_purges())  # after a crash mid-clear
                 await self.scale_once()
                 await self._consumers.scale(None)  # replace consumers killed for good
             except (RayqError, ray.exceptions.RayError):

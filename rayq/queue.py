@@ -224,11 +224,12 @@ class Queue:
         return sum(self._counts(queue).values())
 
     def clear(self) -> None:
-        """Delete every message of the queue (not of its dead-letter queue)."""
-        queue, _, _ = self._client._route(self.name, refresh=True)
-        for sq in queue.subqueues:
-            call(lambda sq=sq: self._client._request(self._client._shards[sq.shard].clear,
-                                                     self.name, "clear", sq.id))
+        """Delete every message of the queue, spilled ones too (not of its dead-letter
+        queue): ``count()`` is 0 when this returns, and the old messages are removed in
+        the background. O(subqueues)."""
+        call(lambda: self._client._request(self._client._manager.clear_queue, self.name,
+                                           "clear_queue", self.name))
+        self._client._route(self.name, refresh=True)
 
     def stats(self) -> QueueStats:
         """Depth, per-key depth and oldest age, subqueues and (for the ``default`` account)

@@ -87,6 +87,15 @@ def sweep(batch: "WriteBatch", type_: str, tenant: str, target: int, limit: int)
     return moved
 
 
+def any_spilled(txn, key_ids: dict[str, int], type_: str, tenant: str) -> bool:
+    """Whether the spill store holds anything under flooder (type, tenant)."""
+    kid = key_ids.get(spill_name(type_, tenant))
+    if kid is None:
+        return False
+    start, stop = SPILL_KEY.pack(kid, 0), SPILL_KEY.pack(kid + 1, 0)
+    return next(iter(txn.scan("spill", start, stop)), None) is not None
+
+
 def drop_spilled(batch: "WriteBatch", key: bytes, value: bytes, ending: Ending) -> None:
     """Delete one spill entry for good; a task message ends with ``ending``."""
     source = SPILL_HEAD.unpack(value[:SPILL_HEAD.size])[0]

@@ -29,7 +29,7 @@ from rayq.config import StoreConfig
 from rayq.core.batch import (BATCH_OPS, CHUNK as U32, I64, MAX_BATCH, STAT_NAMES, U64, WriteBatch,
                              check_subqueue)
 from rayq.core.cache import CacheStats, MessageCache, PressureMonitor, psutil_probe
-from rayq.core import purge
+from rayq.core import purge, spill
 from rayq.core.clock import Clock, SystemClock
 from rayq.core.kv import KV, Txn
 from rayq.core.model import (PREFIX, ROW_KEY, US, Ending, NewMessage, StoredMessage, SubqueueState,
@@ -349,6 +349,10 @@ class ShardStore:
     def sweep(self, type_: str, tenant: str, target: int, limit: int) -> int:
         """Move up to ``limit`` spilled messages of a flooder into ``target`` (one transaction)."""
         return self._run(lambda b: b.sweep(type_, tenant, target, limit))
+
+    def spill_left(self, type_: str, tenant: str) -> bool:
+        """Whether anything is spilled under flooder (type, tenant): one seek."""
+        return self.kv.read(lambda txn: spill.any_spilled(txn, self._key_ids, type_, tenant))
 
     def move_matching(self, source: int, target: int, type_: str, tenant: str, limit: int,
                       after: bytes | None = None) -> tuple[int, bytes | None]:
