@@ -101,6 +101,8 @@ class ConsumerConfig:
     max_backoff_s: float = 60.0
     defer_s: float = 0.5               # how long a message of a saturated type stays hidden
     num_cpus: float = 0.5              # Ray CPUs reserved per consumer actor
+    max_host_memory_percent: float = 95.0  # a consumer whose host is over this backs off
+    max_host_cpu_percent: float = 100.0    # the same for CPU (100: never)
 
 
 @dataclass(frozen=True)
