@@ -122,6 +122,8 @@ def move_matching(batch: "WriteBatch", source: int, target: int, type_: str, ten
     check_count(source, "source", 0, 2**32 - 2), check_count(target, "target", 0, 2**32 - 2)
     check_count(limit, "limit", 1, 100_000)
     check_target(batch, target)
+    if source in batch.store.purging:  # cleared since the caller looked: nothing to save
+        return 0, None
     start = after + b"\x00" if after else PREFIX.pack(source, 0)
     rows = list(itertools.islice(batch.txn.scan("rows", start, PREFIX.pack(source + 1, 0)), limit))
     moved = 0

@@ -82,3 +82,10 @@ def test_nothing_moves_into_a_subqueue_being_removed(store):
         store.move_matching(1, DEDICATED, "report", "acme", 100)
     assert store.count(0) == 1 and store.count(1) == 1  # nothing was lost either
     assert len(everything(store, 1)) == 1
+
+
+def test_nothing_moves_out_of_a_subqueue_being_removed(store):
+    store.put(0, [message(tenant="acme") for _ in range(3)])
+    store.purge([0])
+    assert store.move_matching(0, DEDICATED, "report", "acme", 100) == (0, None)
+    assert store.count(DEDICATED) == 0
