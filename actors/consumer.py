@@ -227,12 +227,17 @@ class ConsumerActor:
             self._spent = {}
 
     def _listen(self, exclude: set[str]) -> list[str] | None:
-        """This receive's key order from the coordinator's plan; None for plain FIFO."""
+        """This receive's key order from the coordinator's plan while it intervenes (or,
+        for a booster, while keys hold permits); None leaves the order to the shard's
+        fair dispatch, which is fair from the first second."""
         plan = self._plan
         if plan is None or plan.decision is None or not plan.keys:
             return None
+        booster = self.index >= plan.regular_consumers
+        if not plan.decision.intervening and not (booster and plan.decision.permits):
+            return None
         return listen_order(plan.decision, plan.keys, self._rng, exclude,
-                            booster=self.index >= plan.regular_consumers, spent=self._spent)
+                            booster=booster, spent=self._spent)
 
     # -- receiving -----------------------------------------------------------------
     async def _route(self, name: str) -> tuple[QueueInfo, list[int]]:

@@ -81,7 +81,14 @@ class FairnessCoordinator:
             expected_s=dict(d.expected_s) if d else {}, actual_s=dict(d.actual_s) if d else {},
             listen_order=order, permits=dict(d.permits) if d else {},
             ignored_permits=dict(d.ignored_permits) if d else {},
-            suspended=tuple(self.rules.history()), history=self.history.recent())
+            suspended=tuple(self.rules.history()), history=self.history.recent(),
+            noisy=tuple(await self._noisy()))
+
+    async def _noisy(self) -> list:
+        """What every shard's fair dispatch treats as noisy (shards restarting: skipped)."""
+        parts = await asyncio.gather(*(s.noisy.remote() for s in self.shards),
+                                     return_exceptions=True)
+        return [k for part in parts if not isinstance(part, BaseException) for k in part]
 
     async def suspend(self, key: str, reason: str, by: str,
                       auth: Signature | None = None) -> SuspensionRule:

@@ -25,6 +25,7 @@ from actors.metrics import ShardMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
 from rayq.core.auth import ADMIN, Signature, check_admin, check_senders
+from rayq.core.dispatch import DispatchPolicy, NoisyKey
 from rayq.core.model import Ending, Receipt, SubqueueState
 from rayq.core.store import KeyDepth, StoreStats, open_store
 from rayq.core.tasks import decode_outcome
@@ -34,6 +35,7 @@ from rayq.errors import (AuthError, InvalidMessage, Overloaded, RayqError, Recei
 log = logging.getLogger("rayq.shard")
 MAX_PENDING_CALLS = 10_000
 EXPIRY_INTERVAL_S = 5.0
+REVIEW_INTERVAL_S = 1.0  # how often fair dispatch re-marks noisy keys (O(keys) each time)
 PURGE_ROWS = 2_000     # rows (and spill entries) per background removal transaction
 PURGE_PAUSE_S = 0.01   # between two of them: calls waiting for the store go first
 MAX_WAIT_SLICE_S = 1.0  # long polls re-check at least this often (messages whose visibility lapses)
@@ -65,7 +67,8 @@ class ShardStats:
 class ShardActor:
     def __init__(self, index: int, path: str, config: Config):
         self.index = index
-        self.store = open_store(path, config=config.store)
+        self.store = open_store(path, config=config.store,
+                                dispatch=DispatchPolicy.of(config.fairness))
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard-{index}")
         self._loop = asyncio.get_running_loop()
         self._pending: list[tuple[str, tuple, dict, asyncio.Future]] = []
@@ -77,6 +80,7 @@ class ShardActor:
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future]]] = {}
         self._waiters_lock = threading.Lock()
         self._housekeeping = self._loop.create_task(self._collect_expired_forever())
+        self._reviewing = self._loop.create_task(self._review_dispatch_forever())
         self._purging = self._loop.create_task(self._purge_forever())
         self.metrics = ShardMetrics(index)
         # enqueues go to the event log, in batches
@@ -364,6 +368,28 @@ class ShardActor:
 
     async def ping(self) -> int:
         return self.index
+
+    async def noisy(self, auth: Signature | None = None) -> list[NoisyKey]:
+        """The keys this shard's fair dispatch treats as noisy, and since when (admin)."""
+        check_admin(await self.gate.account(auth, "", "noisy"), "noisy keys")
+        return await self._read(self.store.noisy)
+
+    async def _review_dispatch_forever(self) -> None:
+        """Fair dispatch: mark keys noisy or quiet about once a second; log the changes."""
+        while True:
+            await asyncio.sleep(REVIEW_INTERVAL_S)
+            try:
+                changes = await self._read(self.store.review_dispatch)
+            except Exception:  # a bug here must not stop the shard: log, go on
+                log.exception("shard %d fair-dispatch review failed", self.index)
+                continue
+            for change in changes:
+                log.info("shard %d: key %r of subqueue %d is %s (%s)", self.index, change.key,
+                         change.subqueue, "noisy" if change.noisy else "quiet", change.reason)
+                if self.events is not None:
+                    self.events.append("noisy", change.at, subqueue=change.subqueue,
+                                       key=change.key, detail=change.reason,
+                                       outcome="noisy" if change.noisy else "quiet")
 
     async def _collect_expired_forever(self) -> None:
         """Housekeeping: collect expired messages, then refresh the metrics."""

@@ -20,6 +20,7 @@ from rayq.core.balancer import BalancerState
 from rayq.core.cache import MemoryReading
 from rayq.core.clock import FakeClock
 from rayq.core.kv import DATABASES
+from rayq.core.dispatch import DispatchPolicy
 from rayq.core.store import ShardStore
 
 T = TypeVar("T")
@@ -129,10 +130,11 @@ def plenty_of_memory() -> MemoryReading:
 
 
 def memory_store(config: StoreConfig = StoreConfig(), clock: FakeClock | None = None,
-                 memory_probe=plenty_of_memory) -> ShardStore:
+                 memory_probe=plenty_of_memory,
+                 dispatch: DispatchPolicy = DispatchPolicy()) -> ShardStore:
     """A shard store held in memory, on a :class:`FakeClock` unless told otherwise."""
     return ShardStore(MemoryKV(), config=config, clock=clock or FakeClock(),
-                      memory_probe=memory_probe)
+                      memory_probe=memory_probe, dispatch=dispatch)
 
 
 @dataclass

@@ -8,6 +8,7 @@ changes for a transaction that aborts.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import os
 import struct
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rayq.core import spill
+from rayq.core.dispatch import Event, Rehid, Released, Sent, Took
 from rayq.core.kv import Txn
 from rayq.core.model import (PREFIX, ROW_KEY, US, Ending, NewMessage, Receipt, Row,
                              StoredMessage, SubqueueState, check_count, check_key, check_name,
@@ -45,6 +47,13 @@ def tenant_count_key(kind: str, sq: int, type_: str, tenant: str) -> bytes:
     return kind.encode() + CHUNK.pack(sq) + type_.encode() + b"\x00" + tenant.encode()
 
 
+def first_row_at(txn: Txn, sq: int, kid: int) -> tuple[int, int] | None:
+    """(visible_at µs, seq) of the first row of (subqueue, key), one seek; None without rows."""
+    for row_key, _ in txn.scan("rows", PREFIX.pack(sq, kid), PREFIX.pack(sq, kid + 1)):
+        return ROW_KEY.unpack(row_key)[2:]
+    return None
+
+
 def check_subqueue(subqueue: Any) -> int:
     return check_count(subqueue, "subqueue", 0, MAX_SUBQUEUE)
 
@@ -63,13 +72,21 @@ class WriteBatch:
         self.effects: list[tuple] = []
         self.stats = dict.fromkeys(STAT_NAMES, 0)
         self._touched: dict[int, set[int]] = defaultdict(set)  # kids put per subqueue
+        # for fair dispatch: flights, and (subqueue, key) pairs whose first row may have
+        # moved; seal() reads their new first rows
+        self.flights: list[Event] = []
+        self.heads: set[tuple[int, int]] = set()
+        self.new_heads: dict[tuple[int, int], tuple[int, int] | None] = {}
+        self._taken: dict[tuple[int, int], int] = defaultdict(int)  # deliveries this txn
+        self._budget = 0
 
     # -- transaction plumbing ----------------------------------------------
     def isolated(self, fn, *args, **kwargs) -> Any:
         """Run one call in a nested transaction; a RayqError undoes it alone and is returned."""
         parent = self.txn
         mark = (len(self.new_keys), len(self.effects), dict(self.count_deltas),
-                dict(self.stats), self.seq, dict(self.tenant_deltas))
+                dict(self.stats), self.seq, dict(self.tenant_deltas), len(self.flights),
+                dict(self._taken))
         try:
             with parent.nested() as child:
                 self.txn = child
@@ -81,6 +98,8 @@ class WriteBatch:
             self.count_deltas = defaultdict(int, mark[2])
             self.stats, self.seq = mark[3], mark[4]
             self.tenant_deltas = defaultdict(int, mark[5])
+            del self.flights[mark[6]:]
+            self._taken = defaultdict(int, mark[7])
             return err
         finally:
             self.txn = parent
@@ -104,6 +123,8 @@ class WriteBatch:
             else:
                 self.txn.delete("tcounts", tenant_count_key(*name))
         self.txn.put("meta", b"seq", U64.pack(self.seq))
+        for sq, kid in self.heads:
+            self.new_heads[(sq, kid)] = first_row_at(self.txn, sq, kid)
 
     def count(self, sq: int, kid: int, row: Row, delta: int) -> None:
         """A row joins (+1) or leaves (-1) subqueue ``sq``: per key and per (type, tenant)."""
@@ -184,11 +205,13 @@ class WriteBatch:
         self.txn.put("expiry", EXPIRY.pack(row.expires_at_us, seq), row_key)
         self.count(sq, kid, row, +1)
         self._touched[sq].add(kid)
+        self.heads.add((sq, kid))
 
     def _put_one(self, sq: int, m: NewMessage) -> str:
         seq, kid, row = self.new_row(m)
         row_key = ROW_KEY.pack(sq, kid, self.now_us + to_us(m.delay_s), seq)
         self.insert(row_key, row)
+        self.flights.append(Sent(sq, kid))
         self.effects.append(("cache", row_key, row, m.body))
         self.effects.append(("enqueue", (sq, m.type, m.tenant), self.now_us / US, row.id, m.key))
         return row.id
@@ -245,53 +268,73 @@ class WriteBatch:
              max_receives: int | None, exclude: Sequence[str] | None = None) -> tuple[list, list]:
         """Find up to ``n`` deliverable rows; also the expired or dead rows stepped over.
 
-        Reads only the visible head of each key's range, stepping over at most
-        ``max_scan_rows`` expired or dead rows in total. Keys in ``exclude``
-        are left alone (e.g. job types at their concurrency limit).
+        With ``keys`` (a listen order) take from the first key first; without, the
+        shard's fair dispatch chooses (:mod:`rayq.core.dispatch`). Reads only the
+        visible head of each key's range, stepping over at most ``max_scan_rows``
+        expired or dead rows in total. Keys in ``exclude`` are left alone (e.g. job
+        types at their concurrency limit).
         """
+        self._budget = self.config.max_scan_rows
+        found: list = []
+        skipped: list = []
         if keys is None:
-            kids = sorted(self.store._sq_keys.get(sq, set()) | self._touched[sq])
-            if exclude:
-                skip = {self.key_id(name, create=False) for name in exclude}
-                kids = [kid for kid in kids if kid not in skip]
-        else:
-            known = (self.key_id(name, create=False) for name in keys)
-            kids = list(dict.fromkeys(kid for kid in known if kid is not None))
-        budget = self.config.max_scan_rows
-        found, skipped = [], []
-        for kid in kids:
-            if keys is not None and len(found) >= n:
+            self._pick_dispatched(sq, n, now_us, max_receives, exclude, found, skipped)
+            return found, skipped
+        known = (self.key_id(name, create=False) for name in keys)
+        for kid in dict.fromkeys(kid for kid in known if kid is not None):
+            rows = _KeyRows(self, sq, kid, now_us, max_receives, skipped)
+            while len(found) < n and (row := rows.next()) is not None:
+                found.append(row)
+            if len(found) >= n or self._budget <= 0:
                 break
-            need = n - len(found) if keys is not None else n
-            budget = self._scan_key(sq, kid, now_us, need, max_receives, budget, found, skipped)
-            if budget <= 0:
-                break
-        if keys is None:
-            found.sort(key=lambda pair: ROW_KEY.unpack(pair[0])[2:])
-            del found[n:]
         return found, skipped
 
-    def _scan_key(self, sq, kid, now_us, need, max_receives, budget, found, skipped) -> int:
-        taken = 0
-        cache = self.store.cache
-        for row_key, value in self.txn.scan("rows", PREFIX.pack(sq, kid), PREFIX.pack(sq, kid + 1)):
-            if ROW_KEY.unpack(row_key)[2] > now_us:
-                break  # hidden and delayed rows sort after every visible one
-            self.stats["rows_scanned"] += 1
-            cached = cache.get(row_key)
-            row = cached[0] if cached else decode_row(value)
-            if row.expires_at_us <= now_us:
-                skipped.append((row_key, row, "expired"))
-                budget -= 1
-            elif max_receives is not None and row.dequeue_count >= max_receives:
-                skipped.append((row_key, row, "dead"))
-                budget -= 1
-            else:
-                found.append((row_key, row))
-                taken += 1
-            if taken >= need or budget <= 0:
-                break
-        return budget
+    def _pick_dispatched(self, sq: int, n: int, now_us: int, max_receives: int | None,
+                         exclude: Sequence[str] | None, found: list, skipped: list) -> None:
+        """Take rows one at a time from the key the dispatcher ranks first, re-ranking
+        it after each take. The ready list is ordered by the committed state; a key's
+        score only grows within a transaction, so a key is opened only when its
+        committed score could beat the best open one: O((n + opened) log keys)."""
+        dispatch = self.store.dispatch
+        dispatch.due(now_us)
+        skip = {self.key_id(name, create=False) for name in exclude or ()}
+        heap: list = []
+        tiebreak = itertools.count()
+        opened: set[int] = set()
+
+        def open_key(kid: int) -> None:
+            opened.add(kid)
+            if kid in skip:
+                return
+            rows = _KeyRows(self, sq, kid, now_us, max_receives, skipped)
+            push(kid, rows, rows.next())
+
+        def push(kid: int, rows: "_KeyRows", row) -> None:
+            if row is not None:
+                score = dispatch.score(sq, kid, ROW_KEY.unpack(row[0])[2:],
+                                       self._taken[(sq, kid)] + rows.taken)
+                heapq.heappush(heap, (score, next(tiebreak), kid, rows, row))
+
+        for kid in list(self._touched[sq]):  # put in this transaction: maybe not ranked yet
+            open_key(kid)
+        ranked = (entry for entry in dispatch.ready(sq) if entry[1] not in opened)
+        waiting = next(ranked, None)
+        while len(found) < n and self._budget > 0:
+            while waiting is not None and (not heap or waiting[0] < heap[0][0]):
+                open_key(waiting[1])
+                waiting = next(ranked, None)
+            if not heap:
+                return
+            _, _, kid, rows, row = heapq.heappop(heap)
+            found.append(row)
+            rows.taken += 1
+            if len(found) >= n:
+                return
+            if not heap and waiting is None:  # the only key left: no more ranking
+                while len(found) < n and (row := rows.next()) is not None:
+                    found.append(row)
+                return
+            push(kid, rows, rows.next())
 
     def _deliver(self, row_key: bytes, row: Row, hide_us: int) -> StoredMessage:
         cached = self.store.cache.take(row_key)
@@ -299,6 +342,8 @@ class WriteBatch:
         sq, kid, _, seq = ROW_KEY.unpack(row_key)
         new_row = row._replace(dequeue_count=row.dequeue_count + 1, nonce=os.urandom(8))
         new_key = self._move(row_key, new_row, ROW_KEY.pack(sq, kid, self.now_us + hide_us, seq))
+        self.flights.append(Took(row_key, new_key, sq, kid, self.now_us + hide_us))
+        self._taken[(sq, kid)] += 1
         return self.stored(new_key, new_row, Receipt(new_key, new_row.nonce).encode(), body)
 
     def _move(self, row_key: bytes, row: Row, new_key: bytes) -> bytes:
@@ -306,6 +351,8 @@ class WriteBatch:
         self.txn.put("rows", new_key, encode_row(row))
         self.txn.put("expiry", EXPIRY.pack(row.expires_at_us, ROW_KEY.unpack(row_key)[3]), new_key)
         self.effects.append(("uncache", row_key))
+        self.heads.add(PREFIX.unpack(row_key[:PREFIX.size]))
+        self.heads.add(PREFIX.unpack(new_key[:PREFIX.size]))
         return new_key
 
     def _remove(self, row_key: bytes, row: Row, ending: Ending | None = None) -> None:
@@ -318,6 +365,8 @@ class WriteBatch:
         self.count(sq, kid, row, -1)
         self.store.cache.discard(row_key)
         self.effects.append(("uncache", row_key))
+        self.heads.add((sq, kid))
+        self.flights.append(Released(row_key, used=True))
 
     def drop_blob(self, row: Row) -> None:
         if row.blob is not None:
@@ -333,6 +382,7 @@ class WriteBatch:
         self.count(sq, kid, row, -1)
         self.count(target, kid, row, +1)
         self._touched[target].add(kid)
+        self.flights.append(Released(row_key, used=False))
         self.stats["moved"] += 1
 
     def _dead_letter(self, row_key: bytes, row: Row, dead_letter: int, record: bool = True) -> None:
@@ -342,6 +392,7 @@ class WriteBatch:
         self.count(sq, kid, row, -1)
         self.count(dead_letter, kid, row, +1)
         self._touched[dead_letter].add(kid)
+        self.flights.append(Released(row_key, used=True))
         self.stats["dead_lettered"] += 1
         if row.task and record:
             self.record(row.id, Ending.DEAD)
@@ -394,6 +445,8 @@ class WriteBatch:
         new_key = self._move(row_key, new_row,
                              ROW_KEY.pack(sq, kid, self.now_us + to_us(timeout_s), seq))
         self.store.cache.discard(row_key)
+        self.flights.append(Released(row_key, used=False) if undeliver
+                            else Rehid(row_key, new_key, self.now_us + to_us(timeout_s)))
         return Receipt(new_key, new_row.nonce).encode()
 
     # -- housekeeping ------------------------------------------------------------
@@ -473,6 +526,40 @@ class WriteBatch:
             if value is not None and value[:8] == key[:8]:
                 self.txn.delete("outcomes", key[8:])
         return len(entries)
+
+
+class _KeyRows:
+    """The deliverable rows of one (subqueue, key), oldest visible first, read lazily.
+    Expired rows, and rows already received ``max_receives`` times, are stepped over
+    into ``skipped`` (they count against the batch's scan budget)."""
+
+    __slots__ = ("batch", "rows", "now_us", "max_receives", "skipped", "taken")
+
+    def __init__(self, batch: WriteBatch, sq: int, kid: int, now_us: int,
+                 max_receives: int | None, skipped: list):
+        self.batch, self.now_us, self.max_receives = batch, now_us, max_receives
+        self.rows = batch.txn.scan("rows", PREFIX.pack(sq, kid), PREFIX.pack(sq, kid + 1))
+        self.skipped, self.taken = skipped, 0
+
+    def next(self) -> tuple[bytes, Row] | None:
+        batch, cache = self.batch, self.batch.store.cache
+        for row_key, value in self.rows:
+            if ROW_KEY.unpack(row_key)[2] > self.now_us:
+                break  # hidden and delayed rows sort after every visible one
+            batch.stats["rows_scanned"] += 1
+            cached = cache.get(row_key)
+            row = cached[0] if cached else decode_row(value)
+            if row.expires_at_us <= self.now_us:
+                self.skipped.append((row_key, row, "expired"))
+            elif self.max_receives is not None and row.dequeue_count >= self.max_receives:
+                self.skipped.append((row_key, row, "dead"))
+            else:
+                return row_key, row
+            batch._budget -= 1
+            if batch._budget <= 0:
+                break
+        self.rows = iter(())
+        return None
 
 
 def _check_keys(keys: Any) -> None:

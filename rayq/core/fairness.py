@@ -10,14 +10,14 @@ over its span. Keys without pending messages take no part, so they never make
 others look greedy, and the shares follow capacity because they are shares
 of what was actually used.
 
-- latency victims: the oldest message waited longer than the threshold
-  (scaled up by threads / limit for concurrency-limited keys);
+- latency victims: the oldest message waited at least the threshold (seed 000's
+  example intervenes at exactly 20:00; scaled up by threads / limit for
+  concurrency-limited keys);
 - usage victims: actual < (1 - band) x expected; offenders: actual >
   (1 + band) x expected; starvation = (expected - actual) / expected;
 - intervene only when some key is both a latency and a usage victim;
 - zero-latency keys that used threads in the two most recent windows and
   more than a waiting key's fair share compete too (the long-running trickle);
-- latency at the threshold counts: a latency victim waited >= the threshold;
 - a usage victim whose messages were deferred (concurrency limits, host
   pressure, suspension, messages that cannot run) has its expected usage
   scaled by processed / dequeued, never below its actual usage: the revision
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from rayq.config import FairnessConfig
@@ -159,18 +159,26 @@ def starvation_of(expected_s: float, actual_s: float) -> float:
     return (expected_s - actual_s) / expected_s
 
 
-def fair_shares(fractions: Mapping[str, list[float]], table: UsageTable) -> dict[str, list[float]]:
+def fair_shares(fractions: Mapping[str, list[float]], table: UsageTable,
+                weight: Callable[[str], float] = lambda key: 1.0) -> dict[str, list[float]]:
     """Expected usage per key per window: the window's usage by the competing keys,
-    shared in proportion to the fractions of the window they spent waiting."""
+    shared in proportion to the fractions of the window they spent waiting, times
+    their weights (a key of weight 2 is entitled to twice the thread time)."""
     n = table.windows
     shares = {key: [0.0] * n for key in fractions}
     for j in range(n):
         members = [k for k, f in fractions.items() if f[j] > 0]
-        f_sum = sum(fractions[k][j] for k in members)
+        f_sum = sum(fractions[k][j] * weight(k) for k in members)
         used = sum(table.series("usage", k, n)[j] for k in members)
         for k in members:
-            shares[k][j] = used * fractions[k][j] / f_sum
+            shares[k][j] = used * fractions[k][j] * weight(k) / f_sum
     return shares
+
+
+def key_weight(config: FairnessConfig) -> Callable[[str], float]:
+    """A key's weight under ``config`` (``weights``, else ``default_weight``)."""
+    weights = dict(config.weights)
+    return lambda key: weights.get(key, config.default_weight)
 
 
 def recent_run(series: list[float]) -> list[int]:
@@ -202,7 +210,8 @@ def evaluate(table: UsageTable, pending: Mapping[str, KeyState], now: float,
     waiting = {k: s for k, s in pending.items() if k not in suspended and s.latency_s > 0}
     fractions = {key: waiting_fractions(state.oldest_enqueued_at, table, now)
                  for key, state in waiting.items()}
-    first = fair_shares(fractions, table)
+    weight = key_weight(config)
+    first = fair_shares(fractions, table, weight)
     n = table.windows
     # Zero-latency keys: pending with nothing waiting, or finished recently.
     zero = sorted((set(table.usage) | set(pending)) - set(waiting) - set(suspended))
@@ -213,7 +222,7 @@ def evaluate(table: UsageTable, pending: Mapping[str, KeyState], now: float,
         least_fair = min((sum(first[k][j] for j in run) for k in waiting), default=math.inf)
         if run and used > least_fair:
             competing[key] = [1.0 if j in run else 0.0 for j in range(n)]
-    shares = fair_shares(competing, table) if len(competing) > len(fractions) else first
+    shares = fair_shares(competing, table, weight) if len(competing) > len(fractions) else first
     expected, actual, starvation = {}, {}, {}
     for key, f in competing.items():
         usage = table.series("usage", key, n)
@@ -308,7 +317,8 @@ class FairnessReport:
     """``client.fairness()``: the state of fair dispatch at the last evaluation.
 
     starvation: (expected - actual) / expected per key; listen_order: the order a
-    regular consumer would use now; history: recent decisions, newest last.
+    regular consumer would use now; history: recent decisions, newest last;
+    noisy: the keys the shards' fair dispatch treats as noisy (first layer), since when.
     """
 
     evaluated_at: float | None
@@ -327,6 +337,7 @@ class FairnessReport:
     ignored_permits: Mapping[str, int]
     suspended: tuple
     history: tuple[dict, ...]
+    noisy: tuple = ()   # rayq.core.dispatch.NoisyKey: what the shards' fair dispatch serves last
 
 
 def decision_event(d: Decision, order: list[str]) -> dict:

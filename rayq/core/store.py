@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rayq.config import StoreConfig
+from rayq.core.dispatch import DispatchPolicy, FairDispatch, NoisyChange, NoisyKey
 from rayq.core.batch import (BATCH_OPS, CHUNK as U32, I64, MAX_BATCH, STAT_NAMES, U64, WriteBatch,
+                             first_row_at,
                              check_subqueue)
 from rayq.core.cache import CacheStats, MessageCache, PressureMonitor, psutil_probe
 from rayq.core import purge, spill
@@ -76,7 +78,8 @@ class ShardStore:
     """One shard's messages over a :class:`~rayq.core.kv.KV` (LMDB in production)."""
 
     def __init__(self, kv: KV, *, config: StoreConfig = StoreConfig(),
-                 clock: Clock | None = None, memory_probe=psutil_probe):
+                 clock: Clock | None = None, memory_probe=psutil_probe,
+                 dispatch: DispatchPolicy = DispatchPolicy()):
         self.kv = kv
         self.config = config
         self.clock = clock or SystemClock()
@@ -98,6 +101,7 @@ class ShardStore:
         self.diverts: dict[int, list[tuple[str, str]]] = {}  # subqueue -> flooders to spill
         self.keep_enqueued = False  # the shard actor turns this on to log enqueues
         self._enqueued: list[tuple] = []
+        self.dispatch = FairDispatch(dispatch, self._key_names.get)
         self._seq, self.store_id = kv.transact(self._load)
         self.purging: set[int] = kv.read(purge.load_marks)  # cleared or deleted subqueues
         self._purge_cursor: bytes | None = None  # how far the spill table was looked at
@@ -123,6 +127,8 @@ class ShardStore:
             self._tenant_counts[name] = I64.unpack(value)[0]
             if name[0] == "S":
                 self._spilled[name[1]] += self._tenant_counts[name]
+        heads = {pair: first_row_at(txn, *pair) for pair in self._counts}  # a seek each
+        self.dispatch.apply([], heads, to_us(self.clock.now()))
         return (U64.unpack(seq)[0] if seq else 0), store_id
 
     def _remember_key(self, name: str, kid: int) -> None:
@@ -190,6 +196,7 @@ class ShardStore:
                 self._tenant_counts.pop(name, None)
         for name, n in batch.stats.items():
             self._stats[name] += n
+        self.dispatch.apply(batch.flights, batch.new_heads, batch.now_us)
 
     # -- public operations (each one transaction) ---------------------------
     def put(self, subqueue: int, messages: Sequence[NewMessage]) -> list[str]:
@@ -382,6 +389,14 @@ class ShardStore:
             return out
         return self.kv.read(read)
 
+    def review_dispatch(self) -> list[NoisyChange]:
+        """Mark keys noisy or quiet (SQS fair queues' rule); the changes since last time."""
+        return self.dispatch.review(self.clock.now())
+
+    def noisy(self) -> list[NoisyKey]:
+        """The keys fair dispatch treats as noisy now, per subqueue, and since when."""
+        return self.dispatch.noisy(self.clock.now())
+
     def enqueue_counts(self) -> dict[tuple[int, str, str], list[float]]:
         """Enqueues per (subqueue, type, tenant) per window over the look-back, oldest first."""
         return self.enqueues.snapshot(self.clock.now())
@@ -399,9 +414,9 @@ class ShardStore:
 
 
 def open_store(path, *, config: StoreConfig = StoreConfig(), clock: Clock | None = None,
-               memory_probe=psutil_probe) -> ShardStore:
+               memory_probe=psutil_probe, dispatch: DispatchPolicy = DispatchPolicy()) -> ShardStore:
     """Open (or create) the LMDB-backed store of one shard at ``path``."""
     from rayq.core.kv import LmdbKV
 
     kv = LmdbKV(path, map_size=config.initial_map_bytes, durable=config.durable)
-    return ShardStore(kv, config=config, clock=clock, memory_probe=memory_probe)
+    return ShardStore(kv, config=config, clock=clock, memory_probe=memory_probe, dispatch=dispatch)
