@@ -28,7 +28,7 @@ from rayq.core.leases import ConcurrencyLeases
 from rayq.core.model import SubqueueState, check_count
 from rayq.core.registry import (QueueInfo, QueueRegistry, check_queue_name, check_queue_ref,
                                 put_target, receive_order)
-from rayq.core.scaling import SubqueueLoad, decide, is_idle
+from rayq.core.scaling import SubqueueLoad, decide, is_quiet
 from rayq.core.tasks import TaskRegistry, TaskSpec
 from rayq.errors import AuthError, InvalidMessage, QueueNotFound, RayqError
 
@@ -53,7 +53,7 @@ class QueueManager:
         self._counts: dict[int, int] = {}
         self._last_ops: dict[int, tuple[float, int, int]] = {}
         self._rates: dict[int, tuple[float, float]] = {}
-        self._idle_since: dict[str, float] = {}
+        self._quiet_since: dict[int, float] = {}  # per subqueue
         self.scaling_events: list[dict] = []
         self._loop = asyncio.get_running_loop()
         self._loop.create_task(self._scale_forever())
@@ -146,10 +146,25 @@ class QueueManager:
     async def delete_queue(self, name: str, auth: Signature | None = None) -> None:
         account = await self.gate.account(auth, name, "delete_queue", name)
         queue = self._visible(account, name, owned=True)
-        for sq in self.registry.delete(queue.ref):
-            shard = self.shards[sq.shard]
-            await shard.set_state.remote(sq.id, SubqueueState.DISABLED.value)
-            await shard.clear.remote(sq.id)
+        removed = self.registry.delete(queue.ref)
+        self.registry.note_purges(removed)
+        await self._purge(removed)
+
+    async def clear_queue(self, name: str, auth: Signature | None = None) -> None:
+        """Empty a queue at once (not its DLQ): fresh subqueues take its place and the
+        shards remove the old ones' messages, spilled ones too, in the background."""
+        account = await self.gate.account(auth, name, "clear_queue", name)
+        queue = self._visible(account, name, owned=True)
+        await self._purge(self.registry.renew(queue.ref))
+    async def _purge(self, subqueues: list) -> None:
+        """Hand subqueues to their shards for removal (O(subqueues) here); what a shard
+        did not take yet stays recorded and is handed over again by the scaling loop."""
+        by_shard: dict[int, list[int]] = defaultdict(list)
+        for sq in subqueues:
+            by_shard[sq.shard].append(sq.id)
+        for shard, ids in by_shard.items():
+            await self.shards[shard].purge.remote(ids)
+            self.registry.purged(ids)
 
     async def routing(self, name: str, auth: Signature | None = None
                       ) -> tuple[QueueInfo, list[int], int]:
@@ -294,14 +309,20 @@ class QueueManager:
             loads = [SubqueueLoad(s.id, s.shard, s.state, s.version, self._counts.get(s.id, 0),
                                   *self._rates.get(s.id, (0.0, 0.0)))
                      for s in queue.subqueues if not s.dedicated]  # the flood detector's
-            if is_idle(loads, self.config.scaling):
-                self._idle_since.setdefault(queue.ref, now)
-            else:
-                self._idle_since.pop(queue.ref, None)
-            idle_for = now - self._idle_since.get(queue.ref, now)
             decision = decide(loads, depths, min_subqueues=queue.min_subqueues,
-                              idle_for_s=idle_for, config=self.config.scaling)
+                              quiet_for_s=self._quiet_for(loads, now),
+                              config=self.config.scaling)
             await self._apply(queue, decision, now)
+
+    def _quiet_for(self, loads: list[SubqueueLoad], now: float) -> dict[int, float]:
+        """How long each subqueue has been quiet (seed 003: small, fast, seldom throttled)."""
+        out = {}
+        for load in loads:
+            if is_quiet(load, self.config.scaling):
+                out[load.id] = now - self._quiet_since.setdefault(load.id, now)
+            else:
+                self._quiet_since.pop(load.id, None)
+        return out
 
     async def _apply(self, queue: QueueInfo, decision, now: float) -> None:
         if decision.add_on_shard is not None:
@@ -311,7 +332,8 @@ class QueueManager:
             sq = queue.subqueue(decision.retire)
             await self.shards[sq.shard].set_state.remote(sq.id, SubqueueState.NO_PUT.value)
             self.registry.set_state(queue.ref, sq.id, SubqueueState.NO_PUT)
-            self._idle_since.pop(queue.ref, None)
+            for other in queue.subqueues:  # the rest must be quiet for idle_s again
+                self._quiet_since.pop(other.id, None)
             self._event("retire", queue.ref, sq.id, now)
         for sq_id in decision.drop:
             sq = queue.subqueue(sq_id)
@@ -330,6 +352,7 @@ class QueueManager:
         while True:
             await asyncio.sleep(self.config.scaling.interval_s)
             try:
+                await self._purge(self.registry.pending_purges())  # after a crash mid-clear
                 await self.scale_once()
                 await self._consumers.scale(None)  # replace consumers killed for good
             except (RayqError, ray.exceptions.RayError):

@@ -43,6 +43,8 @@ log = logging.getLogger("rayq.shard")
 MAX_PENDING_CALLS = 10_000
 EXPIRY_INTERVAL_S = 5.0
 REVIEW_INTERVAL_S = 1.0  # how often fair dispatch re-marks noisy keys (O(keys) each time)
+PURGE_ROWS = 2_000     # rows (and spill entries) per background removal transaction
+PURGE_PAUSE_S = 0.01   # between two of them: calls waiting for the store go first
 MAX_WAIT_SLICE_S = 1.0  # long polls re-check at least this often (messages whose visibility lapses)
 OUTCOME_RECHECK_S = 30.0  # outcome waiters re-read the table this often, whatever they were told
 # wait_outcome calls park until a task ends, possibly for hours: they get their own
@@ -90,6 +92,7 @@ class ShardActor:
         self._waiters_lock = threading.Lock()
         self._housekeeping = self._loop.create_task(self._collect_expired_forever())
         self._reviewing = self._loop.create_task(self._review_dispatch_forever())
+        self._purging = self._loop.create_task(self._purge_forever())
         self.metrics = ShardMetrics(index)
         # enqueues go to the event log, in batches
         self.events = open_event_log(os.path.dirname(path), f"shard-{index}", config.analytics,
@@ -302,15 +305,45 @@ class ShardActor:
     async def sweep(self, type_: str, tenant: str, target: int, limit: int) -> int:
         return await self._write(target, "sweep", type_, tenant, target, limit)
 
+    async def spill_left(self, type_: str, tenant: str) -> bool:
+        return await self._read(self.store.spill_left, type_, tenant)
+
     async def move_matching(self, source: int, target: int, type_: str, tenant: str,
                             limit: int, after: bytes | None = None) -> tuple:
         return await self._write(source, "move_matching", source, target, type_, tenant,
                                  limit, after)
 
-    async def health(self) -> tuple[int, bool]:
-        """(messages stored, under memory pressure): what the sweeper checks per batch."""
-        stats = await self._read(self.store.stats)
-        return stats.messages, stats.cache.under_pressure
+    async def health(self, subqueue: int) -> tuple[int, bool]:
+        """(messages in ``subqueue``, under memory pressure): what the sweeper checks
+        before each batch it moves into ``subqueue`` (seed 001: the target queue's depth)."""
+        return await self._read(lambda: (self.store.count(subqueue),
+                                         self.store.cache.stats().under_pressure))
+
+    # -- clearing ----------------------------------------------------------------------
+    async def purge(self, subqueues: list[int]) -> None:
+        """Remove subqueues in the background (a cleared or deleted queue's): they are
+        disabled and count nothing from now on; the rows go PURGE_ROWS at a time."""
+        await self._read(self.store.purge, subqueues)
+        for sq in subqueues:
+            self._wake(sq)  # long polls there find the subqueue disabled at once
+
+    async def _purge_forever(self) -> None:
+        """Bounded transactions, one after another while there is work (interleaved with
+        group commits on the store thread); a restarted shard resumes from its marks."""
+        while True:
+            busy = bool(self.store.purging)
+            await asyncio.sleep(PURGE_PAUSE_S if busy else EXPIRY_INTERVAL_S)
+            if not busy:
+                continue
+            try:
+                finished = await self._read(self._purge_step)
+                self._notify(finished)
+            except Exception:  # keep going: the marks persist, the next step retries
+                log.exception("shard %d background removal failed", self.index)
+
+    def _purge_step(self) -> list:
+        self.store.purge_some(PURGE_ROWS)
+        return self.store.take_finished()
 
     async def flood_snapshot(self) -> dict:
         """What the flood detector needs: counts per (kind, subqueue, type, tenant),

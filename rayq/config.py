@@ -113,6 +113,8 @@ class ConsumerConfig:
     max_backoff_s: float = 60.0
     defer_s: float = 0.5               # how long a message of a saturated type stays hidden
     num_cpus: float = 0.5              # Ray CPUs reserved per consumer actor
+    max_host_memory_percent: float = 95.0  # a consumer whose host is over this backs off
+    max_host_cpu_percent: float = 100.0    # the same for CPU (100: never)
 
 
 @dataclass(frozen=True)
@@ -122,9 +124,12 @@ class ScalingConfig:
     interval_s: float = 1.0
     scale_up_ops_per_s: float = 5_000.0
     scale_up_throttled_per_s: float = 1.0
-    idle_ops_per_s: float = 1.0
-    idle_s: float = 60.0
+    idle_ops_per_s: float = 1.0       # a subqueue this slow is quiet whatever it holds
+    idle_s: float = 60.0              # how long a subqueue stays quiet before one retires
     max_subqueues: int = 8
+    small_count: int = 1_000          # a subqueue holding fewer messages is small
+    fast_ops_fraction: float = 0.25   # under this share of scale_up_ops_per_s it serves fast
+    seldom_throttled_per_s: float = 0.1  # throttling under this rate is seldom
 
 
 @dataclass(frozen=True)

@@ -223,10 +223,12 @@ class Queue:
         return sum(self._counts(queue).values())
 
     def clear(self) -> None:
-        """Delete every message of the queue (not of its dead-letter queue)."""
-        queue, _, _ = self._transport.route(self.name, refresh=True)
-        for sq in queue.subqueues:
-            self._transport.call(self._transport.shards[sq.shard].clear, self.name, "clear", sq.id)
+        """Delete every message of the queue, spilled ones too (not of its dead-letter
+        queue): ``count()`` is 0 when this returns, and the old messages are removed in
+        the background. O(subqueues)."""
+        self._transport.call(self._transport.manager.clear_queue, self.name, "clear_queue",
+                             self.name)
+        self._transport.route(self.name, refresh=True)
 
     def stats(self) -> QueueStats:
         """Depth, per-key depth and oldest age, subqueues and (for the ``default`` account)

@@ -18,6 +18,7 @@ from rayq.core.scaling import least_loaded_shard
 from rayq.errors import InvalidMessage, QueueDisabled, QueueExists, QueueNotFound
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,80}$")
+PURGE = b"purge:"  # subqueue id -> shard, until the shard has taken the removal over
 
 
 @dataclass(frozen=True)
@@ -124,12 +125,15 @@ class QueueRegistry:
             txn.put("meta", _record_key(queue.ref), pack(queue.to_record()))
         return queues
 
-    def _save(self, *queues: QueueInfo, removed: tuple[str, ...] = ()) -> None:
+    def _save(self, *queues: QueueInfo, removed: tuple[str, ...] = (),
+              purges: tuple[SubqueueInfo, ...] = ()) -> None:
         def write(txn):
             for q in queues:
                 txn.put("meta", _record_key(q.ref), pack(q.to_record()))
             for ref in removed:
                 txn.delete("meta", _record_key(ref))
+            for sq in purges:
+                txn.put("meta", PURGE + str(sq.id).encode(), str(sq.shard).encode())
         self.kv.transact(write)
         for q in queues:
             self._queues[q.ref] = q
@@ -255,6 +259,36 @@ class QueueRegistry:
         queue = replace(queue, subqueues=subqueues)
         self._save(queue)
         return queue
+
+    # -- clearing (seed 003: mark the subqueues to be deleted, start fresh ones) ---------
+    def renew(self, name: str) -> list[SubqueueInfo]:
+        """Give queue ``name`` fresh, empty subqueues in place of its subqueues (same
+        shards; a flooder's dedicated subqueue stays dedicated; draining ones are not
+        replaced). Returns the old subqueues, recorded as pending removal in the same
+        transaction so a crash cannot leave them behind."""
+        queue = self.get(name)
+        keep = [s for s in queue.subqueues if s.state is SubqueueState.ALL]
+        version = max((s.version for s in queue.subqueues), default=-1) + 1
+        fresh = tuple(SubqueueInfo(i, s.shard, SubqueueState.ALL, version, s.dedicated)
+                      for i, s in zip(self._next_ids(len(keep)), keep))
+        renewed = replace(queue, subqueues=fresh)
+        self._save(renewed, purges=queue.subqueues)
+        return list(queue.subqueues)
+
+    def note_purges(self, subqueues: list[SubqueueInfo]) -> None:
+        """Record subqueues whose messages shards must remove (a deleted queue's)."""
+        self._save(purges=tuple(subqueues))
+
+    def pending_purges(self) -> list[SubqueueInfo]:
+        """Subqueues recorded for removal that no shard has acknowledged yet."""
+        def read(txn):
+            return [SubqueueInfo(int(k[len(PURGE):]), int(v), SubqueueState.DISABLED, 0)
+                    for k, v in txn.scan("meta", PURGE, PURGE[:-1] + b";")]
+        return self.kv.read(read)
+
+    def purged(self, ids: list[int]) -> None:
+        """Shards took these subqueues over: their removal goes on there."""
+        self.kv.transact(lambda txn: [txn.delete("meta", PURGE + str(i).encode()) for i in ids])
 
     def set_state(self, name: str, sq: int, state: SubqueueState) -> QueueInfo:
         queue = self.get(name)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from rayq.core import rows
 from rayq.core.flood import ALL_TENANTS
 from rayq.core.model import PREFIX, ROW_KEY, Ending, check_count, check_name
+from rayq.errors import QueueDisabled
 
 if TYPE_CHECKING:
     from rayq.core.batch import WriteBatch, _Group
@@ -59,9 +60,11 @@ class SpillOps:
 
     def sweep(self: "WriteBatch", type_: str, tenant: str, target: int, limit: int) -> int:
         """Move up to ``limit`` spilled messages of (type, tenant) into subqueue ``target``;
-        expired ones are dropped instead. Returns how many moved."""
+        expired ones, and those of a cleared or deleted subqueue, are dropped instead.
+        Returns how many moved. Raises QueueDisabled when ``target`` is being removed."""
         check_name(type_, "type"), check_name(tenant, "tenant")
         check_count(target, "target", 0, 2**32 - 2), check_count(limit, "limit", 1, 100_000)
+        self.check_target(target)
         spill_kid = self.key_id(spill_name(type_, tenant), create=False)
         if spill_kid is None:
             return 0
@@ -72,17 +75,17 @@ class SpillOps:
             source, kid, visible_us = SPILL_HEAD.unpack_from(stored)
             value = stored[SPILL_HEAD.size:]
             meta = rows.meta(value)
-            seq = SPILL_KEY.unpack(key)[1]
-            self.txn.delete("spill", key)
-            self.tenant_deltas[("S", source, meta.type, meta.tenant)] -= 1
+            if source in self.store.purging:  # cleared: it must never come back
+                self.drop_spilled(key, stored, Ending.DELETED)
+                continue
             if meta.expires_us <= self.now_us:
-                if meta.flags & rows.BLOB:
-                    self.drop_blob(value, meta)
-                if meta.flags & rows.TASK:
-                    self.record(self.message_id(seq), Ending.EXPIRED)
+                self.drop_spilled(key, stored, Ending.EXPIRED)
                 self.stats["expired"] += 1
                 continue
-            self.insert(ROW_KEY.pack(target, kid, visible_us, seq), value, meta)
+            self.txn.delete("spill", key)
+            self.tenant_deltas[("S", source, meta.type, meta.tenant)] -= 1
+            self.insert(ROW_KEY.pack(target, kid, visible_us, SPILL_KEY.unpack(key)[1]), value,
+                        meta)
             moved += 1
         self.stats["swept"] += moved
         return moved
@@ -95,6 +98,9 @@ class SpillOps:
         check_name(type_, "type"), check_name(tenant, "tenant")
         check_count(source, "source", 0, 2**32 - 2), check_count(target, "target", 0, 2**32 - 2)
         check_count(limit, "limit", 1, 100_000)
+        self.check_target(target)
+        if source in self.store.purging:  # cleared since the caller looked: nothing to save
+            return 0, None
         start = after + b"\x00" if after else PREFIX.pack(source, 0)
         found = list(itertools.islice(self.txn.scan("rows", start, PREFIX.pack(source + 1, 0)),
                                       limit))
@@ -109,3 +115,29 @@ class SpillOps:
             moved += 1
         done = len(found) < limit
         return moved, None if done else found[-1][0]
+
+    def drop_spilled(self: "WriteBatch", key: bytes, stored: bytes, ending: Ending) -> None:
+        """Delete one spill entry for good; a task message ends with ``ending``."""
+        source = SPILL_HEAD.unpack_from(stored)[0]
+        value = stored[SPILL_HEAD.size:]
+        meta = rows.meta(value)
+        self.txn.delete("spill", key)
+        self.tenant_deltas[("S", source, meta.type, meta.tenant)] -= 1
+        if meta.flags & rows.BLOB:
+            self.drop_blob(value, meta)
+        if meta.flags & rows.TASK:
+            self.record(self.message_id(SPILL_KEY.unpack(key)[1]), ending)
+
+    def check_target(self: "WriteBatch", target: int) -> None:
+        """Nothing moves into a subqueue that is being removed (a stale layout)."""
+        if target in self.store.purging:
+            raise QueueDisabled(f"subqueue {target} is being removed")
+
+
+def any_spilled(txn, key_ids: dict[str, int], type_: str, tenant: str) -> bool:
+    """Whether the spill store holds anything under flooder (type, tenant)."""
+    kid = key_ids.get(spill_name(type_, tenant))
+    if kid is None:
+        return False
+    start, stop = SPILL_KEY.pack(kid, 0), SPILL_KEY.pack(kid + 1, 0)
+    return next(iter(txn.scan("spill", start, stop)), None) is not None

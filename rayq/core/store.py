@@ -31,6 +31,7 @@ from rayq.core.batch import (BATCH_OPS, CHUNK as U32, I64, MAX_BATCH, STAT_NAMES
                              first_row_at,
                              check_subqueue)
 from rayq.core.cache import CacheStats, MessageCache, PressureMonitor, psutil_probe
+from rayq.core import purge, spill
 from rayq.core.clock import Clock, SystemClock
 from rayq.core.kv import KV, Txn
 from rayq.core import rows
@@ -106,6 +107,8 @@ class ShardStore:
         self.dispatch = FairDispatch(dispatch, self._key_names.get)
         self._seq, self.store_id = kv.transact(self._load)
         self.store_hex = self.store_id.hex()  # message ids are "<store hex>-<seq hex>"
+        self.purging: set[int] = kv.read(purge.load_marks)  # cleared or deleted subqueues
+        self._purge_cursor: bytes | None = None  # how far the spill table was looked at
 
     # -- opening ---------------------------------------------------------
     def _load(self, txn: Txn) -> tuple[int, bytes]:
@@ -285,8 +288,53 @@ class ShardStore:
         return self._run(lambda b: b.defer(receipt, delay_s))
 
     def clear(self, subqueue: int) -> int:
-        """Delete every message of a subqueue; returns how many were deleted."""
-        return self._run(lambda b: b.clear(subqueue))
+        """Delete every message of a subqueue, spilled ones too, in one transaction;
+        returns how many were deleted. (Queues clear through :meth:`purge`.)"""
+        def run(b: WriteBatch) -> int:
+            removed = b.clear(subqueue)
+            after = None
+            while True:  # the whole spill table: this is the small, synchronous path
+                n, after = purge.remove_spilled(b, {subqueue}, 10_000, after)
+                removed += n
+                if after is None:
+                    return removed
+        return self._run(run)
+
+    def purge(self, subqueues: Sequence[int]) -> None:
+        """Remove subqueues in the background: from now on they are disabled, count
+        nothing and deliver nothing; :meth:`purge_some` removes their rows and spilled
+        messages. Persisted: a reopened store goes on with them. O(subqueues)."""
+        wanted = [check_subqueue(sq) for sq in subqueues]
+        self.kv.transact(lambda txn: purge.mark(txn, wanted))
+        for sq in wanted:
+            self._states[sq] = SubqueueState.DISABLED
+        self.purging |= set(wanted)
+        self._purge_cursor = None
+
+    def purge_some(self, limit: int = 2_000) -> int:
+        """One bounded transaction of background removal: up to ``limit`` rows and
+        ``limit`` spill entries looked at. Returns how many messages went (the work
+        is over when :attr:`purging` is empty)."""
+        if not self.purging:
+            return 0
+        done = purge.finished(self, self.purging)
+
+        def run(b: WriteBatch) -> int:
+            purge.unmark(b.txn, done)
+            left = sorted(self.purging - set(done))
+            removed = 0
+            for sq in left:
+                removed += purge.remove_rows(b, sq, limit - removed)
+                if removed >= limit:
+                    return removed
+            if any(self._spilled.get(sq) for sq in left):
+                n, self._purge_cursor = purge.remove_spilled(b, set(left), limit,
+                                                             self._purge_cursor)
+                removed += n
+            return removed
+        removed = self._run(run)
+        self.purging -= set(done)
+        return removed
 
     def collect_expired(self, limit: int = 10_000) -> int:
         """Delete up to ``limit`` expired messages; returns how many."""
@@ -297,6 +345,8 @@ class ShardStore:
         """The messages a receive would return, without hiding them (receipt None)."""
         check_subqueue(subqueue)
         check_count(max_messages, "max_messages", 1, MAX_BATCH)
+        if subqueue in self.purging:  # cleared: nothing of it shows again
+            return []
         now_us = to_us(self.clock.now())
 
         def read(txn: Txn):
@@ -320,6 +370,12 @@ class ShardStore:
     def count(self, subqueue: int) -> int:
         """Messages of a subqueue (visible, hidden, delayed, and spilled from it):
         O(keys of that subqueue)."""
+        if subqueue in self.purging:  # cleared: its rows are on their way out
+            return 0
+        return self.stored_count(subqueue)
+
+    def stored_count(self, subqueue: int) -> int:
+        """Rows and spilled messages a subqueue still has on disk, cleared or not."""
         live = sum(self._counts.get((subqueue, kid), 0) for kid in self._sq_keys.get(subqueue, ()))
         return live + self._spilled.get(subqueue, 0)
 
@@ -337,6 +393,10 @@ class ShardStore:
     def sweep(self, type_: str, tenant: str, target: int, limit: int) -> int:
         """Move up to ``limit`` spilled messages of a flooder into ``target`` (one transaction)."""
         return self._run(lambda b: b.sweep(type_, tenant, target, limit))
+
+    def spill_left(self, type_: str, tenant: str) -> bool:
+        """Whether anything is spilled under flooder (type, tenant): one seek."""
+        return self.kv.read(lambda txn: spill.any_spilled(txn, self._key_ids, type_, tenant))
 
     def move_matching(self, source: int, target: int, type_: str, tenant: str, limit: int,
                       after: bytes | None = None) -> tuple[int, bytes | None]:

@@ -42,10 +42,11 @@ def test_a_deep_dedicated_queue_makes_the_whole_type_a_flooder():
     assert [(f.type, f.tenant, f.type_level) for f in added] == [("report", "*", True)]
 
 
-def test_a_flood_that_ends_is_removed_once_spill_is_empty_and_few_remain():
-    flooder = Flooder("q", "report", "acme", since=0.0)
+def test_a_flood_that_ends_is_removed_once_a_sweep_emptied_spill_and_few_remain():
+    flooder = Flooder("q", "report", "acme", since=0.0, swept_empty=True)
     still_spilled = view(depth={("q", "report", "acme"): 2}, spilled={("q", "report", "acme"): 1})
-    assert detect(still_spilled, [flooder], CONFIG, 9.0).removed == ()
+    not_swept = Flooder("q", "report", "acme", since=0.0)
+    assert detect(still_spilled, [not_swept], CONFIG, 9.0).removed == ()
     backlog = view(dedicated={("q", "report", "acme"): 5})
     assert detect(backlog, [flooder], CONFIG, 9.0).removed == ()  # not below 5 yet
     drained = view(dedicated={("q", "report", "acme"): 4})
@@ -54,7 +55,7 @@ def test_a_flood_that_ends_is_removed_once_spill_is_empty_and_few_remain():
 
 
 def test_a_type_level_flooder_leaves_under_the_shared_threshold():
-    flooder = Flooder("q", "report", "*", since=0.0)
+    flooder = Flooder("q", "report", "*", since=0.0, swept_empty=True)
     assert not may_leave(flooder, view(depth={("q", "report", "a"): 30, ("q", "report", "b"): 30}),
                          CONFIG)
     assert may_leave(flooder, view(depth={("q", "report", "a"): 30, ("q", "report", "b"): 19}),
