@@ -1,0 +1,154 @@
+"""rayq beside the stacks a user would pick instead, on this machine, in one run.
+
+    python benchmarks/peers.py [--messages 200000] [--seconds 5] [--tasks 3000]
+                               [--deep 1000000] [--parts e2e,send,tasks,depth]
+
+200-byte bodies, every write fsync'd before it is acknowledged. Each rayq
+figure sits beside its peer from the same run and the target ratio of issue 15:
+- end-to-end, 2 pipelines of send_batch(500) -> receive(500) -> delete_batch,
+  beside Redis Streams (appendfsync always; redis-py pipelines of 500:
+  XADD / XREADGROUP / XACK+XDEL);
+- send() from 8 threads beside Redis XADD and ray.util.queue.Queue.put from 8;
+- tiny tasks, 3000 submitted from 4 threads then all awaited, beside Dramatiq
+  on the same Redis (2 processes x 4 threads) and plain Ray tasks;
+- receive p50/p99 with --deep queued beside 1 000 queued (same queue), and the
+  shard's private memory beside the cache budget + 150 MiB (--deep 0 skips).
+
+Peers come from `pip install -e '.[bench]'` and Debian's redis-server; a missing
+one is named and its rows are left empty, the rest still runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+
+import ray
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _peers import (BATCH, BODY, INSTALL, dramatiq_tasks, dramatiq_workers,  # noqa: E402
+                    missing_peers, plain_ray_tasks, ray_queue_puts, redis_end_to_end,
+                    redis_server, redis_version, redis_xadds)
+from _report import report, submit_then_wait  # noqa: E402
+from throughput import concurrent_sends, depth_figures, depth_rows, end_to_end  # noqa: E402
+
+import rayq  # noqa: E402
+
+PARTS = ("e2e", "send", "tasks", "depth")
+
+
+@rayq.task(type="noop")
+def noop(i):
+    return i
+
+
+def rayq_tasks(client: rayq.Client, tasks: int, threads: int = 4) -> float:
+    """Durable tiny tasks per second: submitted from ``threads`` threads, then ray.get of all."""
+    ray.get(client.submit(noop, -1))  # register the handler and warm the consumers
+    return submit_then_wait(lambda i: client.submit(noop, i), ray.get, tasks, threads)
+
+
+def row(figure: str, value: float | None, unit: str, baseline: str, base: float | None,
+        target: str) -> dict:
+    return {"figure": figure, "value": value, "unit": unit, "baseline": baseline,
+            "baseline_value": base, "target": target}
+
+
+def peer_label(name: str, missing: dict[str, str], *needs: str) -> str:
+    """``name``, or why it was not measured."""
+    absent = [missing[n] for n in needs if n in missing]
+    return f"{name} (NOT RUN: {'; '.join(absent)})" if absent else name
+
+
+def e2e_rows(client, url: str | None, args, missing) -> list[dict]:
+    mine = end_to_end(client, args.messages)
+    redis = redis_end_to_end(url, args.messages) if url else None
+    return [row("durable e2e, 2 x send_batch(500)->receive(500)->delete_batch", mine, "msg/s",
+                peer_label("Redis Streams, appendfsync always, pipelines of 500", missing,
+                           "redis-server", "redis"), redis, ">= 2.00")]
+
+
+def send_rows(url: str | None, args, missing) -> list[dict]:
+    mine = concurrent_sends(args.seconds)
+    xadds = redis_xadds(url, args.seconds) if url else None
+    puts = ray_queue_puts(args.seconds)
+    return [row("send() x 8 threads, durable", mine, "msg/s",
+                peer_label("Redis XADD x 8 threads", missing, "redis-server", "redis"), xadds,
+                ">= 0.50"),
+            row("send() x 8 threads, durable", mine, "msg/s", "ray.util.queue put x 8 threads",
+                puts, ">= 2.00")]
+
+
+def task_rows(client, url: str | None, args, missing) -> list[dict]:
+    mine = rayq_tasks(client, args.tasks)
+    dramatiq = None
+    if url and "dramatiq" not in missing:
+        with dramatiq_workers(url) as actor:
+            dramatiq = dramatiq_tasks(actor, args.tasks)
+    plain = plain_ray_tasks(args.tasks)
+    figure = f"tiny tasks, {args.tasks:,} from 4 threads, then all awaited"
+    return [row(figure, mine, "tasks/s",
+                peer_label("Dramatiq, same Redis, 2 processes x 4 threads", missing,
+                           "redis-server", "redis", "dramatiq"), dramatiq, ">= 1.50"),
+            row(figure, mine, "tasks/s", "plain Ray tasks (not durable)", plain, ">= 1.00")]
+
+
+def run(parts: set[str], args, url: str | None, missing: dict, extra: dict) -> list[dict]:
+    root = tempfile.mkdtemp(prefix="rayq-bench-peers-")
+    ray.init(num_cpus=2, namespace="rayq", include_dashboard=False, log_to_driver=False)
+    config = rayq.Config()
+    rows: list[dict] = []
+    try:
+        client = rayq.start(data_dir=os.path.join(root, "data"), config=config)
+        if "e2e" in parts:
+            rows += e2e_rows(client, url, args, missing)
+        if "send" in parts:
+            rows += send_rows(url, args, missing)
+        if "tasks" in parts:
+            rows += task_rows(client, url, args, missing)
+        if "depth" in parts and args.deep > 0:
+            depth = depth_figures(client, args.deep)
+            extra["fill_s"] = round(depth["fill_s"], 1)
+            rows += depth_rows(depth, config.store.cache_budget_bytes, targets=True)
+    finally:
+        rayq.shutdown()
+        ray.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=200_000, help="end-to-end messages")
+    parser.add_argument("--seconds", type=float, default=5.0, help="each 8-thread send figure")
+    parser.add_argument("--tasks", type=int, default=3000)
+    parser.add_argument("--deep", type=int, default=1_000_000,
+                        help="messages queued for the deep receive and memory figures (0 skips)")
+    parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of "
+                        + ", ".join(PARTS))
+    args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    if not parts <= set(PARTS):
+        parser.error(f"--parts takes some of {', '.join(PARTS)}")
+    missing = missing_peers()
+    for why in missing.values():
+        print(f"peer missing: {why}", file=sys.stderr)
+    if missing:
+        print(f"install every peer with: {INSTALL}", file=sys.stderr)
+    extra = {"messages": args.messages, "seconds": args.seconds, "tasks": args.tasks,
+             "deep": args.deep, "batch": BATCH, "body_bytes": len(BODY), "missing": missing}
+    redis_up = "redis-server" not in missing and "redis" not in missing
+    with redis_server() if redis_up else contextlib.nullcontext() as url:
+        if url:
+            extra["redis_version"] = redis_version(url)
+        rows = run(parts, args, url, missing, extra)
+    report("peers", rows, extra)
+
+
+if __name__ == "__main__":
+    main()
