@@ -39,6 +39,20 @@ def report(name: str, rows: list[dict], extra: dict | None = None) -> None:
                       "machine": machine(), "figures": rows, **(extra or {})}))
 
 
+def tree_cpu_s() -> float:
+    """CPU seconds used so far by this process and every live descendant (the Ray
+    runtime, redis-server, Dramatiq workers): what a run costs the machine, which other
+    load on it does not change the way it changes throughput."""
+    total = 0.0
+    for process in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue  # ended meanwhile
+        total += times.user + times.system
+    return total
+
+
 class Timer:
     def __enter__(self):
         self.start = time.perf_counter()

@@ -14,7 +14,9 @@ figure sits beside its peer from the same run and the target ratio of issue 15:
 - receive p50/p99 with --deep queued beside 1 000 queued (same queue), and the
   shard's private memory beside the cache budget + 150 MiB (--deep 0 skips).
 
-Peers come from `pip install -e '.[bench]'` and Debian's redis-server; a missing
+Under each pair, the CPU every process of the run (driver, Ray runtime, redis-server,
+Dramatiq workers) spent per item: the figure other load on a shared machine moves
+least. Peers come from `pip install -e '.[bench]'` and Debian's redis-server; a missing
 one is named and its rows are left empty, the rest still runs.
 """
 
@@ -26,6 +28,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 
 import ray
 
@@ -33,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _peers import (BATCH, BODY, INSTALL, dramatiq_tasks, dramatiq_workers,  # noqa: E402
                     missing_peers, plain_ray_tasks, ray_queue_puts, redis_end_to_end,
                     redis_server, redis_version, redis_xadds)
-from _report import report, submit_then_wait  # noqa: E402
+from _report import report, submit_then_wait, tree_cpu_s  # noqa: E402
 from throughput import concurrent_sends, depth_figures, depth_rows, end_to_end  # noqa: E402
 
 import rayq  # noqa: E402
@@ -58,6 +61,25 @@ def row(figure: str, value: float | None, unit: str, baseline: str, base: float 
             "baseline_value": base, "target": target}
 
 
+def measured(fn: Callable[[], float], items: float | None = None,
+             seconds: float | None = None) -> tuple[float, float]:
+    """(rate ``fn`` returns, CPU µs per item over every process of the run). Items are
+    ``items``, or rate x ``seconds`` for a timed figure; set-up inside ``fn`` counts too."""
+    cpu_s = tree_cpu_s()
+    rate = fn()
+    return rate, (tree_cpu_s() - cpu_s) / (items or rate * seconds) * 1e6
+
+
+def skipped() -> tuple[None, None]:
+    return None, None
+
+
+def pair(figure: str, unit: str, mine: tuple, peer: tuple, label: str, target: str) -> list[dict]:
+    """The figure beside its peer, then the CPU each spent per item (no target: context)."""
+    return [row(figure, mine[0], unit, label, peer[0], target),
+            row(f"  CPU per item, all processes", mine[1], "µs", label, peer[1], "-")]
+
+
 def peer_label(name: str, missing: dict[str, str], *needs: str) -> str:
     """``name``, or why it was not measured."""
     absent = [missing[n] for n in needs if n in missing]
@@ -65,36 +87,38 @@ def peer_label(name: str, missing: dict[str, str], *needs: str) -> str:
 
 
 def e2e_rows(client, url: str | None, args, missing) -> list[dict]:
-    mine = end_to_end(client, args.messages)
-    redis = redis_end_to_end(url, args.messages) if url else None
-    return [row("durable e2e, 2 x send_batch(500)->receive(500)->delete_batch", mine, "msg/s",
-                peer_label("Redis Streams, appendfsync always, pipelines of 500", missing,
-                           "redis-server", "redis"), redis, ">= 2.00")]
+    n = args.messages
+    mine = measured(lambda: end_to_end(client, n), n)
+    redis = measured(lambda: redis_end_to_end(url, n), n) if url else skipped()
+    return pair("durable e2e, 2 x send_batch(500)->receive(500)->delete_batch", "msg/s",
+                mine, redis, peer_label("Redis Streams, appendfsync always, pipelines of 500",
+                                        missing, "redis-server", "redis"), ">= 2.00")
 
 
 def send_rows(url: str | None, args, missing) -> list[dict]:
-    mine = concurrent_sends(args.seconds)
-    xadds = redis_xadds(url, args.seconds) if url else None
-    puts = ray_queue_puts(args.seconds)
-    return [row("send() x 8 threads, durable", mine, "msg/s",
-                peer_label("Redis XADD x 8 threads", missing, "redis-server", "redis"), xadds,
-                ">= 0.50"),
-            row("send() x 8 threads, durable", mine, "msg/s", "ray.util.queue put x 8 threads",
-                puts, ">= 2.00")]
+    s = args.seconds
+    mine = measured(lambda: concurrent_sends(s), seconds=s)
+    xadds = measured(lambda: redis_xadds(url, s), seconds=s) if url else skipped()
+    puts = measured(lambda: ray_queue_puts(s), seconds=s)
+    figure = "send() x 8 threads, durable"
+    return (pair(figure, "msg/s", mine, xadds,
+                 peer_label("Redis XADD x 8 threads", missing, "redis-server", "redis"), ">= 0.50")
+            + pair(figure, "msg/s", mine, puts, "ray.util.queue put x 8 threads", ">= 2.00"))
 
 
 def task_rows(client, url: str | None, args, missing) -> list[dict]:
-    mine = rayq_tasks(client, args.tasks)
-    dramatiq = None
+    n = args.tasks
+    mine = measured(lambda: rayq_tasks(client, n), n)
+    dramatiq = skipped()
     if url and "dramatiq" not in missing:
-        with dramatiq_workers(url) as actor:
-            dramatiq = dramatiq_tasks(actor, args.tasks)
-    plain = plain_ray_tasks(args.tasks)
-    figure = f"tiny tasks, {args.tasks:,} from 4 threads, then all awaited"
-    return [row(figure, mine, "tasks/s",
-                peer_label("Dramatiq, same Redis, 2 processes x 4 threads", missing,
-                           "redis-server", "redis", "dramatiq"), dramatiq, ">= 1.50"),
-            row(figure, mine, "tasks/s", "plain Ray tasks (not durable)", plain, ">= 1.00")]
+        with dramatiq_workers(url) as actor:  # measured while its workers are alive
+            dramatiq = measured(lambda: dramatiq_tasks(actor, n), n)
+    plain = measured(lambda: plain_ray_tasks(n), n)
+    figure = f"tiny tasks, {n:,} from 4 threads, then all awaited"
+    return (pair(figure, "tasks/s", mine, dramatiq,
+                 peer_label("Dramatiq, same Redis, 2 processes x 4 threads", missing,
+                            "redis-server", "redis", "dramatiq"), ">= 1.50")
+            + pair(figure, "tasks/s", mine, plain, "plain Ray tasks (not durable)", ">= 1.00"))
 
 
 def run(parts: set[str], args, url: str | None, missing: dict, extra: dict) -> list[dict]:
