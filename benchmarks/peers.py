@@ -25,9 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable
 
 import ray
@@ -37,7 +35,8 @@ from _peers import (BATCH, BODY, INSTALL, dramatiq_tasks, dramatiq_workers,  # n
                     missing_peers, plain_ray_tasks, ray_queue_puts, redis_end_to_end,
                     redis_server, redis_version, redis_xadds)
 from _report import report, submit_then_wait, tree_cpu_s  # noqa: E402
-from throughput import concurrent_sends, depth_figures, depth_rows, end_to_end  # noqa: E402
+from throughput import (concurrent_sends, depth_figures, depth_rows, end_to_end,  # noqa: E402
+                        runtime)
 
 import rayq  # noqa: E402
 
@@ -122,12 +121,9 @@ def task_rows(client, url: str | None, args, missing) -> list[dict]:
 
 
 def run(parts: set[str], args, url: str | None, missing: dict, extra: dict) -> list[dict]:
-    root = tempfile.mkdtemp(prefix="rayq-bench-peers-")
-    ray.init(num_cpus=2, namespace="rayq", include_dashboard=False, log_to_driver=False)
     config = rayq.Config()
     rows: list[dict] = []
-    try:
-        client = rayq.start(data_dir=os.path.join(root, "data"), config=config)
+    with runtime(config, prefix="rayq-bench-peers-") as (client, _):
         if "e2e" in parts:
             rows += e2e_rows(client, url, args, missing)
         if "send" in parts:
@@ -138,10 +134,6 @@ def run(parts: set[str], args, url: str | None, missing: dict, extra: dict) -> l
             depth = depth_figures(client, args.deep)
             extra["fill_s"] = round(depth["fill_s"], 1)
             rows += depth_rows(depth, config.store.cache_budget_bytes, targets=True)
-    finally:
-        rayq.shutdown()
-        ray.shutdown()
-        shutil.rmtree(root, ignore_errors=True)
     return rows
 
 

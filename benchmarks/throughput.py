@@ -14,6 +14,7 @@ Each figure is printed beside a baseline measured in the same run:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -156,27 +157,34 @@ def depth_rows(depth: dict, budget_bytes: int, targets: bool = False) -> list[di
     ]
 
 
+@contextlib.contextmanager
+def runtime(config: rayq.Config, prefix: str = "rayq-bench-"):
+    """A private local Ray (2 CPUs) and a rayq runtime with data in a temporary directory;
+    yields (client, that directory); stops both and removes the directory after."""
+    root = tempfile.mkdtemp(prefix=prefix)
+    ray.init(num_cpus=2, namespace="rayq", include_dashboard=False, log_to_driver=False)
+    try:
+        yield rayq.start(data_dir=os.path.join(root, "data"), config=config), root
+    finally:
+        rayq.shutdown()
+        ray.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--deep", type=int, default=1_000_000)
     parser.add_argument("--seconds", type=float, default=5.0)
     args = parser.parse_args()
-    root = tempfile.mkdtemp(prefix="rayq-bench-")
-    ray.init(num_cpus=2, namespace="rayq", include_dashboard=False, log_to_driver=False)
     config = rayq.Config(store=rayq.StoreConfig(shards=2))
-    try:
-        client = rayq.start(data_dir=os.path.join(root, "data"), config=config)
+    with runtime(config) as (client, root):
         lmdb_ceiling = raw_lmdb_puts(os.path.join(root, "raw"), args.messages, BATCH, BODY.encode())
         actor_ceiling = raw_actor_calls(args.messages)
         e2e = end_to_end(client, args.messages)
         sends = concurrent_sends(args.seconds)
         puts = ray_queue_puts(args.seconds)
         depth = depth_figures(client, args.deep)
-    finally:
-        rayq.shutdown()
-        ray.shutdown()
-        shutil.rmtree(root, ignore_errors=True)
     ceiling = min(lmdb_ceiling, actor_ceiling)
     rows = [
         {"figure": "e2e send_batch->receive->delete_batch", "value": e2e, "unit": "msg/s",
