@@ -99,8 +99,9 @@ def receive_latency(q: rayq.Queue, samples: int = LATENCY_SAMPLES) -> tuple[floa
 
 
 def fill(q: rayq.Queue, n: int) -> None:
+    """Send at least ``n`` messages, in whole batches of BATCH."""
     batch = [rayq.Outgoing(BODY, tenant=f"t{i % 4}", type=f"k{i % 3}") for i in range(BATCH)]
-    for _ in range(n // BATCH):
+    for _ in range(-(-n // BATCH)):
         q.send_batch(batch)
 
 
