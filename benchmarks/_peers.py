@@ -40,7 +40,8 @@ def missing_peers() -> dict[str, str]:
         missing["redis-server"] = "redis-server not on PATH: apt-get install -y redis-server"
     for module, package in (("redis", "redis"), ("dramatiq", "dramatiq[redis]")):
         if importlib.util.find_spec(module) is None:
-            missing[module] = f"python package {module!r} missing: pip install -e '.[bench]' ({package})"
+            missing[module] = (f"python package {module!r} missing: "
+                               f"pip install -e '.[bench]' ({package})")
     return missing
 
 

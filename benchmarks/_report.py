@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import threading
 import time
@@ -39,18 +40,25 @@ def report(name: str, rows: list[dict], extra: dict | None = None) -> None:
                       "machine": machine(), "figures": rows, **(extra or {})}))
 
 
-def tree_cpu_s() -> float:
-    """CPU seconds used so far by this process and every live descendant (the Ray
-    runtime, redis-server, Dramatiq workers): what a run costs the machine, which other
-    load on it does not change the way it changes throughput."""
-    total = 0.0
+def cpu_by_process() -> dict[tuple[str, int], float]:
+    """CPU seconds so far of this process ("driver") and every live descendant (the Ray
+    runtime, redis-server, Dramatiq workers), by (short name or process title, pid)."""
+    out = {}
     for process in [psutil.Process(), *psutil.Process().children(recursive=True)]:
         try:
+            title = "driver" if process.pid == os.getpid() else process.cmdline()[0]
             times = process.cpu_times()
-        except psutil.Error:
+        except (psutil.Error, IndexError):
             continue  # ended meanwhile
-        total += times.user + times.system
-    return total
+        short = os.path.basename(title.split()[0]).split(".")[0]
+        out[(short, process.pid)] = times.user + times.system
+    return out
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds so far of the whole run (see :func:`cpu_by_process`): what it costs the
+    machine, which other load on it does not change the way it changes throughput."""
+    return sum(cpu_by_process().values())
 
 
 class Timer:

@@ -6,7 +6,7 @@
 Runs one workload of peers.py while py-spy samples the driver, every shard and every
 consumer (100 Hz, non-blocking), then prints each process's top frames (self share of
 its busy samples), the CPU every process spent per item, and the shard calls, commits
-and consumer polls per item. The collapsed stacks stay in --out for flame graphs.
+and consumer polls per 1 000 items. The collapsed stacks stay in --out for flame graphs.
 Needs py-spy (`pip install -e '.[bench]'`) and the right to trace child processes.
 """
 
@@ -27,7 +27,7 @@ from ray import cloudpickle
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402
-from _report import report  # noqa: E402
+from _report import cpu_by_process, report  # noqa: E402
 from throughput import concurrent_sends, end_to_end, runtime  # noqa: E402
 
 import rayq  # noqa: E402
@@ -52,19 +52,8 @@ def traced_processes() -> dict[int, str]:
 
 
 def cpu_by_name() -> dict[tuple[str, int], float]:
-    """CPU seconds so far of every process of the run but the py-spy recorders, by
-    (short name, pid)."""
-    out = {}
-    for process in [psutil.Process(), *psutil.Process().children(recursive=True)]:
-        try:
-            name = "driver" if process.pid == os.getpid() else process.cmdline()[0]
-            times = process.cpu_times()
-        except (psutil.Error, IndexError):
-            continue
-        short = os.path.basename(name.split()[0]).split(".")[0]
-        if short != "py-spy":
-            out[(short, process.pid)] = times.user + times.system
-    return out
+    """:func:`cpu_by_process` less the py-spy recorders (the measuring, not the measured)."""
+    return {key: s for key, s in cpu_by_process().items() if key[0] != "py-spy"}
 
 
 def counters(client: rayq.Client) -> Counter:
@@ -124,8 +113,8 @@ def profiled(path: str, args, out_dir: str) -> tuple[list[dict], dict]:
     rows = [{"figure": f"{path} rate", "value": rate, "unit": "items/s"}]
     rows += [{"figure": f"CPU per item: {name}", "value": s / items * 1e6, "unit": "µs"}
              for name, s in sorted(cpu.items(), key=lambda kv: -kv[1]) if s / items * 1e6 >= 1]
-    rows += [{"figure": f"{what} per item", "value": (calls1[what] - calls0[what]) / items,
-              "unit": "calls"} for what in calls1]
+    rows += [{"figure": f"{what} per 1 000 items", "unit": "calls",
+              "value": (calls1[what] - calls0[what]) / items * 1000} for what in calls1]
     frames = {f: top_frames(os.path.join(out_dir, f)) for f in sorted(os.listdir(out_dir))}
     return rows, frames
 
