@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rayq.core.auth import ADMIN
-from rayq.core.model import (DLQ_SUFFIX, Outgoing, Receipt, Received, check_count,
-                             check_name, check_seconds, encode_body, fairness_key, to_us)
+from rayq.core.model import (DLQ_SUFFIX, Outgoing, Receipt, Received, check_count, check_name,
+                             check_seconds, encode_body, fairness_key, receipt_subqueue, to_us)
 from rayq.core.wire import Attrs, Entry, decode_received, encode_put
 from rayq.core.registry import QueueInfo
 from rayq.errors import InvalidMessage, QueueDisabled, RayqError, ReceiptInvalid
@@ -199,15 +199,22 @@ class Queue:
         if not isinstance(receipts, (list, tuple)) or len(receipts) > MAX_RECEIVE:
             raise InvalidMessage(f"delete_batch takes a list of at most {MAX_RECEIVE} receipts")
         by_shard, invalid = defaultdict(list), []
-        for receipt in receipts:
+        queue, _, _ = self._transport.route(self.name)
+        for receipt in receipts:  # routed by the subqueue the receipt names; checked there
             try:
-                shard, _ = self._locate(receipt)
+                sq = receipt_subqueue(receipt)
             except ReceiptInvalid:
                 invalid.append(receipt)
                 continue
-            by_shard[shard].append(receipt)
-        refs = [self._transport.request(shard.delete, self.name, "delete", batch)
-                for shard, batch in by_shard.items()]
+            if queue.subqueue(sq) is None:  # a subqueue made since we routed, or a stranger
+                queue, _, _ = self._transport.route(self.name, refresh=True)
+            info = queue.subqueue(sq)
+            if info is None:
+                invalid.append(receipt)
+            else:
+                by_shard[info.shard].append(receipt)
+        refs = [self._transport.request(self._transport.shards[shard].delete, self.name, "delete",
+                                        batch) for shard, batch in by_shard.items()]
         for ref in refs:
             invalid.extend(call(lambda ref=ref: ref))
         if invalid:
