@@ -25,11 +25,13 @@ class _Slot:
 class SendCoalescer:
     """Client-side group commit: concurrent sends from threads of one process share
     put calls. A sender that finds fewer than ``max_in_flight`` flushes under way
-    leads one, taking what is pending; the others wait. Two in flight keep the pipe
-    full: while one put commits, the next gathers the senders that came meanwhile.
-    Each caller still returns only after its own messages are durable."""
+    leads one, taking what is pending; the others wait. One in flight is the default:
+    measured with 8 threads on 2 cores, it made the fewest, largest puts (4 messages a
+    call, 196 µs of client CPU a message) and the most messages a second (898, beside
+    787 with two in flight and 860 with four). Each caller still returns only after
+    its own messages are durable."""
 
-    def __init__(self, max_messages: int = 1000, max_in_flight: int = 2):
+    def __init__(self, max_messages: int = 1000, max_in_flight: int = 1):
         self._max, self._max_in_flight = max_messages, max_in_flight
         self._lock = threading.Lock()
         self._pending: list[_Slot] = []
