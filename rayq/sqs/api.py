@@ -35,6 +35,7 @@ MAX_RECEIVE = 10
 MAX_WAIT_S = 20
 MAX_VISIBILITY_S = 43_200
 MAX_DELAY_S = 900
+MAX_BATCH_BYTES = 1_048_576  # SQS's limit on a batch's bodies together, whatever the queue's
 
 
 class State(Protocol):
@@ -104,7 +105,8 @@ class SqsApi:
         base = self.state.settings(t.caller.account, name) if info else attrs.Settings()
         change = attrs.parse(p.get("Attributes"), base, t.caller.account, name, now)
         if info is not None:
-            if change.settings != base or change.max_receives not in (None, info.max_receives or 0):
+            same = dataclasses.replace(change.settings, modified_at=base.modified_at) == base
+            if not same or change.max_receives not in (None, info.max_receives or 0):
                 raise SqsError("QueueNameExists", f"A queue named {name} already exists with "
                                                   "different attributes.")
             return {"QueueUrl": t.url(name)}
@@ -202,9 +204,9 @@ class SqsApi:
         entries = check_entries(p)
         settings = self.state.settings(t.caller.account, t.name)
         size = sum(len(str(e.get("MessageBody", "")).encode()) for e in entries)
-        if size > settings.max_message_bytes:
+        if size > MAX_BATCH_BYTES:
             raise SqsError("BatchRequestTooLong", f"Batch requests must be at most "
-                                                  f"{settings.max_message_bytes} bytes in total.")
+                                                  f"{MAX_BATCH_BYTES} bytes in total.")
         good, failed = [], []
         for entry in entries:
             try:

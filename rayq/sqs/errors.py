@@ -8,6 +8,7 @@ boto3 picks the exception class (``client.exceptions.QueueDoesNotExist``) from
 
 from __future__ import annotations
 
+from rayq.core.auth import SignatureMismatch
 from rayq.errors import (AuthError, InvalidMessage, MessageTooLarge, Overloaded, QueueNotFound,
                          RayqError, ReceiptInvalid, RuntimeFailure, UsageError)
 
@@ -61,6 +62,9 @@ def from_rayq(err: RayqError) -> SqsError:
         return SqsError("ReceiptHandleIsInvalid", f"The input receipt handle is invalid: {text}")
     if isinstance(err, MessageTooLarge):
         return SqsError("MessageTooLong", text)
+    if isinstance(err, SignatureMismatch):  # a key rotated out since the endpoint's copy
+        return SqsError("InvalidClientTokenId",
+                        "The security token included in the request is invalid.", status=403)
     if isinstance(err, AuthError):
         return SqsError("AccessDenied", f"Access to the resource is denied: {text}", status=403)
     if isinstance(err, (InvalidMessage, UsageError)):
