@@ -43,7 +43,7 @@ WORKER_THREADS = 64       # long polls hold a thread up to 20 s each
 JSON_TYPE = "application/x-amz-json-1.0"
 
 
-def replica_name(index: int) -> str:
+def replica_name(index: int | str) -> str:
     return f"rayq-sqs-{index}"
 
 
@@ -157,6 +157,7 @@ class SqsEndpoint:
 
     def __init__(self, host: str, port: int, manager, shards: list, config: Config):
         self._manager, self._shards, self._config = manager, shards, config
+        self.address = (host, port)
         self._clients: dict[str, tuple[AccountSigner, Client]] = {}
         self._keys = Keys(manager)
         self._api = SqsApi(self._client, ReplicaState(named(STATE)))
@@ -170,10 +171,10 @@ class SqsEndpoint:
         await runner.setup()
         await web.TCPSite(runner, host, port, reuse_port=True, reuse_address=True).start()
 
-    async def ready(self) -> bool:
-        """Returns once the server listens (raises if it could not bind)."""
+    async def ready(self) -> tuple[str, int]:
+        """(host, port) once the server listens (raises if it could not bind)."""
         await self._served
-        return True
+        return self.address
 
     def _client(self, caller: Caller) -> Client:
         entry = self._clients.get(caller.account)

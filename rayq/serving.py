@@ -44,11 +44,26 @@ def serve_sqs(host: str = "127.0.0.1", port: int = 9324, replicas: int = 1) -> s
                 max_concurrency=1000, **_OPTIONS).remote(
                     host, port, found["manager"], found["shards"], config))
     try:
-        ray.get([e.ready.remote() for e in endpoints])
+        addresses = set(ray.get([e.ready.remote() for e in endpoints]))
     except ray.exceptions.RayError as err:
         raise RuntimeFailure(f"the SQS endpoint could not listen on {host}:{port}: {err}") from err
+    if addresses != {(host, port)}:  # replicas of an earlier call, elsewhere
+        raise RuntimeFailure(f"the SQS endpoint already serves at {sorted(addresses)}; "
+                             "stop it first (rayq.shutdown())")
     return f"http://{host}:{port}"
 
 
 def _alive_nodes() -> list[str]:
     return sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+
+
+def stop_sqs() -> None:
+    """Stop the endpoint's replicas and its state actor (named ``rayq-sqs-*``); the
+    runtime keeps running. Idempotent."""
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+             if a.get("namespace") == NAMESPACE and a["name"].startswith(replica_name(""))]
+    for name in names:
+        try:
+            ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+        except ValueError:
+            pass  # gone meanwhile

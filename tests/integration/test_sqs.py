@@ -5,7 +5,11 @@ import datetime
 import hashlib
 import itertools
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -393,3 +397,28 @@ def test_bad_input_on_every_operation_gets_sqs_errors_and_loses_nothing(endpoint
     client.delete_message(QueueUrl=url, ReceiptHandle=held["ReceiptHandle"])
     [fine] = client.receive_message(QueueUrl=url)["Messages"]
     assert fine["Body"] == "fine" and held["Body"] == "precious"
+
+
+# -- serving -------------------------------------------------------------------------------
+def test_serving_again_elsewhere_is_refused_while_the_endpoint_runs(endpoint):
+    assert rayq.serve_sqs(port=int(endpoint["url"].rsplit(":", 1)[1])) == endpoint["url"]
+    with pytest.raises(rayq.RuntimeFailure):
+        rayq.serve_sqs(port=free_port())
+
+
+def test_rayq_serve_runs_an_embedded_runtime_until_stopped(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = os.getcwd()
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "rayq.cli", "serve", "--data-dir",
+                             str(tmp_path / "data"), "--port", str(port)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        url = proc.stdout.readline().strip()
+        assert url == f"http://127.0.0.1:{port}"
+        stranger = boto3.client("sqs", endpoint_url=url, region_name=REGION,
+                                aws_access_key_id="nobody", aws_secret_access_key="x" * 44)
+        assert refused(stranger.list_queues) == ("InvalidClientTokenId", 403)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
