@@ -1,10 +1,10 @@
 """The SQS endpoint over HTTP: boto3's batch cycle against rayq, moto and rayq's client.
 
-    python benchmarks/http.py [--seconds 20] [--threads 4] [--replicas 1]
+    python benchmarks/http.py [--seconds 20] [--threads 1,8] [--replicas 2]
 
 One cycle is send_message_batch(10) -> receive_message(10) -> delete_message_batch,
-200-byte bodies, on ``--threads`` threads sharing one queue. The same cycle runs,
-in this one run, against:
+200-byte bodies, on each ``--threads`` count of threads sharing one queue (each
+thread its own boto3 client). The same cycle runs, in this one run, against:
 - rayq's SQS endpoint (``rayq.serve_sqs``, durable: every send, receive and delete
   is fsync'd), with boto3 signing as a rayq account;
 - moto's server mode (``moto_server`` on a free loopback port), an in-memory SQS mock;
@@ -125,24 +125,25 @@ def start_moto() -> tuple[subprocess.Popen, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--threads", type=int, default=4)
-    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--seconds", type=float, default=20.0, help="per side and thread count")
+    parser.add_argument("--threads", default="1,8", help="thread counts, comma-separated")
+    parser.add_argument("--replicas", type=int, default=2)
     args = parser.parse_args()
+    counts = [int(n) for n in args.threads.split(",")]
     root = tempfile.mkdtemp(prefix="rayq-bench-http-")
     ray.init(num_cpus=2, namespace="rayq", include_dashboard=False, log_to_driver=False)
-    moto = None
+    moto, measured = None, {}
     try:
         client = rayq.start(data_dir=os.path.join(root, "data"), consumers=0)
         key = client.create_account("bench")
         url = rayq.serve_sqs(port=free_port(), replicas=args.replicas)
-        rayq_http = run_cycles(boto3_cycle(url, "bench", key, args.threads), args.threads,
-                               args.seconds)
-        rayq_py = run_cycles(python_cycle(rayq.connect(account="bench", key=key)), args.threads,
-                             args.seconds)
         moto, moto_url = start_moto()
-        moto_http = run_cycles(boto3_cycle(moto_url, "testing", "testing", args.threads),
-                               args.threads, args.seconds)
+        python = rayq.connect(account="bench", key=key)
+        for n in counts:
+            measured[n] = {
+                "rayq": run_cycles(boto3_cycle(url, "bench", key, n), n, args.seconds),
+                "moto": run_cycles(boto3_cycle(moto_url, "testing", "testing", n), n, args.seconds),
+                "python": run_cycles(python_cycle(python), n, args.seconds)}
     finally:
         if moto is not None:
             moto.terminate()
@@ -150,19 +151,23 @@ def main() -> None:
         rayq.shutdown()
         ray.shutdown()
         shutil.rmtree(root, ignore_errors=True)
-    cycle = f"batch cycle ({BATCH}), {args.threads} threads"
-    rows = [
-        {"figure": f"rayq SQS endpoint, boto3 {cycle}", "value": rayq_http[0], "unit": "msg/s",
-         "baseline": "moto server mode, boto3", "baseline_value": moto_http[0]},
-        {"figure": "rayq Python client, same cycle", "value": rayq_py[0], "unit": "msg/s",
-         "baseline": "rayq SQS endpoint, boto3", "baseline_value": rayq_http[0]},
-        {"figure": "rayq SQS endpoint, cycle p50", "value": rayq_http[1], "unit": "ms",
-         "baseline": "moto server mode, cycle p50", "baseline_value": moto_http[1]},
-        {"figure": "rayq Python client, cycle p50", "value": rayq_py[1], "unit": "ms",
-         "baseline": "rayq SQS endpoint, cycle p50", "baseline_value": rayq_http[1]},
+    rows = [row for n in counts for row in _rows(n, measured[n])]
+    report("http", rows, {"seconds": args.seconds, "threads": counts, "replicas": args.replicas,
+                          "batch": BATCH, "body_bytes": len(BODY)})
+
+
+def _rows(threads: int, m: dict) -> list[dict]:
+    at = f"{threads} thread{'s' if threads > 1 else ''}"
+    return [
+        {"figure": f"rayq SQS endpoint, boto3, {at}", "value": m["rayq"][0], "unit": "msg/s",
+         "baseline": "moto server mode, boto3", "baseline_value": m["moto"][0]},
+        {"figure": f"rayq Python client, {at}", "value": m["python"][0], "unit": "msg/s",
+         "baseline": "rayq SQS endpoint, boto3", "baseline_value": m["rayq"][0]},
+        {"figure": f"rayq SQS endpoint cycle p50, {at}", "value": m["rayq"][1], "unit": "ms",
+         "baseline": "moto server mode", "baseline_value": m["moto"][1]},
+        {"figure": f"rayq Python client cycle p50, {at}", "value": m["python"][1], "unit": "ms",
+         "baseline": "rayq SQS endpoint", "baseline_value": m["rayq"][1]},
     ]
-    report("http", rows, {"seconds": args.seconds, "threads": args.threads,
-                          "replicas": args.replicas, "batch": BATCH, "body_bytes": len(BODY)})
 
 
 if __name__ == "__main__":

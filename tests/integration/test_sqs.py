@@ -422,3 +422,25 @@ def test_rayq_serve_runs_an_embedded_runtime_until_stopped(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0
+
+
+def test_the_aws_cli_works_unchanged(endpoint, tmp_path):
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "acme", "AWS_DEFAULT_REGION": REGION,
+           "AWS_SECRET_ACCESS_KEY": endpoint["keys"]["acme"],
+           "AWS_CONFIG_FILE": str(tmp_path / "config"),
+           "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "credentials")}
+
+    def aws(*args: str) -> dict:
+        out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "aws"), "sqs", *args,
+                              "--endpoint-url", endpoint["url"], "--output", "json"],
+                             env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout) if out.stdout.strip() else {}
+
+    url = aws("create-queue", "--queue-name", "from-cli")["QueueUrl"]
+    aws("send-message", "--queue-url", url, "--message-body", "sent by aws sqs")
+    [got] = aws("receive-message", "--queue-url", url, "--wait-time-seconds", "5")["Messages"]
+    assert got["Body"] == "sent by aws sqs"
+    aws("delete-message", "--queue-url", url, "--receipt-handle", got["ReceiptHandle"])
+    assert aws("get-queue-attributes", "--queue-url", url, "--attribute-names",
+               "ApproximateNumberOfMessages")["Attributes"] == {"ApproximateNumberOfMessages": "0"}
