@@ -50,23 +50,22 @@ class Settings:
         return {name: str(getattr(self, field)) for name, (field, _, _) in SETTABLE.items()}
 
 
-def unsupported_attribute(name: str) -> SqsError:
+def unsupported_attribute(name: str, known: tuple[str, ...] = READABLE) -> SqsError:
     return SqsError("InvalidAttributeName",
-                    f"Unknown or unsupported attribute {name}: rayq supports "
-                    f"{', '.join(READABLE)}.")
+                    f"Unknown or unsupported attribute {name}: rayq supports {', '.join(known)}.")
 
 
-def check_names(names: Any) -> list[str]:
-    """Attribute names of a GetQueueAttributes call ("All" expands to every one)."""
+def check_names(names: Any, known: tuple[str, ...] = READABLE) -> list[str]:
+    """The attribute names a call asks for, each one of ``known`` ("All" expands to all)."""
     if names is None:
         return []
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise invalid("AttributeNames must be a list of strings.")
     if "All" in names:
-        return list(READABLE)
+        return list(known)
     for name in names:
-        if name not in READABLE:
-            raise unsupported_attribute(name)
+        if name not in known:
+            raise unsupported_attribute(name, known)
     return list(dict.fromkeys(names))
 
 

@@ -10,6 +10,7 @@ import re
 import struct
 from typing import Any
 
+from rayq.sqs.attributes import check_names
 from rayq.sqs.errors import SqsError, invalid
 
 TYPE_ATTRIBUTE = "type"
@@ -92,18 +93,7 @@ def attributes_md5(attributes: dict) -> str:
 
 def check_system_names(names: Any) -> list[str]:
     """The system attribute names a ReceiveMessage asks for ("All" expands)."""
-    if names is None:
-        return []
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise invalid("AttributeNames must be a list of strings.")
-    if "All" in names:
-        return list(SYSTEM_ATTRIBUTES)
-    for name in names:
-        if name not in SYSTEM_ATTRIBUTES:
-            raise SqsError("InvalidAttributeName",
-                           f"Unknown or unsupported attribute {name}: rayq returns "
-                           f"{', '.join(SYSTEM_ATTRIBUTES)}.")
-    return list(dict.fromkeys(names))
+    return check_names(names, SYSTEM_ATTRIBUTES)
 
 
 def wants_type(names: Any) -> bool:
