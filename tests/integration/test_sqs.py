@@ -41,7 +41,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def endpoint(ray_session, tmp_path_factory):
     client, _ = start_runtime(tmp_path_factory, with_consumers(rayq.Config(), 0), name="sqs")
-    keys = {name: client.create_account(name) for name in ("acme", "beta", "rot")}
+    keys = {name: client.create_account(name) for name in ("acme", "beta", "rot", "tool")}
     url = rayq.serve_sqs(port=free_port())
     yield {"url": url, "keys": keys, "admin": client}
     rayq.shutdown()
@@ -444,3 +444,52 @@ def test_the_aws_cli_works_unchanged(endpoint, tmp_path):
     aws("delete-message", "--queue-url", url, "--receipt-handle", got["ReceiptHandle"])
     assert aws("get-queue-attributes", "--queue-url", url, "--attribute-names",
                "ApproximateNumberOfMessages")["Attributes"] == {"ApproximateNumberOfMessages": "0"}
+
+
+CELERY_TASKS = """
+import os
+
+from celery import Celery
+
+app = Celery("sqs_tasks", broker=os.environ["BROKER_URL"])
+app.conf.broker_transport_options = {"region": "eu-west-1", "is_secure": False,
+                                     "polling_interval": 0.2, "wait_time_seconds": 1}
+app.conf.task_default_queue = "celery-tasks"
+
+
+@app.task
+def add(x, y):
+    with open(os.environ["RESULT_FILE"], "a") as out:
+        out.write(f"{x + y}\\n")
+"""
+
+
+def test_celery_with_kombus_sqs_transport_runs_tasks_unchanged(endpoint, tmp_path):
+    from urllib.parse import quote
+
+    from celery import Celery
+
+    (tmp_path / "sqs_tasks.py").write_text(CELERY_TASKS)
+    results = tmp_path / "results.txt"
+    results.write_text("")
+    broker = f"sqs://tool:{quote(endpoint['keys']['tool'], safe='')}@{endpoint['url'][7:]}"
+    env = {**os.environ, "BROKER_URL": broker, "RESULT_FILE": str(results),
+           "PYTHONPATH": str(tmp_path)}
+    with open(tmp_path / "worker.log", "w") as log:
+        worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "sqs_tasks", "worker",
+                                   "--pool=solo", "--without-mingle", "--without-gossip",
+                                   "--without-heartbeat"], cwd=tmp_path, env=env, stdout=log,
+                                  stderr=subprocess.STDOUT)
+    try:
+        app = Celery("producer", broker=broker)
+        app.conf.broker_transport_options = {"region": REGION, "is_secure": False}
+        for i in range(5):
+            app.send_task("sqs_tasks.add", (i, 100), queue="celery-tasks")
+        eventually(lambda: len(results.read_text().split()) >= 5, timeout_s=120)
+        assert sorted(results.read_text().split()) == [str(100 + i) for i in range(5)]
+        client = sqs(endpoint, "tool")
+        url = client.get_queue_url(QueueName="celery-tasks")["QueueUrl"]
+        assert eventually(lambda: got_counts(client, url) == (0, 0, 0))  # acked: deleted
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
