@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -159,6 +160,7 @@ class SqsEndpoint:
         self._manager, self._shards, self._config = manager, shards, config
         self.address = (host, port)
         self._clients: dict[str, tuple[AccountSigner, Client]] = {}
+        self._clients_lock = threading.Lock()
         self._keys = Keys(manager)
         self._api = SqsApi(self._client, ReplicaState(named(STATE)))
         self._pool = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="sqs")
@@ -177,12 +179,15 @@ class SqsEndpoint:
         return self.address
 
     def _client(self, caller: Caller) -> Client:
-        entry = self._clients.get(caller.account)
-        if entry is None:
-            signer = AccountSigner(caller.account, caller.key)
-            entry = self._clients[caller.account] = (
-                signer, Client(self._manager, self._shards, self._config, signer))
-        entry[0].rekey(caller.key)
+        """The one client of the caller's account (worker threads ask at once): one, so that
+        the send path it binds is rekeyed with it after a rotation."""
+        with self._clients_lock:
+            entry = self._clients.get(caller.account)
+            if entry is None:
+                signer = AccountSigner(caller.account, caller.key)
+                entry = self._clients[caller.account] = (
+                    signer, Client(self._manager, self._shards, self._config, signer))
+            entry[0].rekey(caller.key)
         return entry[1]
 
     async def _serve(self, request: web.Request) -> web.Response:

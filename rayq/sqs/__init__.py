@@ -1,6 +1,7 @@
-"""The Amazon SQS JSON protocol over rayq, pure: request signing (SigV4), the
-protocol's errors, queue attributes, message conversion and the operations.
+"""The Amazon SQS JSON protocol over rayq.
 
-No Ray here: :mod:`actors.sqs` serves it over HTTP from Ray actors and hands
-the operations one rayq :class:`~rayq.client.Client` per account.
+Pure (no Ray): :mod:`~rayq.sqs.sigv4` (request signatures), :mod:`~rayq.sqs.errors`,
+:mod:`~rayq.sqs.attributes`, :mod:`~rayq.sqs.messages` and :mod:`~rayq.sqs.batches`.
+:mod:`~rayq.sqs.api` runs the operations over one rayq Client per account;
+:mod:`actors.sqs` serves it over HTTP from Ray actors.
 """
