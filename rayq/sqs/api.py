@@ -146,7 +146,8 @@ class SqsApi:
 
     def _get_queue_attributes(self, t: Target, p: dict) -> dict:
         names = attrs.check_names(p.get("AttributeNames"))
-        info = _info(_need_queue(t) and t.client, t.name)
+        _need_queue(t)
+        info = _info(t.client, t.name)
         settings = self.state.settings(t.caller.account, t.name)
         values = settings.render()
         values.update(CreatedTimestamp=str(int(info.created_at)),
@@ -163,7 +164,8 @@ class SqsApi:
     def _set_queue_attributes(self, t: Target, p: dict) -> dict:
         if "Attributes" not in p:
             raise missing("Attributes")
-        info = _info(_need_queue(t) and t.client, t.name)
+        _need_queue(t)
+        info = _info(t.client, t.name)
         base = self.state.settings(t.caller.account, t.name)
         change = attrs.parse(p["Attributes"], base, t.caller.account, t.name, self.clock())
         if change.max_receives is not None and change.max_receives != (info.max_receives or 0):
@@ -230,7 +232,8 @@ class SqsApi:
         got = queue.receive(max_messages=count, visibility_timeout_s=hide_s, wait_s=wait_s)
         return {"Messages": [_message(m, system, with_type) for m in got]} if got else {}
 
-    def _receipt(self, t: Target, p: dict) -> str:
+    @staticmethod
+    def _receipt(p: dict) -> str:
         handle = p.get("ReceiptHandle")
         if handle is None or handle == "":
             raise missing("ReceiptHandle")
@@ -239,7 +242,7 @@ class SqsApi:
         return handle
 
     def _delete_message(self, t: Target, p: dict) -> dict:
-        queue, handle = _need_queue(t), self._receipt(t, p)
+        queue, handle = _need_queue(t), self._receipt(p)
         self._forwarded(handle, lambda receipt: queue.delete(receipt))
         return {}
 
@@ -259,7 +262,7 @@ class SqsApi:
         handles, failed = {}, []
         for entry in entries:
             try:
-                handles[entry["Id"]] = self._receipt(t, entry)
+                handles[entry["Id"]] = self._receipt(entry)
             except SqsError as err:
                 failed.append(failure(entry["Id"], err))
         refused = self._delete_all(queue, list(handles.values()))
@@ -272,19 +275,21 @@ class SqsApi:
     def _delete_all(self, queue: Queue, handles: list[str]) -> dict[str, ReceiptInvalid]:
         """Delete by handles in one batch (then once more for forwarded ones); returns the
         handles refused, each with its error."""
+        if not handles:
+            return {}
         try:
-            queue.delete_batch(handles) if handles else None
+            queue.delete_batch(handles)
             return {}
         except ReceiptInvalid as err:
             refused = set(err.receipts)
         forwards = {h: self.state.forward(h) for h in handles if h in refused}
         retry = {current: h for h, current in forwards.items() if current is not None}
-        try:
-            queue.delete_batch(list(retry)) if retry else None
-        except ReceiptInvalid as err:
-            refused -= {h for current, h in retry.items() if current not in err.receipts}
-        else:
-            refused -= set(retry.values())
+        if retry:
+            try:
+                queue.delete_batch(list(retry))
+                refused -= set(retry.values())
+            except ReceiptInvalid as err:
+                refused -= {h for current, h in retry.items() if current not in err.receipts}
         return {h: ReceiptInvalid("the receipt handle is stale or invalid") for h in refused}
 
     def _change_message_visibility(self, t: Target, p: dict) -> dict:
@@ -292,7 +297,7 @@ class SqsApi:
         return {}
 
     def _change(self, t: Target, p: dict) -> None:
-        queue, handle = _need_queue(t), self._receipt(t, p)
+        queue, handle = _need_queue(t), self._receipt(p)
         if "VisibilityTimeout" not in p:
             raise missing("VisibilityTimeout")
         timeout_s = _int(p, "VisibilityTimeout", 0, MAX_VISIBILITY_S, None)
