@@ -42,6 +42,8 @@ SETTINGS_TTL_S = 2.0      # another replica's SetQueueAttributes shows here with
 MAX_FORWARDS = 100_000
 WORKER_THREADS = 64       # long polls hold a thread up to 20 s each
 JSON_TYPE = "application/x-amz-json-1.0"
+# A batch carries up to 1 MiB of bodies; JSON escapes (\uXXXX for non-ASCII) can triple it.
+MAX_REQUEST_BYTES = 8 << 20
 
 
 def replica_name(index: int | str) -> str:
@@ -167,7 +169,7 @@ class SqsEndpoint:
         self._served = asyncio.get_running_loop().create_task(self._listen(host, port))
 
     async def _listen(self, host: str, port: int) -> None:
-        app = web.Application(client_max_size=2 << 20)
+        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
         app.router.add_route("*", "/{tail:.*}", self._serve)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
