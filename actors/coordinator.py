@@ -21,7 +21,7 @@ import ray
 
 from actors import MANAGER, NAMESPACE, shard_name
 from actors.consumer import named_consumers, unwrap
-from actors.gate import Gate, manager_directory
+from actors.gate import durable_gate, manager_directory
 from actors.metrics import CoordinatorMetrics
 from rayq.analytics.eventlog import log_report, open_event_log
 from rayq.config import Config
@@ -56,7 +56,7 @@ class FairnessCoordinator:
         self._version = 0
         self._regular = config.consumers.count
         self._rng = random.Random()
-        self.gate = Gate(manager_directory)
+        self.gate = durable_gate(manager_directory, self.kv)
         asyncio.get_running_loop().create_task(self._evaluate_forever())
 
     # -- consumers and clients -------------------------------------------------------
@@ -81,7 +81,14 @@ class FairnessCoordinator:
             expected_s=dict(d.expected_s) if d else {}, actual_s=dict(d.actual_s) if d else {},
             listen_order=order, permits=dict(d.permits) if d else {},
             ignored_permits=dict(d.ignored_permits) if d else {},
-            suspended=tuple(self.rules.history()), history=self.history.recent())
+            suspended=tuple(self.rules.history()), history=self.history.recent(),
+            noisy=tuple(await self._noisy()))
+
+    async def _noisy(self) -> list:
+        """What every shard's fair dispatch treats as noisy (shards restarting: skipped)."""
+        parts = await asyncio.gather(*(s.noisy.remote() for s in self.shards),
+                                     return_exceptions=True)
+        return [k for part in parts if not isinstance(part, BaseException) for k in part]
 
     async def suspend(self, key: str, reason: str, by: str,
                       auth: Signature | None = None) -> SuspensionRule:

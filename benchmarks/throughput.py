@@ -135,7 +135,7 @@ def main() -> None:
         shallow, deep = client.create_queue("bench-shallow"), client.create_queue("bench-deep")
         fill(shallow, 1000)
         p50_shallow, p99_shallow = receive_latency(shallow)
-        shard = client._shards[client.queue("bench-deep")._client._route("bench-deep")[0].subqueues[0].shard]
+        shard = client.transport.shards[client.transport.route("bench-deep")[0].subqueues[0].shard]
         mem_before = ray.get(shard.process.remote())
         with Timer() as t_fill:
             fill(deep, args.deep)

@@ -46,14 +46,24 @@ class State(Protocol):
 
 
 class Target:
-    """One request's account, its rayq client, and the queue its QueueUrl names."""
+    """One request's account, its rayq client, and the queue its QueueUrl names: ``owner``
+    and ``name`` from the URL, ``ref`` as the client names it (the ``default`` account
+    reaches another account's queue as ``owner/name``)."""
 
-    def __init__(self, caller: Caller, client, name: str | None, host: str):
-        self.caller, self.client, self.name, self.host = caller, client, name, host
-        self.queue = Queue(client, name) if name is not None else None
+    def __init__(self, caller: Caller, client, queue: tuple[str, str] | None, host: str):
+        self.caller, self.client, self.host = caller, client, host
+        self.owner, self.name = queue or (caller.account, None)
+        self.ref = self.name if self.owner == caller.account else f"{self.owner}/{self.name}"
+        self.queue = Queue(client.transport, self.ref) if self.name is not None else None
 
-    def url(self, name: str | None = None) -> str:
-        return f"http://{self.host}/{self.caller.account}/{name or self.name}"
+    def url(self, ref: str | None = None) -> str:
+        """The URL of this target's queue, or of the caller's queue ``ref`` (as listed)."""
+        if ref is None:
+            return f"http://{self.host}/{self.owner}/{self.name}"
+        return f"http://{self.host}/{ref if '/' in ref else self.caller.account + '/' + ref}"
+
+    def arn(self) -> str:
+        return attrs.arn(self.caller.region, self.owner, self.name)
 
 
 class SqsApi:
@@ -76,18 +86,20 @@ class SqsApi:
             raise from_rayq(err) from err
 
     @staticmethod
-    def _queue_name(params: dict, caller: Caller) -> str | None:
+    def _queue_name(params: dict, caller: Caller) -> tuple[str, str] | None:
+        """(owner, queue) a QueueUrl names. Raises QueueDoesNotExist for another account's
+        queue unless the caller is the ``default`` account, which administers them all."""
         url = params.get("QueueUrl")
         if url is None:
             return None
         if not isinstance(url, str):
             raise invalid("QueueUrl must be a string.")
         parts = urlsplit(url).path.strip("/").split("/")
-        if len(parts) != 2 or not _QUEUE_NAME.match(parts[1]):
+        if len(parts) != 2 or not _QUEUE_NAME.match(parts[1]) or not parts[0]:
             raise SqsError("InvalidAddress", f"The address {url} is not valid for this endpoint.")
-        if parts[0] != caller.account:
+        if parts[0] != caller.account and caller.account != ADMIN:
             raise no_queue()  # another account's queue: as if it did not exist
-        return parts[1]
+        return parts[0], parts[1]
 
     # -- queues ---------------------------------------------------------------
     def _create_queue(self, t: Target, p: dict) -> dict:
@@ -102,8 +114,8 @@ class SqsApi:
         except QueueNotFound:
             info = None
         now = self.clock()
-        base = self.state.settings(t.caller.account, name) if info else attrs.Settings()
-        change = attrs.parse(p.get("Attributes"), base, t.caller.account, name, now)
+        base = self.state.settings(t.owner, name) if info else attrs.Settings()
+        change = attrs.parse(p.get("Attributes"), base, t.owner, name, now)
         if info is not None:
             same = dataclasses.replace(change.settings, modified_at=base.modified_at) == base
             if not same or change.max_receives not in (None, info.max_receives or 0):
@@ -111,7 +123,7 @@ class SqsApi:
                                                   "different attributes.")
             return {"QueueUrl": t.url(name)}
         t.client.create_queue(name, max_receives=change.max_receives or None)
-        self.state.save(t.caller.account, name, dataclasses.replace(change.settings, modified_at=now))
+        self.state.save(t.owner, name, dataclasses.replace(change.settings, modified_at=now))
         return {"QueueUrl": t.url(name)}
 
     def _get_queue_url(self, t: Target, p: dict) -> dict:
@@ -128,7 +140,8 @@ class SqsApi:
             raise invalid("QueueNamePrefix must be a string.")
         limit = _int(p, "MaxResults", 1, 1000, None)
         after = _token(p.get("NextToken"))
-        names = [n for n in sorted(t.client.list_queues()) if n.startswith(prefix) and n > after]
+        names = [n for n in sorted(t.client.list_queues())
+                 if n.rpartition("/")[2].startswith(prefix) and n > after]
         out: dict[str, Any] = {"QueueUrls": [t.url(n) for n in names[:limit or 1000]]}
         if limit is not None and len(names) > limit:
             out["NextToken"] = base64.urlsafe_b64encode(names[limit - 1].encode()).decode()
@@ -136,8 +149,8 @@ class SqsApi:
 
     def _delete_queue(self, t: Target, p: dict) -> dict:
         _need_queue(t)
-        t.client.delete_queue(t.name)
-        self.state.save(t.caller.account, t.name, None)
+        t.client.delete_queue(t.ref)
+        self.state.save(t.owner, t.name, None)
         return {}
 
     def _purge_queue(self, t: Target, p: dict) -> dict:
@@ -147,15 +160,15 @@ class SqsApi:
     def _get_queue_attributes(self, t: Target, p: dict) -> dict:
         names = attrs.check_names(p.get("AttributeNames"))
         _need_queue(t)
-        info = _info(t.client, t.name)
-        settings = self.state.settings(t.caller.account, t.name)
+        info = _info(t.client, t.ref)
+        settings = self.state.settings(t.owner, t.name)
         values = settings.render()
         values.update(CreatedTimestamp=str(int(info.created_at)),
                       LastModifiedTimestamp=str(int(settings.modified_at or info.created_at)),
-                      QueueArn=attrs.arn(t.caller.region, t.caller.account, t.name))
+                      QueueArn=t.arn())
         if info.max_receives:
-            values[attrs.REDRIVE] = attrs.redrive_policy(t.caller.region, t.caller.account,
-                                                         t.name, info.max_receives)
+            values[attrs.REDRIVE] = attrs.redrive_policy(t.caller.region, t.owner, t.name,
+                                                         info.max_receives)
         if any(n in attrs.COUNTS for n in names):
             values.update(zip(attrs.COUNTS, map(str, t.queue.counts_by_visibility())))
         picked = {n: values[n] for n in names if n in values}
@@ -165,13 +178,13 @@ class SqsApi:
         if "Attributes" not in p:
             raise missing("Attributes")
         _need_queue(t)
-        info = _info(t.client, t.name)
-        base = self.state.settings(t.caller.account, t.name)
-        change = attrs.parse(p["Attributes"], base, t.caller.account, t.name, self.clock())
+        info = _info(t.client, t.ref)
+        base = self.state.settings(t.owner, t.name)
+        change = attrs.parse(p["Attributes"], base, t.owner, t.name, self.clock())
         if change.max_receives is not None and change.max_receives != (info.max_receives or 0):
             raise invalid("rayq sets a queue's RedrivePolicy (maxReceiveCount) when the queue is "
                           f"created; {t.name} has maxReceiveCount {info.max_receives or 'none'}.")
-        self.state.save(t.caller.account, t.name, change.settings)
+        self.state.save(t.owner, t.name, change.settings)
         return {}
 
     # -- messages -------------------------------------------------------------------
@@ -197,14 +210,14 @@ class SqsApi:
 
     def _send_message(self, t: Target, p: dict) -> dict:
         queue = _need_queue(t)
-        out = self._outgoing(t, p, self.state.settings(t.caller.account, t.name))
+        out = self._outgoing(t, p, self.state.settings(t.owner, t.name))
         [message_id] = queue.send_batch([out])
         return self._sent(message_id, out, p.get("MessageAttributes"))
 
     def _send_message_batch(self, t: Target, p: dict) -> dict:
         queue = _need_queue(t)
         entries = check_entries(p)
-        settings = self.state.settings(t.caller.account, t.name)
+        settings = self.state.settings(t.owner, t.name)
         size = sum(len(str(e.get("MessageBody", "")).encode()) for e in entries)
         if size > MAX_BATCH_BYTES:
             raise SqsError("BatchRequestTooLong", f"Batch requests must be at most "
@@ -222,7 +235,7 @@ class SqsApi:
 
     def _receive_message(self, t: Target, p: dict) -> dict:
         queue = _need_queue(t)
-        settings = self.state.settings(t.caller.account, t.name)
+        settings = self.state.settings(t.owner, t.name)
         count = _int(p, "MaxNumberOfMessages", 1, MAX_RECEIVE, 1)
         hide_s = _int(p, "VisibilityTimeout", 0, MAX_VISIBILITY_S, settings.visibility_timeout_s)
         wait_s = _int(p, "WaitTimeSeconds", 0, MAX_WAIT_S, settings.wait_s)
@@ -347,7 +360,7 @@ def _need_queue(t: Target) -> Queue:
 def _info(client, name: str):
     """The registry's record of a queue (creation time, max_receives). Raises QueueNotFound.
     Read through the client's routing call: the public API has no accessor for it yet."""
-    return client._route(name, refresh=True)[0]
+    return client.transport.route(name, refresh=True)[0]
 
 
 def _queue_name_param(p: dict) -> str:

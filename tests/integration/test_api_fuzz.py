@@ -107,18 +107,19 @@ class ClientAPI(RuleBasedStateMachine):
     @rule(data=st.data(), what=st.sampled_from(
         ["send", "receive", "peek", "count", "clear", "delete", "change_visibility", "drop"]))
     def another_account_tries(self, data, what):
-        """A genuine signed client of another account goes for this queue: AuthError."""
+        """A genuine signed client of another account goes for this queue, naming it as the
+        default account's: QueueNotFound (it is not visible) or AuthError."""
         receipt = data.draw(st.sampled_from(sorted(self.receipts)) if self.receipts else JUNK)
-        theirs = rayq.queue.Queue(INTRUDER, self.q.name)
+        theirs = rayq.queue.Queue(INTRUDER.transport, "default/" + self.q.name)
         calls = {"send": lambda: theirs.send("x"), "receive": lambda: theirs.receive(5),
                  "peek": lambda: theirs.peek(5), "count": theirs.count, "clear": theirs.clear,
                  "delete": lambda: theirs.delete(receipt),
                  "change_visibility": lambda: theirs.change_visibility(receipt, 0),
                  "drop": lambda: INTRUDER.delete_queue(self.q.name)}
-        refused = rayq.AuthError
+        refused = (rayq.AuthError, rayq.QueueNotFound)
         if what in ("delete", "change_visibility") and not (
                 isinstance(receipt, str) and receipt in self.receipts):
-            refused = (rayq.AuthError, rayq.ReceiptInvalid)  # junk is junk to anyone
+            refused = (*refused, rayq.ReceiptInvalid)  # junk is junk to anyone
         with pytest.raises(refused):
             calls[what]()
 

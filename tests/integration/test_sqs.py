@@ -239,7 +239,6 @@ def test_a_long_poll_returns_a_message_sent_while_it_waits(endpoint):
 
 # -- accounts and credentials ---------------------------------------------------------
 def test_two_accounts_see_and_touch_only_their_own_queues(endpoint):
-    # Distinct names until per-account namespaces land; then add the same-name case.
     acme, beta = sqs(endpoint), sqs(endpoint, "beta")
     acme_url = acme.create_queue(QueueName="iso-acme")["QueueUrl"]
     beta_url = beta.create_queue(QueueName="iso-beta")["QueueUrl"]
@@ -250,13 +249,28 @@ def test_two_accounts_see_and_touch_only_their_own_queues(endpoint):
                          (beta.send_message, {"MessageBody": "x"}), (beta.delete_queue, {}),
                          (beta.get_queue_attributes, {"AttributeNames": ["All"]})]:
         assert refused(call, QueueUrl=acme_url, **kwargs) == ("QueueDoesNotExist", 400)
-    # acme's URL with beta's name in it: still beta's namespace, where iso-acme is not beta's
-    assert refused(beta.receive_message, QueueUrl=acme_url.replace("/acme/", "/beta/"))[0] in (
-        "QueueDoesNotExist", "AccessDenied")
-    assert refused(beta.get_queue_url, QueueName="iso-acme")[0] in (
-        "QueueDoesNotExist", "AccessDenied")
+    # acme's queue name in beta's namespace: not there, and nothing says acme has one
+    assert refused(beta.receive_message, QueueUrl=acme_url.replace("/acme/", "/beta/"))[0] == \
+        "QueueDoesNotExist"
+    assert refused(beta.get_queue_url, QueueName="iso-acme")[0] == "QueueDoesNotExist"
     [kept] = acme.receive_message(QueueUrl=acme_url)["Messages"]
     assert kept["Body"] == "acme's"
+
+
+def test_two_accounts_each_have_their_own_queue_of_one_name(endpoint):
+    acme, beta = sqs(endpoint), sqs(endpoint, "beta")
+    acme_url = acme.create_queue(QueueName="orders-same", Attributes={"DelaySeconds": "0"})[
+        "QueueUrl"]
+    beta_url = beta.create_queue(QueueName="orders-same", Attributes={"DelaySeconds": "5"})[
+        "QueueUrl"]
+    assert (acme_url, beta_url) == (f"{endpoint['url']}/acme/orders-same",
+                                    f"{endpoint['url']}/beta/orders-same")
+    acme.send_message(QueueUrl=acme_url, MessageBody="for acme")
+    beta.send_message(QueueUrl=beta_url, MessageBody="for beta")
+    assert [m["Body"] for m in acme.receive_message(QueueUrl=acme_url)["Messages"]] == ["for acme"]
+    assert got_counts(beta, beta_url) == (0, 0, 1)  # beta's own DelaySeconds, its own message
+    assert acme.get_queue_attributes(QueueUrl=acme_url, AttributeNames=["DelaySeconds"])[
+        "Attributes"] == {"DelaySeconds": "0"}
 
 
 def raw_request(endpoint, action: str, params: dict, account="acme", key=None,
