@@ -30,6 +30,7 @@ from rayq.config import Config
 from rayq.core.balancer import BalancerState, HostReading, host_pressed
 from rayq.core.fairness import ListenPlan, listen_order
 from rayq.core.model import StoredMessage
+from rayq.core.wire import decode_delivered
 from rayq.core.registry import QueueInfo
 from rayq.core.tasks import (DeferralCause, Outcome, TaskSpec, UsageReport, decode_call,
                              encode_result, error_of)
@@ -278,12 +279,12 @@ class ConsumerActor:
         order = self._listen(exclude) if wait_s == 0 else None
         got = []
         if order:  # the plan's order first; keys it does not know yet come after
-            got = await unwrap(shard.receive.remote(
-                sq, self.cc.prefetch, self.cc.visibility_timeout_s, keys=order, **options))
+            got = decode_delivered(await unwrap(shard.receive.remote(
+                sq, self.cc.prefetch, self.cc.visibility_timeout_s, keys=order, **options)))
         if not got:
-            got = await unwrap(shard.receive.remote(
+            got = decode_delivered(await unwrap(shard.receive.remote(
                 sq, self.cc.prefetch, self.cc.visibility_timeout_s, wait_s=wait_s,
-                exclude=sorted(exclude) or None, **options))
+                exclude=sorted(exclude) or None, **options)))
         return [_Held(m, queue, shard, self._ends[index], m.receipt) for m in got]
 
     # -- running -------------------------------------------------------------------

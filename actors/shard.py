@@ -31,8 +31,9 @@ from rayq.core import nonces
 from actors.metrics import ShardMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
-from rayq.core.auth import ADMIN, Signature, check_admin, check_senders
+from rayq.core.auth import ADMIN, Signature, check_admin
 from rayq.core.dispatch import DispatchPolicy, NoisyKey
+from rayq.core.wire import delivered_count
 from rayq.core.model import Ending, Receipt, SubqueueState
 from rayq.core.store import KeyDepth, StoreStats, open_store
 from rayq.core.tasks import decode_outcome
@@ -171,18 +172,20 @@ class ShardActor:
             event.set()
 
     # -- queue operations ------------------------------------------------------
-    async def put(self, subqueue: int, messages: list, auth: Signature | None = None) -> list[str]:
-        account = await self.gate.allow(auth, "put", self.index, [subqueue], subqueue, messages)
-        check_senders(account, messages, self.key_mode)
-        ids = await self._write(subqueue, "put", subqueue, messages, signed=auth)
+    async def put(self, subqueue: int, batch: bytes, auth: Signature | None = None) -> list[str]:
+        """Store a put buffer (:mod:`rayq.core.wire`) durably; the ids in order."""
+        account = await self.gate.allow(auth, "put", self.index, [subqueue], subqueue, batch)
+        sender = None if account == ADMIN else (account, self.key_mode)
+        ids = await self._write(subqueue, "put", subqueue, batch, sender=sender, signed=auth)
         self._ops[subqueue] += len(ids)
         return ids
 
     async def receive(self, subqueue: int, max_messages: int = 1,
                       visibility_timeout_s: float | None = None, *, keys=None,
                       max_receives: int | None = None, dead_letter: int | None = None,
-                      wait_s: float = 0.0, exclude=None, auth: Signature | None = None) -> list:
-        """Receive; with ``wait_s`` wait for arrivals (woken by puts, no spinning)."""
+                      wait_s: float = 0.0, exclude=None, auth: Signature | None = None) -> bytes:
+        """Receive; with ``wait_s`` wait for arrivals (woken by puts, no spinning). The
+        answer is one buffer (:func:`rayq.core.wire.decode_delivered` reads it)."""
         await self.gate.allow(auth, "receive", self.index,
                               [subqueue] + ([dead_letter] if dead_letter is not None else []),
                               subqueue, max_messages, visibility_timeout_s, keys, max_receives,
@@ -196,8 +199,9 @@ class ShardActor:
                                     signed=signed)
             signed = None
             remaining = deadline - self._loop.time()
-            if got or remaining <= 0:
-                self._ops[subqueue] += max(1, len(got))
+            count = delivered_count(got)
+            if count or remaining <= 0:
+                self._ops[subqueue] += max(1, count)
                 return got
             event = self._arrivals.setdefault(subqueue, asyncio.Event())
             try:

@@ -34,6 +34,7 @@ import rayq  # noqa: E402
 from rayq.config import StoreConfig  # noqa: E402
 from rayq.core import nonces  # noqa: E402
 from rayq.core.auth import Accounts, Signer, Verifier, request_body  # noqa: E402
+from rayq.core.wire import encode_messages  # noqa: E402
 from rayq.core.model import NewMessage, encode_body  # noqa: E402
 from rayq.core.store import open_store  # noqa: E402
 from rayq.testing import MemoryKV  # noqa: E402
@@ -84,7 +85,8 @@ def counts(client: rayq.Client, queue: str, n: int = 300) -> float:
 def nonce_commits(root: str, n: int = 200, calls: int = 8) -> tuple[float, float]:
     """(group commits/s with each call's nonce in the transaction, commits/s without)."""
     signer = Signer("acme", Accounts(MemoryKV()).create("acme"))
-    message = NewMessage(encode_body(BODY, 1 << 20), "acme", "default", "default")
+    message = encode_messages([NewMessage(encode_body(BODY, 1 << 20), "acme", "default",
+                                          "default")])
     store = open_store(os.path.join(root, "nonce-store"), config=StoreConfig())
     rates = []
     try:
@@ -94,7 +96,7 @@ def nonce_commits(root: str, n: int = 200, calls: int = 8) -> tuple[float, float
                     keys = [nonces.nonce_key(signer.sign("q", "put", i)) for i in range(calls)]
                     also = (lambda txn, keys=keys: nonces.remember(txn, keys, time.time())
                             ) if with_nonces else None
-                    store.group([("put", (1, [message]), {})] * calls, also)
+                    store.group([("put", (1, message), {})] * calls, also)
             rates.append(n / t.seconds)
     finally:
         store.close()

@@ -17,7 +17,8 @@ from actors import COORDINATOR, FLOOD_DETECTOR
 from rayq.analytics.report import Report
 from rayq.config import Config
 from rayq.core.auth import ADMIN, QUEUE_SEP, Signer
-from rayq.core.model import NewMessage, check_count, check_name, check_seconds, fairness_key
+from rayq.core.model import check_count, check_name, check_seconds, fairness_key, to_us
+from rayq.core.wire import Attrs
 from rayq.core.fairness import FairnessReport
 from rayq.core.flood import Flooder
 from rayq.core.registry import check_queue_ref
@@ -108,12 +109,12 @@ class Client:
         The runtime keeps it: consumers find it again after a restart."""
         if not isinstance(fn, TaskFunction):
             raise InvalidMessage(f"submit and register take a @rayq.task function, not {fn!r}")
+        if self._registered.get(fn.spec.type, (None, None))[0] is fn:
+            return  # pickled and sent once per registration, not on every submit
         handler = cloudpickle.dumps(fn.fn)
-        if self._registered.get(fn.spec.type) == (fn.spec, handler):
-            return
         self._call(self.transport.manager.register_task, fn.spec.queue, "register_task",
                    fn.spec, handler)
-        self._registered[fn.spec.type] = (fn.spec, handler)
+        self._registered[fn.spec.type] = (fn, handler)
 
     def submit(self, fn: TaskFunction, *args: Any, tenant: str | None = None, delay_s: float = 0,
                **kwargs: Any) -> ray.ObjectRef:
@@ -125,19 +126,32 @@ class Client:
         Arguments and the result must be msgpack-able values. ``tenant`` defaults to
         this client's account (a signed client submits only as its own account).
         """
+        [ref] = self.submit_many(fn, [args], tenant=tenant, delay_s=delay_s, kwargs=kwargs)
+        return ref
+
+    def submit_many(self, fn: TaskFunction, args_list: Sequence[Sequence[Any]], *,
+                    tenant: str | None = None, delay_s: float = 0,
+                    kwargs: dict[str, Any] | None = None) -> list[ray.ObjectRef]:
+        """Enqueue many calls of a ``@rayq.task`` in one durable put (up to 1000); one
+        ``ray.ObjectRef`` per call, in order (see :meth:`submit`). ``kwargs`` go to every
+        call."""
         self.register(fn)
-        spec = fn.spec
-        store = self.config.store
+        if not isinstance(args_list, (list, tuple)) or not 1 <= len(args_list) <= 1000:
+            raise InvalidMessage("submit_many takes a list of 1 to 1000 argument tuples")
+        spec, store = fn.spec, self.config.store
         tenant = self.account if tenant is None else tenant
         check_name(tenant, "tenant")
         check_seconds(delay_s, "delay_s", 0, store.max_delay_s)
-        body = encode_call(spec.type, args, kwargs, store.max_message_bytes)
-        message = NewMessage(body, tenant, spec.type,
-                             fairness_key(tenant, spec.type, self.config.fairness.key),
-                             float(delay_s), task=True)
+        attrs = Attrs(tenant, spec.type, fairness_key(tenant, spec.type, self.config.fairness.key),
+                      to_us(delay_s), None, True)
+        if not all(isinstance(args, (list, tuple)) for args in args_list):
+            raise InvalidMessage("submit_many takes a list of argument tuples")
+        entries = [(attrs, encode_call(spec.type, tuple(args), kwargs or {},
+                                       store.max_message_bytes)) for args in args_list]
         # Task queues are the default account's: named so from every account.
-        [(message_id, shard)] = Queue(self.transport, ADMIN + QUEUE_SEP + spec.queue)._put([message])
-        return self.transport.shards[shard].wait_outcome.remote(message_id)
+        placed = Queue(self.transport, ADMIN + QUEUE_SEP + spec.queue)._put(entries)
+        return [self.transport.shards[shard].wait_outcome.remote(message_id)
+                for message_id, shard in placed]
 
     # -- fairness ----------------------------------------------------------------
     def _coordinator(self):

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rayq.core.auth import ADMIN
-from rayq.core.model import (DLQ_SUFFIX, NewMessage, Outgoing, Receipt, Received, check_count,
-                             check_name, check_seconds, encode_body, fairness_key)
+from rayq.core.model import (DLQ_SUFFIX, Outgoing, Receipt, Received, check_count,
+                             check_name, check_seconds, encode_body, fairness_key, to_us)
+from rayq.core.wire import Attrs, Entry, decode_received, encode_put
 from rayq.core.registry import QueueInfo
 from rayq.errors import InvalidMessage, QueueDisabled, RayqError, ReceiptInvalid
 from rayq.remote import call
@@ -59,7 +60,8 @@ class Queue:
 
     # -- sending -------------------------------------------------------------------
     def _message(self, body: Any, tenant: str | None, type: str, delay_s: float,
-                 ttl_s: float | None) -> NewMessage:
+                 ttl_s: float | None, task: bool = False) -> Entry:
+        """(attributes, encoded body): a message checked and encoded once, here."""
         store = self._transport.config.store
         tenant = self._transport.account if tenant is None else tenant
         check_name(tenant, "tenant"), check_name(type, "type")
@@ -67,8 +69,9 @@ class Queue:
         if ttl_s is not None:
             check_seconds(ttl_s, "ttl_s", 0.001, store.max_ttl_s)
         key = fairness_key(tenant, type, self._transport.config.fairness.key)
-        return NewMessage(encode_body(body, store.max_message_bytes), tenant, type, key,
-                          float(delay_s), ttl_s)
+        attrs = Attrs(tenant, type, key, to_us(delay_s), None if ttl_s is None else to_us(ttl_s),
+                      task)
+        return attrs, encode_body(body, store.max_message_bytes)
 
     def send(self, body: Any, tenant: str | None = None, type: str = "default",
              delay_s: float = 0, ttl_s: float | None = None) -> str:
@@ -85,18 +88,19 @@ class Queue:
         return [mid for mid, _ in self._put([
             self._message(m.body, m.tenant, m.type, m.delay_s, m.ttl_s) for m in messages])]
 
-    def _put(self, messages: list[NewMessage]) -> list[tuple[str, int]]:
+    def _put(self, entries: list[Entry]) -> list[tuple[str, int]]:
         """Put durably; (message id, shard index) per message. Concurrent sends through
         this client's transport share one put call, signed with this client's key."""
-        return self._transport.send(self.name, messages, self._put_now)
+        return self._transport.send(self.name, entries, self._put_now)
 
-    def _put_now(self, messages: list[NewMessage]) -> list[tuple[str, int]]:
+    def _put_now(self, entries: list[Entry]) -> list[tuple[str, int]]:
+        batch = encode_put(entries)  # one buffer crosses Ray, however many senders share it
         for attempt in range(3):
             queue, _, target = self._transport.route(self.name, refresh=attempt > 0)
             index = queue.subqueue(target).shard
             try:
                 return [(mid, index) for mid in self._transport.call(
-                    self._transport.shards[index].put, self.name, "put", target, messages)]
+                    self._transport.shards[index].put, self.name, "put", target, batch)]
             except QueueDisabled:
                 continue  # the subqueue was retired: ask for another
         raise QueueDisabled(f"queue {self.name!r} accepts no messages")
@@ -143,7 +147,7 @@ class Queue:
             except QueueDisabled:  # dropped since we routed (drained, retired): route anew
                 self._transport.route(self.name, refresh=True)
                 continue
-            out.extend(Received.from_stored(m) for m in got)
+            out.extend(decode_received(got))
             if len(out) >= n:
                 break
         return out

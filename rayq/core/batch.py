@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rayq.core import rows
+from rayq.core.auth import check_senders
 from rayq.core.dispatch import Event, Rehid, Released, Sent, Took
 from rayq.core.kv import Txn
 from rayq.core.model import (PREFIX, ROW_KEY, US, Ending, StoredMessage, parse_receipt, receipt_text,
@@ -183,12 +184,16 @@ class WriteBatch(SpillOps):
         return name
 
     # -- put -----------------------------------------------------------------
-    def put(self, subqueue: int, batch: bytes) -> list[str]:
-        """Store a put buffer (:mod:`rayq.core.wire`); returns the message ids in order."""
+    def put(self, subqueue: int, batch: bytes, sender: tuple[str, str] | None = None) -> list[str]:
+        """Store a put buffer (:mod:`rayq.core.wire`); returns the message ids in order.
+        ``sender`` (account, fairness key mode): refuse messages that account may not
+        send (see :func:`rayq.core.auth.check_senders`)."""
         check_subqueue(subqueue)
         config = self.config
         put = decode_put(batch, max_message_bytes=config.max_message_bytes,
                          max_delay_s=config.max_delay_s, max_ttl_s=config.max_ttl_s)
+        if sender is not None:
+            check_senders(sender[0], put.attrs, sender[1])
         if self.store.state(subqueue) is not SubqueueState.ALL:
             raise QueueDisabled(f"subqueue {subqueue} does not accept new messages")
         first = self.seq + 1

@@ -18,8 +18,10 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from rayq.core.model import (NewMessage, StoredMessage, US, check_key, check_name, check_seconds,
-                             to_us)
+from rayq.core.model import (NewMessage, Received, StoredMessage, US, check_key, check_name,
+                             check_seconds, decode_body, to_us)
+
+Entry = tuple["Attrs", bytes]  # one message on its way: attributes and encoded body
 from rayq.errors import InvalidMessage, MessageTooLarge
 
 PUT_VERSION = 1
@@ -123,10 +125,29 @@ def encode_delivered(rows: list[list]) -> bytes:
     return msgpack.packb(rows, use_bin_type=True)
 
 
+def delivered_count(data: bytes) -> int:
+    """How many messages a receive's answer holds, from its msgpack array header."""
+    first = data[0]
+    if 0x90 <= first <= 0x9F:
+        return first & 0x0F
+    return int.from_bytes(data[1:3] if first == 0xDC else data[1:5], "big")
+
+
+def decode_received(data: bytes) -> list[Received]:
+    """The messages of a receive's answer as users get them (bodies decoded)."""
+    return [Received(mid, receipt, decode_body(body), tenant, type_, dequeues, enqueued / US)
+            for mid, receipt, body, tenant, type_, _, dequeues, enqueued, _
+            in _unpack_delivered(data)]
+
+
+def _unpack_delivered(data: bytes) -> list:
+    return msgpack.unpackb(data, raw=False, max_str_len=1 << 20, max_bin_len=(16 << 20) + 1,
+                           max_array_len=1 << 20, max_map_len=0, max_ext_len=0)
+
+
 def decode_delivered(data: bytes) -> list[StoredMessage]:
     """The messages of a receive's answer, as :class:`StoredMessage` values."""
-    rows = msgpack.unpackb(data, raw=False, max_str_len=1 << 20, max_bin_len=(16 << 20) + 1,
-                           max_array_len=1 << 20, max_map_len=0, max_ext_len=0)
+    rows = _unpack_delivered(data)
     return [StoredMessage(mid, receipt, body, tenant, type_, key, dequeues, enqueued / US, sq)
             for mid, receipt, body, tenant, type_, key, dequeues, enqueued, sq in rows]
 

@@ -13,6 +13,7 @@ import rayq
 import rayq.remote
 from rayq.core.auth import Signer, Verifier, request_body
 from rayq.core.model import NewMessage, encode_body
+from rayq.core.wire import decode_delivered, encode_messages
 
 pytestmark = pytest.mark.integration
 
@@ -90,7 +91,8 @@ def test_forged_expired_and_replayed_requests_change_nothing(client, accounts):
     acme.queue("acme-jobs").send("kept")
     before = _stored(client, "acme/acme-jobs")
     shard, target = _put_target(acme, "acme-jobs")
-    messages = [NewMessage(encode_body("sneaked", 1 << 20), "acme", "default", "default")]
+    messages = encode_messages([NewMessage(encode_body("sneaked", 1 << 20), "acme", "default",
+                                           "default")])
     good = Signer("acme", keys["acme"])
     forged = dataclasses.replace(good.sign("acme-jobs", "put", target, messages), mac="0" * 64)
     stale = Signer("acme", keys["acme"], clock=lambda: time.time() - 16 * 60)
@@ -193,7 +195,7 @@ def test_an_account_cannot_rekey_its_messages_or_squat_a_task_queue(client, acco
     shard, target = _put_target(acme, "acme-jobs")
     before = _stored(client, "acme/acme-jobs")
     # keyed "x" instead of its type: would dodge a suspension of "report"
-    dodging = [NewMessage(encode_body("m", 1 << 20), "acme", "report", "x")]
+    dodging = encode_messages([NewMessage(encode_body("m", 1 << 20), "acme", "report", "x")])
     auth = Signer("acme", keys["acme"]).sign("acme-jobs", "put", target, dodging)
     with pytest.raises(rayq.AuthError, match="fairness key"):
         rayq.remote.call(lambda: shard.put.remote(target, dodging, auth=auth))
@@ -293,7 +295,8 @@ def test_two_clients_of_one_account_each_sign_their_own_sends(client, monkeypatc
 def test_requests_replayed_after_a_shard_restart_are_refused(client, accounts):
     clients, keys = accounts
     shard, target = _put_target(clients["acme"], "acme-jobs")
-    messages = [NewMessage(encode_body("captured", 1 << 20), "acme", "default", "default")]
+    messages = encode_messages([NewMessage(encode_body("captured", 1 << 20), "acme", "default",
+                                           "default")])
     signer = Signer("acme", keys["acme"])
     put = signer.sign("acme-jobs", "put", target, messages)
     read = signer.sign("acme-jobs", "counts", [target])
@@ -324,7 +327,8 @@ def test_a_client_whose_own_request_comes_back_as_a_replay_signs_it_anew(client,
     q = acme.queue("acme-jobs")
     q.clear()
     shard, target = _put_target(acme, "acme-jobs")
-    messages = [NewMessage(encode_body("twice", 1 << 20), "acme", "default", "default")]
+    messages = encode_messages([NewMessage(encode_body("twice", 1 << 20), "acme", "default",
+                                           "default")])
     delivered = acme.transport.sign("acme-jobs", "put", target, messages)
     rayq.remote.call(lambda: shard.put.remote(target, messages, auth=delivered))
     sign, signed = acme.transport.sign, []
