@@ -5,6 +5,12 @@ the request. The endpoint recomputes it with each of the account's keys (the
 access key id is the account name, the secret its rayq key) and compares with
 ``hmac.compare_digest``. Only the ``Authorization`` header form is accepted:
 SQS clients do not presign queue requests.
+
+Written here rather than borrowed from botocore: botocore's signer is a client's.
+It reads the clock itself, picks which headers to sign, and rebuilds the request
+from an ``AWSRequest``; a verifier must take the signed-header list the caller
+chose, the headers as they arrived, and an injected time. The canonical form is
+small; tests check it against botocore's signer.
 """
 
 from __future__ import annotations

@@ -273,6 +273,21 @@ def test_two_accounts_each_have_their_own_queue_of_one_name(endpoint):
         "Attributes"] == {"DelaySeconds": "0"}
 
 
+def test_the_default_account_reaches_every_accounts_queues_by_their_urls(endpoint):
+    admin_key = endpoint["admin"].rotate_key(2, account="default")  # slot 2: unused so far
+    admin = sqs(endpoint, "default", admin_key)
+    acme = sqs(endpoint)
+    url = acme.create_queue(QueueName="watched")["QueueUrl"]
+    acme.send_message(QueueUrl=url, MessageBody="seen by the admin")
+    assert url in admin.list_queues(QueueNamePrefix="watched")["QueueUrls"]
+    assert admin.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"] == f"arn:aws:sqs:{REGION}:acme:watched"
+    [got] = admin.receive_message(QueueUrl=url)["Messages"]
+    assert got["Body"] == "seen by the admin"
+    admin.delete_message(QueueUrl=url, ReceiptHandle=got["ReceiptHandle"])
+    assert got_counts(acme, url) == (0, 0, 0)
+
+
 def raw_request(endpoint, action: str, params: dict, account="acme", key=None,
                 mangle=lambda headers: None) -> requests.Response:
     """One request signed by botocore's SigV4 code, then optionally mangled."""
