@@ -266,10 +266,14 @@ class ConsumerActor:
             got = await self._receive_from(queue, sq, wait_s=0.0)
             if got or self._stopping:
                 return got
-        return await self._receive_from(*places[0], wait_s=self.cc.poll_wait_s)
+        queue, first = places[0]  # one parked call for that queue's subqueues on its shard
+        index = queue.subqueue(first).shard
+        together = [sq for q, sq in places if q is queue and q.subqueue(sq).shard == index]
+        return await self._receive_from(queue, together, wait_s=self.cc.poll_wait_s)
 
-    async def _receive_from(self, queue: QueueInfo, sq: int, wait_s: float) -> list[_Held]:
-        index = queue.subqueue(sq).shard
+    async def _receive_from(self, queue: QueueInfo, sq: int | list[int],
+                            wait_s: float) -> list[_Held]:
+        index = queue.subqueue(sq[0] if isinstance(sq, list) else sq).shard
         shard = self.shards[index]
         now = time.monotonic()
         exclude = set(self._plan.suspended) if self._plan else set()

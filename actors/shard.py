@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,7 +85,8 @@ class ShardActor:
         # (store call or None for a nonce alone, args, kwargs, future, nonce key or None)
         self._pending: list[tuple[str | None, tuple, dict, asyncio.Future, bytes | None]] = []
         self._committing = False
-        self._arrivals: dict[int, asyncio.Event] = {}
+        # parked long polls per subqueue, oldest first: a put of n messages wakes n of them
+        self._parked: dict[int, deque[asyncio.Future]] = defaultdict(deque)
         self._ops: Counter[int] = Counter()
         self._throttled: Counter[int] = Counter()
         self._commits = self._calls = 0
@@ -149,7 +150,7 @@ class ShardActor:
                 self._calls += len(calls)
                 for (name, args, _, future, _), result in zip(calls, results):
                     if name == "put" and not isinstance(result, BaseException):
-                        self._wake(args[0])
+                        self._wake(args[0], len(result))
                     if not future.done():
                         future.set_result(result)
         finally:
@@ -166,10 +167,33 @@ class ShardActor:
     async def _read(self, fn, *args) -> Any:
         return await self._loop.run_in_executor(self._thread, fn, *args)
 
-    def _wake(self, subqueue: int) -> None:
-        event = self._arrivals.pop(subqueue, None)
-        if event is not None:
-            event.set()
+    def _wake(self, subqueue: int, count: int) -> None:
+        """Wake up to ``count`` long polls parked on ``subqueue`` (no herd: one each)."""
+        parked = self._parked.get(subqueue)
+        while parked and count > 0:
+            future = parked.popleft()
+            if not future.done():
+                future.set_result(None)
+                count -= 1
+
+    async def _park(self, subqueues: list[int], timeout_s: float) -> None:
+        """Wait until a put to one of ``subqueues`` wakes this poll, a hidden or delayed
+        message of theirs becomes visible, or ``timeout_s`` passes."""
+        due = self.store.dispatch.next_due(subqueues)
+        if due is not None:
+            timeout_s = min(timeout_s, max(0.0, due - time.time()))
+        future = self._loop.create_future()
+        for sq in subqueues:
+            self._parked[sq].append(future)
+        try:
+            await asyncio.wait_for(future, timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            for sq in subqueues:
+                parked = self._parked.get(sq)
+                if parked and future in parked:
+                    parked.remove(future)
 
     # -- queue operations ------------------------------------------------------
     async def put(self, subqueue: int, batch: bytes, auth: Signature | None = None) -> list[str]:
@@ -180,34 +204,35 @@ class ShardActor:
         self._ops[subqueue] += len(ids)
         return ids
 
-    async def receive(self, subqueue: int, max_messages: int = 1,
+    async def receive(self, subqueue: int | list[int], max_messages: int = 1,
                       visibility_timeout_s: float | None = None, *, keys=None,
                       max_receives: int | None = None, dead_letter: int | None = None,
                       wait_s: float = 0.0, exclude=None, auth: Signature | None = None) -> bytes:
-        """Receive; with ``wait_s`` wait for arrivals (woken by puts, no spinning). The
-        answer is one buffer (:func:`rayq.core.wire.decode_delivered` reads it)."""
+        """Receive from one subqueue, or from the first of several (this shard's
+        subqueues of one queue, in receive order) that has messages. With ``wait_s``
+        the call parks until a put wakes it: one parked call, however many subqueues.
+        The answer is one buffer (:func:`rayq.core.wire.decode_delivered` reads it)."""
+        subqueues = subqueue if isinstance(subqueue, list) else [subqueue]
         await self.gate.allow(auth, "receive", self.index,
-                              [subqueue] + ([dead_letter] if dead_letter is not None else []),
+                              subqueues + ([dead_letter] if dead_letter is not None else []),
                               subqueue, max_messages, visibility_timeout_s, keys, max_receives,
                               dead_letter, wait_s, exclude)
         deadline = self._loop.time() + max(0.0, float(wait_s or 0.0))
         signed = auth  # its nonce goes with the first round
         while True:
-            got = await self._write(subqueue, "receive", subqueue, max_messages,
-                                    visibility_timeout_s, keys=keys, exclude=exclude,
-                                    max_receives=max_receives, dead_letter=dead_letter,
-                                    signed=signed)
-            signed = None
+            for sq in subqueues:
+                got = await self._write(sq, "receive", sq, max_messages, visibility_timeout_s,
+                                        keys=keys, exclude=exclude, max_receives=max_receives,
+                                        dead_letter=dead_letter, signed=signed)
+                signed = None
+                count = delivered_count(got)
+                self._ops[sq] += max(1, count)
+                if count:
+                    return got
             remaining = deadline - self._loop.time()
-            count = delivered_count(got)
-            if count or remaining <= 0:
-                self._ops[subqueue] += max(1, count)
+            if remaining <= 0:
                 return got
-            event = self._arrivals.setdefault(subqueue, asyncio.Event())
-            try:
-                await asyncio.wait_for(event.wait(), min(remaining, MAX_WAIT_SLICE_S))
-            except asyncio.TimeoutError:
-                pass
+            await self._park(subqueues, min(remaining, MAX_WAIT_SLICE_S))
 
     async def delete(self, receipts: list[str], auth: Signature | None = None) -> list[str]:
         await self.gate.allow(auth, "delete", self.index, _receipt_subqueues(receipts), receipts)
@@ -335,7 +360,7 @@ class ShardActor:
         disabled and count nothing from now on; the rows go PURGE_ROWS at a time."""
         await self._read(self.store.purge, subqueues)
         for sq in subqueues:
-            self._wake(sq)  # long polls there find the subqueue disabled at once
+            self._wake(sq, len(self._parked.get(sq, ())))  # they find it disabled at once
 
     async def _purge_forever(self) -> None:
         """Bounded transactions, one after another while there is work (interleaved with

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rayq.core.auth import ADMIN
-from rayq.core.model import (DLQ_SUFFIX, Outgoing, Receipt, Received, check_count,
-                             check_name, check_seconds, encode_body, fairness_key, to_us)
+from rayq.core.model import (DLQ_SUFFIX, Outgoing, Receipt, Received, check_count, check_name,
+                             check_seconds, encode_body, fairness_key, receipt_subqueue, to_us)
 from rayq.core.wire import Attrs, Entry, decode_received, encode_put
 from rayq.core.registry import QueueInfo
 from rayq.errors import InvalidMessage, QueueDisabled, RayqError, ReceiptInvalid
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from rayq.transport import Transport
 
 MAX_WAIT_S = 20.0
+PARK_SLICE_S = 2.0  # a long poll over several shards looks at each again this often
 MAX_RECEIVE = 1000
 
 
@@ -123,26 +124,34 @@ class Queue:
             remaining = deadline - time.monotonic()
             if got or remaining <= 0:
                 return got
-            got = self._receive_pass(max_messages, visibility_timeout_s, min(remaining, 1.0),
-                                     first_only=True)
+            got = self._receive_pass(max_messages, visibility_timeout_s, remaining, park=True)
             if got:
                 return got
 
     def _receive_pass(self, n: int, visibility_timeout_s: float, wait_s: float,
-                      first_only: bool = False) -> list[Received]:
+                      park: bool = False) -> list[Received]:
+        """One call per shard holding the queue's subqueues, in receive order; with
+        ``park``, one long poll on the first of them (the whole wait if the queue lives
+        on one shard, else at most PARK_SLICE_S, so the others are looked at again)."""
         queue, order, _ = self._transport.route(self.name)
+        by_shard: dict[int, list[int]] = {}
+        for sq in order:
+            by_shard.setdefault(queue.subqueue(sq).shard, []).append(sq)
+        if park and by_shard:
+            if len(by_shard) > 1:
+                wait_s = min(wait_s, PARK_SLICE_S)
+            by_shard = dict([next(iter(by_shard.items()))])
         out: list[Received] = []
-        for sq in order[:1] if first_only else order:
-            info = queue.subqueue(sq)
-            shard = self._transport.shards[info.shard]
-            dead_letter = queue.dead_letter_on(info.shard) if queue.max_receives else None
+        for shard_index, subqueues in by_shard.items():
+            shard = self._transport.shards[shard_index]
+            dead_letter = queue.dead_letter_on(shard_index) if queue.max_receives else None
             want = n - len(out)
             try:
                 got = self._transport.call_signed(
                     lambda auth: shard.receive.remote(
-                        sq, want, visibility_timeout_s, max_receives=queue.max_receives,
+                        subqueues, want, visibility_timeout_s, max_receives=queue.max_receives,
                         dead_letter=dead_letter, wait_s=wait_s, auth=auth),
-                    self.name, "receive", sq, want, visibility_timeout_s, None,
+                    self.name, "receive", subqueues, want, visibility_timeout_s, None,
                     queue.max_receives, dead_letter, wait_s, None)
             except QueueDisabled:  # dropped since we routed (drained, retired): route anew
                 self._transport.route(self.name, refresh=True)
@@ -190,15 +199,22 @@ class Queue:
         if not isinstance(receipts, (list, tuple)) or len(receipts) > MAX_RECEIVE:
             raise InvalidMessage(f"delete_batch takes a list of at most {MAX_RECEIVE} receipts")
         by_shard, invalid = defaultdict(list), []
-        for receipt in receipts:
+        queue, _, _ = self._transport.route(self.name)
+        for receipt in receipts:  # routed by the subqueue the receipt names; checked there
             try:
-                shard, _ = self._locate(receipt)
+                sq = receipt_subqueue(receipt)
             except ReceiptInvalid:
                 invalid.append(receipt)
                 continue
-            by_shard[shard].append(receipt)
-        refs = [self._transport.request(shard.delete, self.name, "delete", batch)
-                for shard, batch in by_shard.items()]
+            if queue.subqueue(sq) is None:  # a subqueue made since we routed, or a stranger
+                queue, _, _ = self._transport.route(self.name, refresh=True)
+            info = queue.subqueue(sq)
+            if info is None:
+                invalid.append(receipt)
+            else:
+                by_shard[info.shard].append(receipt)
+        refs = [self._transport.request(self._transport.shards[shard].delete, self.name, "delete",
+                                        batch) for shard, batch in by_shard.items()]
         for ref in refs:
             invalid.extend(call(lambda ref=ref: ref))
         if invalid:

@@ -24,14 +24,16 @@ class _Slot:
 
 class SendCoalescer:
     """Client-side group commit: concurrent sends from threads of one process share
-    one put call. The first sender flushes what is pending while others wait; each
-    caller still returns only after its own messages are durable."""
+    put calls. A sender that finds fewer than ``max_in_flight`` flushes under way
+    leads one, taking what is pending; the others wait. Two in flight keep the pipe
+    full: while one put commits, the next gathers the senders that came meanwhile.
+    Each caller still returns only after its own messages are durable."""
 
-    def __init__(self, max_messages: int = 1000):
-        self._max = max_messages
+    def __init__(self, max_messages: int = 1000, max_in_flight: int = 2):
+        self._max, self._max_in_flight = max_messages, max_in_flight
         self._lock = threading.Lock()
         self._pending: list[_Slot] = []
-        self._flushing = False
+        self._leaders = 0
 
     def send(self, messages: list[NewMessage], flush: Callable[[list[NewMessage]], list]) -> list:
         """Put ``messages`` (with whatever else is pending) through ``flush``, a call that
@@ -42,8 +44,8 @@ class SendCoalescer:
         slot = _Slot(messages)
         with self._lock:
             self._pending.append(slot)
-            leader = not self._flushing
-            self._flushing = True
+            leader = self._leaders < self._max_in_flight
+            self._leaders += leader
         if leader:
             self._drain(flush)
         slot.done.wait()
@@ -60,7 +62,7 @@ class SendCoalescer:
                     batch.append(slot)
                     size += len(slot.messages)
                 if not batch:
-                    self._flushing = False
+                    self._leaders -= 1
                     return
             try:
                 ids = flush([m for slot in batch for m in slot.messages])

@@ -319,7 +319,8 @@ def check_senders(account: str, messages: Any, key_mode: str) -> None:
     tenant nor dodge a suspension or bill its usage to a key of its choosing."""
     if account == ADMIN:
         return
-    if not isinstance(messages, list):
+    if not isinstance(messages, list) or not all(
+            isinstance(getattr(m, "tenant", None), str) for m in messages):
         raise AuthError("a put carries a list of messages")
     for m in messages:
         if m.tenant != account:

@@ -232,6 +232,13 @@ class FairDispatch:
                 if state is not None and state.timer == version:
                     self._place(sq, kid, now_us)
 
+    def next_due(self, subqueues: Collection[int]) -> float | None:
+        """When the first hidden or delayed message of these subqueues shows (epoch s),
+        at the earliest; None when none waits. A long poll sleeps no longer than this."""
+        times = [sub.timers[0][0] for sq in subqueues
+                 if (sub := self._subqueues.get(sq)) is not None and sub.timers]
+        return min(times) / US if times else None
+
     def ready(self, sq: int) -> Iterator[tuple[tuple, int]]:
         """(score, key id) of the keys with a visible first message, best first."""
         sub = self._subqueues.get(sq)

@@ -230,6 +230,17 @@ def parse_receipt(text: Any) -> tuple[bytes, bytes]:
     return raw[:ROW_KEY.size], raw[ROW_KEY.size:]
 
 
+def receipt_subqueue(text: Any) -> int:
+    """The subqueue a receipt string points into (its first 4 bytes), to route it; the
+    shard checks the rest. Raises ReceiptInvalid when it is not shaped like one."""
+    if not isinstance(text, str) or len(text) != RECEIPT_CHARS:
+        raise ReceiptInvalid(f"not a pop receipt: {text!r:.80}")
+    try:
+        return int(text[:8], 16)
+    except ValueError as err:
+        raise ReceiptInvalid(f"not a pop receipt: {text!r:.80}") from err
+
+
 @dataclass(frozen=True)
 class Receipt:
     """A pop receipt: where the received row now lives and the nonce of that receive."""

@@ -19,16 +19,16 @@ class Owner:
         self.release = release
 
     def flush(self, messages: list) -> list:
-        if self.release is not None:
-            self.release.wait(10)  # hold the first flush so the others queue behind it
-            self.release = None
+        release, self.release = self.release, None
+        if release is not None:
+            release.wait(10)  # hold the first flush so the others queue behind it
         self.flushes.append(list(messages))
         return [f"id-{m}" for m in messages]
 
 
 def test_senders_waiting_behind_a_flush_share_the_next_one_and_get_their_own_ids():
     release = threading.Event()
-    owner, coalescer = Owner(release), SendCoalescer()
+    owner, coalescer = Owner(release), SendCoalescer(max_in_flight=1)
     results = {}
 
     def send(n):
@@ -47,6 +47,20 @@ def test_senders_waiting_behind_a_flush_share_the_next_one_and_get_their_own_ids
         t.join(10)
     assert results == {n: [f"id-{n}", f"id-{n + 100}"] for n in range(4)}
     assert len(owner.flushes) == 2 and sorted(owner.flushes[1]) == [1, 2, 3, 101, 102, 103]
+
+
+def test_with_two_flushes_in_flight_a_sender_is_not_held_behind_a_slow_flush():
+    release = threading.Event()
+    owner, coalescer = Owner(release), SendCoalescer(max_in_flight=2)
+    first = threading.Thread(target=coalescer.send, args=([0], owner.flush))
+    first.start()
+    deadline = time.monotonic() + 10
+    while owner.release is not None and time.monotonic() < deadline:  # first flush held
+        time.sleep(0.001)
+    assert coalescer.send([1], owner.flush) == ["id-1"]  # went out while the first is held
+    release.set()
+    first.join(10)
+    assert owner.flushes == [[1], [0]]
 
 
 def test_a_failed_flush_reaches_every_sender_of_it():
