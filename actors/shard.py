@@ -319,6 +319,12 @@ class ShardActor:
         await self._remember(auth)
         return await self._read(lambda: {sq: self.store.count(sq) for sq in subqueues})
 
+    async def visibility_counts(self, subqueues: list[int], auth: Signature | None = None
+                                ) -> dict[int, tuple[int, int, int]]:
+        """(visible, in flight, delayed) per subqueue (SQS's approximate counts)."""
+        await self.gate.allow(auth, "visibility_counts", self.index, _listed(subqueues), subqueues)
+        return await self._read(lambda: {sq: self.store.visibility_counts(sq) for sq in subqueues})
+
     async def forget_keys(self) -> None:
         """Account keys changed: verify the next signed request with a fresh copy."""
         self.gate.forget()

@@ -229,11 +229,12 @@ class Queue:
                                     receipt, timeout_s)
 
     # -- inspection ------------------------------------------------------------------------
-    def _counts(self, queue: QueueInfo) -> dict[int, int]:
+    def _counts(self, queue: QueueInfo, operation: str = "counts") -> dict[int, Any]:
         by_shard = defaultdict(list)
         for sq in queue.subqueues:
             by_shard[sq.shard].append(sq.id)
-        refs = [self._transport.request(self._transport.shards[shard].counts, self.name, "counts", ids)
+        refs = [self._transport.request(getattr(self._transport.shards[shard], operation),
+                                        self.name, operation, ids)
                 for shard, ids in by_shard.items()]
         return {sq: n for ref in refs for sq, n in call(lambda ref=ref: ref).items()}
 
@@ -241,6 +242,13 @@ class Queue:
         """Messages in the queue (visible, in flight and delayed): one call per shard."""
         queue, _, _ = self._transport.route(self.name)
         return sum(self._counts(queue).values())
+
+    def counts_by_visibility(self) -> tuple[int, int, int]:
+        """(visible, in flight, delayed) messages: one call per shard, which reads only the
+        hidden rows (SQS's ApproximateNumberOfMessages, ...NotVisible, ...Delayed)."""
+        queue, _, _ = self._transport.route(self.name)
+        parts = self._counts(queue, "visibility_counts").values()
+        return tuple(sum(part[i] for part in parts) for i in range(3))
 
     def clear(self) -> None:
         """Delete every message of the queue, spilled ones too (not of its dead-letter

@@ -379,6 +379,25 @@ class ShardStore:
         live = sum(self._counts.get((subqueue, kid), 0) for kid in self._sq_keys.get(subqueue, ()))
         return live + self._spilled.get(subqueue, 0)
 
+    def visibility_counts(self, subqueue: int) -> tuple[int, int, int]:
+        """(visible, in flight, delayed) messages of a subqueue: one seek per fairness key,
+        then only hidden rows are read (in flight: received before; delayed: never yet).
+        Expired rows not yet collected count as visible."""
+        check_subqueue(subqueue)
+        now_us = to_us(self.clock.now())
+
+        def read(txn: Txn) -> tuple[int, int, int]:
+            in_flight = delayed = 0
+            for kid in self._sq_keys.get(subqueue, ()):
+                for _, value in txn.scan("rows", ROW_KEY.pack(subqueue, kid, now_us + 1, 0),
+                                         PREFIX.pack(subqueue, kid + 1)):
+                    if rows.meta(value).dequeue_count:
+                        in_flight += 1
+                    else:
+                        delayed += 1
+            return max(0, self.count(subqueue) - in_flight - delayed), in_flight, delayed
+        return self.kv.read(read)
+
     def tenant_counts(self) -> dict[tuple[str, int, str, str], int]:
         """Messages per (kind, subqueue, type, tenant): kind "L" live, "S" spilled."""
         return dict(self._tenant_counts)
