@@ -2,13 +2,25 @@
 
 import itertools
 import os
+from pathlib import Path
 
 import pytest
 
 import rayq
 
-pytestmark = pytest.mark.integration
 _names = itertools.count()
+_HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test under tests/integration, so ``-m "not integration"`` deselects them.
+
+    (A ``pytestmark`` in a conftest applies to nothing: only test modules read it.)
+    A conftest hook sees the whole session's items, so filter by path.
+    """
+    for item in items:
+        if _HERE in Path(item.fspath).resolve().parents:
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")
