@@ -60,16 +60,29 @@ def test_killing_a_shard_mid_stream_loses_no_acknowledged_message(ray_session, t
     assert set(acked) <= set(received), f"{len(set(acked) - set(received))} acknowledged messages lost"
 
 
-def test_a_full_shutdown_and_start_keeps_every_message(ray_session, tmp_path_factory):
+def receive_all_visible(queue) -> set[str]:
+    """Receive (hiding for an hour) every message visible now; their ids."""
+    seen: set[str] = set()
+    while got := queue.receive(max_messages=200, visibility_timeout_s=3600):
+        seen.update(m.id for m in got)
+    return seen
+
+
+def test_a_full_shutdown_and_start_keeps_every_message_and_its_hidden_state(
+        ray_session, tmp_path_factory):
     client, data_dir = start_runtime(tmp_path_factory)
     queue = client.create_queue("durable", subqueues=2)
     ids = queue.send_batch([rayq.Outgoing(i, tenant="t", type="k") for i in range(100)])
-    hidden = queue.receive(max_messages=10, visibility_timeout_s=1)
+    hidden = queue.receive(max_messages=10, visibility_timeout_s=3600)
+    assert len(hidden) == 10
     rayq.shutdown()
     rayq.shutdown()  # idempotent
 
     client = rayq.start(data_dir=data_dir)
     queue = client.queue("durable")
     assert queue.count() == 100
-    assert set(ids) == set(drain(queue))
-    assert {m.id for m in hidden} <= set(ids)
+    hidden_ids = {m.id for m in hidden}
+    assert receive_all_visible(queue) == set(ids) - hidden_ids  # in flight stays in flight
+    for m in hidden:  # their receipts outlive the restart: show them again
+        queue.change_visibility(m.receipt, 0)
+    assert receive_all_visible(queue) == hidden_ids
