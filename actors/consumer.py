@@ -25,6 +25,7 @@ import ray
 from ray import cloudpickle
 
 from actors import COORDINATOR, MANAGER, NAMESPACE, consumer_name, shard_name
+from actors.metrics import BackgroundFailures
 from rayq.config import Config
 from rayq.core.balancer import BalancerState
 from rayq.core.fairness import ListenPlan, listen_order
@@ -57,6 +58,7 @@ class ConsumerStats:
     running: int
     deferrals: int
     lost: int
+    background_failures: int = 0  # failed plan/handler refreshes and receives, logged each
 
     @property
     def empty_polls(self) -> int:
@@ -135,13 +137,14 @@ class ConsumerActor:
         self._plan: ListenPlan | None = None
         self._spent: dict[str, float] = {}  # usage since the plan, scaled to all consumers
         self._rng = random.Random(index)
+        self.failures = BackgroundFailures("consumer", index)
         self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
 
     # -- public calls --------------------------------------------------------------
     async def stats(self) -> ConsumerStats:
         return ConsumerStats(self.index, self.balancer.load, self.balancer.hit_rate,
                              self._polls, self._hits, self._running, self._deferrals,
-                             self._lost)
+                             self._lost, self.failures.total)
 
     async def drain_reports(self) -> list[UsageReport]:
         """The usage reports of every task finished since the last drain (for the coordinator)."""
@@ -172,8 +175,9 @@ class ConsumerActor:
             try:
                 await self._refresh_handlers()
                 await self._refresh_plan()
-            except (RayqError, ray.exceptions.RayError, ValueError):
-                pass  # the manager or coordinator is restarting: keep what we have
+            except (RayqError, ray.exceptions.RayError, ValueError) as err:
+                self.failures.record("refresh", err)  # manager or coordinator restarting:
+                # keep what we have
             self.balancer = self.balancer.adjusted(self.cc)
             for slot in range(self._load()):
                 if slot not in self._pollers or self._pollers[slot].done():
@@ -191,7 +195,8 @@ class ConsumerActor:
                 continue
             try:
                 held = await self._receive()
-            except (RayqError, ray.exceptions.RayError):
+            except (RayqError, ray.exceptions.RayError) as err:
+                self.failures.record("receive", err)
                 await asyncio.sleep(0.5)  # a shard restarting
                 continue
             self._polls += 1

@@ -21,7 +21,7 @@ import psutil
 import ray
 
 from actors.gate import Gate, manager_directory
-from actors.metrics import ShardMetrics
+from actors.metrics import BackgroundFailures, ShardMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
 from rayq.core.auth import ADMIN, Signature, check_admin, check_senders
@@ -58,6 +58,7 @@ class ShardStats:
     calls_committed: int
     ops: dict[int, int]
     throttled: dict[int, int]
+    background_failures: int = 0  # failed housekeeping rounds since the shard started
 
 
 class ShardActor:
@@ -76,6 +77,7 @@ class ShardActor:
         self._waiters_lock = threading.Lock()
         self._housekeeping = self._loop.create_task(self._collect_expired_forever())
         self.metrics = ShardMetrics(index)
+        self.failures = BackgroundFailures("shard", index)
         # enqueues go to the event log, in batches
         self.events = open_event_log(os.path.dirname(path), f"shard-{index}", config.analytics,
                                      self._collect_events)
@@ -308,7 +310,7 @@ class ShardActor:
         check_admin(await self.gate.account(auth, "", "stats"), "shard statistics")
         store_stats = await self._read(self.store.stats)
         return ShardStats(self.index, store_stats, self._commits, self._calls,
-                          dict(self._ops), dict(self._throttled))
+                          dict(self._ops), dict(self._throttled), self.failures.total)
 
     async def process(self) -> dict:
         """The shard process's pid and memory: resident in all, and private (anonymous)
@@ -340,8 +342,8 @@ class ShardActor:
                 await self._write(None, "collect_expired", 10_000)
                 stats, depths = await self._read(lambda: (self.store.stats(), self.store.depths()))
                 self.metrics.update(stats, depths)
-            except RayqError:
-                pass  # overloaded: try again next round
+            except RayqError as err:  # overloaded: try again next round
+                self.failures.record("housekeeping", err)
             except Exception:  # metrics must never stop housekeeping
                 log.exception("shard %d housekeeping failed", self.index)
 
