@@ -59,6 +59,7 @@ class ConsumerStats:
     deferrals: int
     lost: int
     background_failures: int = 0  # failed plan/handler refreshes and receives, logged each
+    plan_version: int | None = None  # the coordinator's listen plan this consumer follows
 
     @property
     def empty_polls(self) -> int:
@@ -144,7 +145,8 @@ class ConsumerActor:
     async def stats(self) -> ConsumerStats:
         return ConsumerStats(self.index, self.balancer.load, self.balancer.hit_rate,
                              self._polls, self._hits, self._running, self._deferrals,
-                             self._lost, self.failures.total)
+                             self._lost, self.failures.total,
+                             self._plan.version if self._plan else None)
 
     async def drain_reports(self) -> list[UsageReport]:
         """The usage reports of every task finished since the last drain (for the coordinator)."""

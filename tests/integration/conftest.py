@@ -2,6 +2,7 @@
 
 import itertools
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,16 @@ def client(ray_session, tmp_path_factory):
 def queue(client):
     """A fresh queue per test, max_receives 3."""
     return client.create_queue(f"q{next(_names)}", max_receives=3)
+
+
+def wait_until(observe, timeout_s: float = 30.0, interval_s: float = 0.1, what: str = ""):
+    """Poll ``observe()`` until it returns something truthy, and return that; fail the
+    test with ``what`` and the last observation after ``timeout_s``. The deadline only
+    bounds a hang: a test never asserts how long something took."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        seen = observe()
+        if seen:
+            return seen
+        assert time.monotonic() < deadline, f"gave up waiting for {what or observe}: {seen!r}"
+        time.sleep(interval_s)
