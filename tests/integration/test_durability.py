@@ -5,7 +5,7 @@ import time
 
 
 import rayq
-from tests.integration.conftest import start_runtime
+from tests.integration.conftest import start_runtime, wait_until
 
 
 def drain(queue, deadline_s=40.0):
@@ -49,12 +49,16 @@ def test_killing_a_shard_mid_stream_loses_no_acknowledged_message(ray_session, t
     workers = [threading.Thread(target=produce), threading.Thread(target=consume)]
     for w in workers:
         w.start()
-    time.sleep(1.5)
-    ray_session.kill(ray_session.get_actor("rayq-shard-0", namespace="rayq"), no_restart=False)
-    time.sleep(2.0)
-    stop.set()
-    for w in workers:
-        w.join()
+    try:
+        wait_until(lambda: len(acked) >= 200 and received, what="the stream to be under way")
+        ray_session.kill(ray_session.get_actor("rayq-shard-0", namespace="rayq"), no_restart=False)
+        killed_at = len(acked), len(received)
+        wait_until(lambda: len(acked) >= killed_at[0] + 200 and len(received) > killed_at[1],
+                   what="sends and receives to go on through the restarted shard")
+    finally:
+        stop.set()
+        for w in workers:
+            w.join()
     received += drain(client.queue("stream"))
     assert len(acked) > 100
     assert set(acked) <= set(received), f"{len(set(acked) - set(received))} acknowledged messages lost"
