@@ -178,8 +178,7 @@ class ConsumerActor:
                 await self._refresh_handlers()
                 await self._refresh_plan()
             except (RayqError, ray.exceptions.RayError, ValueError) as err:
-                self.failures.record("refresh", err)  # manager or coordinator restarting:
-                # keep what we have
+                self.failures.record("refresh", err)  # keep the plan and handlers we have
             self.balancer = self.balancer.adjusted(self.cc)
             for slot in range(self._load()):
                 if slot not in self._pollers or self._pollers[slot].done():
