@@ -26,6 +26,7 @@ import ray
 from ray import cloudpickle
 
 from actors import COORDINATOR, MANAGER, NAMESPACE, consumer_name, shard_name
+from actors.metrics import BackgroundFailures
 from rayq.config import Config
 from rayq.core.balancer import BalancerState, HostReading, host_pressed
 from rayq.core.fairness import ListenPlan, listen_order
@@ -60,6 +61,8 @@ class ConsumerStats:
     running: int
     deferrals: int
     lost: int
+    background_failures: int = 0  # failed plan/handler refreshes and receives, logged each
+    plan_version: int | None = None  # the coordinator's listen plan this consumer follows
 
     @property
     def empty_polls(self) -> int:
@@ -139,13 +142,15 @@ class ConsumerActor:
         self._spent: dict[str, float] = {}  # usage since the plan, scaled to all consumers
         self._rng = random.Random(index)
         self._pressed = False  # the host over its memory or CPU limit (read every adjust)
+        self.failures = BackgroundFailures("consumer", index)
         self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
 
     # -- public calls --------------------------------------------------------------
     async def stats(self) -> ConsumerStats:
         return ConsumerStats(self.index, self.balancer.load, self.balancer.hit_rate,
                              self._polls, self._hits, self._running, self._deferrals,
-                             self._lost)
+                             self._lost, self.failures.total,
+                             self._plan.version if self._plan else None)
 
     async def drain_reports(self) -> list[UsageReport]:
         """The usage reports of every task finished since the last drain (for the coordinator)."""
@@ -176,8 +181,8 @@ class ConsumerActor:
             try:
                 await self._refresh_handlers()
                 await self._refresh_plan()
-            except (RayqError, ray.exceptions.RayError, ValueError):
-                pass  # the manager or coordinator is restarting: keep what we have
+            except (RayqError, ray.exceptions.RayError, ValueError) as err:
+                self.failures.record("refresh", err)  # keep the plan and handlers we have
             self.balancer = self.balancer.adjusted(self.cc)
             self._pressed = host_pressed(read_host(), self.cc)
             for slot in range(self._load()):
@@ -196,7 +201,8 @@ class ConsumerActor:
                 continue
             try:
                 held = await self._receive()
-            except (RayqError, ray.exceptions.RayError):
+            except (RayqError, ray.exceptions.RayError) as err:
+                self.failures.record("receive", err)
                 await asyncio.sleep(0.5)  # a shard restarting
                 continue
             self._polls += 1

@@ -22,7 +22,7 @@ import ray
 from actors import MANAGER, NAMESPACE, shard_name
 from actors.consumer import named_consumers, unwrap
 from actors.gate import durable_gate, manager_directory
-from actors.metrics import CoordinatorMetrics
+from actors.metrics import BackgroundFailures, CoordinatorMetrics
 from rayq.analytics.eventlog import log_report, open_event_log
 from rayq.config import Config
 from rayq.core.auth import Signature
@@ -45,6 +45,7 @@ class FairnessCoordinator:
         self.usage = UsageWindows(self.fc.window_s, self.fc.windows)
         self.tally = Tally()  # every finished delivery since the coordinator started
         self.metrics = CoordinatorMetrics()
+        self.failures = BackgroundFailures("coordinator")
         self.events = open_event_log(data_dir, "coordinator", config.analytics)
         self.manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
         self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
@@ -199,10 +200,13 @@ class FairnessCoordinator:
             await asyncio.sleep(self.fc.interval_s)
             try:
                 await self.evaluate_once()
-            except (RayqError, ray.exceptions.RayError):
-                pass  # a shard or the manager restarting: evaluate next round
+            except (RayqError, ray.exceptions.RayError) as err:  # a shard or the manager
+                self.failures.record("evaluation", err)  # restarting: evaluate next round
             except Exception:  # a bug must not stop fair dispatch for good: log, go on
                 log.exception("fairness evaluation failed")
+
+    async def background_failures(self) -> dict[str, int]:
+        return dict(self.failures.counts)
 
     async def forget_keys(self) -> None:
         self.gate.forget()

@@ -29,7 +29,7 @@ import ray
 from actors import MANAGER, NAMESPACE, shard_name
 from actors.consumer import unwrap
 from actors.gate import durable_gate, manager_directory
-from actors.metrics import FloodMetrics
+from actors.metrics import BackgroundFailures, FloodMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
 from rayq.core.auth import Signature
@@ -51,6 +51,7 @@ class FloodDetector:
         self.kv = LmdbKV(os.path.join(data_dir, "flood"), map_size=64 << 20)
         self.history = EventHistory(self.kv, 1000)
         self.metrics = FloodMetrics()
+        self.failures = BackgroundFailures("flood")
         self.events = open_event_log(data_dir, "flood", config.analytics)
         raw = self.kv.read(lambda txn: txn.get("meta", b"flooders"))
         self.flooders: list[Flooder] = [Flooder(**f) for f in unpack(raw)] if raw else []
@@ -213,10 +214,13 @@ class FloodDetector:
                 continue
             try:
                 await self.detect_once()
-            except (RayqError, ray.exceptions.RayError):
-                pass  # a shard or the manager restarting: the next run catches up
+            except (RayqError, ray.exceptions.RayError) as err:  # a shard or the manager
+                self.failures.record("detection", err)  # restarting: the next run catches up
             except Exception:  # a bug must not end flood protection for good
                 log.exception("flood detection failed")
+
+    async def background_failures(self) -> dict[str, int]:
+        return dict(self.failures.counts)
 
     async def forget_keys(self) -> None:
         self.gate.forget()

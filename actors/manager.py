@@ -19,6 +19,7 @@ import ray
 from actors import COORDINATOR, FLOOD_DETECTOR, NAMESPACE, consumer_name, shard_name
 from actors.consumer import ConsumerRemote, named_consumers
 from actors.gate import Directory, durable_gate
+from actors.metrics import BackgroundFailures
 from rayq.config import Config
 from rayq.core.auth import (ADMIN, Accounts, Place, Signature, may_use, queue_ref, resolve_ref,
                             split_ref)
@@ -46,6 +47,7 @@ class QueueManager:
         self.tasks = TaskRegistry(kv)
         self.accounts = Accounts(kv)
         self.gate = durable_gate(self._directory, kv)
+        self.failures = BackgroundFailures("manager")
         self.leases = ConcurrencyLeases()
         self._consumers = Consumers(kv, config)
         self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
@@ -271,7 +273,8 @@ class QueueManager:
     async def info(self, auth: Signature | None = None) -> dict:
         await self.gate.admin(auth, "info")
         return {"data_dir": self.data_dir, "shards": len(self.shards),
-                "scaling_events": self.scaling_events[-50:]}
+                "scaling_events": self.scaling_events[-50:],
+                "background_failures": dict(self.failures.counts)}
 
     # -- load and scaling --------------------------------------------------------
     async def _shard_depths(self) -> dict[int, int]:
@@ -355,8 +358,8 @@ class QueueManager:
                 await self._purge(self.registry.pending_purges())  # after a crash mid-clear
                 await self.scale_once()
                 await self._consumers.scale(None)  # replace consumers killed for good
-            except (RayqError, ray.exceptions.RayError):
-                pass  # a shard restarting: the next round catches up
+            except (RayqError, ray.exceptions.RayError) as err:  # a shard restarting:
+                self.failures.record("scaling", err)  # the next round catches up
 
 
 class Consumers:

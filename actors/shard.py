@@ -28,7 +28,7 @@ import ray
 
 from actors.gate import Gate, manager_directory
 from rayq.core import nonces
-from actors.metrics import ShardMetrics
+from actors.metrics import BackgroundFailures, ShardMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
 from rayq.core.auth import ADMIN, Signature, check_admin
@@ -73,6 +73,7 @@ class ShardStats:
     ops: dict[int, int]
     throttled: dict[int, int]
     queues: dict[str, int] = field(default_factory=dict)
+    background_failures: int = 0  # failed housekeeping rounds since the shard started
 
 
 class ShardActor:
@@ -96,6 +97,7 @@ class ShardActor:
         self._reviewing = self._loop.create_task(self._review_dispatch_forever())
         self._purging = self._loop.create_task(self._purge_forever())
         self.metrics = ShardMetrics(index)
+        self.failures = BackgroundFailures("shard", index)
         # enqueues go to the event log, in batches
         self.events = open_event_log(os.path.dirname(path), f"shard-{index}", config.analytics,
                                      self._collect_events)
@@ -413,7 +415,8 @@ class ShardActor:
         await self._remember(auth)
         store_stats = await self._read(self.store.stats)
         return ShardStats(self.index, store_stats, self._commits, self._calls,
-                          dict(self._ops), dict(self._throttled), await self._queue_counts())
+                          dict(self._ops), dict(self._throttled), await self._queue_counts(),
+                          self.failures.total)
 
     async def _queue_counts(self) -> dict[str, int]:
         """Messages here per queue by unambiguous name; empty while the manager is away
@@ -482,8 +485,8 @@ class ShardActor:
                 await self._write(None, "collect_expired", 10_000)
                 stats, depths = await self._read(lambda: (self.store.stats(), self.store.depths()))
                 self.metrics.update(stats, depths)
-            except RayqError:
-                pass  # overloaded: try again next round
+            except RayqError as err:  # overloaded: try again next round
+                self.failures.record("housekeeping", err)
             except Exception:  # metrics must never stop housekeeping
                 log.exception("shard %d housekeeping failed", self.index)
 

@@ -96,6 +96,20 @@ def test_a_receipt_is_invalid_once_the_message_is_deleted_received_again_or_chan
         store.change_visibility(got.receipt, 10)
 
 
+def test_a_receipt_of_an_earlier_delivery_is_refused_when_the_message_lies_in_the_same_row(
+        store, clock):
+    store.put(0, [message("kept")])
+    [first] = store.receive(0, 1, 10)
+    clock.advance(10)
+    [second] = store.receive(0, 1, 0)  # visible again at the very instant the first hid it to
+    assert Receipt.decode(first.receipt).row_key == Receipt.decode(second.receipt).row_key
+    assert store.delete([first.receipt]) == [first.receipt]  # only the nonce tells them apart
+    with pytest.raises(ReceiptInvalid):
+        store.change_visibility(first.receipt, 0)
+    [third] = store.receive(0, 1, 30)
+    assert (third.id, third.dequeue_count) == (first.id, 3)
+
+
 def test_change_visibility_returns_a_new_receipt_that_is_valid(store, clock):
     store.put(0, [message()])
     [got] = store.receive(0, 1, 30)
