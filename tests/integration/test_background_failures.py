@@ -59,7 +59,7 @@ def test_every_actor_reports_its_background_failures(ray_session, tmp_path_facto
                what="the coordinator to count failed evaluations")
     wait_until(lambda: ray.get(detector.background_failures.remote()).get("detection", 0) >= 2,
                what="the flood detector to count failed runs")
-    assert ray.get(client._shards[0].stats.remote()).background_failures == 0  # shard 0 is fine
+    assert ray.get(client.transport.shards[0].stats.remote()).background_failures == 0  # shard 0 is fine
     rayq.shutdown()
 
 

@@ -153,8 +153,8 @@ def test_a_flooding_tenant_is_listed_with_its_queue_type_and_tenant(client):
 def test_a_shard_with_too_many_calls_waiting_refuses_more_with_overloaded(client):
     queue = client.create_queue("pressure")
     queue.send("kept")
-    shard = client._shards[0]
-    flood_of_calls = [("change_visibility", ("A" * 44, 0))] * 10_001  # over MAX_PENDING_CALLS
+    shard = client.transport.shards[0]
+    flood_of_calls = [("change_visibility", ("A" * 64, 0))] * 10_001  # over MAX_PENDING_CALLS
     with pytest.raises(rayq.Overloaded):
         call(lambda: shard.end_many.remote(flood_of_calls))
     assert issubclass(rayq.Overloaded, rayq.RuntimeFailure)  # "it broke", retry later
@@ -165,7 +165,7 @@ def test_a_shard_with_too_many_calls_waiting_refuses_more_with_overloaded(client
 def test_start_reuses_a_running_runtime_with_its_own_configuration(client, tmp_path):
     client.create_queue("seen-by-both").send("hello")
     again = rayq.start(data_dir=tmp_path / "ignored", config=Config())
-    assert again._manager._actor_id == client._manager._actor_id
+    assert again.transport.manager._actor_id == client.transport.manager._actor_id
     assert again.config == client.config and again.config.consumers == CONSUMERS
     assert again.queue("seen-by-both").count() == 1
     assert len(again.consumer_stats()) == CONSUMERS.count
