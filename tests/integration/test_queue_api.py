@@ -60,7 +60,7 @@ def test_change_visibility_to_zero_makes_a_message_visible_now(queue):
     assert again.id == m.id and again.dequeue_count == 2
 
 
-@pytest.mark.parametrize("receipt", ["", "not-a-receipt", "A" * 44, 17, None,
+@pytest.mark.parametrize("receipt", ["", "not-a-receipt", "A" * 44, "A" * 64, 17, None,
                                      "AAAAAQAAAAEABmDHBVIKEQAAAAAAAAABZmbDH_WnqwA="])
 def test_forged_receipts_are_rejected_and_nothing_changes(queue, receipt):
     queue.send("keep me")

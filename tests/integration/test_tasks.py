@@ -156,5 +156,5 @@ def test_a_malformed_batch_of_task_ends_is_refused_whole(client):
     for bad in ["finish", [("delete", ())], [("finish",)]]:
         with pytest.raises(rayq.InvalidMessage):
             ray.get(shard.end_many.remote(bad))
-    [stale] = ray.get(shard.end_many.remote([("finish", ("A" * 44, b"x", None))]))
+    [stale] = ray.get(shard.end_many.remote([("finish", ("A" * 64, b"x", None))]))
     assert isinstance(stale, rayq.ReceiptInvalid)

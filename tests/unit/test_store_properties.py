@@ -94,7 +94,7 @@ class StoreVersusModel(RuleBasedStateMachine):
     @precondition(lambda self: self.receipts)
     @rule(data=st.data(), forged=st.booleans())
     def delete(self, data, forged):
-        receipt = "A" * 44 if forged else data.draw(st.sampled_from(self.receipts))
+        receipt = "A" * 64 if forged else data.draw(st.sampled_from(self.receipts))
         mid = self.valid(receipt)
         assert self.store.delete([receipt]) == ([] if mid else [receipt])
         if mid:
