@@ -1,6 +1,6 @@
 """The SQS endpoint over HTTP: boto3's batch cycle against rayq, moto and rayq's client.
 
-    python benchmarks/http.py [--seconds 20] [--threads 1,8] [--replicas 2]
+    python benchmarks/sqs_http.py [--seconds 20] [--threads 1,8] [--replicas 2]
 
 One cycle is send_message_batch(10) -> receive_message(10) -> delete_message_batch,
 200-byte bodies, on each ``--threads`` count of threads sharing one queue (each
