@@ -141,7 +141,6 @@ def cluster():
                                       "min_workers": 0, "max_workers": 2}})
     cluster.start()
     try:
-        ray.init(address="auto", namespace="rayq", log_to_driver=False)
         yield cluster
     finally:
         ray.shutdown()
@@ -151,8 +150,10 @@ def cluster():
 def test_consumers_and_boosters_bring_workers_that_go_when_the_demand_does(cluster, tmp_path):
     timeline = Timeline()
     config = Config(store=StoreConfig(data_resource=DATA), consumers=CONSUMERS, fairness=FAIRNESS)
-    client = rayq.start(data_dir=tmp_path / "data", config=config)
+    client = rayq.start(data_dir=tmp_path / "data", config=config)  # attaches to the cluster
     assert len(worker_nodes()) == 0 and requested() == []
+    head = ray.nodes()[0]["NodeManagerAddress"]
+    assert head != "127.0.0.1", "a cluster keeps Ray's own node address, not loopback"
 
     # scale_consumers: room for two one-CPU consumers, which only a worker has.
     client.scale_consumers(2)
