@@ -1,4 +1,4 @@
-"""The ``rayq`` command: demo, report, status and account."""
+"""The ``rayq`` command: start, stop, demo, report, status and account."""
 
 from __future__ import annotations
 
@@ -18,9 +18,86 @@ import rayq.config
 console = Console()
 
 
+NO_RUNTIME = "no rayq runtime is running here; start one with `rayq start`"
+
+
 @click.group()
 def main() -> None:
     """rayq: a durable, multi-tenant queue and fair scheduling runtime on Ray."""
+
+
+def _connect():
+    """The running runtime's client, or one line saying there is none (exit 1)."""
+    try:
+        return rayq.connect()
+    except (ConnectionError, rayq.RuntimeFailure) as err:
+        import ray
+
+        ray.shutdown()
+        raise click.ClickException(f"{NO_RUNTIME} ({err})" if isinstance(err, ConnectionError)
+                                   and "multiple" in str(err) else NO_RUNTIME) from None
+
+
+@main.command()
+@click.option("--data-dir", default=None, help="Where shards keep their data (default ./.rayq-data).")
+@click.option("--consumers", default=None, type=int, help="Consumer actors to run.")
+@click.option("--port", default=0, help="The Ray head's port (default: a free one).")
+@click.option("--dashboard/--no-dashboard", default=True, show_default=True,
+              help="Run the Ray dashboard (on 127.0.0.1).")
+def start(data_dir: str | None, consumers: int | None, port: int, dashboard: bool) -> None:
+    """Start a Ray head on 127.0.0.1 and the runtime's actors, detached: they run until
+    `rayq stop`, and scripts and `rayq status` on this machine attach to them."""
+    import subprocess
+
+    import ray
+
+    from rayq import local
+    from rayq.session import _local_cluster
+
+    address = _local_cluster(None)
+    if address is None:
+        try:
+            address = local.start_head(port or local.free_port(), dashboard)
+        except subprocess.CalledProcessError as err:
+            raise click.ClickException(f"ray start failed: {(err.stderr or err.stdout).strip()[-2000:]}")
+        started = True
+    else:
+        started = False
+    client = rayq.start(data_dir=data_dir, consumers=consumers)
+    node = ray._private.worker.global_worker.node
+    if started:
+        local.mark_started(node.get_session_dir_path())
+    count = len(client.consumer_stats())
+    ray.shutdown()
+    where = os.path.abspath(data_dir or ".rayq-data")
+    console.print(f"rayq runtime running on Ray at {address} "
+                  f"({'started' if started else 'already running'}); data in {where}, "
+                  f"{count} consumer(s)")
+    if dashboard and started:
+        console.print(f"Ray dashboard: http://{node.webui_url or '127.0.0.1:8265'}")
+    console.print("Attach from this machine: rayq.connect() in Python, or `rayq status`; "
+                  "stop with `rayq stop` (the data stays).")
+
+
+@main.command()
+def stop() -> None:
+    """Stop the runtime's actors and the Ray head `rayq start` started; the data stays."""
+    import ray
+
+    from rayq import local
+
+    _connect()
+    node = ray._private.worker.global_worker.node
+    session_dir, address = node.get_session_dir_path(), node.address
+    rayq.shutdown()
+    ray.shutdown()
+    if not local.started_by_rayq(session_dir):
+        console.print(f"rayq runtime stopped; the Ray at {address} was not started by "
+                      "`rayq start` and keeps running")
+        return
+    stopped = local.stop_session(session_dir, address)
+    console.print(f"rayq runtime and its Ray head at {address} stopped ({stopped} processes); "
+                  "the data stays")
 
 
 @main.command()
@@ -81,8 +158,7 @@ def _tally_table(rows, by: str) -> Table:
               help="Where the tables, plots and report.html go.")
 def report(out_dir: str) -> None:
     """Analyse the running runtime's event log with Spark (RayDP) and write a report."""
-    client = rayq.connect()
-    _report(client, out_dir)
+    _report(_connect(), out_dir)
 
 
 def _report(client, out_dir: str):
@@ -96,7 +172,7 @@ def _report(client, out_dir: str):
 @click.option("--watch", default=0.0, help="Refresh every this many seconds (0: print once).")
 def status(watch: float) -> None:
     """Queues, shards, consumers, fairness victims and flooders of a running runtime."""
-    client = rayq.connect()
+    client = _connect()
     if not watch:
         console.print(_status(client))
         return
@@ -115,7 +191,7 @@ def account() -> None:
 @click.argument("name")
 def account_create(name: str) -> None:
     """Create account NAME and print its key (shown once: hand it to the account)."""
-    key = rayq.connect().create_account(name)
+    key = _connect().create_account(name)
     click.echo(key)
     click.echo(f"account {name!r} created; connect with "
                f"rayq.connect(account={name!r}, key=<the key above>)", err=True)
@@ -127,7 +203,7 @@ def account_create(name: str) -> None:
               help="Which of the two keys to replace; the other keeps working.")
 def account_rotate(name: str, slot: int) -> None:
     """Replace one key of account NAME and print the new one."""
-    click.echo(rayq.connect().rotate_key(slot, account=name))
+    click.echo(_connect().rotate_key(slot, account=name))
 
 
 def _status(client) -> Group:

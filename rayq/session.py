@@ -31,15 +31,15 @@ def _init_ray(address: str | None = None, dashboard: bool = True) -> None:
     cluster runs."""
     if ray.is_initialized():
         return
-    if address in (None, "auto"):
-        address = _local_cluster(address)
-    if address is None:
+    found = _local_cluster(address) if address in (None, "auto") else address
+    if found is None:
         loopback_only()
         ray.init(namespace="rayq", log_to_driver=False, logging_level=logging.WARNING,
                  _node_ip_address=LOOPBACK, include_dashboard=dashboard, dashboard_host=LOOPBACK)
         return
-    if address.rsplit(":", 1)[0] == LOOPBACK:  # rayq start's head: join it on loopback
+    if found.rsplit(":", 1)[0] == LOOPBACK:  # rayq start's head: join it on loopback
         loopback_only()
+    # The address as given: for None / "auto" Ray also loads the cluster's auth token.
     ray.init(address=address, namespace="rayq", log_to_driver=False,
              logging_level=logging.WARNING)
 
