@@ -24,6 +24,9 @@ NO_RUNTIME = "no rayq runtime is running here; start one with `rayq start`"
 @click.group()
 def main() -> None:
     """rayq: a durable, multi-tenant queue and fair scheduling runtime on Ray."""
+    # A quiet console: Ray's C++ INFO lines and Python warnings stay in Ray's log files.
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "warning")
+    os.environ.setdefault("RAYQ_RAY_LOG_LEVEL", "ERROR")
 
 
 def _connect():
@@ -162,8 +165,20 @@ def report(out_dir: str) -> None:
 
 
 def _report(client, out_dir: str):
-    with console.status("starting") as status:
-        result = client.report(out_dir, progress=lambda step: status.update(step))
+    """Run the report under one progress bar over its steps; a failure is one line
+    (with Spark's log file when Spark failed)."""
+    from rayq.analytics.report import STEPS
+
+    columns = (TextColumn("report"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.description}"))
+    with Progress(*columns, console=console) as progress:
+        bar = progress.add_task("", total=STEPS)
+        try:
+            result = client.report(out_dir, progress=lambda step: progress.update(
+                bar, advance=1, description=step))
+        except rayq.RayqError as err:
+            raise click.ClickException(str(err)) from None
+        progress.update(bar, completed=STEPS, description="done")
     console.print(f"report of {result.events:,} events in {result.seconds:.0f}s: {result.html}")
     return result
 

@@ -4,7 +4,6 @@ the actors; ``rayq/__init__`` loads it on first use."""
 
 from __future__ import annotations
 
-import logging
 import os
 
 import ray
@@ -22,6 +21,7 @@ DASHBOARD_ENV = "RAYQ_DASHBOARD"  # "0" starts the embedded Ray without its dash
 # Ray's own switch for a one-machine Ray (its default on macOS and Windows): node
 # address 127.0.0.1, and every Ray server (GCS, raylet, workers, agents) on loopback.
 SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+RAY_LOG_LEVEL_ENV = "RAYQ_RAY_LOG_LEVEL"  # Ray's Python log level in this process
 
 
 def _init_ray(address: str | None = None, dashboard: bool = True) -> None:
@@ -31,17 +31,17 @@ def _init_ray(address: str | None = None, dashboard: bool = True) -> None:
     cluster runs."""
     if ray.is_initialized():
         return
+    level = os.environ.get(RAY_LOG_LEVEL_ENV, "WARNING").upper()
     found = _local_cluster(address) if address in (None, "auto") else address
     if found is None:
         loopback_only()
-        ray.init(namespace="rayq", log_to_driver=False, logging_level=logging.WARNING,
+        ray.init(namespace="rayq", log_to_driver=False, logging_level=level,
                  _node_ip_address=LOOPBACK, include_dashboard=dashboard, dashboard_host=LOOPBACK)
         return
     if found.rsplit(":", 1)[0] == LOOPBACK:  # rayq start's head: join it on loopback
         loopback_only()
     # The address as given: for None / "auto" Ray also loads the cluster's auth token.
-    ray.init(address=address, namespace="rayq", log_to_driver=False,
-             logging_level=logging.WARNING)
+    ray.init(address=address, namespace="rayq", log_to_driver=False, logging_level=level)
 
 
 def _local_cluster(address: str | None) -> str | None:
