@@ -20,16 +20,11 @@ def echo(x):
 
 
 def session_processes(session_dir: str) -> list[psutil.Process]:
-    """This process and every process started for its Ray session."""
+    """This process (the driver, and Spark's JVM if any) and every process of its Ray."""
+    from rayq.local import session_processes as of_session
+
     me = psutil.Process()
-    found = {me.pid: me}
-    for child in me.children(recursive=True):
-        found[child.pid] = child
-    for proc in psutil.process_iter(["cmdline"]):
-        if any(session_dir in arg for arg in proc.info["cmdline"] or ()):
-            found[proc.pid] = proc
-            for child in proc.children(recursive=True):
-                found[child.pid] = child
+    found = {p.pid: p for p in [me, *me.children(recursive=True), *of_session(session_dir)]}
     return list(found.values())
 
 
