@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import sys
 import time
 
 import click
@@ -174,13 +176,32 @@ def _report(client, out_dir: str):
     with Progress(*columns, console=console) as progress:
         bar = progress.add_task("", total=STEPS)
         try:
-            result = client.report(out_dir, progress=lambda step: progress.update(
-                bar, advance=1, description=step))
+            with _stderr_to(os.path.join(out_dir, "spark.log")):
+                result = client.report(out_dir, progress=lambda step: progress.update(
+                    bar, advance=1, description=step))
         except rayq.RayqError as err:
             raise click.ClickException(str(err)) from None
         progress.update(bar, completed=STEPS, description="done")
     console.print(f"report of {result.events:,} events in {result.seconds:.0f}s: {result.html}")
     return result
+
+
+@contextlib.contextmanager
+def _stderr_to(path: str):
+    """Send this process's stderr (fd 2) to ``path`` for a while. The JVMs Spark starts
+    inherit it: what they print before their log configuration applies (the Ray core
+    worker's start-up lines) lands in the log file, not on the console."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "a", encoding="utf-8") as log:
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 @main.command()
