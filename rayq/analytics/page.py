@@ -115,7 +115,7 @@ def make_plots(small: Mapping[str, Rows], out_dir: str, periods: Mapping[str, li
             _shade(ax, periods)
             ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
         _time_axis(ax)
-        fig.subplots_adjust(left=0.08, right=0.8, bottom=0.2, top=0.88)  # same axes in all
+        fig.subplots_adjust(left=0.09, right=0.8, bottom=0.2, top=0.88)  # same axes in all
         path = os.path.join(out_dir, f"{name}.png")
         fig.savefig(path, dpi=100)
         plt.close(fig)
@@ -126,8 +126,10 @@ def make_plots(small: Mapping[str, Rows], out_dir: str, periods: Mapping[str, li
 def _time_axis(ax) -> None:
     import matplotlib.dates as mdates
 
-    ax.xaxis.set_major_locator(mdates.AutoDateLocator(minticks=3, maxticks=7))
-    ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
+    low, high = ax.get_xlim()  # in days
+    ax.xaxis.set_major_locator(mdates.AutoDateLocator(minticks=4, maxticks=10))
+    ax.xaxis.set_major_formatter(mdates.DateFormatter(
+        "%H:%M" if (high - low) * 86400 > 300 else "%H:%M:%S"))
     ax.set_xlabel(f"local time ({zone()})")
     ax.grid(alpha=0.3)
 
@@ -169,7 +171,7 @@ def _fairness_index(ax, small) -> None:
         ax.text(0.5, 0.5, "no window had two or more backlogged job types",
                 ha="center", va="center", transform=ax.transAxes)
     ax.set(title="Jain's fairness index of usage by job type (windows with ≥2 backlogged types)",
-           ylabel="index (1 = equal)", ylim=(0, 1.05))
+           ylabel="index (1: equal)", ylim=(0, 1.05))
 
 
 # -- the page ----------------------------------------------------------------------------
