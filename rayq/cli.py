@@ -26,8 +26,7 @@ NO_RUNTIME = "no rayq runtime is running here; start one with `rayq start`"
 @click.group()
 def main() -> None:
     """rayq: a durable, multi-tenant queue and fair scheduling runtime on Ray."""
-    # A quiet console: Ray's C++ INFO lines and Python warnings stay in Ray's log files.
-    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "warning")
+    # A quiet console: Ray's Python warnings stay in Ray's log files.
     os.environ.setdefault("RAYQ_RAY_LOG_LEVEL", "ERROR")
 
 
@@ -173,35 +172,42 @@ def _report(client, out_dir: str):
 
     columns = (TextColumn("report"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.description}"))
-    with Progress(*columns, console=console) as progress:
-        bar = progress.add_task("", total=STEPS)
-        try:
-            with _stderr_to(os.path.join(out_dir, "spark.log")):
-                result = client.report(out_dir, progress=lambda step: progress.update(
-                    bar, advance=1, description=step))
-        except rayq.RayqError as err:
-            raise click.ClickException(str(err)) from None
-        progress.update(bar, completed=STEPS, description="done")
+    log = os.path.join(out_dir, "spark.log")
+    try:
+        with _output_to(log) as screen, Progress(*columns, console=screen) as progress:
+            bar = progress.add_task("", total=STEPS)
+            result = client.report(out_dir, progress=lambda step: progress.update(
+                bar, advance=1, description=step))
+            progress.update(bar, completed=STEPS, description="done")
+    except rayq.RayqError as err:
+        raise click.ClickException(str(err)) from None
     console.print(f"report of {result.events:,} events in {result.seconds:.0f}s: {result.html}")
     return result
 
 
 @contextlib.contextmanager
-def _stderr_to(path: str):
-    """Send this process's stderr (fd 2) to ``path`` for a while. The JVMs Spark starts
-    inherit it: what they print before their log configuration applies (the Ray core
-    worker's start-up lines) lands in the log file, not on the console."""
+def _output_to(path: str):
+    """Send this process's stdout and stderr (file descriptors 1 and 2) to ``path`` for a
+    while; yields a console on the real stdout. The JVMs Spark starts inherit them:
+    what they print outside Spark's log configuration (the Ray core worker's start-up
+    lines, Ray's log4j set-up inside Spark's driver) lands in the log file."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    sys.stdout.flush()
     sys.stderr.flush()
-    saved = os.dup(2)
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    screen = Console(file=os.fdopen(os.dup(saved[1]), "w", encoding="utf-8"))
     with open(path, "a", encoding="utf-8") as log:
-        os.dup2(log.fileno(), 2)
+        for fd in saved:
+            os.dup2(log.fileno(), fd)
     try:
-        yield
+        yield screen
     finally:
+        sys.stdout.flush()
         sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
+        for fd, copy in saved.items():
+            os.dup2(copy, fd)
+            os.close(copy)
+        screen.file.close()
 
 
 @main.command()

@@ -84,9 +84,7 @@ def spark_session(config: AnalyticsConfig, log_config: str | None = None):
     import raydp
 
     host = ray.util.get_node_ip_address()
-    # Read by the JVMs started next (Spark's driver; the Ray core worker inside it).
-    os.environ["SPARK_LOCAL_IP"] = host
-    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "warning")
+    os.environ["SPARK_LOCAL_IP"] = host  # read by the Spark driver's JVM, started next
     configs = {"spark.pyspark.python": sys.executable,  # this interpreter and its packages
                "spark.pyspark.driver.python": sys.executable,
                "spark.driver.memory": config.driver_memory,
