@@ -106,11 +106,14 @@ def make_plots(small: Mapping[str, Rows], out_dir: str, periods: Mapping[str, li
     import matplotlib.pyplot as plt
 
     os.makedirs(out_dir, exist_ok=True)
+    windows = sorted({r["window_start"] for r in small.get("usage_share_by_window", [])})
     plots = {}
     for name, draw in (("usage_share", _usage_share), ("waits", _waits),
                        ("fairness_index", _fairness_index)):
         fig, ax = plt.subplots(figsize=(9, 3.4))
         draw(ax, small)
+        if len(windows) > 1:  # one time axis for all three plots
+            ax.set_xlim(local(windows[0]), local(windows[-1]))
         if name != "fairness_index":
             _shade(ax, periods)
             ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
