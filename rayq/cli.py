@@ -56,9 +56,9 @@ def start(data_dir: str | None, consumers: int | None, port: int, dashboard: boo
     import ray
 
     from rayq import local
-    from rayq.session import _local_cluster
+    from rayq.session import local_cluster
 
-    address = _local_cluster(None)
+    address = local_cluster(None)
     if address is None:
         try:
             address = local.start_head(port or local.free_port(), dashboard)
@@ -67,7 +67,10 @@ def start(data_dir: str | None, consumers: int | None, port: int, dashboard: boo
         started = True
     else:
         started = False
-    client = rayq.start(data_dir=data_dir, consumers=consumers)
+    try:
+        client = rayq.start(data_dir=data_dir, consumers=consumers)
+    except ConnectionError as err:  # e.g. ray_current_cluster names a Ray that is gone
+        raise click.ClickException(f"the Ray at {address} does not answer: {err}") from None
     node = ray._private.worker.global_worker.node
     if started:
         local.mark_started(node.get_session_dir_path())

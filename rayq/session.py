@@ -32,7 +32,7 @@ def _init_ray(address: str | None = None, dashboard: bool = True) -> None:
     if ray.is_initialized():
         return
     level = os.environ.get(RAY_LOG_LEVEL_ENV, "WARNING").upper()
-    found = _local_cluster(address) if address in (None, "auto") else address
+    found = local_cluster(address) if address in (None, "auto") else address
     if found is None:
         loopback_only()
         ray.init(namespace="rayq", log_to_driver=False, logging_level=level,
@@ -44,7 +44,7 @@ def _init_ray(address: str | None = None, dashboard: bool = True) -> None:
     ray.init(address=address, namespace="rayq", log_to_driver=False, logging_level=level)
 
 
-def _local_cluster(address: str | None) -> str | None:
+def local_cluster(address: str | None) -> str | None:
     """The address ``ray.init(address)`` would attach to: ``$RAY_ADDRESS`` or the
     cluster last started on this machine with ``ray start`` (None: none)."""
     from ray._private.services import get_ray_address_from_environment
