@@ -1,5 +1,5 @@
 """The embedded default as a new user meets it, in a fresh process: Ray's dashboard and
-state API work, and nothing listens off loopback. (That a cluster keeps Ray's own
+state API work, and nothing listens off loopback, Spark (RayDP) included. (That a cluster keeps Ray's own
 binding is shown by test_autoscaler.py.)"""
 
 import ipaddress
@@ -31,7 +31,7 @@ def is_loopback(ip: str) -> bool:
 
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory):
-    return run_embedded(tmp_path_factory.mktemp("embedded"))
+    return run_embedded(tmp_path_factory.mktemp("embedded"), "--spark")
 
 
 def test_the_state_api_lists_the_runtimes_actors(embedded):
@@ -44,8 +44,9 @@ def test_the_dashboard_runs_on_loopback(embedded):
     assert any("dashboard.py" in p["name"] for p in embedded["processes"])
 
 
-def test_no_process_of_the_runtime_listens_off_loopback(embedded):
+def test_no_process_of_the_runtime_or_its_spark_listens_off_loopback(embedded):
     assert embedded["node_ip"] == "127.0.0.1"
+    assert any("java" in p["name"] and p["listen"] for p in embedded["processes"])  # Spark seen
     listening = [(p["name"][:60], ip) for p in embedded["processes"] for ip in p["listen"]]
     assert len({name for name, _ in listening}) >= 5  # GCS, raylet, agents, actors: all seen
     assert [(name, ip) for name, ip in listening if not is_loopback(ip)] == []

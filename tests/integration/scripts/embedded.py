@@ -4,7 +4,9 @@ own process by tests/integration/test_embedded.py and benchmarks/dashboard.py).
 Prints one JSON line: start-up seconds, what Ray's state API lists, and every
 process of this Ray session with its RSS and listening sockets.
 
-    python tests/integration/scripts/embedded.py DATA_DIR [--no-dashboard]
+    python tests/integration/scripts/embedded.py DATA_DIR [--no-dashboard] [--spark]
+
+With ``--spark`` the report's Spark (RayDP) runs while the sockets are listed.
 """
 
 import json
@@ -40,7 +42,17 @@ def describe(proc: psutil.Process) -> dict | None:
         return None  # a worker that exited meanwhile
 
 
-def main(data_dir: str, dashboard: bool) -> dict:
+def start_spark():
+    """The report's Spark session on this Ray, with one job run."""
+    from rayq.analytics.report import spark_session
+    from rayq.config import AnalyticsConfig
+
+    spark = spark_session(AnalyticsConfig())
+    assert spark.range(100).count() == 100
+    return spark
+
+
+def main(data_dir: str, dashboard: bool, spark: bool) -> dict:
     started = time.monotonic()
     import ray
 
@@ -56,8 +68,14 @@ def main(data_dir: str, dashboard: bool) -> dict:
 
         actors = [a.name for a in list_actors(address=context.gcs_address,
                                               filters=[("state", "=", "ALIVE")])]
+    if spark:
+        start_spark()
     node = ray._private.worker._global_node
     processes = [d for d in map(describe, session_processes(node.get_session_dir_path())) if d]
+    if spark:
+        import raydp
+
+        raydp.stop_spark()
     out = {"startup_s": round(startup_s, 2), "dashboard": dashboard,
            "dashboard_url": context.dashboard_url if hasattr(context, "dashboard_url")
            else node.webui_url, "node_ip": node.node_ip_address,
@@ -68,4 +86,4 @@ def main(data_dir: str, dashboard: bool) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], "--no-dashboard" not in sys.argv)))
+    print(json.dumps(main(sys.argv[1], "--no-dashboard" not in sys.argv, "--spark" in sys.argv)))
