@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -71,8 +72,9 @@ class RayqAutoscalingCluster(AutoscalingCluster):
 
     def start(self, _system_config=None, override_env=None):
         subprocess.check_call(["ray", "stop", "--force"])
-        path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"rayq-autoscaler-{os.getpid()}.json")
-        with open(path, "w") as f:
+        fd, path = tempfile.mkstemp(prefix="rayq-autoscaler-", suffix=".json")
+        self.config_path = path
+        with os.fdopen(fd, "w") as f:
             json.dump(self._config, f)
         resources = dict(self._head_resources)
         cmd = ["ray", "start", "--head", f"--autoscaling-config={path}",
@@ -145,6 +147,7 @@ def cluster():
     finally:
         ray.shutdown()
         cluster.shutdown()
+        os.remove(cluster.config_path)
 
 
 def test_consumers_and_boosters_bring_workers_that_go_when_the_demand_does(cluster, tmp_path):
