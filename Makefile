@@ -23,7 +23,7 @@ test: $(STAMP) chromium
 	PY=$(PY) bash tests/own_process.sh tests
 
 chromium:
-	command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
+	command -v chromium >/dev/null || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium)
 
 unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit tests/contract
