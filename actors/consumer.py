@@ -21,17 +21,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
 import ray
 from ray import cloudpickle
 
 from actors import COORDINATOR, MANAGER, NAMESPACE, consumer_name, shard_name
+from actors.metrics import BackgroundFailures
 from rayq.config import Config
-from rayq.core.balancer import BalancerState
+from rayq.core.balancer import BalancerState, HostReading, host_pressed
 from rayq.core.fairness import ListenPlan, listen_order
 from rayq.core.model import StoredMessage
+from rayq.core.wire import decode_delivered
 from rayq.core.registry import QueueInfo
-from rayq.core.tasks import (Outcome, TaskSpec, UsageReport, decode_call, encode_result,
-                             error_of)
+from rayq.core.tasks import (DeferralCause, Outcome, TaskSpec, UsageReport, decode_call,
+                             encode_result, error_of)
 from rayq.errors import RayqError, ReceiptInvalid
 
 log = logging.getLogger("rayq.consumer")
@@ -45,7 +48,8 @@ class ConsumerStats:
     tasks go to the coordinator as usage reports: see ``client.task_stats()``).
 
     polls: receive calls; hits: those that returned a task; deferrals: tasks
-    put back because their type was at its concurrency limit; lost: tasks
+    put back unrun (a concurrency limit, host pressure, a suspended key, no
+    handler: see ``DeferralCause``); lost: tasks
     whose receipt went stale before they were ended (someone else re-ran them).
     """
 
@@ -57,6 +61,8 @@ class ConsumerStats:
     running: int
     deferrals: int
     lost: int
+    background_failures: int = 0  # failed plan/handler refreshes and receives, logged each
+    plan_version: int | None = None  # the coordinator's listen plan this consumer follows
 
     @property
     def empty_polls(self) -> int:
@@ -135,13 +141,16 @@ class ConsumerActor:
         self._plan: ListenPlan | None = None
         self._spent: dict[str, float] = {}  # usage since the plan, scaled to all consumers
         self._rng = random.Random(index)
+        self._pressed = False  # the host over its memory or CPU limit (read every adjust)
+        self.failures = BackgroundFailures("consumer", index)
         self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
 
     # -- public calls --------------------------------------------------------------
     async def stats(self) -> ConsumerStats:
         return ConsumerStats(self.index, self.balancer.load, self.balancer.hit_rate,
                              self._polls, self._hits, self._running, self._deferrals,
-                             self._lost)
+                             self._lost, self.failures.total,
+                             self._plan.version if self._plan else None)
 
     async def drain_reports(self) -> list[UsageReport]:
         """The usage reports of every task finished since the last drain (for the coordinator)."""
@@ -172,9 +181,10 @@ class ConsumerActor:
             try:
                 await self._refresh_handlers()
                 await self._refresh_plan()
-            except (RayqError, ray.exceptions.RayError, ValueError):
-                pass  # the manager or coordinator is restarting: keep what we have
+            except (RayqError, ray.exceptions.RayError, ValueError) as err:
+                self.failures.record("refresh", err)  # keep the plan and handlers we have
             self.balancer = self.balancer.adjusted(self.cc)
+            self._pressed = host_pressed(read_host(), self.cc)
             for slot in range(self._load()):
                 if slot not in self._pollers or self._pollers[slot].done():
                     self._pollers[slot] = asyncio.get_running_loop().create_task(self._poll(slot))
@@ -191,7 +201,8 @@ class ConsumerActor:
                 continue
             try:
                 held = await self._receive()
-            except (RayqError, ray.exceptions.RayError):
+            except (RayqError, ray.exceptions.RayError) as err:
+                self.failures.record("receive", err)
                 await asyncio.sleep(0.5)  # a shard restarting
                 continue
             self._polls += 1
@@ -223,12 +234,17 @@ class ConsumerActor:
             self._spent = {}
 
     def _listen(self, exclude: set[str]) -> list[str] | None:
-        """This receive's key order from the coordinator's plan; None for plain FIFO."""
+        """This receive's key order from the coordinator's plan while it intervenes (or,
+        for a booster, while keys hold permits); None leaves the order to the shard's
+        fair dispatch, which is fair from the first second."""
         plan = self._plan
         if plan is None or plan.decision is None or not plan.keys:
             return None
+        booster = self.index >= plan.regular_consumers
+        if not plan.decision.intervening and not (booster and plan.decision.permits):
+            return None
         return listen_order(plan.decision, plan.keys, self._rng, exclude,
-                            booster=self.index >= plan.regular_consumers, spent=self._spent)
+                            booster=booster, spent=self._spent)
 
     # -- receiving -----------------------------------------------------------------
     async def _route(self, name: str) -> tuple[QueueInfo, list[int]]:
@@ -256,10 +272,14 @@ class ConsumerActor:
             got = await self._receive_from(queue, sq, wait_s=0.0)
             if got or self._stopping:
                 return got
-        return await self._receive_from(*places[0], wait_s=self.cc.poll_wait_s)
+        queue, first = places[0]  # one parked call for that queue's subqueues on its shard
+        index = queue.subqueue(first).shard
+        together = [sq for q, sq in places if q is queue and q.subqueue(sq).shard == index]
+        return await self._receive_from(queue, together, wait_s=self.cc.poll_wait_s)
 
-    async def _receive_from(self, queue: QueueInfo, sq: int, wait_s: float) -> list[_Held]:
-        index = queue.subqueue(sq).shard
+    async def _receive_from(self, queue: QueueInfo, sq: int | list[int],
+                            wait_s: float) -> list[_Held]:
+        index = queue.subqueue(sq[0] if isinstance(sq, list) else sq).shard
         shard = self.shards[index]
         now = time.monotonic()
         exclude = set(self._plan.suspended) if self._plan else set()
@@ -269,12 +289,12 @@ class ConsumerActor:
         order = self._listen(exclude) if wait_s == 0 else None
         got = []
         if order:  # the plan's order first; keys it does not know yet come after
-            got = await unwrap(shard.receive.remote(
-                sq, self.cc.prefetch, self.cc.visibility_timeout_s, keys=order, **options))
+            got = decode_delivered(await unwrap(shard.receive.remote(
+                sq, self.cc.prefetch, self.cc.visibility_timeout_s, keys=order, **options)))
         if not got:
-            got = await unwrap(shard.receive.remote(
+            got = decode_delivered(await unwrap(shard.receive.remote(
                 sq, self.cc.prefetch, self.cc.visibility_timeout_s, wait_s=wait_s,
-                exclude=sorted(exclude) or None, **options))
+                exclude=sorted(exclude) or None, **options)))
         return [_Held(m, queue, shard, self._ends[index], m.receipt) for m in got]
 
     # -- running -------------------------------------------------------------------
@@ -284,17 +304,18 @@ class ConsumerActor:
         if handler is None:  # registered a moment ago, or not at all: look again first
             await self._refresh_handlers()
             handler = self._handlers.get(m.type)
-        if handler is None:
-            await self._put_back(held, self.cc.defer_s)
+        cause = self._held_back(m, handler)
+        if cause is not None:
+            await self._defer(held, cause)
+            if cause is DeferralCause.HOST_PRESSURE:
+                await asyncio.sleep(self.cc.defer_s)  # back off: the host needs a rest
             return
         spec, fn, _ = handler
         lease = f"{self.index}:{m.id}:{m.dequeue_count}"
         if spec.concurrency and not await unwrap(self.manager.acquire.remote(
                 m.type, lease, spec.concurrency, self.cc.visibility_timeout_s)):
             self._saturated[m.type] = time.monotonic() + self.cc.defer_s
-            self._deferrals += 1
-            await self._put_back(held, self.cc.defer_s)
-            self._report(held, 0.0, Outcome.DEFERRED, time.time() - m.enqueued_at)
+            await self._defer(held, DeferralCause.CONCURRENCY)
             return
         self._running += 1
         started = time.time()
@@ -365,6 +386,22 @@ class ConsumerActor:
             self._lost += 1  # it became visible again and someone else took it
             return Outcome.SUCCEEDED if ok else Outcome.FAILED
 
+    def _held_back(self, m: StoredMessage, handler) -> DeferralCause | None:
+        """Why a received task must not run now, if it must not (before any lease)."""
+        if handler is None:
+            return DeferralCause.CANNOT_RUN
+        if self._plan is not None and m.key in self._plan.suspended:
+            return DeferralCause.SUSPENDED  # suspended after we received it
+        if self._pressed:
+            return DeferralCause.HOST_PRESSURE
+        return None
+
+    async def _defer(self, held: _Held, cause: DeferralCause) -> None:
+        """Put a task back unrun; it counts as a deferral of its key, with its cause."""
+        self._deferrals += 1
+        await self._put_back(held, self.cc.defer_s)
+        self._report(held, 0.0, Outcome.DEFERRED, time.time() - held.message.enqueued_at, cause)
+
     async def _put_back(self, held: _Held, delay_s: float) -> None:
         """Hide a task we will not run for ``delay_s``; the delivery is not counted."""
         try:
@@ -372,10 +409,11 @@ class ConsumerActor:
         except ReceiptInvalid:
             self._lost += 1
 
-    def _report(self, held: _Held, usage_s: float, outcome: Outcome, wait_s: float) -> None:
+    def _report(self, held: _Held, usage_s: float, outcome: Outcome, wait_s: float,
+                cause: DeferralCause | None = None) -> None:
         m = held.message
         report = UsageReport(m.key, m.tenant, m.type, usage_s, outcome, max(0.0, wait_s),
-                             time.time(), m.id, m.dequeue_count, held.queue.name)
+                             time.time(), m.id, m.dequeue_count, held.queue.name, cause)
         if self._plan is not None:  # every consumer is assumed to spend alike
             self._spent[m.key] = self._spent.get(m.key, 0.0) + usage_s * max(
                 1, self._plan.regular_consumers)
@@ -390,6 +428,11 @@ async def unwrap(ref) -> Any:
         if isinstance(err.cause, RayqError):
             raise err.cause from None
         raise
+
+
+def read_host() -> HostReading:
+    """Memory in use and CPU busy on this host (CPU since the previous call)."""
+    return HostReading(psutil.virtual_memory().percent, psutil.cpu_percent(interval=None))
 
 
 ConsumerRemote = ray.remote(ConsumerActor)

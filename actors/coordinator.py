@@ -21,8 +21,8 @@ import ray
 
 from actors import MANAGER, NAMESPACE, shard_name
 from actors.consumer import named_consumers, unwrap
-from actors.gate import Gate, manager_directory
-from actors.metrics import CoordinatorMetrics
+from actors.gate import durable_gate, manager_directory
+from actors.metrics import BackgroundFailures, CoordinatorMetrics
 from rayq.analytics.eventlog import log_report, open_event_log
 from rayq.config import Config
 from rayq.core.auth import Signature
@@ -45,6 +45,7 @@ class FairnessCoordinator:
         self.usage = UsageWindows(self.fc.window_s, self.fc.windows)
         self.tally = Tally()  # every finished delivery since the coordinator started
         self.metrics = CoordinatorMetrics()
+        self.failures = BackgroundFailures("coordinator")
         self.events = open_event_log(data_dir, "coordinator", config.analytics)
         self.manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
         self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
@@ -56,7 +57,7 @@ class FairnessCoordinator:
         self._version = 0
         self._regular = config.consumers.count
         self._rng = random.Random()
-        self.gate = Gate(manager_directory)
+        self.gate = durable_gate(manager_directory, self.kv)
         asyncio.get_running_loop().create_task(self._evaluate_forever())
 
     # -- consumers and clients -------------------------------------------------------
@@ -81,7 +82,14 @@ class FairnessCoordinator:
             expected_s=dict(d.expected_s) if d else {}, actual_s=dict(d.actual_s) if d else {},
             listen_order=order, permits=dict(d.permits) if d else {},
             ignored_permits=dict(d.ignored_permits) if d else {},
-            suspended=tuple(self.rules.history()), history=self.history.recent())
+            suspended=tuple(self.rules.history()), history=self.history.recent(),
+            noisy=tuple(await self._noisy()))
+
+    async def _noisy(self) -> list:
+        """What every shard's fair dispatch treats as noisy (shards restarting: skipped)."""
+        parts = await asyncio.gather(*(s.noisy.remote() for s in self.shards),
+                                     return_exceptions=True)
+        return [k for part in parts if not isinstance(part, BaseException) for k in part]
 
     async def suspend(self, key: str, reason: str, by: str,
                       auth: Signature | None = None) -> SuspensionRule:
@@ -192,10 +200,13 @@ class FairnessCoordinator:
             await asyncio.sleep(self.fc.interval_s)
             try:
                 await self.evaluate_once()
-            except (RayqError, ray.exceptions.RayError):
-                pass  # a shard or the manager restarting: evaluate next round
+            except (RayqError, ray.exceptions.RayError) as err:  # a shard or the manager
+                self.failures.record("evaluation", err)  # restarting: evaluate next round
             except Exception:  # a bug must not stop fair dispatch for good: log, go on
                 log.exception("fairness evaluation failed")
+
+    async def background_failures(self) -> dict[str, int]:
+        return dict(self.failures.counts)
 
     async def forget_keys(self) -> None:
         self.gate.forget()

@@ -22,13 +22,14 @@ import json
 import logging
 import os
 import time
+from dataclasses import replace
 
 import ray
 
 from actors import MANAGER, NAMESPACE, shard_name
 from actors.consumer import unwrap
-from actors.gate import Gate, manager_directory
-from actors.metrics import FloodMetrics
+from actors.gate import durable_gate, manager_directory
+from actors.metrics import BackgroundFailures, FloodMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
 from rayq.core.auth import Signature
@@ -50,13 +51,14 @@ class FloodDetector:
         self.kv = LmdbKV(os.path.join(data_dir, "flood"), map_size=64 << 20)
         self.history = EventHistory(self.kv, 1000)
         self.metrics = FloodMetrics()
+        self.failures = BackgroundFailures("flood")
         self.events = open_event_log(data_dir, "flood", config.analytics)
         raw = self.kv.read(lambda txn: txn.get("meta", b"flooders"))
         self.flooders: list[Flooder] = [Flooder(**f) for f in unpack(raw)] if raw else []
         self.manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
         self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
                        for i in range(config.store.shards)]
-        self.gate = Gate(manager_directory)
+        self.gate = durable_gate(manager_directory, self.kv)
         asyncio.get_running_loop().create_task(self._detect_forever())
 
     async def flooders_now(self, auth: Signature | None = None) -> list[Flooder]:
@@ -71,7 +73,7 @@ class FloodDetector:
     async def detect_once(self) -> list[Flooder]:
         queues: dict[str, QueueInfo] = await unwrap(self.manager.flood_layout.remote())
         snapshots = await asyncio.gather(*(s.flood_snapshot.remote() for s in self.shards))
-        layout = {sq.id: (q.name, bool(sq.dedicated)) for q in queues.values() for sq in q.subqueues}
+        layout = {sq.id: (ref, bool(sq.dedicated)) for ref, q in queues.items() for sq in q.subqueues}
         view = build_view(layout, [s["tenant_counts"] for s in snapshots],
                           [s["enqueues"] for s in snapshots])
         now = time.time()
@@ -86,7 +88,8 @@ class FloodDetector:
         await self._route(queues)
         for flooder in changes.removed:
             await self._release(flooder, queues)
-        await self._sweep(queues, snapshots)
+        emptied = await self._sweep(queues, snapshots)
+        self.flooders = [replace(f, swept_empty=f.combination in emptied) for f in self.flooders]
         self.kv.transact(lambda txn: txn.put("meta", b"flooders",
                                              pack([vars(f) for f in self.flooders])))
         self.metrics.update(self.flooders)
@@ -132,32 +135,55 @@ class FloodDetector:
         await asyncio.gather(*(s.set_diverts.remote(d) for s, d in zip(self.shards, diverts)))
 
     async def _release(self, flooder: Flooder, queues: dict[str, QueueInfo]) -> None:
+        """The shards no longer spill its puts (routed before this): what it spilled
+        since the last sweep (few, or it would not leave) goes back, then its dedicated
+        subqueues drain and go like any retired subqueue."""
         queue = queues.get(flooder.queue)
-        for sq in queue.subqueues if queue else ():
-            if sq.dedicated == (flooder.type, flooder.tenant):
-                await unwrap(self.manager.coalesce.remote(flooder.queue, sq.id))
+        dedicated = [sq for sq in (queue.subqueues if queue else ())
+                     if sq.dedicated == (flooder.type, flooder.tenant)]
+        for sq in dedicated:
+            if sq.state is SubqueueState.ALL:
+                await self._sweep_rest(flooder, sq.shard, sq.id)
+        for sq in dedicated:
+            await unwrap(self.manager.coalesce.remote(flooder.queue, sq.id))
         self._event("removed", flooder, depth=flooder.depth)
 
-    async def _sweep(self, queues: dict[str, QueueInfo], snapshots: list[dict]) -> None:
+    async def _sweep_rest(self, flooder: Flooder, shard: int, target: int) -> None:
+        handle = self.shards[shard]
+        while await handle.spill_left.remote(flooder.type, flooder.tenant):
+            moved = await unwrap(handle.sweep.remote(flooder.type, flooder.tenant, target,
+                                                     self.fc.sweep_batch))
+            self._event("swept", flooder, shard=shard, moved=moved)
+
+    async def _sweep(self, queues: dict[str, QueueInfo], snapshots: list[dict]) -> set:
         """Move what was spilled when this run began back, batch by batch, while each
-        shard stays healthy (what spills meanwhile waits for the next run)."""
+        target queue stays healthy (what spills meanwhile waits for the next run).
+        Returns the flooders whose spill this emptied (seed 001: "completely swept")."""
+        emptied = set()
         for flooder in self.flooders:
-            for sq in queues[flooder.queue].subqueues:
+            done = []
+            queue = queues.get(flooder.queue)  # None: deleted since this run began
+            for sq in queue.subqueues if queue else ():
                 if sq.dedicated == (flooder.type, flooder.tenant) and sq.state is SubqueueState.ALL:
                     spilled = self._spilled_on(snapshots[sq.shard], flooder)
-                    await self._sweep_into(flooder, sq.shard, sq.id, spilled)
+                    done.append(await self._sweep_into(flooder, sq.shard, sq.id, spilled))
+            if done and all(done):
+                emptied.add(flooder.combination)
+        return emptied
 
-    async def _sweep_into(self, flooder: Flooder, shard: int, target: int, spilled: int) -> None:
+    async def _sweep_into(self, flooder: Flooder, shard: int, target: int, spilled: int) -> bool:
+        """Sweep into ``target`` on ``shard``; True when all of ``spilled`` went back."""
         handle = self.shards[shard]
         batches = 0
         while True:
-            depth, under_pressure = await handle.health.remote()  # checked before every batch
+            # the target queue's depth, checked before every batch
+            depth, under_pressure = await handle.health.remote(target)
             step = sweep_step(depth, under_pressure, spilled, batches, self.fc, MAX_SWEEP_BATCHES)
             if step == "pause":
                 self._event("sweep paused", flooder, shard=shard, depth=depth,
                             under_pressure=under_pressure)
             if step != "sweep":
-                return
+                return step == "done"
             moved = await unwrap(handle.sweep.remote(flooder.type, flooder.tenant, target,
                                                      self.fc.sweep_batch))
             batches += 1
@@ -188,10 +214,13 @@ class FloodDetector:
                 continue
             try:
                 await self.detect_once()
-            except (RayqError, ray.exceptions.RayError):
-                pass  # a shard or the manager restarting: the next run catches up
+            except (RayqError, ray.exceptions.RayError) as err:  # a shard or the manager
+                self.failures.record("detection", err)  # restarting: the next run catches up
             except Exception:  # a bug must not end flood protection for good
                 log.exception("flood detection failed")
+
+    async def background_failures(self) -> dict[str, int]:
+        return dict(self.failures.counts)
 
     async def forget_keys(self) -> None:
         self.gate.forget()

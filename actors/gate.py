@@ -9,20 +9,27 @@ subqueue it does not know (a queue made since; fetches at least
 manager tells every gate to forget its copy before it answers, so a new
 key works and a replaced one is refused from the next request on. A forged
 request never causes a fetch.
+
+Seen nonces outlive a restart (rayq.core.nonces): a gate starts with the nonces
+its actor stored, and with a ``journal`` it stores each verified request's nonce
+before the request acts. Shards pass none: they store nonces in the group commit
+of the request itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import ray
 
 from actors import MANAGER, NAMESPACE
+from rayq.core import nonces
 from rayq.core.auth import (ADMIN, MAX_SKEW_S, Place, Signature, Verifier, check_access,
                             check_admin, request_body)
+from rayq.core.kv import KV
 from rayq.errors import AuthError
 
 MAX_AGE_S = 30.0
@@ -32,14 +39,17 @@ Directory = tuple[dict[str, list[str]], dict[int, Place]]
 
 
 class Gate:
-    def __init__(self, fetch: Callable[[], Awaitable[Directory]], skew_s: float = MAX_SKEW_S):
+    def __init__(self, fetch: Callable[[], Awaitable[Directory]], skew_s: float = MAX_SKEW_S, *,
+                 seen: Sequence[int] = (), journal: Callable[[bytes], None] | None = None):
         self._fetch = fetch
+        self._journal = journal
         self._keys: dict[str, list[str]] = {}
         self._places: dict[int, Place] = {}
         self._fetched_at = float("-inf")
         self._generation = 0  # bumped by forget(): a fetch begun before is not trusted
         self._lock = asyncio.Lock()
         self.verifier = Verifier(lambda account: self._keys.get(account, ()), skew_s)
+        self.verifier.preload(seen, time.time())
 
     def forget(self) -> None:
         """Drop the copy: the next signed request fetches the directory anew."""
@@ -64,12 +74,20 @@ class Gate:
                     self._keys, self._places = keys, places
                     self._fetched_at = time.monotonic()
 
+    async def places(self) -> dict[int, Place]:
+        """Where every subqueue belongs (a copy at most MAX_AGE_S old)."""
+        await self._refresh()
+        return dict(self._places)
+
     async def account(self, auth: Signature | None, queue: str, operation: str, *args: Any) -> str:
         """The account a request acts for; raises AuthError if its signature does not hold."""
         if auth is None:
             return ADMIN
         await self._refresh()
-        return self.verifier.verify(auth, queue, operation, request_body(*args), time.time())
+        account = self.verifier.verify(auth, queue, operation, request_body(*args), time.time())
+        if self._journal is not None:  # durable before the request acts
+            self._journal(nonces.nonce_key(auth))
+        return account
 
     async def admin(self, auth: Signature | None, operation: str, *args: Any) -> str:
         """Like :meth:`account`, for operations only the ``default`` account may run."""
@@ -98,6 +116,15 @@ class Gate:
         account = await self.account(auth, queue, operation, *args)
         await self.check(account, queue, operation, shard, subqueues)
         return account
+
+
+def durable_gate(fetch: Callable[[], Awaitable[Directory]], kv: KV) -> Gate:
+    """A gate whose seen nonces live in ``kv``'s nonces table: read back now, and each
+    verified request's written (one transaction, one fsync) before it acts. For actors
+    whose signed calls are control-plane calls, rare enough to pay a commit each."""
+    def journal(key: bytes) -> None:
+        kv.transact(lambda txn: nonces.remember(txn, [key], time.time()))
+    return Gate(fetch, seen=nonces.load(kv, time.time()), journal=journal)
 
 
 async def manager_directory() -> Directory:

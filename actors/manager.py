@@ -18,17 +18,20 @@ import ray
 
 from actors import COORDINATOR, FLOOD_DETECTOR, NAMESPACE, consumer_name, shard_name
 from actors.consumer import ConsumerRemote, named_consumers
-from actors.gate import Directory, Gate
+from actors.gate import Directory, durable_gate
+from actors.metrics import BackgroundFailures
 from rayq.config import Config
-from rayq.core.auth import ADMIN, Accounts, Place, Signature, may_use
+from rayq.core.auth import (ADMIN, Accounts, Place, Signature, may_use, queue_ref, resolve_ref,
+                            split_ref)
 from rayq.core.clock import SystemClock
 from rayq.core.kv import LmdbKV
 from rayq.core.leases import ConcurrencyLeases
 from rayq.core.model import SubqueueState, check_count
-from rayq.core.registry import QueueInfo, QueueRegistry, put_target, receive_order
-from rayq.core.scaling import SubqueueLoad, decide, is_idle
+from rayq.core.registry import (QueueInfo, QueueRegistry, check_queue_name, check_queue_ref,
+                                put_target, receive_order)
+from rayq.core.scaling import SubqueueLoad, decide, is_quiet
 from rayq.core.tasks import TaskRegistry, TaskSpec
-from rayq.errors import AuthError, InvalidMessage, RayqError
+from rayq.errors import AuthError, InvalidMessage, QueueNotFound, RayqError
 
 MAX_CONSUMERS = 1000
 FORGET_TIMEOUT_S = 10.0
@@ -43,7 +46,8 @@ class QueueManager:
         self.registry = QueueRegistry(kv, shards=config.store.shards, clock=self.clock)
         self.tasks = TaskRegistry(kv)
         self.accounts = Accounts(kv)
-        self.gate = Gate(self._directory)
+        self.gate = durable_gate(self._directory, kv)
+        self.failures = BackgroundFailures("manager")
         self.leases = ConcurrencyLeases()
         self._consumers = Consumers(kv, config)
         self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
@@ -51,7 +55,7 @@ class QueueManager:
         self._counts: dict[int, int] = {}
         self._last_ops: dict[int, tuple[float, int, int]] = {}
         self._rates: dict[int, tuple[float, float]] = {}
-        self._idle_since: dict[str, float] = {}
+        self._quiet_since: dict[int, float] = {}  # per subqueue
         self.scaling_events: list[dict] = []
         self._loop = asyncio.get_running_loop()
         self._loop.create_task(self._scale_forever())
@@ -62,8 +66,8 @@ class QueueManager:
 
     def directory(self) -> Directory:
         """(every account's keys, where every subqueue belongs): what gates verify with."""
-        task_queues = set(self.tasks.queues())
-        places = {sq.id: Place(q.name, q.owner, sq.shard, q.name in task_queues)
+        task_queues = set(self.tasks.queues())  # the default account's, by plain name
+        places = {sq.id: Place(q.ref, q.owner, sq.shard, q.ref in task_queues)
                   for q in self.registry.all() for sq in q.subqueues}
         return self.accounts.table(), places
 
@@ -101,45 +105,73 @@ class QueueManager:
         await asyncio.wait([asyncio.ensure_future(h.forget_keys.remote()) for h in holders],
                            timeout=FORGET_TIMEOUT_S)
 
-    def _visible(self, account: str, name: str) -> QueueInfo:
-        """Queue ``name`` if ``account`` may see it: its own, or a task queue (to submit)."""
-        queue = self.registry.get(name)
-        if not may_use(account, queue.owner) and queue.name not in self.tasks.queues():
-            raise AuthError(f"queue {name!r} belongs to another account")
-        return queue
+    def _visible(self, account: str, name: str, *, owned: bool = False) -> QueueInfo:
+        """The queue ``account`` means by ``name`` if it may see it: its own, any for the
+        admin, or a task queue of the default account (to submit to, unless ``owned``).
+        Anything else is QueueNotFound, worded as for a missing queue: no account learns
+        which names another account uses."""
+        check_queue_ref(name)
+        queue = self.registry.find(resolve_ref(account, name))
+        if queue is not None and (may_use(account, queue.owner) or (
+                not owned and queue.owner == ADMIN and queue.name in self.tasks.queues())):
+            return queue
+        raise QueueNotFound(f"no queue named {name!r}")
 
     # -- registry --------------------------------------------------------------
     async def create_queue(self, name: str, subqueues: int = 1, max_receives: int | None = 5,
                            auth: Signature | None = None) -> QueueInfo:
+        """Create queue ``name`` in the caller's namespace (the admin may name another
+        account's as ``account/name``); idempotent."""
         account = await self.gate.account(auth, name, "create_queue", name, subqueues, max_receives)
-        owner = account
-        if name in self.registry and may_use(account, self.registry.get(name).owner):
-            owner = self.registry.get(name).owner  # the admin re-creating an account's queue
+        check_queue_ref(name)
+        owner, bare = split_ref(account, name)
+        if not may_use(account, owner):
+            raise AuthError(f"account {account!r} creates queues in its own namespace only")
+        if owner not in self.accounts:
+            raise InvalidMessage(f"no account named {owner!r}")
         # Placement needs shard depths only for a queue that does not exist yet.
-        depths = {} if name in self.registry else await self._shard_depths()
-        return self.registry.create(name, subqueues=subqueues, max_receives=max_receives,
+        depths = {} if queue_ref(owner, bare) in self.registry else await self._shard_depths()
+        return self.registry.create(bare, subqueues=subqueues, max_receives=max_receives,
                                     shard_depths=depths, owner=owner)
 
-    def get_queue(self, name: str) -> QueueInfo:
-        return self.registry.get(name)
+    def get_queue(self, ref: str) -> QueueInfo:
+        return self.registry.get(ref)
 
     async def list_queues(self, auth: Signature | None = None) -> list[str]:
+        """The caller's queues by plain name; for the admin every account's queues, its
+        own plain and the others' as ``account/name``."""
         account = await self.gate.account(auth, "", "list_queues")
-        return [q.name for q in sorted(self.registry.all(), key=lambda q: q.name)
-                if may_use(account, q.owner)]
+        if account == ADMIN:
+            return self.registry.names()
+        return sorted(q.name for q in self.registry.all() if q.owner == account)
 
     async def delete_queue(self, name: str, auth: Signature | None = None) -> None:
         account = await self.gate.account(auth, name, "delete_queue", name)
-        if not may_use(account, self.registry.get(name).owner):
-            raise AuthError(f"queue {name!r} belongs to another account")
-        for sq in self.registry.delete(name):
-            shard = self.shards[sq.shard]
-            await shard.set_state.remote(sq.id, SubqueueState.DISABLED.value)
-            await shard.clear.remote(sq.id)
+        queue = self._visible(account, name, owned=True)
+        removed = self.registry.delete(queue.ref)
+        self.registry.note_purges(removed)
+        await self._purge(removed)
+
+    async def clear_queue(self, name: str, auth: Signature | None = None) -> None:
+        """Empty a queue at once (not its DLQ): fresh subqueues take its place and the
+        shards remove the old ones' messages, spilled ones too, in the background."""
+        account = await self.gate.account(auth, name, "clear_queue", name)
+        queue = self._visible(account, name, owned=True)
+        await self._purge(self.registry.renew(queue.ref))
+    async def _purge(self, subqueues: list) -> None:
+        """Hand subqueues to their shards for removal (O(subqueues) here); what a shard
+        did not take yet stays recorded and is handed over again by the scaling loop."""
+        by_shard: dict[int, list[int]] = defaultdict(list)
+        for sq in subqueues:
+            by_shard[sq.shard].append(sq.id)
+        for shard, ids in by_shard.items():
+            await self.shards[shard].purge.remote(ids)
+            self.registry.purged(ids)
 
     async def routing(self, name: str, auth: Signature | None = None
                       ) -> tuple[QueueInfo, list[int], int]:
-        """(queue, subqueue ids in receive order, the put subqueue for a new session)."""
+        """(queue, subqueue ids in receive order, the put subqueue for a new session) of
+        the queue the caller means by ``name``."""
         account = await self.gate.account(auth, name, "routing", name)
         queue = self._visible(account, name)
         order = [s.id for s in receive_order(queue, self._counts)]
@@ -147,23 +179,25 @@ class QueueManager:
         self._counts[target.id] = self._counts.get(target.id, 0) + 1  # spread new sessions
         return queue, order, target.id
 
-    def receive_routing(self, name: str) -> tuple[QueueInfo, list[int]]:
-        """(queue, subqueue ids in receive order) for consumers; no put session is opened."""
-        queue = self.registry.get(name)
+    def receive_routing(self, ref: str) -> tuple[QueueInfo, list[int]]:
+        """(queue, subqueue ids in receive order) for consumers (``ref``: a runtime-wide
+        name, see QueueInfo.ref); no put session is opened."""
+        queue = self.registry.get(ref)
         return queue, [s.id for s in receive_order(queue, self._counts)]
 
     # -- flooders ----------------------------------------------------------------
     def flood_layout(self) -> dict[str, QueueInfo]:
-        """Every queue but dead-letter queues, for the flood detector."""
-        return {q.name: q for q in self.registry.all() if not q.is_dlq}
+        """Every queue but dead-letter queues by runtime-wide name (acme's ``orders`` is
+        ``acme/orders``), for the flood detector."""
+        return {q.ref: q for q in self.registry.all() if not q.is_dlq}
 
-    def add_dedicated(self, name: str, shard: int, type_: str, tenant: str):
-        """A subqueue on ``shard`` that isolates flooder (type, tenant) of queue ``name``."""
-        return self.registry.add_dedicated(name, shard, type_, tenant)
+    def add_dedicated(self, ref: str, shard: int, type_: str, tenant: str):
+        """A subqueue on ``shard`` that isolates flooder (type, tenant) of queue ``ref``."""
+        return self.registry.add_dedicated(ref, shard, type_, tenant)
 
-    async def coalesce(self, name: str, sq: int) -> None:
+    async def coalesce(self, ref: str, sq: int) -> None:
         """A removed flooder's dedicated subqueue drains like any retired subqueue."""
-        queue = self.registry.coalesce(name, sq)
+        queue = self.registry.coalesce(ref, sq)
         info = queue.subqueue(sq)
         await self.shards[info.shard].set_state.remote(sq, SubqueueState.NO_PUT.value)
 
@@ -175,6 +209,7 @@ class QueueManager:
         may "register" a type that is registered already with the same spec (a no-op)."""
         if not isinstance(spec, TaskSpec):
             raise InvalidMessage("register_task takes a TaskSpec")
+        check_queue_name(spec.queue)  # a task queue is the default account's, by plain name
         account = await self.gate.account(auth, spec.queue, "register_task", spec, handler)
         if account != ADMIN:
             known = self.tasks.all().get(spec.type)
@@ -182,11 +217,8 @@ class QueueManager:
                 raise AuthError(f"task type {spec.type!r} is not registered as given; only "
                                 f"the {ADMIN!r} account registers task handlers")
             return self.tasks.version
-        if spec.queue not in self.registry:
+        if spec.queue not in self.registry:  # the default account's namespace
             await self.create_queue(spec.queue, max_receives=spec.max_receives)
-        elif self.registry.get(spec.queue).owner != ADMIN:  # every account's tasks go there
-            raise AuthError(f"queue {spec.queue!r} belongs to an account: task queues "
-                            f"must belong to {ADMIN!r}")
         new_queue = spec.queue not in self.tasks.queues()
         version = self.tasks.register(spec, handler)
         if new_queue:
@@ -241,7 +273,8 @@ class QueueManager:
     async def info(self, auth: Signature | None = None) -> dict:
         await self.gate.admin(auth, "info")
         return {"data_dir": self.data_dir, "shards": len(self.shards),
-                "scaling_events": self.scaling_events[-50:]}
+                "scaling_events": self.scaling_events[-50:],
+                "background_failures": dict(self.failures.counts)}
 
     # -- load and scaling --------------------------------------------------------
     async def _shard_depths(self) -> dict[int, int]:
@@ -279,25 +312,32 @@ class QueueManager:
             loads = [SubqueueLoad(s.id, s.shard, s.state, s.version, self._counts.get(s.id, 0),
                                   *self._rates.get(s.id, (0.0, 0.0)))
                      for s in queue.subqueues if not s.dedicated]  # the flood detector's
-            if is_idle(loads, self.config.scaling):
-                self._idle_since.setdefault(queue.name, now)
-            else:
-                self._idle_since.pop(queue.name, None)
-            idle_for = now - self._idle_since.get(queue.name, now)
             decision = decide(loads, depths, min_subqueues=queue.min_subqueues,
-                              idle_for_s=idle_for, config=self.config.scaling)
+                              quiet_for_s=self._quiet_for(loads, now),
+                              config=self.config.scaling)
             await self._apply(queue, decision, now)
+
+    def _quiet_for(self, loads: list[SubqueueLoad], now: float) -> dict[int, float]:
+        """How long each subqueue has been quiet (seed 003: small, fast, seldom throttled)."""
+        out = {}
+        for load in loads:
+            if is_quiet(load, self.config.scaling):
+                out[load.id] = now - self._quiet_since.setdefault(load.id, now)
+            else:
+                self._quiet_since.pop(load.id, None)
+        return out
 
     async def _apply(self, queue: QueueInfo, decision, now: float) -> None:
         if decision.add_on_shard is not None:
-            added = self.registry.add_subqueue(queue.name, decision.add_on_shard)
-            self._event("add", queue.name, added.id, now)
+            added = self.registry.add_subqueue(queue.ref, decision.add_on_shard)
+            self._event("add", queue.ref, added.id, now)
         if decision.retire is not None:
             sq = queue.subqueue(decision.retire)
             await self.shards[sq.shard].set_state.remote(sq.id, SubqueueState.NO_PUT.value)
-            self.registry.set_state(queue.name, sq.id, SubqueueState.NO_PUT)
-            self._idle_since.pop(queue.name, None)
-            self._event("retire", queue.name, sq.id, now)
+            self.registry.set_state(queue.ref, sq.id, SubqueueState.NO_PUT)
+            for other in queue.subqueues:  # the rest must be quiet for idle_s again
+                self._quiet_since.pop(other.id, None)
+            self._event("retire", queue.ref, sq.id, now)
         for sq_id in decision.drop:
             sq = queue.subqueue(sq_id)
             shard = self.shards[sq.shard]
@@ -305,8 +345,8 @@ class QueueManager:
             if (await shard.counts.remote([sq.id]))[sq.id]:  # a late put: keep draining
                 await shard.set_state.remote(sq.id, SubqueueState.NO_PUT.value)
                 continue
-            self.registry.drop_subqueue(queue.name, sq.id)
-            self._event("drop", queue.name, sq.id, now)
+            self.registry.drop_subqueue(queue.ref, sq.id)
+            self._event("drop", queue.ref, sq.id, now)
 
     def _event(self, what: str, queue: str, sq: int, now: float) -> None:
         self.scaling_events.append({"at": now, "event": what, "queue": queue, "subqueue": sq})
@@ -315,10 +355,11 @@ class QueueManager:
         while True:
             await asyncio.sleep(self.config.scaling.interval_s)
             try:
+                await self._purge(self.registry.pending_purges())  # after a crash mid-clear
                 await self.scale_once()
                 await self._consumers.scale(None)  # replace consumers killed for good
-            except (RayqError, ray.exceptions.RayError):
-                pass  # a shard restarting: the next round catches up
+            except (RayqError, ray.exceptions.RayError) as err:  # a shard restarting:
+                self.failures.record("scaling", err)  # the next round catches up
 
 
 class Consumers:

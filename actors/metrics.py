@@ -6,6 +6,8 @@ per metric with the rest summed under "other" (:func:`rayq.core.metrics.top_keys
 
 from __future__ import annotations
 
+import collections
+import logging
 from collections import defaultdict
 
 from ray.util.metrics import Counter, Gauge
@@ -69,3 +71,29 @@ class FloodMetrics:
     def update(self, flooders) -> None:
         self.flooders.set(len(flooders))
         self.spilled.set(sum(f.spilled for f in flooders))
+
+
+class BackgroundFailures:
+    """Failures of an actor's background loops (housekeeping, scaling, evaluation,
+    polling): each is logged with its cause and counted, per loop and in the
+    ``rayq_background_failures_total`` metric, so a failure that persists shows up
+    instead of being retried in silence."""
+
+    def __init__(self, component: str, index: int | None = None):
+        self.name = component if index is None else f"{component} {index}"
+        self.log = logging.getLogger(f"rayq.{component}")
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.metric = Counter("rayq_background_failures_total",
+                              "Failed rounds of background loops", ("component", "loop"))
+        self.metric.set_default_tags({"component": self.name})
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def record(self, loop: str, err: BaseException) -> None:
+        self.counts[loop] += 1
+        self.metric.inc(tags={"loop": loop})
+        cause = err.__cause__ or err.__context__
+        self.log.warning("%s: %s failed (%d so far), retrying next round: %r%s", self.name, loop,
+                         self.counts[loop], err, f" caused by {cause!r}" if cause else "")

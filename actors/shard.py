@@ -4,6 +4,11 @@ Concurrent calls queue up while a transaction commits; the next transaction
 takes all of them at once (group commit: one fsync for many calls, with no
 fixed delay). Every store access runs on one worker thread, so the event loop
 keeps accepting calls while LMDB syncs.
+
+A signed request's nonce is written in the same transaction as the request it
+signs, so a request captured before a restart is still refused after it. A
+signed read (peek, counts, depths, stats) waits for its nonce's group commit
+before it answers: a replayed read would show the replayer the queue as it is now.
 """
 
 from __future__ import annotations
@@ -12,19 +17,23 @@ import asyncio
 import logging
 import os
 import threading
-from collections import Counter
+import time
+from collections import Counter, defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
 import ray
 
 from actors.gate import Gate, manager_directory
-from actors.metrics import ShardMetrics
+from rayq.core import nonces
+from actors.metrics import BackgroundFailures, ShardMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
-from rayq.core.auth import ADMIN, Signature, check_admin, check_senders
+from rayq.core.auth import ADMIN, Signature, check_admin
+from rayq.core.dispatch import DispatchPolicy, NoisyKey
+from rayq.core.wire import delivered_count
 from rayq.core.model import Ending, Receipt, SubqueueState
 from rayq.core.store import KeyDepth, StoreStats, open_store
 from rayq.core.tasks import decode_outcome
@@ -34,6 +43,9 @@ from rayq.errors import (AuthError, InvalidMessage, Overloaded, RayqError, Recei
 log = logging.getLogger("rayq.shard")
 MAX_PENDING_CALLS = 10_000
 EXPIRY_INTERVAL_S = 5.0
+REVIEW_INTERVAL_S = 1.0  # how often fair dispatch re-marks noisy keys (O(keys) each time)
+PURGE_ROWS = 2_000     # rows (and spill entries) per background removal transaction
+PURGE_PAUSE_S = 0.01   # between two of them: calls waiting for the store go first
 MAX_WAIT_SLICE_S = 1.0  # long polls re-check at least this often (messages whose visibility lapses)
 OUTCOME_RECHECK_S = 30.0  # outcome waiters re-read the table this often, whatever they were told
 # wait_outcome calls park until a task ends, possibly for hours: they get their own
@@ -50,7 +62,9 @@ _ENDINGS = {Ending.DEAD: ("DeadLettered", "the task was delivered max_receives t
 
 @dataclass(frozen=True)
 class ShardStats:
-    """A shard's store counters plus its group-commit and per-subqueue load counters."""
+    """A shard's store counters plus its group-commit and per-subqueue load counters.
+    ``queues``: messages on this shard per queue, every account's, by unambiguous name
+    (``acme/orders``; the default account's plain)."""
 
     index: int
     store: StoreStats
@@ -58,39 +72,56 @@ class ShardStats:
     calls_committed: int
     ops: dict[int, int]
     throttled: dict[int, int]
+    queues: dict[str, int] = field(default_factory=dict)
+    background_failures: int = 0  # failed housekeeping rounds since the shard started
 
 
 class ShardActor:
     def __init__(self, index: int, path: str, config: Config):
         self.index = index
-        self.store = open_store(path, config=config.store)
+        self.store = open_store(path, config=config.store,
+                                dispatch=DispatchPolicy.of(config.fairness))
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard-{index}")
         self._loop = asyncio.get_running_loop()
-        self._pending: list[tuple[str, tuple, dict, asyncio.Future]] = []
+        # (store call or None for a nonce alone, args, kwargs, future, nonce key or None)
+        self._pending: list[tuple[str | None, tuple, dict, asyncio.Future, bytes | None]] = []
         self._committing = False
-        self._arrivals: dict[int, asyncio.Event] = {}
+        # parked long polls per subqueue, oldest first: a put of n messages wakes n of them
+        self._parked: dict[int, deque[asyncio.Future]] = defaultdict(deque)
         self._ops: Counter[int] = Counter()
         self._throttled: Counter[int] = Counter()
         self._commits = self._calls = 0
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future]]] = {}
         self._waiters_lock = threading.Lock()
         self._housekeeping = self._loop.create_task(self._collect_expired_forever())
+        self._reviewing = self._loop.create_task(self._review_dispatch_forever())
+        self._purging = self._loop.create_task(self._purge_forever())
         self.metrics = ShardMetrics(index)
+        self.failures = BackgroundFailures("shard", index)
         # enqueues go to the event log, in batches
         self.events = open_event_log(os.path.dirname(path), f"shard-{index}", config.analytics,
                                      self._collect_events)
         self.store.keep_enqueued = self.events is not None
-        self.gate = Gate(manager_directory)
+        self.gate = Gate(manager_directory, seen=nonces.load(self.store.kv, time.time()))
         self.key_mode = config.fairness.key
 
     # -- group commit ------------------------------------------------------
-    async def _write(self, subqueue: int | None, name: str, *args, **kwargs) -> Any:
-        result = await self._enqueue(subqueue, name, *args, **kwargs)
+    async def _write(self, subqueue: int | None, name: str | None, *args,
+                     signed: Signature | None = None, **kwargs) -> Any:
+        """Run store call ``name`` in the next group commit, with the nonce of the
+        request that ``signed`` it (None: unsigned, or a later round of a long poll)."""
+        result = await self._enqueue(subqueue, name, *args, signed=signed, **kwargs)
         if isinstance(result, BaseException):
             raise result
         return result
 
-    def _enqueue(self, subqueue: int | None, name: str, *args, **kwargs) -> asyncio.Future:
+    async def _remember(self, signed: Signature | None) -> None:
+        """Make a signed read's nonce durable (the next group commit) before it answers."""
+        if signed is not None:
+            await self._write(None, None, signed=signed)
+
+    def _enqueue(self, subqueue: int | None, name: str | None, *args,
+                 signed: Signature | None = None, **kwargs) -> asyncio.Future:
         """Queue one store call for the next group commit; its future holds the result
         or the RayqError it raised."""
         if len(self._pending) >= MAX_PENDING_CALLS:
@@ -98,7 +129,8 @@ class ShardActor:
                 self._throttled[subqueue] += 1
             raise Overloaded(f"shard {self.index} has {len(self._pending)} calls waiting")
         future = self._loop.create_future()
-        self._pending.append((name, args, kwargs, future))
+        nonce = nonces.nonce_key(signed) if signed is not None else None
+        self._pending.append((name, args, kwargs, future, nonce))
         if not self._committing:
             self._committing = True
             self._loop.create_task(self._commit_pending())
@@ -110,7 +142,7 @@ class ShardActor:
                 calls, self._pending = self._pending, []
                 try:
                     results, finished = await self._loop.run_in_executor(
-                        self._thread, self._group, [c[:3] for c in calls])
+                        self._thread, self._group, calls)
                     self._notify(finished)
                 except RayqError as err:
                     results = [err] * len(calls)
@@ -118,66 +150,101 @@ class ShardActor:
                     results = [StoreError(f"shard {self.index} transaction failed: {err!r}")] * len(calls)
                 self._commits += 1
                 self._calls += len(calls)
-                for (name, args, _, future), result in zip(calls, results):
+                for (name, args, _, future, _), result in zip(calls, results):
                     if name == "put" and not isinstance(result, BaseException):
-                        self._wake(args[0])
+                        self._wake(args[0], len(result))
                     if not future.done():
                         future.set_result(result)
         finally:
             self._committing = False
 
     def _group(self, calls: list) -> tuple[list, list]:
-        return self.store.group(calls), self.store.take_finished()
+        """One transaction: the store calls, and the nonces of the requests they serve."""
+        keys = [c[4] for c in calls if c[4] is not None]
+        also = (lambda txn: nonces.remember(txn, keys, time.time())) if keys else None
+        done = iter(self.store.group([c[:3] for c in calls if c[0] is not None], also))
+        results = [next(done) if c[0] is not None else None for c in calls]
+        return results, self.store.take_finished()
 
     async def _read(self, fn, *args) -> Any:
         return await self._loop.run_in_executor(self._thread, fn, *args)
 
-    def _wake(self, subqueue: int) -> None:
-        event = self._arrivals.pop(subqueue, None)
-        if event is not None:
-            event.set()
+    def _wake(self, subqueue: int, count: int) -> None:
+        """Wake up to ``count`` long polls parked on ``subqueue`` (no herd: one each)."""
+        parked = self._parked.get(subqueue)
+        while parked and count > 0:
+            future = parked.popleft()
+            if not future.done():
+                future.set_result(None)
+                count -= 1
+
+    async def _park(self, subqueues: list[int], timeout_s: float) -> None:
+        """Wait until a put to one of ``subqueues`` wakes this poll, a hidden or delayed
+        message of theirs becomes visible, or ``timeout_s`` passes."""
+        due = self.store.dispatch.next_due(subqueues)
+        if due is not None:
+            timeout_s = min(timeout_s, max(0.0, due - time.time()))
+        future = self._loop.create_future()
+        for sq in subqueues:
+            self._parked[sq].append(future)
+        try:
+            await asyncio.wait_for(future, timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            for sq in subqueues:
+                parked = self._parked.get(sq)
+                if parked and future in parked:
+                    parked.remove(future)
 
     # -- queue operations ------------------------------------------------------
-    async def put(self, subqueue: int, messages: list, auth: Signature | None = None) -> list[str]:
-        account = await self.gate.allow(auth, "put", self.index, [subqueue], subqueue, messages)
-        check_senders(account, messages, self.key_mode)
-        ids = await self._write(subqueue, "put", subqueue, messages)
+    async def put(self, subqueue: int, batch: bytes, auth: Signature | None = None) -> list[str]:
+        """Store a put buffer (:mod:`rayq.core.wire`) durably; the ids in order."""
+        account = await self.gate.allow(auth, "put", self.index, [subqueue], subqueue, batch)
+        sender = None if account == ADMIN else (account, self.key_mode)
+        ids = await self._write(subqueue, "put", subqueue, batch, sender=sender, signed=auth)
         self._ops[subqueue] += len(ids)
         return ids
 
-    async def receive(self, subqueue: int, max_messages: int = 1,
+    async def receive(self, subqueue: int | list[int], max_messages: int = 1,
                       visibility_timeout_s: float | None = None, *, keys=None,
                       max_receives: int | None = None, dead_letter: int | None = None,
-                      wait_s: float = 0.0, exclude=None, auth: Signature | None = None) -> list:
-        """Receive; with ``wait_s`` wait for arrivals (woken by puts, no spinning)."""
+                      wait_s: float = 0.0, exclude=None, auth: Signature | None = None) -> bytes:
+        """Receive from one subqueue, or from the first of several (this shard's
+        subqueues of one queue, in receive order) that has messages. With ``wait_s``
+        the call parks until a put wakes it: one parked call, however many subqueues.
+        The answer is one buffer (:func:`rayq.core.wire.decode_delivered` reads it)."""
+        subqueues = subqueue if isinstance(subqueue, list) else [subqueue]
         await self.gate.allow(auth, "receive", self.index,
-                              [subqueue] + ([dead_letter] if dead_letter is not None else []),
+                              subqueues + ([dead_letter] if dead_letter is not None else []),
                               subqueue, max_messages, visibility_timeout_s, keys, max_receives,
                               dead_letter, wait_s, exclude)
         deadline = self._loop.time() + max(0.0, float(wait_s or 0.0))
+        signed = auth  # its nonce goes with the first round
         while True:
-            got = await self._write(subqueue, "receive", subqueue, max_messages,
-                                    visibility_timeout_s, keys=keys, exclude=exclude,
-                                    max_receives=max_receives, dead_letter=dead_letter)
+            for sq in subqueues:
+                got = await self._write(sq, "receive", sq, max_messages, visibility_timeout_s,
+                                        keys=keys, exclude=exclude, max_receives=max_receives,
+                                        dead_letter=dead_letter, signed=signed)
+                signed = None
+                count = delivered_count(got)
+                self._ops[sq] += max(1, count)
+                if count:
+                    return got
             remaining = deadline - self._loop.time()
-            if got or remaining <= 0:
-                self._ops[subqueue] += max(1, len(got))
+            if remaining <= 0:
                 return got
-            event = self._arrivals.setdefault(subqueue, asyncio.Event())
-            try:
-                await asyncio.wait_for(event.wait(), min(remaining, MAX_WAIT_SLICE_S))
-            except asyncio.TimeoutError:
-                pass
+            await self._park(subqueues, min(remaining, MAX_WAIT_SLICE_S))
 
     async def delete(self, receipts: list[str], auth: Signature | None = None) -> list[str]:
         await self.gate.allow(auth, "delete", self.index, _receipt_subqueues(receipts), receipts)
-        return await self._write(None, "delete", receipts)
+        return await self._write(None, "delete", receipts, signed=auth)
 
     async def change_visibility(self, receipt: str, timeout_s: float,
                                 auth: Signature | None = None) -> str:
         await self.gate.allow(auth, "change_visibility", self.index,
                               _receipt_subqueues([receipt]), receipt, timeout_s)
-        return await self._write(None, "change_visibility", receipt, timeout_s)
+        return await self._write(None, "change_visibility", receipt, timeout_s, signed=auth)
 
     async def defer(self, receipt: str, delay_s: float) -> str:
         return await self._write(None, "defer", receipt, delay_s)
@@ -241,16 +308,24 @@ class ShardActor:
 
     async def clear(self, subqueue: int, auth: Signature | None = None) -> int:
         await self.gate.allow(auth, "clear", self.index, [subqueue], subqueue)
-        return await self._write(subqueue, "clear", subqueue)
+        return await self._write(subqueue, "clear", subqueue, signed=auth)
 
     async def peek(self, subqueue: int, max_messages: int = 1, *, keys=None,
                    auth: Signature | None = None) -> list:
         await self.gate.allow(auth, "peek", self.index, [subqueue], subqueue, max_messages, keys)
+        await self._remember(auth)
         return await self._read(lambda: self.store.peek(subqueue, max_messages, keys=keys))
 
     async def counts(self, subqueues: list[int], auth: Signature | None = None) -> dict[int, int]:
         await self.gate.allow(auth, "counts", self.index, _listed(subqueues), subqueues)
+        await self._remember(auth)
         return await self._read(lambda: {sq: self.store.count(sq) for sq in subqueues})
+
+    async def visibility_counts(self, subqueues: list[int], auth: Signature | None = None
+                                ) -> dict[int, tuple[int, int, int]]:
+        """(visible, in flight, delayed) per subqueue (SQS's approximate counts)."""
+        await self.gate.allow(auth, "visibility_counts", self.index, _listed(subqueues), subqueues)
+        return await self._read(lambda: {sq: self.store.visibility_counts(sq) for sq in subqueues})
 
     async def forget_keys(self) -> None:
         """Account keys changed: verify the next signed request with a fresh copy."""
@@ -267,15 +342,45 @@ class ShardActor:
     async def sweep(self, type_: str, tenant: str, target: int, limit: int) -> int:
         return await self._write(target, "sweep", type_, tenant, target, limit)
 
+    async def spill_left(self, type_: str, tenant: str) -> bool:
+        return await self._read(self.store.spill_left, type_, tenant)
+
     async def move_matching(self, source: int, target: int, type_: str, tenant: str,
                             limit: int, after: bytes | None = None) -> tuple:
         return await self._write(source, "move_matching", source, target, type_, tenant,
                                  limit, after)
 
-    async def health(self) -> tuple[int, bool]:
-        """(messages stored, under memory pressure): what the sweeper checks per batch."""
-        stats = await self._read(self.store.stats)
-        return stats.messages, stats.cache.under_pressure
+    async def health(self, subqueue: int) -> tuple[int, bool]:
+        """(messages in ``subqueue``, under memory pressure): what the sweeper checks
+        before each batch it moves into ``subqueue`` (seed 001: the target queue's depth)."""
+        return await self._read(lambda: (self.store.count(subqueue),
+                                         self.store.cache.stats().under_pressure))
+
+    # -- clearing ----------------------------------------------------------------------
+    async def purge(self, subqueues: list[int]) -> None:
+        """Remove subqueues in the background (a cleared or deleted queue's): they are
+        disabled and count nothing from now on; the rows go PURGE_ROWS at a time."""
+        await self._read(self.store.purge, subqueues)
+        for sq in subqueues:
+            self._wake(sq, len(self._parked.get(sq, ())))  # they find it disabled at once
+
+    async def _purge_forever(self) -> None:
+        """Bounded transactions, one after another while there is work (interleaved with
+        group commits on the store thread); a restarted shard resumes from its marks."""
+        while True:
+            busy = bool(self.store.purging)
+            await asyncio.sleep(PURGE_PAUSE_S if busy else EXPIRY_INTERVAL_S)
+            if not busy:
+                continue
+            try:
+                finished = await self._read(self._purge_step)
+                self._notify(finished)
+            except Exception:  # keep going: the marks persist, the next step retries
+                log.exception("shard %d background removal failed", self.index)
+
+    def _purge_step(self) -> list:
+        self.store.purge_some(PURGE_ROWS)
+        return self.store.take_finished()
 
     async def flood_snapshot(self) -> dict:
         """What the flood detector needs: counts per (kind, subqueue, type, tenant),
@@ -295,6 +400,7 @@ class ShardActor:
                                         subqueues)
         if subqueues is None and account != ADMIN:
             raise AuthError("an account reads the depths of its own subqueues only")
+        await self._remember(auth)
         depths = await self._read(self.store.depths)
         if subqueues is None:
             return depths
@@ -306,9 +412,25 @@ class ShardActor:
 
     async def stats(self, auth: Signature | None = None) -> ShardStats:
         check_admin(await self.gate.account(auth, "", "stats"), "shard statistics")
+        await self._remember(auth)
         store_stats = await self._read(self.store.stats)
         return ShardStats(self.index, store_stats, self._commits, self._calls,
-                          dict(self._ops), dict(self._throttled))
+                          dict(self._ops), dict(self._throttled), await self._queue_counts(),
+                          self.failures.total)
+
+    async def _queue_counts(self) -> dict[str, int]:
+        """Messages here per queue by unambiguous name; empty while the manager is away
+        (statistics never wait for it to come back)."""
+        try:
+            places = await self.gate.places()
+        except (ValueError, ray.exceptions.RayError):
+            return {}
+        mine = {sq: p.queue for sq, p in places.items() if p.shard == self.index}
+        counts = await self._read(lambda: {sq: self.store.count(sq) for sq in mine})
+        queues: Counter[str] = Counter()
+        for sq, n in counts.items():
+            queues[mine[sq]] += n
+        return dict(queues)
 
     async def process(self) -> dict:
         """The shard process's pid and memory: resident in all, and private (anonymous)
@@ -324,6 +446,7 @@ class ShardActor:
     async def flush_events(self, auth: Signature | None = None) -> int:
         """Write buffered events now (``client.report`` does this first)."""
         await self.gate.admin(auth, "flush_events")
+        await self._remember(auth)
         if self.events is None:
             return 0
         await self._collect_events()
@@ -331,6 +454,28 @@ class ShardActor:
 
     async def ping(self) -> int:
         return self.index
+
+    async def noisy(self, auth: Signature | None = None) -> list[NoisyKey]:
+        """The keys this shard's fair dispatch treats as noisy, and since when (admin)."""
+        check_admin(await self.gate.account(auth, "", "noisy"), "noisy keys")
+        return await self._read(self.store.noisy)
+
+    async def _review_dispatch_forever(self) -> None:
+        """Fair dispatch: mark keys noisy or quiet about once a second; log the changes."""
+        while True:
+            await asyncio.sleep(REVIEW_INTERVAL_S)
+            try:
+                changes = await self._read(self.store.review_dispatch)
+            except Exception:  # a bug here must not stop the shard: log, go on
+                log.exception("shard %d fair-dispatch review failed", self.index)
+                continue
+            for change in changes:
+                log.info("shard %d: key %r of subqueue %d is %s (%s)", self.index, change.key,
+                         change.subqueue, "noisy" if change.noisy else "quiet", change.reason)
+                if self.events is not None:
+                    self.events.append("noisy", change.at, subqueue=change.subqueue,
+                                       key=change.key, detail=change.reason,
+                                       outcome="noisy" if change.noisy else "quiet")
 
     async def _collect_expired_forever(self) -> None:
         """Housekeeping: collect expired messages, then refresh the metrics."""
@@ -340,8 +485,8 @@ class ShardActor:
                 await self._write(None, "collect_expired", 10_000)
                 stats, depths = await self._read(lambda: (self.store.stats(), self.store.depths()))
                 self.metrics.update(stats, depths)
-            except RayqError:
-                pass  # overloaded: try again next round
+            except RayqError as err:  # overloaded: try again next round
+                self.failures.record("housekeeping", err)
             except Exception:  # metrics must never stop housekeeping
                 log.exception("shard %d housekeeping failed", self.index)
 

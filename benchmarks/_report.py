@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import psutil
 from rich.console import Console
@@ -19,18 +22,43 @@ def machine() -> dict:
 
 
 def report(name: str, rows: list[dict], extra: dict | None = None) -> None:
-    """rows: dicts with figure, value, unit, baseline, baseline_value (baseline from the same run)."""
+    """rows: dicts with figure, value, unit, baseline, baseline_value (baseline from the same
+    run) and optionally target (the ratio to reach, as text); a missing value prints "-"."""
     table = Table(title=f"rayq benchmark: {name}")
-    for column in ("figure", "value", "unit", "baseline", "baseline value", "ratio"):
-        table.add_column(column, justify="right" if column not in ("figure", "baseline") else "left")
+    columns = ["figure", "value", "unit", "baseline", "baseline value", "ratio"]
+    targets = any("target" in row for row in rows)
+    for column in columns + (["target"] if targets else []):
+        table.add_column(column, justify="left" if column in ("figure", "baseline") else "right")
     for row in rows:
-        base = row.get("baseline_value")
-        ratio = f"{row['value'] / base:.2f}" if base else "-"
-        table.add_row(row["figure"], f"{row['value']:,.1f}", row["unit"], row.get("baseline", "-"),
-                      f"{base:,.1f}" if base else "-", ratio)
+        value, base = row.get("value"), row.get("baseline_value")
+        ratio = f"{value / base:.2f}" if value is not None and base else "-"
+        cells = [row["figure"], f"{value:,.1f}" if value is not None else "-", row["unit"],
+                 row.get("baseline", "-"), f"{base:,.1f}" if base else "-", ratio]
+        table.add_row(*cells, *([row.get("target", "-")] if targets else []))
     Console().print(table)
     print(json.dumps({"benchmark": name, "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
                       "machine": machine(), "figures": rows, **(extra or {})}))
+
+
+def cpu_by_process() -> dict[tuple[str, int], float]:
+    """CPU seconds so far of this process ("driver") and every live descendant (the Ray
+    runtime, redis-server, Dramatiq workers), by (short name or process title, pid)."""
+    out = {}
+    for process in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+        try:
+            title = "driver" if process.pid == os.getpid() else process.cmdline()[0]
+            times = process.cpu_times()
+        except (psutil.Error, IndexError):
+            continue  # ended meanwhile
+        short = os.path.basename(title.split()[0]).split(".")[0]
+        out[(short, process.pid)] = times.user + times.system
+    return out
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds so far of the whole run (see :func:`cpu_by_process`): what it costs the
+    machine, which other load on it does not change the way it changes throughput."""
+    return sum(cpu_by_process().values())
 
 
 class Timer:
@@ -54,3 +82,38 @@ def run_threads(fn: Callable[[int], None], n: int, seconds: float, stop: threadi
     for th in threads:
         th.join()
     return time.perf_counter() - start
+
+
+def join_threads(fn: Callable[[int], None], n: int) -> float:
+    """Run ``fn(i)`` once on each of ``n`` threads until all return; the seconds taken."""
+    threads = [threading.Thread(target=fn, args=(i,)) for i in range(n)]
+    with Timer() as t:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    return t.seconds
+
+
+def rate_on_threads(op: Callable[[int], Any], n: int, seconds: float) -> float:
+    """Call ``op(i)`` in a loop on each of ``n`` threads for ``seconds``; calls per second."""
+    counts, stop = [0] * n, threading.Event()
+
+    def loop(i: int) -> None:
+        while not stop.is_set():
+            op(i)
+            counts[i] += 1
+
+    ran_s = run_threads(loop, n, seconds, stop)
+    return sum(counts) / ran_s
+
+
+def submit_then_wait(submit: Callable[[int], Any], wait: Callable[[Sequence], Any], count: int,
+                     threads: int) -> float:
+    """Submit ``count`` items (``submit(i)``) from ``threads`` threads, then ``wait`` for all
+    their handles; items per second over both."""
+    with Timer() as t:
+        with ThreadPoolExecutor(threads) as pool:
+            handles = list(pool.map(submit, range(count)))
+        wait(handles)
+    return count / t.seconds

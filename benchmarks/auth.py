@@ -7,7 +7,10 @@ account) client, measured in the same run:
 - single durable send() from 4 producer threads (a signature per send);
 - send_batch of 500 messages (one signature over all 500);
 - receive -> delete round trips, one message at a time;
-- verifications per second of the pure verifier, beside bare HMAC-SHA256.
+- count() calls (a signed read waits for its nonce's group commit);
+- verifications per second of the pure verifier, beside bare HMAC-SHA256;
+- durable nonces alone: LMDB group commits of 8 puts with their 8 nonces written in
+  the same transaction, beside the same commits without nonces.
 """
 
 from __future__ import annotations
@@ -28,7 +31,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _report import Timer, report, run_threads  # noqa: E402
 
 import rayq  # noqa: E402
+from rayq.config import StoreConfig  # noqa: E402
+from rayq.core import nonces  # noqa: E402
 from rayq.core.auth import Accounts, Signer, Verifier, request_body  # noqa: E402
+from rayq.core.wire import encode_messages  # noqa: E402
+from rayq.core.model import NewMessage, encode_body  # noqa: E402
+from rayq.core.store import open_store  # noqa: E402
 from rayq.testing import MemoryKV  # noqa: E402
 
 BATCH = 500
@@ -66,6 +74,35 @@ def round_trips(client: rayq.Client, queue: str, n: int = 300) -> float:
     return n / t.seconds
 
 
+def counts(client: rayq.Client, queue: str, n: int = 300) -> float:
+    q = client.queue(queue)
+    with Timer() as t:
+        for _ in range(n):
+            q.count()
+    return n / t.seconds
+
+
+def nonce_commits(root: str, n: int = 200, calls: int = 8) -> tuple[float, float]:
+    """(group commits/s with each call's nonce in the transaction, commits/s without)."""
+    signer = Signer("acme", Accounts(MemoryKV()).create("acme"))
+    message = encode_messages([NewMessage(encode_body(BODY, 1 << 20), "acme", "default",
+                                          "default")])
+    store = open_store(os.path.join(root, "nonce-store"), config=StoreConfig())
+    rates = []
+    try:
+        for with_nonces in (True, False):
+            with Timer() as t:
+                for _ in range(n):
+                    keys = [nonces.nonce_key(signer.sign("q", "put", i)) for i in range(calls)]
+                    also = (lambda txn, keys=keys: nonces.remember(txn, keys, time.time())
+                            ) if with_nonces else None
+                    store.group([("put", (1, message), {})] * calls, also)
+            rates.append(n / t.seconds)
+    finally:
+        store.close()
+    return rates[0], rates[1]
+
+
 def verifications(n: int = 20_000) -> tuple[float, float]:
     accounts = Accounts(MemoryKV())
     signer = Signer("acme", accounts.create("acme"))
@@ -94,16 +131,25 @@ def main() -> None:
         signed = rayq.connect(account="bench", key=admin.create_account("bench"))
         admin.create_queue("plain", max_receives=None)
         signed.create_queue("signed", max_receives=None)
-        figures = {}
-        for name, client, queue in (("unsigned", admin, "plain"), ("signed", signed, "signed")):
-            figures[name] = (single_sends(client, queue, args.seconds),
-                             batches(client, queue, args.batches), round_trips(client, queue))
+        for client, queue in ((admin, "plain"), (signed, "signed")):  # warm-up, not measured
+            single_sends(client, queue, 1.0), counts(client, queue, 20)
+        sides = [("unsigned", admin, "plain"), ("signed", signed, "signed")]
+        runs: dict[str, list] = {name: [] for name, _, _ in sides}
+        for r in range(2):  # two rounds; each side goes first once, the mean is reported
+            for name, client, queue in (sides if r == 0 else sides[::-1]):
+                runs[name].append((single_sends(client, queue, args.seconds / 2),
+                                   batches(client, queue, max(1, args.batches // 2)),
+                                   round_trips(client, queue), counts(client, queue)))
+        figures = {name: tuple(sum(col) / len(col) for col in zip(*rows))
+                   for name, rows in runs.items()}
         per_s, bare = verifications()
+        with_nonces, without = nonce_commits(root)
     finally:
         rayq.shutdown()
         ray.shutdown()
         shutil.rmtree(root, ignore_errors=True)
-    (s_send, s_batch, s_trip), (u_send, u_batch, u_trip) = figures["signed"], figures["unsigned"]
+    (s_send, s_batch, s_trip, s_count), (u_send, u_batch, u_trip, u_count) = (
+        figures["signed"], figures["unsigned"])
     rows = [
         {"figure": "send() x4 producers, signed", "value": s_send, "unit": "msg/s",
          "baseline": "unsigned", "baseline_value": u_send},
@@ -111,8 +157,12 @@ def main() -> None:
          "baseline": "unsigned", "baseline_value": u_batch},
         {"figure": "receive -> delete, signed", "value": s_trip, "unit": "trips/s",
          "baseline": "unsigned", "baseline_value": u_trip},
+        {"figure": "count(), signed (nonce committed)", "value": s_count, "unit": "calls/s",
+         "baseline": "unsigned", "baseline_value": u_count},
         {"figure": "verifications (pure Python)", "value": per_s, "unit": "per s",
          "baseline": "bare HMAC-SHA256 + compare", "baseline_value": bare},
+        {"figure": "group commits of 8 puts + 8 nonces", "value": with_nonces, "unit": "commits/s",
+         "baseline": "same commits, no nonces", "baseline_value": without},
     ]
     report("auth", rows, {"batch": BATCH, "body_bytes": len(BODY), "seconds": args.seconds})
 

@@ -21,7 +21,8 @@ import time
 import ray
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _report import Timer, report  # noqa: E402
+from _peers import plain_ray_tasks  # noqa: E402
+from _report import report, submit_then_wait  # noqa: E402
 
 import rayq  # noqa: E402
 from rayq.config import Config, ConsumerConfig  # noqa: E402
@@ -32,26 +33,10 @@ def noop(i):
     return i
 
 
-@ray.remote(num_cpus=0)
-def plain_noop(i):
-    return i
-
-
-def tiny_task_throughput(client, tasks: int) -> float:
-    from concurrent.futures import ThreadPoolExecutor
-
+def tiny_task_throughput(client, tasks: int, threads: int = 8) -> float:
+    """Durable tiny tasks per second: submitted from ``threads`` threads, then ray.get of all."""
     ray.get(client.submit(noop, -1))  # register and warm up
-    with Timer() as t, ThreadPoolExecutor(8) as pool:
-        refs = list(pool.map(lambda i: client.submit(noop, i), range(tasks)))
-        ray.get(refs)
-    return tasks / t.seconds
-
-
-def plain_ray_tasks(tasks: int) -> float:
-    ray.get([plain_noop.remote(i) for i in range(100)])
-    with Timer() as t:
-        ray.get([plain_noop.remote(i) for i in range(tasks)])
-    return tasks / t.seconds
+    return submit_then_wait(lambda i: client.submit(noop, i), ray.get, tasks, threads)
 
 
 def _counters(client) -> tuple[int, int]:
@@ -93,7 +78,7 @@ def main() -> None:
     client = rayq.start(data_dir=tempfile.mkdtemp(prefix="rayq-bench-"), config=config)
     try:
         tasks_per_s = tiny_task_throughput(client, args.tasks)
-        ray_per_s = plain_ray_tasks(args.tasks)
+        ray_per_s = plain_ray_tasks(args.tasks, threads=1)
         balanced = polling(client, args.seconds, args.rate, fixed=None)
         fixed = polling(client, args.seconds, args.rate, fixed=config.consumers.max_load)
     finally:

@@ -1,15 +1,22 @@
-"""Fair dispatch: Jain's index of usage share among backlogged keys, waits, overhead.
+"""Fair dispatch: quiet tenants during a noisy burst, weighted shares, seed 000's intervention.
 
-    python benchmarks/fairness.py [--scale 1.0]
+    python benchmarks/fairness.py [--scale 1.0] [--only burst,weights,intervention,overhead]
 
-Three job types stay backlogged together: "heavy" (0.2 s handlers) and two
-"light" ones (0.02 s). Plain FIFO gives heavy most of the thread time; the
-coordinator (2 s windows, 0.5 s interval, 1 s latency threshold) should
-intervene and even it out. Printed beside the FIFO baseline of the same run:
-- Jain's fairness index of usage share per window among backlogged keys,
-  from two windows after intervention starts (design target: >= 0.9);
-- per-type wait p50 / p99;
-- tiny-task throughput with the coordinator on (its overhead).
+1. Burst (issue 14's scenario, default thresholds): FairnessConfig(key="tenant"), 2
+   consumers; three quiet tenants each submit one 20 ms task every 0.5 s for 20 s;
+   dwell = handler start - submit. Quiet tenants' p50/p99 dwell alone, during a
+   noisy tenant's burst of 1 500 tasks of 200 ms with rayq's fair dispatch, and
+   during the same burst with plain FIFO dispatch; and the noisy tenant's
+   throughput in the window, fair beside FIFO. Target: p99 during the burst <= 2x
+   p99 alone + one noisy handler (0.2 s); noisy throughput >= 0.9x FIFO's.
+2. Weights: tenants gold (weight 4) and free (weight 1) both backlogged with 50 ms
+   tasks; gold's share of handler time while both are backlogged (target 0.8 +- 10 %).
+3. Intervention (seed 000, scaled: 2 s windows, 0.5 s interval, 1 s latency
+   threshold): three job types backlogged together, "heavy" (0.2 s) flooding first.
+   Jain's index of usage share among backlogged keys, from two windows after the
+   intervention starts, beside FIFO (no coordinator, FIFO dispatch) over the same
+   windows; per-type waits.
+4. Overhead: tiny-task throughput with fairness on beside fairness off.
 """
 
 from __future__ import annotations
@@ -71,6 +78,99 @@ def tiny(i):
     return i
 
 
+@rayq.task(type="job")
+def timed_job(seconds):
+    """Sleeps like a handler that waits on I/O; returns (started, ended) wall times."""
+    started = time.time()
+    time.sleep(seconds)
+    return started, time.time()
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+# -- 1. quiet tenants during a noisy burst ------------------------------------------------
+QUIET_TENANTS, QUIET_EVERY_S, QUIET_TASK_S = ("quiet-a", "quiet-b", "quiet-c"), 0.5, 0.02
+NOISY_TASKS, NOISY_TASK_S = 1500, 0.2
+
+
+def burst_run(dispatch: str, noisy: bool, scale: float) -> dict:
+    """Quiet tenants' dwell times (and the noisy tenant's rate) under default settings."""
+    config = Config(fairness=FairnessConfig(key="tenant", dispatch=dispatch))
+    client = rayq.start(data_dir=tempfile.mkdtemp(prefix="rayq-burst-"), config=config)
+    ray.get([client.submit(timed_job, 0.0, tenant=t) for t in QUIET_TENANTS])  # warm
+    noisy_refs = []
+    if noisy:
+        with ThreadPoolExecutor(8) as pool:
+            noisy_refs = list(pool.map(lambda _: client.submit(timed_job, NOISY_TASK_S,
+                                                               tenant="noisy"),
+                                       range(int(NOISY_TASKS * scale))))
+    window_s = 20.0 * scale
+    submitted: list[tuple[float, object]] = []
+    t0 = time.time()
+    ticks = int(window_s / QUIET_EVERY_S)
+    noisy_marked: set[str] = set()
+    for tick in range(ticks):
+        time.sleep(max(0.0, t0 + tick * QUIET_EVERY_S - time.time()))
+        for tenant in QUIET_TENANTS:
+            submitted.append((time.time(), client.submit(timed_job, QUIET_TASK_S, tenant=tenant)))
+        if tick == ticks // 2:  # what the shards treat as noisy mid-burst
+            noisy_marked = {k.key for k in client.fairness().noisy}
+    dwell = [started - at for at, (started, _) in zip(
+        (at for at, _ in submitted), ray.get([ref for _, ref in submitted]))]
+    noisy_spans = ray.get(noisy_refs)
+    t1 = t0 + window_s
+    noisy_rate = sum(1 for started, _ in noisy_spans if t0 <= started < t1) / window_s
+    rayq.shutdown()
+    return {"p50": percentile(dwell, 0.5), "p99": percentile(dwell, 0.99),
+            "noisy_per_s": noisy_rate, "noisy_marked_mid_burst": sorted(noisy_marked)}
+
+
+def burst(scale: float) -> tuple[list[dict], dict]:
+    alone = burst_run("fair", noisy=False, scale=scale)
+    fair = burst_run("fair", noisy=True, scale=scale)
+    fifo = burst_run("fifo", noisy=True, scale=scale)
+    target = 2 * alone["p99"] + NOISY_TASK_S
+    rows = [
+        {"figure": "quiet dwell p50, burst, fair dispatch", "value": fair["p50"], "unit": "s",
+         "baseline": "alone", "baseline_value": alone["p50"]},
+        {"figure": "quiet dwell p99, burst, fair dispatch", "value": fair["p99"], "unit": "s",
+         "baseline": "alone", "baseline_value": alone["p99"]},
+        {"figure": "quiet dwell p99, burst, fair dispatch", "value": fair["p99"], "unit": "s",
+         "baseline": "target: 2x alone + 0.2 s", "baseline_value": target},
+        {"figure": "quiet dwell p50, burst, FIFO dispatch", "value": fifo["p50"], "unit": "s",
+         "baseline": "alone", "baseline_value": alone["p50"]},
+        {"figure": "quiet dwell p99, burst, FIFO dispatch", "value": fifo["p99"], "unit": "s",
+         "baseline": "alone", "baseline_value": alone["p99"]},
+        {"figure": "noisy tenant tasks/s in the window, fair", "value": fair["noisy_per_s"],
+         "unit": "tasks/s", "baseline": "FIFO", "baseline_value": fifo["noisy_per_s"]},
+    ]
+    return rows, {"burst": {"alone": alone, "fair": fair, "fifo": fifo}}
+
+
+# -- 2. weighted shares ----------------------------------------------------------------------
+def weights_run(scale: float) -> tuple[list[dict], dict]:
+    """gold (weight 4) and free (weight 1) backlogged together: gold's handler-time share."""
+    config = Config(fairness=FairnessConfig(key="tenant", weights={"gold": 4}))
+    client = rayq.start(data_dir=tempfile.mkdtemp(prefix="rayq-weights-"), config=config)
+    n = int(1200 * scale)
+    with ThreadPoolExecutor(8) as pool:
+        refs = {t: list(pool.map(lambda _, t=t: client.submit(timed_job, 0.05, tenant=t),
+                                 range(n))) for t in ("gold", "free")}
+    spans = {t: ray.get(r) for t, r in refs.items()}
+    rayq.shutdown()
+    both_until = min(max(end for _, end in spans[t]) for t in spans)  # one drained then
+    start = max(min(s for s, _ in spans[t]) for t in spans)
+    used = {t: sum(max(0.0, min(e, both_until) - max(s, start)) for s, e in spans[t])
+            for t in spans}
+    share = used["gold"] / (used["gold"] + used["free"])
+    return [{"figure": "gold's share of handler time (weights gold 4, free 1)", "value": share,
+             "unit": "share", "baseline": "weight share (target within 10 %)",
+             "baseline_value": 0.8}], {"weights": {"used_s": used, "span_s": both_until - start}}
+
+
 def jain(values: list[float]) -> float:
     total, squares = sum(values), sum(v * v for v in values)
     return total * total / (len(values) * squares) if squares else 1.0
@@ -90,9 +190,11 @@ def usage_per_window(spans, t0: float, until: float) -> list[dict[str, float]]:
 
 
 def contended_run(enabled: bool, scale: float) -> dict:
-    # No booster consumers here: both runs get the same threads.
+    # No booster consumers here: both runs get the same threads. The baseline is plain
+    # FIFO: no coordinator and FIFO dispatch in the shards.
     fairness = FairnessConfig(enabled=enabled, window_s=WINDOW_S, windows=6,
-                              latency_threshold_s=1.0, interval_s=0.5, max_boost_consumers=0)
+                              latency_threshold_s=1.0, interval_s=0.5, max_boost_consumers=0,
+                              dispatch="fair" if enabled else "fifo")
     client = rayq.start(data_dir=tempfile.mkdtemp(prefix="rayq-fair-"), consumers=0,
                         config=Config(consumers=CONSUMERS, fairness=fairness))
     spans = Spans.options(name="bench-spans", namespace="rayq-bench").remote()
@@ -128,7 +230,8 @@ def contended_run(enabled: bool, scale: float) -> dict:
 
 
 def tiny_throughput(enabled: bool, tasks: int) -> float:
-    fairness = FairnessConfig(enabled=enabled, interval_s=0.5)
+    fairness = FairnessConfig(enabled=enabled, interval_s=0.5,
+                              dispatch="fair" if enabled else "fifo")
     client = rayq.start(data_dir=tempfile.mkdtemp(prefix="rayq-fair-"),
                         config=Config(consumers=ConsumerConfig(count=2), fairness=fairness))
     ray.get(client.submit(tiny, -1))
@@ -138,21 +241,20 @@ def tiny_throughput(enabled: bool, tasks: int) -> float:
     return tasks / t.seconds
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--scale", type=float, default=1.0)
-    parser.add_argument("--tasks", type=int, default=2000)
-    args = parser.parse_args()
-    ray.init(namespace="rayq", include_dashboard=False, log_to_driver=False)
-    fifo, fair = contended_run(False, args.scale), contended_run(True, args.scale)
-    fifo_rate, fair_rate = tiny_throughput(False, args.tasks), tiny_throughput(True, args.tasks)
+def intervention(scale: float) -> tuple[list[dict], dict]:
+    fifo, fair = contended_run(False, scale), contended_run(True, scale)
+    # Both indexes over the same windows: from two windows after the fair run's
+    # intervention started (counted from each run's start), while all were backlogged.
+    skip = int(((fair["intervened_after_s"] or 0.0) + 2 * WINDOW_S) // WINDOW_S)
+    fair_after, fifo_after = fair["jain"][skip:], fifo["jain"][skip:]
     mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
     rows = [
-        {"figure": "Jain's index, mean over backlogged windows (2 windows after intervention)",
-         "value": mean(fair["jain_after"]), "unit": "index", "baseline": "FIFO, all windows",
-         "baseline_value": mean(fifo["jain"])},
-        {"figure": "Jain's index, worst such window", "value": min(fair["jain_after"], default=0.0),
-         "unit": "index", "baseline": "FIFO, worst window", "baseline_value": min(fifo["jain"], default=0.0)},
+        {"figure": "Jain's index, mean over backlogged windows from 2 after intervention",
+         "value": mean(fair_after), "unit": "index", "baseline": "FIFO, same windows",
+         "baseline_value": mean(fifo_after)},
+        {"figure": "Jain's index, worst such window", "value": min(fair_after, default=0.0),
+         "unit": "index", "baseline": "FIFO, same windows",
+         "baseline_value": min(fifo_after, default=0.0)},
     ]
     for kind in ("heavy", "light-a", "light-b"):
         for q in ("p50", "p99"):
@@ -160,11 +262,33 @@ def main() -> None:
             rows.append({"figure": f"{kind} wait {q}", "value": getattr(fair["waits"][kind], field),
                          "unit": "s", "baseline": "FIFO",
                          "baseline_value": getattr(fifo["waits"][kind], field)})
-    rows.append({"figure": "tiny tasks with the coordinator on", "value": fair_rate,
-                 "unit": "tasks/s", "baseline": "fairness off", "baseline_value": fifo_rate})
-    report("fairness", rows, {"jain_per_window_fair": fair["jain"], "jain_per_window_fifo": fifo["jain"],
-                              "intervened_after_s": fair["intervened_after_s"], "window_s": WINDOW_S,
-                              "scale": args.scale})
+    return rows, {"jain_per_window_fair": fair["jain"], "jain_per_window_fifo": fifo["jain"],
+                  "intervened_after_s": fair["intervened_after_s"], "window_s": WINDOW_S}
+
+
+def overhead(tasks: int) -> tuple[list[dict], dict]:
+    fifo_rate, fair_rate = tiny_throughput(False, tasks), tiny_throughput(True, tasks)
+    return [{"figure": "tiny tasks with fairness on", "value": fair_rate, "unit": "tasks/s",
+             "baseline": "fairness off, FIFO dispatch", "baseline_value": fifo_rate}], {}
+
+
+SCENARIOS = {"burst": burst, "weights": weights_run, "intervention": intervention}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--tasks", type=int, default=2000)
+    parser.add_argument("--only", default="burst,weights,intervention,overhead")
+    args = parser.parse_args()
+    ray.init(namespace="rayq", include_dashboard=False, log_to_driver=False)
+    rows, extra = [], {"scale": args.scale}
+    for name in args.only.split(","):
+        part_rows, part_extra = (overhead(args.tasks) if name == "overhead"
+                                 else SCENARIOS[name](args.scale))
+        rows += part_rows
+        extra.update(part_extra)
+    report("fairness", rows, extra)
 
 
 if __name__ == "__main__":

@@ -6,32 +6,36 @@ Each figure is printed beside a baseline measured in the same run:
 - end-to-end (send_batch -> receive -> delete_batch, fsync on) beside the
   ceiling: raw batched Ray actor calls and raw batched LMDB puts;
 - single durable send() from 8 producers beside ray.util.queue.Queue.put;
-- receive p50/p99 with --deep messages queued beside 1 000 queued;
-- shard RSS with --deep messages queued beside the cache budget + 150 MB.
+- receive p50/p99 with --deep messages queued beside 1 000 queued in the same queue;
+- the shard's private memory (RSS less file-backed and shared pages) with --deep
+  messages queued beside the cache budget + 150 MiB.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 
+import psutil
 import ray
-from ray.util.queue import Queue as RayQueue
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _report import Timer, report, run_threads  # noqa: E402
+from _peers import BATCH, BODY, ray_queue_puts  # noqa: E402
+from _report import Timer, join_threads, rate_on_threads, report  # noqa: E402
 from store import raw_lmdb_puts  # noqa: E402
 
 import rayq  # noqa: E402
+from actors import NAMESPACE, shard_name  # noqa: E402
 
-BATCH = 500
-BODY = "x" * 200
+SHALLOW = 1000
+LATENCY_SAMPLES = 300
+WARM_UP_RECEIVES = 50
 
 
 @ray.remote(num_cpus=0)
@@ -51,56 +55,41 @@ def raw_actor_calls(messages: int) -> float:
 
 
 def end_to_end(client: rayq.Client, messages: int, pipelines: int = 2) -> float:
+    """Messages per second through ``pipelines`` threads of send_batch(500) -> receive(500)
+    -> delete_batch on one queue of ``pipelines`` subqueues."""
     client.create_queue("bench-e2e", subqueues=pipelines, max_receives=None)
     batch = [rayq.Outgoing(BODY, tenant=f"t{i % 4}", type=f"k{i % 3}") for i in range(BATCH)]
+    queues = [rayq.connect().queue("bench-e2e") for _ in range(pipelines)]
 
-    def pipeline(share: int):
-        q = rayq.connect().queue("bench-e2e")
-        for _ in range(share // BATCH):
+    def pipeline(i: int):
+        q = queues[i]
+        for _ in range(messages // pipelines // BATCH):
             q.send_batch(batch)
             got = q.receive(max_messages=BATCH, visibility_timeout_s=60)
             if got:
                 q.delete_batch([m.receipt for m in got])
 
-    threads = [threading.Thread(target=pipeline, args=(messages // pipelines,)) for _ in range(pipelines)]
-    with Timer() as t:
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+    start = time.perf_counter()
+    join_threads(pipeline, pipelines)
     q = client.queue("bench-e2e")
     while q.count():  # what the pipelines left is part of the work
         got = q.receive(max_messages=BATCH, visibility_timeout_s=60)
         q.delete_batch([m.receipt for m in got])
-    return messages / (time.perf_counter() - t.start)
+    return messages / (time.perf_counter() - start)
 
 
-def concurrent_sends(seconds: float, producers: int = 8) -> tuple[float, float]:
-    rayq.connect().create_queue("bench-send", max_receives=None)
-    counts = [0] * producers
-    stop = threading.Event()
-
-    def send(i: int):
-        q = rayq.connect().queue("bench-send")
-        while not stop.is_set():
-            q.send(BODY, tenant=f"t{i}")
-            counts[i] += 1
-
-    mine = run_threads(send, producers, seconds, stop)
-    rq = RayQueue(actor_options={"num_cpus": 0})
-    counts_b = [0] * producers
-    stop_b = threading.Event()
-
-    def put(i: int):
-        while not stop_b.is_set():
-            rq.put(BODY)
-            counts_b[i] += 1
-
-    base = run_threads(put, producers, seconds, stop_b)
-    return sum(counts) / mine, sum(counts_b) / base
+def concurrent_sends(seconds: float, producers: int = 8) -> float:
+    """Durable single send() calls per second from ``producers`` threads sharing one
+    client, as a threaded producer holds one (its sends coalesce into shared puts, the
+    way redis-py threads share one server's fsync)."""
+    queue = rayq.connect().create_queue("bench-send", max_receives=None)
+    return rate_on_threads(lambda i: queue.send(BODY, tenant=f"t{i}"), producers, seconds)
 
 
-def receive_latency(q: rayq.Queue, samples: int = 300) -> tuple[float, float]:
+def receive_latency(q: rayq.Queue, samples: int = LATENCY_SAMPLES) -> tuple[float, float]:
+    """(p50, p99) in ms of single receives, after WARM_UP_RECEIVES untimed ones."""
+    for _ in range(WARM_UP_RECEIVES):
+        q.receive(visibility_timeout_s=600)
     times = []
     for _ in range(samples):
         t0 = time.perf_counter()
@@ -111,9 +100,77 @@ def receive_latency(q: rayq.Queue, samples: int = 300) -> tuple[float, float]:
 
 
 def fill(q: rayq.Queue, n: int) -> None:
+    """Send at least ``n`` messages, in whole batches of BATCH."""
     batch = [rayq.Outgoing(BODY, tenant=f"t{i % 4}", type=f"k{i % 3}") for i in range(BATCH)]
-    for _ in range(n // BATCH):
+    for _ in range(-(-n // BATCH)):
         q.send_batch(batch)
+
+
+def shard_memory(index: int) -> dict:
+    """A shard process's memory: RSS, private (RSS less file-backed and shared pages, as
+    the shard reports it) and USS (pages only it maps, read here with psutil; that
+    includes the LMDB file pages no other process maps, so it overstates what the
+    shard allocated)."""
+    process = ray.get(ray.get_actor(shard_name(index), namespace=NAMESPACE).process.remote())
+    uss = psutil.Process(process["pid"]).memory_full_info().uss
+    return {**process, "uss_bytes": uss}
+
+
+def depth_figures(client: rayq.Client, deep: int) -> dict:
+    """Receive p50/p99 with SHALLOW then ``deep`` messages queued in the same queue, each
+    after the same warm-up; the queue's shard memory before and after filling, and how
+    long filling took."""
+    q = client.create_queue("bench-depth", max_receives=None)
+    [subqueue] = q.stats().subqueues
+    fill(q, SHALLOW + WARM_UP_RECEIVES + LATENCY_SAMPLES)
+    p50_shallow, p99_shallow = receive_latency(q)
+    memory_before = shard_memory(subqueue["shard"])
+    with Timer() as t_fill:
+        fill(q, deep - q.count())
+    memory_deep = shard_memory(subqueue["shard"])
+    p50_deep, p99_deep = receive_latency(q)
+    return {"p50_shallow_ms": p50_shallow, "p99_shallow_ms": p99_shallow,
+            "p50_deep_ms": p50_deep, "p99_deep_ms": p99_deep, "memory_before": memory_before,
+            "memory_deep": memory_deep, "fill_s": t_fill.seconds, "deep": q.count()}
+
+
+def depth_rows(depth: dict, budget_bytes: int, targets: bool = False) -> list[dict]:
+    """The table rows of :func:`depth_figures`, with the issue's targets if ``targets``."""
+    mib, deep = 1 << 20, depth["deep"]
+    ceiling = {"baseline": "cache budget + 150 MiB", "baseline_value": budget_bytes / mib + 150,
+               **({"target": "<= 1.00"} if targets else {})}
+    return [
+        {"figure": f"receive p50, {deep:,} queued", "value": depth["p50_deep_ms"], "unit": "ms",
+         "baseline": f"p50, {SHALLOW:,} queued, same queue",
+         "baseline_value": depth["p50_shallow_ms"], **({"target": "<= 1.25"} if targets else {})},
+        {"figure": f"receive p99, {deep:,} queued", "value": depth["p99_deep_ms"], "unit": "ms",
+         "baseline": f"p99, {SHALLOW:,} queued, same queue",
+         "baseline_value": depth["p99_shallow_ms"], **({"target": "<= 2.00"} if targets else {})},
+        {"figure": f"shard private memory (RSS - shared), {deep:,} queued",
+         "value": depth["memory_deep"]["private_bytes"] / mib, "unit": "MiB", **ceiling},
+        {"figure": f"shard USS (incl. LMDB pages only it maps), {deep:,} queued",
+         "value": depth["memory_deep"]["uss_bytes"] / mib, "unit": "MiB"},
+        {"figure": f"shard RSS incl. LMDB file pages, {deep:,} queued",
+         "value": depth["memory_deep"]["rss_bytes"] / mib, "unit": "MiB"},
+        {"figure": "shard private memory before filling",
+         "value": depth["memory_before"]["private_bytes"] / mib, "unit": "MiB"},
+        {"figure": f"fill rate to {deep:,} (send_batch, 1 thread)", "value": deep / depth["fill_s"],
+         "unit": "msg/s"},
+    ]
+
+
+@contextlib.contextmanager
+def runtime(config: rayq.Config, prefix: str = "rayq-bench-"):
+    """A private local Ray (2 CPUs) and a rayq runtime with data in a temporary directory;
+    yields (client, that directory); stops both and removes the directory after."""
+    root = tempfile.mkdtemp(prefix=prefix)
+    ray.init(num_cpus=2, namespace="rayq", include_dashboard=False, log_to_driver=False)
+    try:
+        yield rayq.start(data_dir=os.path.join(root, "data"), config=config), root
+    finally:
+        rayq.shutdown()
+        ray.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def main() -> None:
@@ -122,56 +179,26 @@ def main() -> None:
     parser.add_argument("--deep", type=int, default=1_000_000)
     parser.add_argument("--seconds", type=float, default=5.0)
     args = parser.parse_args()
-    root = tempfile.mkdtemp(prefix="rayq-bench-")
-    ray.init(num_cpus=2, namespace="rayq", include_dashboard=False, log_to_driver=False)
     config = rayq.Config(store=rayq.StoreConfig(shards=2))
-    try:
-        client = rayq.start(data_dir=os.path.join(root, "data"), config=config)
+    with runtime(config) as (client, root):
         lmdb_ceiling = raw_lmdb_puts(os.path.join(root, "raw"), args.messages, BATCH, BODY.encode())
         actor_ceiling = raw_actor_calls(args.messages)
         e2e = end_to_end(client, args.messages)
-        sends, ray_queue_puts = concurrent_sends(args.seconds)
-
-        shallow, deep = client.create_queue("bench-shallow"), client.create_queue("bench-deep")
-        fill(shallow, 1000)
-        p50_shallow, p99_shallow = receive_latency(shallow)
-        shard = client._shards[client.queue("bench-deep")._client._route("bench-deep")[0].subqueues[0].shard]
-        mem_before = ray.get(shard.process.remote())
-        with Timer() as t_fill:
-            fill(deep, args.deep)
-        mem_deep = ray.get(shard.process.remote())
-        p50_deep, p99_deep = receive_latency(deep)
-        budget = config.store.cache_budget_bytes
-    finally:
-        rayq.shutdown()
-        ray.shutdown()
-        shutil.rmtree(root, ignore_errors=True)
+        sends = concurrent_sends(args.seconds)
+        puts = ray_queue_puts(args.seconds)
+        depth = depth_figures(client, args.deep)
     ceiling = min(lmdb_ceiling, actor_ceiling)
-    mib = 1 << 20
     rows = [
         {"figure": "e2e send_batch->receive->delete_batch", "value": e2e, "unit": "msg/s",
          "baseline": "ceiling min(raw actor, raw LMDB)", "baseline_value": ceiling},
         {"figure": "raw batched Ray actor calls", "value": actor_ceiling, "unit": "msg/s"},
         {"figure": "raw batched LMDB puts (fsync)", "value": lmdb_ceiling, "unit": "msg/s"},
         {"figure": "send() x8 producers, durable", "value": sends, "unit": "msg/s",
-         "baseline": "ray.util.queue put x8", "baseline_value": ray_queue_puts},
-        {"figure": f"receive p50, {args.deep:,} queued", "value": p50_deep, "unit": "ms",
-         "baseline": "p50, 1,000 queued", "baseline_value": p50_shallow},
-        {"figure": f"receive p99, {args.deep:,} queued", "value": p99_deep, "unit": "ms",
-         "baseline": "p99, 1,000 queued", "baseline_value": p99_shallow},
-        {"figure": f"shard private memory, {args.deep:,} queued",
-         "value": mem_deep["private_bytes"] / mib, "unit": "MiB",
-         "baseline": "cache budget + 150 MiB", "baseline_value": budget / mib + 150},
-        {"figure": f"shard RSS incl. LMDB file pages, {args.deep:,} queued",
-         "value": mem_deep["rss_bytes"] / mib, "unit": "MiB",
-         "baseline": "cache budget + 150 MiB", "baseline_value": budget / mib + 150},
-        {"figure": "shard private memory before filling", "value": mem_before["private_bytes"] / mib,
-         "unit": "MiB"},
-        {"figure": f"fill rate ({args.deep:,} via send_batch)", "value": args.deep / t_fill.seconds,
-         "unit": "msg/s"},
+         "baseline": "ray.util.queue put x8", "baseline_value": puts},
+        *depth_rows(depth, config.store.cache_budget_bytes),
     ]
     report("throughput", rows, {"messages": args.messages, "deep": args.deep, "batch": BATCH,
-                                "body_bytes": len(BODY)})
+                                "body_bytes": len(BODY), "fill_s": depth["fill_s"]})
 
 
 if __name__ == "__main__":

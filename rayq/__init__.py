@@ -32,10 +32,11 @@ from rayq.errors import (AuthError, InvalidMessage, MessageTooLarge, Overloaded,
 # rayq.core (or rayq.config, rayq.errors) never loads Ray or the actors.
 _LAZY = {"start": "rayq.session", "connect": "rayq.session", "shutdown": "rayq.session",
          "Client": "rayq.client", "Queue": "rayq.queue", "QueueStats": "rayq.queue",
-         "KeyStats": "rayq.queue", "Report": "rayq.analytics.report"}
+         "KeyStats": "rayq.queue", "Report": "rayq.analytics.report",
+         "serve_sqs": "rayq.serving"}
 
 __all__ = [
-    "start", "connect", "shutdown", "Client", "Queue", "QueueStats", "KeyStats", "Report",
+    "start", "connect", "shutdown", "serve_sqs", "Client", "Queue", "QueueStats", "KeyStats", "Report",
     "Config", "ConsumerConfig", "FairnessConfig", "FloodConfig", "ScalingConfig", "StoreConfig",
     "Outgoing", "Received", "task", "TaskFunction", "FairnessReport", "SuspensionRule",
     "Flooder",

@@ -1,10 +1,11 @@
-"""The ``rayq`` command: start, stop, demo, report, status and account."""
+"""The ``rayq`` command: start, stop, demo, report, status, account and serve."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import os
+import signal
 import sys
 import time
 
@@ -249,6 +250,36 @@ def account_create(name: str) -> None:
 def account_rotate(name: str, slot: int) -> None:
     """Replace one key of account NAME and print the new one."""
     click.echo(_connect().rotate_key(slot, account=name))
+
+
+@main.command()
+@click.option("--data-dir", default=None, help="Where shards keep their data (default ./.rayq-data).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(1, 65535), default=9324, show_default=True)
+@click.option("--replicas", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="HTTP actors per node, sharing the port.")
+def serve(data_dir: str | None, host: str, port: int, replicas: int) -> None:
+    """Serve the Amazon SQS API (JSON protocol, SigV4) until interrupted. Starts the
+    embedded runtime unless RAY_ADDRESS names a cluster whose runtime it then uses."""
+    from rayq.serving import stop_sqs
+
+    rayq.start(data_dir=data_dir)
+    url = rayq.serve_sqs(host=host, port=port, replicas=replicas)
+    click.echo(url)
+    click.echo("access key id: an account name; secret: its key (rayq account create NAME)",
+               err=True)
+    signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop acts as Ctrl-C
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        stop_sqs()
+        if not os.environ.get("RAY_ADDRESS"):  # the embedded runtime goes with this process
+            rayq.shutdown()
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _status(client) -> Group:

@@ -12,6 +12,7 @@ import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from rayq.errors import InvalidMessage
@@ -64,6 +65,17 @@ class FairnessConfig:
     interval_s: float = 300.0
     max_boost_consumers: int = 2   # consumers added at most for booster permits
     history: int = 1000            # decisions kept for client.fairness() and the event log
+    # Shard-local fair dispatch, the first layer (SQS fair queues' rule, see
+    # rayq.core.dispatch): "fair", or "fifo" for oldest-first across keys.
+    dispatch: str = "fair"
+    # Thread-time entitlement per fairness key (both layers): a key of weight 2 is
+    # entitled to twice the handler time of a key of weight 1.
+    weights: Mapping[str, float] = field(default_factory=dict, hash=False)
+    default_weight: float = 1.0
+    noisy_share: float = 0.1          # a key over this share of in-flight or recent time is noisy
+    noisy_min_inflight: int = 30      # ... the in-flight rule needs at least this many
+    noisy_idle_s: float = 300.0       # a noisy key that sent nothing this long is quiet again
+    usage_half_life_s: float = 30.0   # "recent" processing time forgets at this half-life
 
 
 @dataclass(frozen=True)
@@ -101,6 +113,8 @@ class ConsumerConfig:
     max_backoff_s: float = 60.0
     defer_s: float = 0.5               # how long a message of a saturated type stays hidden
     num_cpus: float = 0.5              # Ray CPUs reserved per consumer actor
+    max_host_memory_percent: float = 95.0  # a consumer whose host is over this backs off
+    max_host_cpu_percent: float = 100.0    # the same for CPU (100: never)
 
 
 @dataclass(frozen=True)
@@ -110,9 +124,12 @@ class ScalingConfig:
     interval_s: float = 1.0
     scale_up_ops_per_s: float = 5_000.0
     scale_up_throttled_per_s: float = 1.0
-    idle_ops_per_s: float = 1.0
-    idle_s: float = 60.0
+    idle_ops_per_s: float = 1.0       # a subqueue this slow is quiet whatever it holds
+    idle_s: float = 60.0              # how long a subqueue stays quiet before one retires
     max_subqueues: int = 8
+    small_count: int = 1_000          # a subqueue holding fewer messages is small
+    fast_ops_fraction: float = 0.25   # under this share of scale_up_ops_per_s it serves fast
+    seldom_throttled_per_s: float = 0.1  # throttling under this rate is seldom
 
 
 @dataclass(frozen=True)
@@ -145,6 +162,18 @@ class Config:
             raise InvalidMessage("store.shards must be at least 1")
         if not 1 <= self.consumers.min_load <= self.consumers.max_load:
             raise InvalidMessage("consumers need 1 <= min_load <= max_load")
+        _check_fair_dispatch(self.fairness)
+
+
+def _check_fair_dispatch(fc: "FairnessConfig") -> None:
+    if fc.dispatch not in ("fair", "fifo"):
+        raise InvalidMessage("fairness.dispatch must be 'fair' or 'fifo'")
+    weights = dict(fc.weights, **{"(default_weight)": fc.default_weight})
+    for key, weight in weights.items():
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < 1e6:
+            raise InvalidMessage(f"fairness weight of {key!r} must be a number in (0, 1e6)")
+    if not 0 < fc.noisy_share < 1 or fc.usage_half_life_s <= 0:
+        raise InvalidMessage("fairness needs 0 < noisy_share < 1 and usage_half_life_s > 0")
 
 
 FAIRNESS_KEYS = frozenset({"type", "tenant", "tenant_type"})

@@ -1,8 +1,8 @@
-"""Queue: one virtual queue's operations, over the shard actors a Client routes to.
+"""Queue: one virtual queue's operations, over its client's transport.
 
 The data path goes straight from the client to the shard actors; the manager
-is asked only for routing (cached by the Client for a moment). A client is one
-producer session: its puts to a queue stick to one subqueue (enqueuer
+is asked only for routing (cached by the transport for a moment). A client is
+one producer session: its puts to a queue stick to one subqueue (enqueuer
 affinity, seed 004) so they stay in order.
 """
 
@@ -15,17 +15,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rayq.core.auth import ADMIN
-from rayq.core.model import (NewMessage, Outgoing, Receipt, Received, check_count, check_name,
-                             check_seconds, encode_body, fairness_key)
+from rayq.core.model import (DLQ_SUFFIX, Outgoing, Receipt, Received, check_count, check_name,
+                             check_seconds, encode_body, fairness_key, receipt_subqueue, to_us)
+from rayq.core.wire import Attrs, Entry, decode_received, encode_put
 from rayq.core.registry import QueueInfo
 from rayq.errors import InvalidMessage, QueueDisabled, RayqError, ReceiptInvalid
 from rayq.remote import call
-from rayq.sending import sender_for
 
 if TYPE_CHECKING:
-    from rayq.client import Client
+    from rayq.transport import Transport
 
 MAX_WAIT_S = 20.0
+PARK_SLICE_S = 2.0  # a long poll over several shards looks at each again this often
 MAX_RECEIVE = 1000
 
 
@@ -48,10 +49,11 @@ class QueueStats:
 
 
 class Queue:
-    """One virtual queue. All methods are blocking calls to the runtime."""
+    """One virtual queue. All methods are blocking calls to the runtime. ``name`` is as
+    its account says it (``account/name`` when the admin reaches another account's)."""
 
-    def __init__(self, client: Client, name: str):
-        self._client = client
+    def __init__(self, transport: Transport, name: str):
+        self._transport = transport
         self.name = name
 
     def __repr__(self) -> str:
@@ -59,16 +61,18 @@ class Queue:
 
     # -- sending -------------------------------------------------------------------
     def _message(self, body: Any, tenant: str | None, type: str, delay_s: float,
-                 ttl_s: float | None) -> NewMessage:
-        store = self._client.config.store
-        tenant = self._client.account if tenant is None else tenant
+                 ttl_s: float | None, task: bool = False) -> Entry:
+        """(attributes, encoded body): a message checked and encoded once, here."""
+        store = self._transport.config.store
+        tenant = self._transport.account if tenant is None else tenant
         check_name(tenant, "tenant"), check_name(type, "type")
         check_seconds(delay_s, "delay_s", 0, store.max_delay_s)
         if ttl_s is not None:
             check_seconds(ttl_s, "ttl_s", 0.001, store.max_ttl_s)
-        key = fairness_key(tenant, type, self._client.config.fairness.key)
-        return NewMessage(encode_body(body, store.max_message_bytes), tenant, type, key,
-                          float(delay_s), ttl_s)
+        key = fairness_key(tenant, type, self._transport.config.fairness.key)
+        attrs = Attrs(tenant, type, key, to_us(delay_s), None if ttl_s is None else to_us(ttl_s),
+                      task)
+        return attrs, encode_body(body, store.max_message_bytes)
 
     def send(self, body: Any, tenant: str | None = None, type: str = "default",
              delay_s: float = 0, ttl_s: float | None = None) -> str:
@@ -85,20 +89,19 @@ class Queue:
         return [mid for mid, _ in self._put([
             self._message(m.body, m.tenant, m.type, m.delay_s, m.ttl_s) for m in messages])]
 
-    def _put(self, messages: list[NewMessage]) -> list[tuple[str, int]]:
-        """Put durably; (message id, shard index) per message."""
-        runtime = self._client._manager._actor_id.hex()
-        # one coalescer per account: a batch is signed by, and checked for, one account
-        return sender_for((runtime, self._client.account), self.name, self._put_now).send(messages)
+    def _put(self, entries: list[Entry]) -> list[tuple[str, int]]:
+        """Put durably; (message id, shard index) per message. Concurrent sends through
+        this client's transport share one put call, signed with this client's key."""
+        return self._transport.send(self.name, entries, self._put_now)
 
-    def _put_now(self, messages: list[NewMessage]) -> list[tuple[str, int]]:
+    def _put_now(self, entries: list[Entry]) -> list[tuple[str, int]]:
+        batch = encode_put(entries)  # one buffer crosses Ray, however many senders share it
         for attempt in range(3):
-            queue, _, target = self._client._route(self.name, refresh=attempt > 0)
+            queue, _, target = self._transport.route(self.name, refresh=attempt > 0)
             index = queue.subqueue(target).shard
-            shard = self._client._shards[index]
             try:
-                return [(mid, index) for mid in call(lambda: self._client._request(
-                    shard.put, self.name, "put", target, messages))]
+                return [(mid, index) for mid in self._transport.call(
+                    self._transport.shards[index].put, self.name, "put", target, batch)]
             except QueueDisabled:
                 continue  # the subqueue was retired: ask for another
         raise QueueDisabled(f"queue {self.name!r} accepts no messages")
@@ -112,7 +115,7 @@ class Queue:
         arrives, or empty after ``wait_s``.
         """
         check_count(max_messages, "max_messages", 1, MAX_RECEIVE)
-        store = self._client.config.store
+        store = self._transport.config.store
         check_seconds(visibility_timeout_s, "visibility_timeout_s", 0, store.max_visibility_timeout_s)
         check_seconds(wait_s, "wait_s", 0, MAX_WAIT_S)
         deadline = time.monotonic() + wait_s
@@ -121,30 +124,39 @@ class Queue:
             remaining = deadline - time.monotonic()
             if got or remaining <= 0:
                 return got
-            got = self._receive_pass(max_messages, visibility_timeout_s, min(remaining, 1.0),
-                                     first_only=True)
+            got = self._receive_pass(max_messages, visibility_timeout_s, remaining, park=True)
             if got:
                 return got
 
     def _receive_pass(self, n: int, visibility_timeout_s: float, wait_s: float,
-                      first_only: bool = False) -> list[Received]:
-        queue, order, _ = self._client._route(self.name)
+                      park: bool = False) -> list[Received]:
+        """One call per shard holding the queue's subqueues, in receive order; with
+        ``park``, one long poll on the first of them (the whole wait if the queue lives
+        on one shard, else at most PARK_SLICE_S, so the others are looked at again)."""
+        queue, order, _ = self._transport.route(self.name)
+        by_shard: dict[int, list[int]] = {}
+        for sq in order:
+            by_shard.setdefault(queue.subqueue(sq).shard, []).append(sq)
+        if park and by_shard:
+            if len(by_shard) > 1:
+                wait_s = min(wait_s, PARK_SLICE_S)
+            by_shard = dict([next(iter(by_shard.items()))])
         out: list[Received] = []
-        for sq in order[:1] if first_only else order:
-            info = queue.subqueue(sq)
-            shard = self._client._shards[info.shard]
-            dead_letter = queue.dead_letter_on(info.shard) if queue.max_receives else None
+        for shard_index, subqueues in by_shard.items():
+            shard = self._transport.shards[shard_index]
+            dead_letter = queue.dead_letter_on(shard_index) if queue.max_receives else None
+            want = n - len(out)
             try:
-                got = call(lambda: shard.receive.remote(
-                    sq, n - len(out), visibility_timeout_s, max_receives=queue.max_receives,
-                    dead_letter=dead_letter, wait_s=wait_s,
-                    auth=self._client._auth(self.name, "receive", sq, n - len(out),
-                                            visibility_timeout_s, None, queue.max_receives,
-                                            dead_letter, wait_s, None)))
+                got = self._transport.call_signed(
+                    lambda auth: shard.receive.remote(
+                        subqueues, want, visibility_timeout_s, max_receives=queue.max_receives,
+                        dead_letter=dead_letter, wait_s=wait_s, auth=auth),
+                    self.name, "receive", subqueues, want, visibility_timeout_s, None,
+                    queue.max_receives, dead_letter, wait_s, None)
             except QueueDisabled:  # dropped since we routed (drained, retired): route anew
-                self._client._route(self.name, refresh=True)
+                self._transport.route(self.name, refresh=True)
                 continue
-            out.extend(Received.from_stored(m) for m in got)
+            out.extend(decode_received(got))
             if len(out) >= n:
                 break
         return out
@@ -152,13 +164,13 @@ class Queue:
     def peek(self, max_messages: int = 1) -> list[Received]:
         """The next messages, without hiding them; their ``receipt`` is None."""
         check_count(max_messages, "max_messages", 1, MAX_RECEIVE)
-        queue, order, _ = self._client._route(self.name)
+        queue, order, _ = self._transport.route(self.name)
         out: list[Received] = []
         for sq in order:
-            shard = self._client._shard_of(queue, sq)
+            shard = self._transport.shard_of(queue, sq)
             want = max_messages - len(out)
-            got = call(lambda: shard.peek.remote(
-                sq, want, auth=self._client._auth(self.name, "peek", sq, want, None)))
+            got = self._transport.call_signed(lambda auth: shard.peek.remote(sq, want, auth=auth),
+                                              self.name, "peek", sq, want, None)
             out.extend(Received.from_stored(m) for m in got)
             if len(out) >= max_messages:
                 break
@@ -167,17 +179,17 @@ class Queue:
     # -- receipts ------------------------------------------------------------------------
     def _locate(self, receipt: Any) -> tuple[Any, str]:
         sq = Receipt.decode(receipt).subqueue
-        queue, _, _ = self._client._route(self.name)
+        queue, _, _ = self._transport.route(self.name)
         if queue.subqueue(sq) is None:
-            queue, _, _ = self._client._route(self.name, refresh=True)
+            queue, _, _ = self._transport.route(self.name, refresh=True)
         if queue.subqueue(sq) is None:
             raise ReceiptInvalid(f"receipt does not belong to queue {self.name!r}")
-        return self._client._shard_of(queue, sq), receipt
+        return self._transport.shard_of(queue, sq), receipt
 
     def delete(self, receipt: str) -> None:
         """Delete a received message. Raises ReceiptInvalid when the receipt is stale."""
         shard, receipt = self._locate(receipt)
-        if call(lambda: self._client._request(shard.delete, self.name, "delete", [receipt])):
+        if self._transport.call(shard.delete, self.name, "delete", [receipt]):
             raise ReceiptInvalid("pop receipt is stale: the message was deleted, received "
                                  "again or had its visibility changed", (receipt,))
 
@@ -187,15 +199,22 @@ class Queue:
         if not isinstance(receipts, (list, tuple)) or len(receipts) > MAX_RECEIVE:
             raise InvalidMessage(f"delete_batch takes a list of at most {MAX_RECEIVE} receipts")
         by_shard, invalid = defaultdict(list), []
-        for receipt in receipts:
+        queue, _, _ = self._transport.route(self.name)
+        for receipt in receipts:  # routed by the subqueue the receipt names; checked there
             try:
-                shard, _ = self._locate(receipt)
+                sq = receipt_subqueue(receipt)
             except ReceiptInvalid:
                 invalid.append(receipt)
                 continue
-            by_shard[shard].append(receipt)
-        refs = [self._client._request(shard.delete, self.name, "delete", batch)
-                for shard, batch in by_shard.items()]
+            if queue.subqueue(sq) is None:  # a subqueue made since we routed, or a stranger
+                queue, _, _ = self._transport.route(self.name, refresh=True)
+            info = queue.subqueue(sq)
+            if info is None:
+                invalid.append(receipt)
+            else:
+                by_shard[info.shard].append(receipt)
+        refs = [self._transport.request(self._transport.shards[shard].delete, self.name, "delete",
+                                        batch) for shard, batch in by_shard.items()]
         for ref in refs:
             invalid.extend(call(lambda ref=ref: ref))
         if invalid:
@@ -206,56 +225,64 @@ class Queue:
         """Hide a received message for ``timeout_s`` from now; returns the new receipt
         (the old one is invalid from then on)."""
         shard, receipt = self._locate(receipt)
-        return call(lambda: self._client._request(shard.change_visibility, self.name,
-                                                  "change_visibility", receipt, timeout_s))
+        return self._transport.call(shard.change_visibility, self.name, "change_visibility",
+                                    receipt, timeout_s)
 
     # -- inspection ------------------------------------------------------------------------
-    def _counts(self, queue: QueueInfo) -> dict[int, int]:
+    def _counts(self, queue: QueueInfo, operation: str = "counts") -> dict[int, Any]:
         by_shard = defaultdict(list)
         for sq in queue.subqueues:
             by_shard[sq.shard].append(sq.id)
-        refs = [self._client._request(self._client._shards[shard].counts, self.name, "counts", ids)
+        refs = [self._transport.request(getattr(self._transport.shards[shard], operation),
+                                        self.name, operation, ids)
                 for shard, ids in by_shard.items()]
         return {sq: n for ref in refs for sq, n in call(lambda ref=ref: ref).items()}
 
     def count(self) -> int:
         """Messages in the queue (visible, in flight and delayed): one call per shard."""
-        queue, _, _ = self._client._route(self.name)
+        queue, _, _ = self._transport.route(self.name)
         return sum(self._counts(queue).values())
 
+    def counts_by_visibility(self) -> tuple[int, int, int]:
+        """(visible, in flight, delayed) messages: one call per shard, which reads only the
+        hidden rows (SQS's ApproximateNumberOfMessages, ...NotVisible, ...Delayed)."""
+        queue, _, _ = self._transport.route(self.name)
+        parts = self._counts(queue, "visibility_counts").values()
+        return tuple(sum(part[i] for part in parts) for i in range(3))
+
     def clear(self) -> None:
-        """Delete every message of the queue (not of its dead-letter queue)."""
-        queue, _, _ = self._client._route(self.name, refresh=True)
-        for sq in queue.subqueues:
-            call(lambda sq=sq: self._client._request(self._client._shards[sq.shard].clear,
-                                                     self.name, "clear", sq.id))
+        """Delete every message of the queue, spilled ones too (not of its dead-letter
+        queue): ``count()`` is 0 when this returns, and the old messages are removed in
+        the background. O(subqueues)."""
+        self._transport.call(self._transport.manager.clear_queue, self.name, "clear_queue",
+                             self.name)
+        self._transport.route(self.name, refresh=True)
 
     def stats(self) -> QueueStats:
         """Depth, per-key depth and oldest age, subqueues and (for the ``default`` account)
         their shards' cache counters."""
-        queue, _, _ = self._client._route(self.name, refresh=True)
+        queue, _, _ = self._transport.route(self.name, refresh=True)
         counts = self._counts(queue)
         mine = {sq.id for sq in queue.subqueues}
         keys: dict[str, KeyStats] = {}
         shard_ids = sorted({sq.shard for sq in queue.subqueues})
         for shard in shard_ids:
             ids = sorted(sq.id for sq in queue.subqueues if sq.shard == shard)
-            for d in call(lambda shard=shard, ids=ids: self._client._request(
-                    self._client._shards[shard].depths, self.name, "depths", ids)):
+            for d in self._transport.call(self._transport.shards[shard].depths, self.name,
+                                          "depths", ids):
                 if d.subqueue in mine:
                     old = keys.get(d.key, KeyStats(0, 0.0))
                     keys[d.key] = KeyStats(old.depth + d.count, max(old.oldest_age_s, d.latency_s))
-        try:
-            dlq = self._client.queue(self.name + "-dlq").count() if not queue.is_dlq else 0
+        try:  # the dead-letter queue is in the same account's namespace
+            dlq = Queue(self._transport, self.name + DLQ_SUFFIX).count() if not queue.is_dlq else 0
         except RayqError:
             dlq = 0
         subqueues = tuple({"id": s.id, "shard": s.shard, "state": s.state.value,
                            "version": s.version, "count": counts.get(s.id, 0)}
                           for s in queue.subqueues)
         shards = ()
-        if self._client.account == ADMIN:  # shard caches hold every account's messages
+        if self._transport.account == ADMIN:  # shard caches hold every account's messages
             shards = tuple({"shard": st.index, **vars(st.store.cache)}
-                           for st in (call(lambda s=s: self._client._request(
-                               self._client._shards[s].stats, "", "stats"))
-                                      for s in shard_ids))
+                           for st in (self._transport.call(self._transport.shards[s].stats, "",
+                                                           "stats") for s in shard_ids))
         return QueueStats(self.name, sum(counts.values()), dlq, subqueues, keys, shards)

@@ -1,13 +1,14 @@
-"""Client-side group commit: concurrent sends of one process share one durable put.
+"""Client-side group commit: concurrent sends through one transport share one durable put.
 
-No Ray here: the flush function is handed in (the client's put call).
+No Ray here: the flush function is handed in (the transport's put call). Each
+:class:`~rayq.transport.Transport` owns its coalescers, so a send is signed by
+the client that makes it, with that client's key.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from rayq.core.model import NewMessage
 
@@ -23,29 +24,38 @@ class _Slot:
 
 class SendCoalescer:
     """Client-side group commit: concurrent sends from threads of one process share
-    one put call. The first sender flushes what is pending while others wait; each
-    caller still returns only after its own messages are durable."""
+    put calls. A sender that finds fewer than ``max_in_flight`` flushes under way
+    leads one, taking what is pending; the others wait. One in flight is the default:
+    measured with 8 threads on 2 cores, it made the fewest, largest puts (4 messages a
+    call, 196 µs of client CPU a message) and the most messages a second (898, beside
+    787 with two in flight and 860 with four). Each caller still returns only after
+    its own messages are durable."""
 
-    def __init__(self, flush: Callable[[list[NewMessage]], list], max_messages: int = 1000):
-        self._flush, self._max = flush, max_messages
+    def __init__(self, max_messages: int = 1000, max_in_flight: int = 1):
+        self._max, self._max_in_flight = max_messages, max_in_flight
         self._lock = threading.Lock()
         self._pending: list[_Slot] = []
-        self._flushing = False
+        self._leaders = 0
 
-    def send(self, messages: list[NewMessage]) -> list:
+    def send(self, messages: list[NewMessage], flush: Callable[[list[NewMessage]], list]) -> list:
+        """Put ``messages`` (with whatever else is pending) through ``flush``, a call that
+        stores a list durably and returns a result per message; returns this caller's
+        results. Every caller of one coalescer passes an equivalent ``flush`` (the owner's
+        put call): whoever leads a flush uses its own, and none is kept, so a coalescer
+        holds no reference back to its owner."""
         slot = _Slot(messages)
         with self._lock:
             self._pending.append(slot)
-            leader = not self._flushing
-            self._flushing = True
+            leader = self._leaders < self._max_in_flight
+            self._leaders += leader
         if leader:
-            self._drain()
+            self._drain(flush)
         slot.done.wait()
         if slot.error is not None:
             raise slot.error
         return slot.result
 
-    def _drain(self) -> None:
+    def _drain(self, flush: Callable[[list[NewMessage]], list]) -> None:
         while True:
             with self._lock:
                 batch, size = [], 0
@@ -54,10 +64,10 @@ class SendCoalescer:
                     batch.append(slot)
                     size += len(slot.messages)
                 if not batch:
-                    self._flushing = False
+                    self._leaders -= 1
                     return
             try:
-                ids = self._flush([m for slot in batch for m in slot.messages])
+                ids = flush([m for slot in batch for m in slot.messages])
                 offset = 0
                 for slot in batch:
                     slot.result = ids[offset:offset + len(slot.messages)]
@@ -67,19 +77,3 @@ class SendCoalescer:
                     slot.error = err
             for slot in batch:
                 slot.done.set()
-
-
-# One coalescer per (runtime, queue) in this process: every client of the process
-# shares it, so concurrent senders on any thread ride the same put call.
-_SENDERS: dict[tuple[Any, str], SendCoalescer] = {}
-_SENDERS_LOCK = threading.Lock()
-
-
-def sender_for(runtime: str, name: str, flush) -> SendCoalescer:
-    """The process-wide coalescer of queue ``name`` on runtime ``runtime`` (an id)."""
-    key = (runtime, name)
-    with _SENDERS_LOCK:
-        sender = _SENDERS.get(key)
-        if sender is None:
-            sender = _SENDERS[key] = SendCoalescer(flush)
-        return sender

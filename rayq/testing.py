@@ -20,6 +20,7 @@ from rayq.core.balancer import BalancerState
 from rayq.core.cache import MemoryReading
 from rayq.core.clock import FakeClock
 from rayq.core.kv import DATABASES
+from rayq.core.dispatch import DispatchPolicy
 from rayq.core.store import ShardStore
 
 T = TypeVar("T")
@@ -62,6 +63,14 @@ class _MemoryTxn:
         del table.keys[bisect.bisect_left(table.keys, key)]
         self.undo.append((db, key, old))
         return True
+
+    def putmulti(self, db, items):
+        for key, value in items:
+            self.put(db, key, value)
+
+    def scan_keys(self, db, start, stop=None):
+        for key, _ in self.scan(db, start, stop):
+            yield key
 
     def scan(self, db, start, stop=None):
         table = self._tables[db]
@@ -129,10 +138,11 @@ def plenty_of_memory() -> MemoryReading:
 
 
 def memory_store(config: StoreConfig = StoreConfig(), clock: FakeClock | None = None,
-                 memory_probe=plenty_of_memory) -> ShardStore:
+                 memory_probe=plenty_of_memory,
+                 dispatch: DispatchPolicy = DispatchPolicy()) -> ShardStore:
     """A shard store held in memory, on a :class:`FakeClock` unless told otherwise."""
     return ShardStore(MemoryKV(), config=config, clock=clock or FakeClock(),
-                      memory_probe=memory_probe)
+                      memory_probe=memory_probe, dispatch=dispatch)
 
 
 @dataclass

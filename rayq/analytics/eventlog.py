@@ -120,7 +120,9 @@ def log_report(log: EventLog, report) -> None:
                   key=report.key, message_id=report.message_id or None, attempt=report.attempt)
     outcome = report.outcome.value
     if outcome == "deferred":
-        log.append("deferral", report.finished_at, wait_s=report.wait_s, outcome=outcome, **fields)
+        cause = report.cause
+        log.append("deferral", report.finished_at, wait_s=report.wait_s, outcome=outcome,
+                   detail=cause.value if cause else None, **fields)
         return
     log.append("completion", report.finished_at, usage_s=report.usage_s, wait_s=report.wait_s,
                outcome=outcome, **fields)

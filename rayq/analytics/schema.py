@@ -4,12 +4,16 @@ One row per event. ``kind`` says which columns matter:
 - ``enqueue``: subqueue, tenant, type, key, message_id;
 - ``completion``: tenant, type, key, message_id, queue, usage_s, wait_s,
   outcome (succeeded, failed, dead), attempt;
-- ``deferral``: as completion, usage 0 (a concurrency limit held the message back);
+- ``deferral``: as completion, usage 0, detail = the cause (concurrency,
+  host_pressure, suspended or cannot_run: see ``rayq.core.tasks.DeferralCause``);
 - ``redelivery``: a delivery with attempt > 1 (also logged as its completion);
 - ``dead_letter``: a task that ended in the dead-letter queue;
 - ``fairness``: outcome "intervening" or "fair", detail = the decision as JSON;
 - ``flood``: queue, type, tenant, outcome = detected / isolated / swept /
-  sweep paused / removed, detail = its figures as JSON.
+  sweep paused / removed, detail = its figures as JSON;
+- ``noisy``: a shard's fair dispatch marked a key noisy or quiet again: subqueue,
+  key, outcome = noisy / quiet, detail = why (in-flight share, processing-time
+  share, drained, idle).
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from __future__ import annotations
 import pyarrow as pa
 
 SCHEMA_VERSION = 1
-KINDS = ("enqueue", "completion", "deferral", "redelivery", "dead_letter", "fairness", "flood")
+KINDS = ("enqueue", "completion", "deferral", "redelivery", "dead_letter", "fairness", "flood",
+         "noisy")
 
 EVENT_SCHEMA = pa.schema([
     ("schema_version", pa.int16()),

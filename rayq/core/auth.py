@@ -21,6 +21,7 @@ import hashlib
 import hmac
 import math
 import os
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -30,7 +31,7 @@ from typing import Any
 import msgpack
 
 from rayq.core.kv import KV
-from rayq.core.model import DLQ_SUFFIX, NewMessage, check_name, fairness_key, pack, unpack
+from rayq.core.model import DLQ_SUFFIX, check_name, fairness_key, pack, unpack
 from rayq.errors import AuthError, InvalidMessage, Overloaded
 
 ADMIN = "default"
@@ -39,6 +40,8 @@ MAX_SKEW_S = 900.0
 MAX_NONCES = 1_000_000  # per verifier: about 150 MB at most
 KEY_SLOTS = (1, 2)
 _NONCE_CHARS = 32
+QUEUE_SEP = "/"  # "acme/orders": account acme's queue orders
+ACCOUNT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # never holds QUEUE_SEP
 
 
 def new_secret() -> str:
@@ -84,6 +87,13 @@ class Signature:
     timestamp: float
     nonce: str
     mac: str
+
+
+def nonce_digest(account: str, nonce: str) -> int:
+    """A 64-bit digest of (account, nonce), stable across processes (unlike ``hash``), so
+    remembered nonces can be stored and read back after a restart."""
+    data = f"{account}\n{nonce}".encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
 
 
 def canonical(account: str, queue: str, operation: str, timestamp: float, nonce: str,
@@ -140,8 +150,11 @@ class Accounts:
         return sorted(self._keys)
 
     def create(self, account: str) -> str:
-        """A new account; returns its primary key (slot 1). Refuses an existing name."""
-        check_name(account, "account")
+        """A new account; returns its primary key (slot 1). Refuses an existing name and
+        names outside letters, digits, '_', '-', '.' (a name is a queue namespace)."""
+        if not isinstance(account, str) or not ACCOUNT_NAME.match(account):
+            raise InvalidMessage(f"account names are 1-64 chars of letters, digits, '_', '-', "
+                                 f"'.': {account!r:.80}")
         if account in self._keys:
             raise InvalidMessage(f"account {account!r} exists")
         self._keys[account] = {slot: new_secret() for slot in KEY_SLOTS}
@@ -168,6 +181,10 @@ class SignatureMismatch(AuthError):
     """The MAC matches none of the account's keys."""
 
 
+class ReplayedRequest(AuthError):
+    """Raised when a signed request's nonce was seen before (also before a restart)."""
+
+
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -186,6 +203,14 @@ class Verifier:
         self.keys, self.skew_s, self.max_nonces = keys, skew_s, max_nonces
         self._seen: set[int] = set()
         self._order: deque[tuple[float, int]] = deque()
+
+    def preload(self, digests: Sequence[int], now: float) -> None:
+        """Refuse these nonce digests (:func:`nonce_digest`) as seen: what a restarted
+        runtime actor reads back from its durable table (see rayq.core.nonces)."""
+        for digest in digests:
+            if digest not in self._seen:
+                self._seen.add(digest)
+                self._order.append((now, digest))
 
     def verify(self, sig: Any, queue: str, operation: str, body: bytes, now: float) -> str:
         """The account a request acts for. Raises AuthError for anything not genuine,
@@ -206,9 +231,9 @@ class Verifier:
         if not genuine:
             raise SignatureMismatch("the signature does not match the account's keys")
         self._forget_before(now - 2 * self.skew_s)
-        seen = hash((sig.account, sig.nonce))  # 64 bits: a false "replayed" is ~1e-8 at 1M
+        seen = nonce_digest(sig.account, sig.nonce)  # 64 bits: a false "replayed" is ~1e-8 at 1M
         if seen in self._seen:
-            raise AuthError("the request was replayed")
+            raise ReplayedRequest("the request was replayed")
         if len(self._seen) >= self.max_nonces:
             raise Overloaded("too many signed requests in the replay window; retry later")
         self._seen.add(seen)
@@ -229,6 +254,26 @@ def _within(timestamp: Any, now: float, skew_s: float) -> bool:
         return False
 
 
+def split_ref(account: str, name: str) -> tuple[str, str]:
+    """(owner, queue name) that ``name`` means when ``account`` says it: a plain name is
+    the account's own queue, ``owner/name`` names ``owner``'s (the admin reaches every
+    account's queues this way, and every account the default account's task queues)."""
+    owner, sep, bare = name.partition(QUEUE_SEP)
+    return (owner, bare) if sep else (account, name)
+
+
+def queue_ref(owner: str, name: str) -> str:
+    """A queue's runtime-wide name: the default account's queues by their plain name,
+    every other account's as ``owner/name``. Queue and account names hold no '/', so
+    this is unambiguous."""
+    return name if owner == ADMIN else f"{owner}{QUEUE_SEP}{name}"
+
+
+def resolve_ref(account: str, name: str) -> str:
+    """The runtime-wide name of the queue ``account`` means by ``name``."""
+    return queue_ref(*split_ref(account, name))
+
+
 def may_use(account: str, owner: str) -> bool:
     """Whether ``account`` may see and touch what ``owner`` owns: its own, or anything
     for the ``default`` account, which administers the runtime."""
@@ -242,8 +287,9 @@ def check_admin(account: str, what: str) -> None:
 
 @dataclass(frozen=True)
 class Place:
-    """Where a subqueue belongs, as a verifier sees it: its queue, that queue's owner,
-    its shard, and whether it carries tasks (which any account may submit to)."""
+    """Where a subqueue belongs, as a verifier sees it: its queue (runtime-wide name, see
+    :func:`queue_ref`), that queue's owner, its shard, and whether it carries tasks
+    (which any account may submit to)."""
 
     queue: str
     owner: str
@@ -254,14 +300,17 @@ class Place:
 def check_access(account: str, queue: str, place: Place | None, shard: int,
                  operation: str) -> None:
     """Raise AuthError unless ``account`` may run ``operation`` on a subqueue at ``place``
-    through queue ``queue`` on shard ``shard``."""
+    through queue ``queue`` (as the account names it) on shard ``shard``. The queue is
+    compared account-qualified: acme's ``orders`` never reaches globex's ``orders``."""
     if account == ADMIN:
         return
-    if place is None or place.shard != shard or place.queue not in (queue, queue + DLQ_SUFFIX):
+    ref = resolve_ref(account, queue) if isinstance(queue, str) else None
+    if (ref is None or place is None or place.shard != shard
+            or place.queue not in (ref, ref + DLQ_SUFFIX)):
         raise AuthError(f"queue {queue!r} of account {account!r} has no such subqueue here")
     if place.owner == account or (operation == "put" and place.tasks):
         return
-    raise AuthError(f"queue {queue!r} belongs to another account")
+    raise AuthError(f"queue {queue!r} is not account {account!r}'s")
 
 
 def check_senders(account: str, messages: Any, key_mode: str) -> None:
@@ -270,7 +319,8 @@ def check_senders(account: str, messages: Any, key_mode: str) -> None:
     tenant nor dodge a suspension or bill its usage to a key of its choosing."""
     if account == ADMIN:
         return
-    if not isinstance(messages, list) or not all(isinstance(m, NewMessage) for m in messages):
+    if not isinstance(messages, list) or not all(
+            isinstance(getattr(m, "tenant", None), str) for m in messages):
         raise AuthError("a put carries a list of messages")
     for m in messages:
         if m.tenant != account:

@@ -68,3 +68,18 @@ class BalancerState:
         rate = smoothed(self.hit_rate, self.hits, self.attempts, config.smoothing)
         load = next_load(rate, self.load, config) if self.attempts else self.load
         return BalancerState(load=load, hit_rate=rate)
+
+
+@dataclass(frozen=True)
+class HostReading:
+    """The consumer's host now: memory in use and CPU busy, in percent."""
+
+    memory_percent: float
+    cpu_percent: float
+
+
+def host_pressed(reading: HostReading, config: ConsumerConfig) -> bool:
+    """The host is over a limit: the consumer backs off and defers what it received
+    (seed 000's "lazy message queue" events count as deferrals of the key)."""
+    return (reading.memory_percent > config.max_host_memory_percent
+            or reading.cpu_percent > config.max_host_cpu_percent)

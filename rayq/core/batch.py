@@ -2,26 +2,31 @@
 
 A :class:`WriteBatch` lives for one transaction. It writes rows through the
 transaction and records what the in-memory state must learn after the commit
-(counts, new fairness keys, cache entries, counters), so nothing in memory
-changes for a transaction that aborts.
+(counts, new fairness keys, cache entries, flights, counters), so nothing in
+memory changes for a transaction that aborts. Rows are ``(row key, value)``
+pairs in the layout of :mod:`rayq.core.rows`; the hot paths move values as
+bytes and never decode a body.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import os
 import struct
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from rayq.core import spill
+from rayq.core import rows
+from rayq.core.auth import check_senders
+from rayq.core.dispatch import Event, Rehid, Released, Sent, Took
 from rayq.core.kv import Txn
-from rayq.core.model import (PREFIX, ROW_KEY, US, Ending, NewMessage, Receipt, Row,
-                             StoredMessage, SubqueueState, check_count, check_key, check_name,
-                             check_seconds, decode_row, encode_row, to_us)
-from rayq.errors import (InvalidMessage, MessageTooLarge, QueueDisabled, RayqError,
-                         ReceiptInvalid, StoreError)
+from rayq.core.model import (PREFIX, ROW_KEY, US, Ending, StoredMessage, parse_receipt, receipt_text,
+                             SubqueueState, check_count, check_seconds, to_us)
+from rayq.core.spill import SpillOps
+from rayq.core.wire import Attrs, decode_put, encode_delivered
+from rayq.errors import InvalidMessage, QueueDisabled, RayqError, ReceiptInvalid, StoreError
 
 if TYPE_CHECKING:
     from rayq.core.store import ShardStore
@@ -38,6 +43,27 @@ BATCH_OPS = frozenset({"put", "receive", "delete", "change_visibility", "clear",
                        "collect_expired", "finish", "defer", "sweep", "move_matching"})
 MAX_OUTCOME_BYTES = 16 << 20
 _CLEAR_CHUNK = 10_000
+_STALE = "pop receipt is stale: the message was deleted, received again or had its visibility changed"
+
+
+class Enqueued(NamedTuple):
+    """Messages of one put with the same attributes: ``count`` seqs from ``first_seq``."""
+
+    at: float
+    subqueue: int
+    type: str
+    tenant: str
+    key: str
+    first_seq: int
+    count: int
+
+
+class Outcome(NamedTuple):
+    """How a task message ended (recorded in this transaction)."""
+
+    message_id: str
+    ending: Ending
+    payload: bytes
 
 
 def tenant_count_key(kind: str, sq: int, type_: str, tenant: str) -> bytes:
@@ -45,31 +71,51 @@ def tenant_count_key(kind: str, sq: int, type_: str, tenant: str) -> bytes:
     return kind.encode() + CHUNK.pack(sq) + type_.encode() + b"\x00" + tenant.encode()
 
 
+def first_row_at(txn: Txn, sq: int, kid: int) -> tuple[int, int] | None:
+    """(visible_at µs, seq) of the first row of (subqueue, key), one seek; None without rows."""
+    for row_key, _ in txn.scan("rows", PREFIX.pack(sq, kid), PREFIX.pack(sq, kid + 1)):
+        return ROW_KEY.unpack(row_key)[2:]
+    return None
+
+
 def check_subqueue(subqueue: Any) -> int:
     return check_count(subqueue, "subqueue", 0, MAX_SUBQUEUE)
 
 
-class WriteBatch:
+class WriteBatch(SpillOps):
     """The operations of one write transaction on a shard's tables."""
 
     def __init__(self, store: "ShardStore", txn: Txn):
         self.store, self.txn, self.config = store, txn, store.config
         self.now_us = to_us(store.clock.now())
-        self.seq = store._seq
+        self.seq = store.seq
         self.new_keys: list[tuple[str, int]] = []
         self.count_deltas: dict[tuple[int, int], int] = defaultdict(int)
         # per (kind, subqueue, type, tenant): "L" live rows, "S" spilled messages
         self.tenant_deltas: dict[tuple[str, int, str, str], int] = defaultdict(int)
-        self.effects: list[tuple] = []
+        self.cached: list[tuple[bytes, bytes]] = []     # rows put: row key, value
+        self.uncached: list[bytes] = []                 # rows received, moved or gone
+        self.enqueued: list[Enqueued] = []
+        self.outcomes: list[Outcome] = []
         self.stats = dict.fromkeys(STAT_NAMES, 0)
         self._touched: dict[int, set[int]] = defaultdict(set)  # kids put per subqueue
+        # for fair dispatch: flights, and (subqueue, key) pairs whose first row may have
+        # moved; seal() reads their new first rows
+        self.flights: list[Event] = []
+        self.heads: set[tuple[int, int]] = set()
+        self.new_heads: dict[tuple[int, int], tuple[int, int] | None] = {}
+        self._taken: dict[tuple[int, int], int] = defaultdict(int)  # deliveries this txn
+        self._budget = 0
 
     # -- transaction plumbing ----------------------------------------------
     def isolated(self, fn, *args, **kwargs) -> Any:
         """Run one call in a nested transaction; a RayqError undoes it alone and is returned."""
         parent = self.txn
-        mark = (len(self.new_keys), len(self.effects), dict(self.count_deltas),
-                dict(self.stats), self.seq, dict(self.tenant_deltas))
+        lists = (self.new_keys, self.cached, self.uncached, self.enqueued, self.outcomes,
+                 self.flights)
+        marks = [len(items) for items in lists]
+        saved = (dict(self.count_deltas), dict(self.stats), self.seq, dict(self.tenant_deltas),
+                 dict(self._taken))
         try:
             with parent.nested() as child:
                 self.txn = child
@@ -77,10 +123,12 @@ class WriteBatch:
         except (RayqError, TypeError, ValueError) as err:  # the caller's fault: undo this call alone
             if not isinstance(err, RayqError):
                 err = InvalidMessage(f"bad arguments to {getattr(fn, '__name__', fn)}: {err}")
-            del self.new_keys[mark[0]:], self.effects[mark[1]:]
-            self.count_deltas = defaultdict(int, mark[2])
-            self.stats, self.seq = mark[3], mark[4]
-            self.tenant_deltas = defaultdict(int, mark[5])
+            for items, mark in zip(lists, marks):
+                del items[mark:]
+            self.count_deltas = defaultdict(int, saved[0])
+            self.stats, self.seq = saved[1], saved[2]
+            self.tenant_deltas = defaultdict(int, saved[3])
+            self._taken = defaultdict(int, saved[4])
             return err
         finally:
             self.txn = parent
@@ -88,34 +136,34 @@ class WriteBatch:
     def seal(self) -> None:
         """Persist counts and the sequence inside the transaction, just before commit."""
         for (sq, kid), delta in self.count_deltas.items():
-            if not delta:
-                continue
-            count = self.store._counts.get((sq, kid), 0) + delta
-            if count:
-                self.txn.put("counts", PREFIX.pack(sq, kid), I64.pack(count))
-            else:
-                self.txn.delete("counts", PREFIX.pack(sq, kid))
+            if delta:
+                count = self.store.count_of(sq, kid) + delta
+                if count:
+                    self.txn.put("counts", PREFIX.pack(sq, kid), I64.pack(count))
+                else:
+                    self.txn.delete("counts", PREFIX.pack(sq, kid))
         for name, delta in self.tenant_deltas.items():
-            if not delta:
-                continue
-            count = self.store._tenant_counts.get(name, 0) + delta
-            if count:
-                self.txn.put("tcounts", tenant_count_key(*name), I64.pack(count))
-            else:
-                self.txn.delete("tcounts", tenant_count_key(*name))
-        self.txn.put("meta", b"seq", U64.pack(self.seq))
+            if delta:
+                count = self.store.tenant_count_of(name) + delta
+                if count:
+                    self.txn.put("tcounts", tenant_count_key(*name), I64.pack(count))
+                else:
+                    self.txn.delete("tcounts", tenant_count_key(*name))
+        if self.seq != self.store.seq:  # an empty receive writes nothing: no fsync at all
+            self.txn.put("meta", b"seq", U64.pack(self.seq))
+        for sq, kid in self.heads:
+            self.new_heads[(sq, kid)] = first_row_at(self.txn, sq, kid)
 
-    def count(self, sq: int, kid: int, row: Row, delta: int) -> None:
-        """A row joins (+1) or leaves (-1) subqueue ``sq``: per key and per (type, tenant)."""
+    def count(self, sq: int, kid: int, type_: str, tenant: str, delta: int) -> None:
+        """Rows join (+) or leave (-) subqueue ``sq``: per key and per (type, tenant)."""
         self.count_deltas[(sq, kid)] += delta
-        self.tenant_deltas[("L", sq, row.type, row.tenant)] += delta
+        self.tenant_deltas[("L", sq, type_, tenant)] += delta
 
-    def _next_seq(self) -> int:
-        self.seq += 1
-        return self.seq
+    def message_id(self, seq: int) -> str:
+        return f"{self.store.store_hex}-{seq:x}"
 
     def key_id(self, name: str, create: bool) -> int | None:
-        kid = self.store._key_ids.get(name)
+        kid = self.store.known_key_id(name)
         if kid is not None:
             return kid
         for new_name, new_kid in self.new_keys:
@@ -131,90 +179,107 @@ class WriteBatch:
         return kid
 
     def key_name(self, kid: int) -> str:
-        name = self.store._key_names.get(kid)
+        name = self.store.key_name_of(kid)
         if name is None:
             name = next(n for n, k in self.new_keys if k == kid)
         return name
 
     # -- put -----------------------------------------------------------------
-    def put(self, subqueue: int, messages: Sequence[NewMessage]) -> list[str]:
+    def put(self, subqueue: int, batch: bytes, sender: tuple[str, str] | None = None) -> list[str]:
+        """Store a put buffer (:mod:`rayq.core.wire`); returns the message ids in order.
+        ``sender`` (account, fairness key mode): refuse messages that account may not
+        send (see :func:`rayq.core.auth.check_senders`)."""
         check_subqueue(subqueue)
-        if not isinstance(messages, (list, tuple)) or not 1 <= len(messages) <= MAX_BATCH:
-            raise InvalidMessage(f"put takes a list of 1 to {MAX_BATCH} messages")
-        for message in messages:  # validate all before writing any
-            self._check_message(message)
+        config = self.config
+        put = decode_put(batch, max_message_bytes=config.max_message_bytes,
+                         max_delay_s=config.max_delay_s, max_ttl_s=config.max_ttl_s)
+        if sender is not None:
+            check_senders(sender[0], put.attrs, sender[1])
         if self.store.state(subqueue) is not SubqueueState.ALL:
             raise QueueDisabled(f"subqueue {subqueue} does not accept new messages")
-        ids = []
-        for message in messages:
-            flooder = spill.diverted(self.store, subqueue, message)
-            if flooder is None:
-                ids.append(self._put_one(subqueue, message))
-            else:  # a flooder's new message: to the spill store, not the live queue
-                ids.append(spill.spill_one(self, subqueue, message, flooder))
-        self.stats["puts"] += len(messages)
-        return ids
+        first = self.seq + 1
+        groups = [self._group(subqueue, attrs) for attrs in put.attrs]
+        blob_threshold = config.blob_threshold_bytes
+        row_items, expiry_items = [], []
+        for ref, body in zip(put.refs, put.bodies):
+            self.seq += 1
+            group = groups[ref]
+            if len(body) <= blob_threshold:
+                value = group.prefix + body
+            else:  # the body goes to the blobs table; the row keeps a reference
+                value = group.blob_prefix + self._write_blob(self.seq, body)
+            if group.spill is not None:  # a flooder's new message: to the spill store
+                self.spill_one(subqueue, group, self.seq, value)
+            else:
+                row_key = ROW_KEY.pack(subqueue, group.kid, group.visible_us, self.seq)
+                row_items.append((row_key, value))
+                expiry_items.append((EXPIRY.pack(group.expires_us, self.seq), row_key))
+            group.seqs.append(self.seq)
+        self.txn.putmulti("rows", row_items)
+        self.txn.putmulti("expiry", expiry_items)
+        self.cached.extend(row_items)
+        for group in groups:
+            self._settle_group(subqueue, group)
+        self.stats["puts"] += len(put.bodies)
+        return [self.message_id(seq) for seq in range(first, self.seq + 1)]
 
-    def _check_message(self, m: Any) -> None:
-        if not isinstance(m, NewMessage) or not isinstance(m.body, bytes) or not m.body:
-            raise InvalidMessage("put takes NewMessage values with encoded bytes bodies")
-        if len(m.body) - 1 > self.config.max_message_bytes:
-            raise MessageTooLarge(f"body is {len(m.body) - 1} bytes; "
-                                  f"the limit is {self.config.max_message_bytes}")
-        check_name(m.tenant, "tenant"), check_name(m.type, "type"), check_key(m.key)
-        check_seconds(m.delay_s, "delay_s", 0, self.config.max_delay_s)
-        if m.ttl_s is not None:
-            check_seconds(m.ttl_s, "ttl_s", 0.001, self.config.max_ttl_s)
+    def _group(self, sq: int, attrs: Attrs) -> "_Group":
+        kid = self.key_id(attrs.key, create=True)
+        ttl_us = to_us(self.config.default_ttl_s) if attrs.ttl_us is None else attrs.ttl_us
+        expires_us = self.now_us + ttl_us
+        flags = rows.TASK if attrs.task else 0
+        tenant, type_ = attrs.tenant.encode(), attrs.type.encode()
+        return _Group(attrs, kid, self.now_us + attrs.delay_us, expires_us,
+                      rows.prefix(self.now_us, expires_us, flags, tenant, type_),
+                      rows.prefix(self.now_us, expires_us, flags | rows.BLOB, tenant, type_),
+                      self.diverted(sq, attrs))
 
-    def new_row(self, m: NewMessage) -> tuple[int, int, Row]:
-        """(seq, key id, row) of a message being stored; a large body goes to blobs."""
-        seq, kid = self._next_seq(), self.key_id(m.key, create=True)
-        ttl_s = self.config.default_ttl_s if m.ttl_s is None else m.ttl_s
-        message_id = f"{self.store.store_id.hex()}-{seq:x}"
-        inline = len(m.body) <= self.config.blob_threshold_bytes
-        blob = None if inline else self._write_blob(seq, m.body)
-        row = Row(message_id, m.tenant, m.type, self.now_us, self.now_us + to_us(ttl_s), 0, b"",
-                  m.body if inline else None, blob, bool(m.task))
-        return seq, kid, row
+    def _settle_group(self, sq: int, group: "_Group") -> None:
+        """Counts, cache, events and flights of one attribute group of a put."""
+        if not group.seqs:
+            return
+        attrs = group.attrs
+        self.enqueued.append(Enqueued(self.now_us / US, sq, attrs.type, attrs.tenant, attrs.key,
+                                      group.seqs[0], len(group.seqs)))
+        if group.spill is None:
+            self.count(sq, group.kid, attrs.type, attrs.tenant, len(group.seqs))
+            self._touched[sq].add(group.kid)
+            self.heads.add((sq, group.kid))
+        self.flights.append(Sent(sq, group.kid))
 
-    def insert(self, row_key: bytes, row: Row) -> None:
-        """Write a row into the live queue with its expiry entry and counts."""
-        sq, kid, _, seq = ROW_KEY.unpack(row_key)
-        self.txn.put("rows", row_key, encode_row(row))
-        self.txn.put("expiry", EXPIRY.pack(row.expires_at_us, seq), row_key)
-        self.count(sq, kid, row, +1)
-        self._touched[sq].add(kid)
-
-    def _put_one(self, sq: int, m: NewMessage) -> str:
-        seq, kid, row = self.new_row(m)
-        row_key = ROW_KEY.pack(sq, kid, self.now_us + to_us(m.delay_s), seq)
-        self.insert(row_key, row)
-        self.effects.append(("cache", row_key, row, m.body))
-        self.effects.append(("enqueue", (sq, m.type, m.tenant), self.now_us / US, row.id, m.key))
-        return row.id
-
-    def _write_blob(self, seq: int, body: bytes) -> tuple:
+    def _write_blob(self, seq: int, body: bytes) -> bytes:
         blob_id = self.store.store_id + U64.pack(seq)
         size = self.config.blob_chunk_bytes
         chunks = range(0, len(body), size)
         for i, offset in enumerate(chunks):
             self.txn.put("blobs", blob_id + CHUNK.pack(i), body[offset:offset + size])
-        return (blob_id, len(body), len(chunks))
+        return rows.BLOB_REF.pack(blob_id, len(body), len(chunks))
 
-    def body_of(self, row: Row) -> bytes:
-        if row.blob is None:
-            return row.body
-        blob_id, size, chunks = row.blob
+    def body_of(self, value: bytes, meta: rows.RowMeta | None = None) -> bytes:
+        meta = meta or rows.meta(value)
+        if not meta.flags & rows.BLOB:
+            return value[meta.body_at:]
+        blob_id, size, chunks = rows.blob_ref(value, meta.body_at)
         parts = [self.txn.get("blobs", blob_id + CHUNK.pack(i)) for i in range(chunks)]
         if any(p is None for p in parts) or sum(map(len, parts)) != size:
-            raise StoreError(f"blob of message {row.id} is incomplete")
+            raise StoreError(f"blob of message {blob_id.hex()} is incomplete")
         return b"".join(parts)
+
+    def insert(self, row_key: bytes, value: bytes, meta: rows.RowMeta) -> None:
+        """Write a row into the live queue with its expiry entry and counts."""
+        sq, kid, _, seq = ROW_KEY.unpack(row_key)
+        self.txn.put("rows", row_key, value)
+        self.txn.put("expiry", EXPIRY.pack(meta.expires_us, seq), row_key)
+        self.count(sq, kid, meta.type, meta.tenant, +1)
+        self._touched[sq].add(kid)
+        self.heads.add((sq, kid))
 
     # -- receive -------------------------------------------------------------
     def receive(self, subqueue: int, max_messages: int, visibility_timeout_s: float | None,
                 *, keys: Sequence[str] | None = None, max_receives: int | None = None,
-                dead_letter: int | None = None,
-                exclude: Sequence[str] | None = None) -> list[StoredMessage]:
+                dead_letter: int | None = None, exclude: Sequence[str] | None = None) -> bytes:
+        """Hide and hand out up to ``max_messages`` messages; the answer is a buffer
+        (:func:`rayq.core.wire.decode_delivered` reads it)."""
         check_subqueue(subqueue)
         check_count(max_messages, "max_messages", 1, MAX_BATCH)
         if visibility_timeout_s is None:
@@ -230,138 +295,185 @@ class WriteBatch:
             raise QueueDisabled(f"subqueue {subqueue} is disabled")
         found, skipped = self.pick(subqueue, max_messages, self.now_us, keys, max_receives,
                                    exclude)
-        for row_key, row, reason in skipped:
+        for row_key, value, reason in skipped:
             if reason == "expired":
-                self._remove(row_key, row, Ending.EXPIRED)
+                self._remove(row_key, value, Ending.EXPIRED)
                 self.stats["expired"] += 1
             else:
-                self._dead_letter(row_key, row, dead_letter)
-        hide_us = to_us(visibility_timeout_s)
-        delivered = [self._deliver(row_key, row, hide_us) for row_key, row in found]
+                self._dead_letter(row_key, value, dead_letter)
+        delivered = self._deliver(found, to_us(visibility_timeout_s))
         self.stats["receives"] += len(delivered)
-        return delivered
+        return encode_delivered(delivered)
+
+    def _deliver(self, found: list[tuple[bytes, bytes]], hide_us: int) -> list[list]:
+        """Hide the rows found: new nonce, one more delivery, visible again after the
+        timeout. Rows are rewritten, never decoded but for their names."""
+        nonces = os.urandom(8 * len(found))
+        visible_us = self.now_us + hide_us
+        out, moved, expiry = [], [], []
+        for i, (row_key, value) in enumerate(found):
+            sq, kid, _, seq = ROW_KEY.unpack(row_key)
+            meta = rows.meta(value)
+            nonce = nonces[8 * i:8 * i + 8]
+            new_value = rows.redelivered(value, meta.dequeue_count + 1, nonce)
+            new_key = ROW_KEY.pack(sq, kid, visible_us, seq)
+            self.txn.delete("rows", row_key)
+            moved.append((new_key, new_value))
+            expiry.append((EXPIRY.pack(meta.expires_us, seq), new_key))
+            self.uncached.append(row_key)
+            self.heads.add((sq, kid))
+            self.flights.append(Took(row_key, new_key, sq, kid, visible_us))
+            self._taken[(sq, kid)] += 1
+            self.store.cache.take(row_key)  # a hit: this read came from memory, not LMDB
+            out.append([self.message_id(seq), receipt_text(new_key, nonce),
+                        self.body_of(value, meta), meta.tenant, meta.type, self.key_name(kid),
+                        meta.dequeue_count + 1, meta.enqueued_us, sq])
+        self.txn.putmulti("rows", moved)
+        self.txn.putmulti("expiry", expiry)
+        return out
 
     def pick(self, sq: int, n: int, now_us: int, keys: Sequence[str] | None,
              max_receives: int | None, exclude: Sequence[str] | None = None) -> tuple[list, list]:
         """Find up to ``n`` deliverable rows; also the expired or dead rows stepped over.
 
-        Reads only the visible head of each key's range, stepping over at most
-        ``max_scan_rows`` expired or dead rows in total. Keys in ``exclude``
-        are left alone (e.g. job types at their concurrency limit).
+        With ``keys`` (a listen order) take from the first key first; without, the
+        shard's fair dispatch chooses (:mod:`rayq.core.dispatch`). Reads only the
+        visible head of each key's range, stepping over at most ``max_scan_rows``
+        expired or dead rows in total. Keys in ``exclude`` are left alone (e.g. job
+        types at their concurrency limit).
         """
+        self._budget = self.config.max_scan_rows
+        found: list = []
+        skipped: list = []
         if keys is None:
-            kids = sorted(self.store._sq_keys.get(sq, set()) | self._touched[sq])
-            if exclude:
-                skip = {self.key_id(name, create=False) for name in exclude}
-                kids = [kid for kid in kids if kid not in skip]
-        else:
-            known = (self.key_id(name, create=False) for name in keys)
-            kids = list(dict.fromkeys(kid for kid in known if kid is not None))
-        budget = self.config.max_scan_rows
-        found, skipped = [], []
-        for kid in kids:
-            if keys is not None and len(found) >= n:
+            self._pick_dispatched(sq, n, now_us, max_receives, exclude, found, skipped)
+            return found, skipped
+        known = (self.key_id(name, create=False) for name in keys)
+        for kid in dict.fromkeys(kid for kid in known if kid is not None):
+            key_rows = _KeyRows(self, sq, kid, now_us, max_receives, skipped)
+            while len(found) < n and (row := key_rows.next()) is not None:
+                found.append(row)
+            if len(found) >= n or self._budget <= 0:
                 break
-            need = n - len(found) if keys is not None else n
-            budget = self._scan_key(sq, kid, now_us, need, max_receives, budget, found, skipped)
-            if budget <= 0:
-                break
-        if keys is None:
-            found.sort(key=lambda pair: ROW_KEY.unpack(pair[0])[2:])
-            del found[n:]
         return found, skipped
 
-    def _scan_key(self, sq, kid, now_us, need, max_receives, budget, found, skipped) -> int:
-        taken = 0
-        cache = self.store.cache
-        for row_key, value in self.txn.scan("rows", PREFIX.pack(sq, kid), PREFIX.pack(sq, kid + 1)):
-            if ROW_KEY.unpack(row_key)[2] > now_us:
-                break  # hidden and delayed rows sort after every visible one
-            self.stats["rows_scanned"] += 1
-            cached = cache.get(row_key)
-            row = cached[0] if cached else decode_row(value)
-            if row.expires_at_us <= now_us:
-                skipped.append((row_key, row, "expired"))
-                budget -= 1
-            elif max_receives is not None and row.dequeue_count >= max_receives:
-                skipped.append((row_key, row, "dead"))
-                budget -= 1
-            else:
-                found.append((row_key, row))
-                taken += 1
-            if taken >= need or budget <= 0:
-                break
-        return budget
+    def _pick_dispatched(self, sq: int, n: int, now_us: int, max_receives: int | None,
+                         exclude: Sequence[str] | None, found: list, skipped: list) -> None:
+        """Take rows one at a time from the key the dispatcher ranks first, re-ranking
+        it after each take. The ready list is ordered by the committed state; a key's
+        score only grows within a transaction, so a key is opened only when its
+        committed score could beat the best open one: O((n + opened) log keys)."""
+        dispatch = self.store.dispatch
+        dispatch.due(now_us)
+        skip = {self.key_id(name, create=False) for name in exclude or ()}
+        heap: list = []
+        tiebreak = itertools.count()
+        opened: set[int] = set()
 
-    def _deliver(self, row_key: bytes, row: Row, hide_us: int) -> StoredMessage:
-        cached = self.store.cache.take(row_key)
-        body = cached[1] if cached else self.body_of(row)
+        def open_key(kid: int) -> None:
+            opened.add(kid)
+            if kid not in skip:
+                key_rows = _KeyRows(self, sq, kid, now_us, max_receives, skipped)
+                push(kid, key_rows, key_rows.next())
+
+        def push(kid: int, key_rows: "_KeyRows", row) -> None:
+            if row is not None:
+                score = dispatch.score(sq, kid, ROW_KEY.unpack(row[0])[2:],
+                                       self._taken[(sq, kid)] + key_rows.taken)
+                heapq.heappush(heap, (score, next(tiebreak), kid, key_rows, row))
+
+        for kid in list(self._touched[sq]):  # put in this transaction: maybe not ranked yet
+            open_key(kid)
+        ranked = (entry for entry in dispatch.ready(sq) if entry[1] not in opened)
+        waiting = next(ranked, None)
+        while len(found) < n and self._budget > 0:
+            while waiting is not None and (not heap or waiting[0] < heap[0][0]):
+                open_key(waiting[1])
+                waiting = next(ranked, None)
+            if not heap:
+                return
+            _, _, kid, key_rows, row = heapq.heappop(heap)
+            found.append(row)
+            key_rows.taken += 1
+            if len(found) >= n:
+                return
+            if not heap and waiting is None:  # the only key left: no more ranking
+                while len(found) < n and (row := key_rows.next()) is not None:
+                    found.append(row)
+                return
+            push(kid, key_rows, key_rows.next())
+
+    # -- rows leaving or moving ------------------------------------------------
+    def _remove(self, row_key: bytes, value: bytes, ending: Ending | None = None) -> rows.RowMeta:
         sq, kid, _, seq = ROW_KEY.unpack(row_key)
-        new_row = row._replace(dequeue_count=row.dequeue_count + 1, nonce=os.urandom(8))
-        new_key = self._move(row_key, new_row, ROW_KEY.pack(sq, kid, self.now_us + hide_us, seq))
-        return self.stored(new_key, new_row, Receipt(new_key, new_row.nonce).encode(), body)
-
-    def _move(self, row_key: bytes, row: Row, new_key: bytes) -> bytes:
+        meta = rows.meta(value)
+        if meta.flags & rows.TASK and ending is not None:
+            self.record(self.message_id(seq), ending)
         self.txn.delete("rows", row_key)
-        self.txn.put("rows", new_key, encode_row(row))
-        self.txn.put("expiry", EXPIRY.pack(row.expires_at_us, ROW_KEY.unpack(row_key)[3]), new_key)
-        self.effects.append(("uncache", row_key))
-        return new_key
+        self.txn.delete("expiry", EXPIRY.pack(meta.expires_us, seq))
+        if meta.flags & rows.BLOB:
+            self.drop_blob(value, meta)
+        self.count(sq, kid, meta.type, meta.tenant, -1)
+        self.uncached.append(row_key)
+        self.heads.add((sq, kid))
+        self.flights.append(Released(row_key, used=True))
+        return meta
 
-    def _remove(self, row_key: bytes, row: Row, ending: Ending | None = None) -> None:
-        sq, kid, _, seq = ROW_KEY.unpack(row_key)
-        if row.task and ending is not None:
-            self.record(row.id, ending)
+    def drop_blob(self, value: bytes, meta: rows.RowMeta) -> None:
+        blob_id, _, chunks = rows.blob_ref(value, meta.body_at)
+        for i in range(chunks):
+            self.txn.delete("blobs", blob_id + CHUNK.pack(i))
+
+    def _move(self, row_key: bytes, value: bytes, new_key: bytes) -> None:
+        """Rewrite a row under another key (its value as given), with its expiry entry."""
         self.txn.delete("rows", row_key)
-        self.txn.delete("expiry", EXPIRY.pack(row.expires_at_us, seq))
-        self.drop_blob(row)
-        self.count(sq, kid, row, -1)
-        self.store.cache.discard(row_key)
-        self.effects.append(("uncache", row_key))
+        self.txn.put("rows", new_key, value)
+        self.txn.put("expiry", EXPIRY.pack(rows.expires_us(value), ROW_KEY.unpack(row_key)[3]),
+                     new_key)
+        self.uncached.append(row_key)
+        self.heads.add(PREFIX.unpack(row_key[:PREFIX.size]))
+        self.heads.add(PREFIX.unpack(new_key[:PREFIX.size]))
 
-    def drop_blob(self, row: Row) -> None:
-        if row.blob is not None:
-            for i in range(row.blob[2]):
-                self.txn.delete("blobs", row.blob[0] + CHUNK.pack(i))
-
-    def move_row(self, row_key: bytes, row: Row, new_key: bytes) -> None:
+    def move_row(self, row_key: bytes, value: bytes, new_key: bytes) -> None:
         """Move a row to another subqueue, keeping its key, visibility and seq."""
         sq, kid = ROW_KEY.unpack(row_key)[:2]
         target = ROW_KEY.unpack(new_key)[0]
-        self._move(row_key, row, new_key)
-        self.store.cache.discard(row_key)
-        self.count(sq, kid, row, -1)
-        self.count(target, kid, row, +1)
+        meta = rows.meta(value)
+        self._move(row_key, value, new_key)
+        self.count(sq, kid, meta.type, meta.tenant, -1)
+        self.count(target, kid, meta.type, meta.tenant, +1)
         self._touched[target].add(kid)
+        self.flights.append(Released(row_key, used=False))
         self.stats["moved"] += 1
 
-    def _dead_letter(self, row_key: bytes, row: Row, dead_letter: int, record: bool = True) -> None:
+    def _dead_letter(self, row_key: bytes, value: bytes, dead_letter: int,
+                     record: bool = True) -> None:
         sq, kid, _, seq = ROW_KEY.unpack(row_key)
-        self._move(row_key, row, ROW_KEY.pack(dead_letter, kid, self.now_us, seq))
-        self.store.cache.discard(row_key)
-        self.count(sq, kid, row, -1)
-        self.count(dead_letter, kid, row, +1)
+        meta = rows.meta(value)
+        self._move(row_key, value, ROW_KEY.pack(dead_letter, kid, self.now_us, seq))
+        self.count(sq, kid, meta.type, meta.tenant, -1)
+        self.count(dead_letter, kid, meta.type, meta.tenant, +1)
         self._touched[dead_letter].add(kid)
+        self.flights.append(Released(row_key, used=True))
         self.stats["dead_lettered"] += 1
-        if row.task and record:
-            self.record(row.id, Ending.DEAD)
+        if meta.flags & rows.TASK and record:
+            self.record(self.message_id(seq), Ending.DEAD)
 
-    def stored(self, row_key: bytes, row: Row, receipt: str | None,
-               body: bytes | None = None) -> StoredMessage:
-        sq, kid, _, _ = ROW_KEY.unpack(row_key)
-        return StoredMessage(row.id, receipt, self.body_of(row) if body is None else body,
-                             row.tenant, row.type, self.key_name(kid), row.dequeue_count,
-                             row.enqueued_at_us / US, sq)
+    def stored(self, row_key: bytes, value: bytes, receipt: str | None) -> StoredMessage:
+        sq, kid, _, seq = ROW_KEY.unpack(row_key)
+        meta = rows.meta(value)
+        return StoredMessage(self.message_id(seq), receipt, self.body_of(value, meta),
+                             meta.tenant, meta.type, self.key_name(kid), meta.dequeue_count,
+                             meta.enqueued_us / US, sq)
 
     # -- receipts --------------------------------------------------------------
-    def _resolve(self, receipt: Any) -> tuple[bytes, Row]:
-        parsed = Receipt.decode(receipt)
-        value = self.txn.get("rows", parsed.row_key)
-        row = decode_row(value) if value is not None else None
-        if row is None or row.nonce != parsed.nonce or not parsed.nonce:
-            raise ReceiptInvalid("pop receipt is stale: the message was deleted, "
-                                 "received again or had its visibility changed")
-        return parsed.row_key, row
+    def _resolve(self, receipt: Any) -> tuple[bytes, bytes]:
+        """(row key, value) of the row a receipt holds; 8 bytes compared, nothing decoded."""
+        row_key, nonce = parse_receipt(receipt)
+        value = self.txn.get("rows", row_key)
+        if value is None or rows.nonce_of(value) != nonce or nonce == rows.NO_NONCE:
+            raise ReceiptInvalid(_STALE)
+        return row_key, value
 
     def delete(self, receipts: Sequence[str]) -> list[str]:
         if not isinstance(receipts, (list, tuple)) or len(receipts) > MAX_BATCH:
@@ -369,12 +481,12 @@ class WriteBatch:
         invalid = []
         for receipt in receipts:
             try:
-                row_key, row = self._resolve(receipt)
+                row_key, value = self._resolve(receipt)
             except ReceiptInvalid:
                 invalid.append(receipt)
                 continue
-            self._remove(row_key, row, Ending.DELETED)
-            self.stats["deletes"] += 1
+            self._remove(row_key, value, Ending.DELETED)
+        self.stats["deletes"] += len(receipts) - len(invalid)
         return invalid
 
     def change_visibility(self, receipt: str, timeout_s: float) -> str:
@@ -387,56 +499,44 @@ class WriteBatch:
 
     def _hide(self, receipt: str, timeout_s: float, undeliver: bool) -> str:
         check_seconds(timeout_s, "timeout_s", 0, self.config.max_visibility_timeout_s)
-        row_key, row = self._resolve(receipt)
+        row_key, value = self._resolve(receipt)
         sq, kid, _, seq = ROW_KEY.unpack(row_key)
-        count = max(0, row.dequeue_count - 1) if undeliver else row.dequeue_count
-        new_row = row._replace(nonce=os.urandom(8), dequeue_count=count)
-        new_key = self._move(row_key, new_row,
-                             ROW_KEY.pack(sq, kid, self.now_us + to_us(timeout_s), seq))
-        self.store.cache.discard(row_key)
-        return Receipt(new_key, new_row.nonce).encode()
+        dequeues = rows.meta(value).dequeue_count
+        nonce = os.urandom(8)
+        new_value = rows.redelivered(value, max(0, dequeues - 1) if undeliver else dequeues, nonce)
+        visible_us = self.now_us + to_us(timeout_s)
+        new_key = ROW_KEY.pack(sq, kid, visible_us, seq)
+        self._move(row_key, new_value, new_key)
+        self.flights.append(Released(row_key, used=False) if undeliver
+                            else Rehid(row_key, new_key, visible_us))
+        return receipt_text(new_key, nonce)
 
     # -- housekeeping ------------------------------------------------------------
     def clear(self, subqueue: int) -> int:
         check_subqueue(subqueue)
         removed = 0
         while True:
-            chunk = []
-            for row_key, value in self.txn.scan("rows", PREFIX.pack(subqueue, 0),
-                                                PREFIX.pack(subqueue + 1, 0)):
-                chunk.append((row_key, decode_row(value)))
-                if len(chunk) >= _CLEAR_CHUNK:
-                    break
+            chunk = list(itertools.islice(self.txn.scan("rows", PREFIX.pack(subqueue, 0),
+                                                        PREFIX.pack(subqueue + 1, 0)),
+                                          _CLEAR_CHUNK))
             if not chunk:
                 return removed
-            for row_key, row in chunk:
-                self._remove(row_key, row, Ending.DELETED)
+            for row_key, value in chunk:
+                self._remove(row_key, value, Ending.DELETED)
             removed += len(chunk)
 
     def collect_expired(self, limit: int) -> int:
         check_count(limit, "limit", 1, 10_000_000)
         stop = EXPIRY.pack(self.now_us + 1, 0)
-        entries = []
-        for expiry_key, row_key in self.txn.scan("expiry", b"", stop):
-            entries.append((expiry_key, row_key))
-            if len(entries) >= limit:
-                break
+        entries = list(itertools.islice(self.txn.scan("expiry", b"", stop), limit))
         for expiry_key, row_key in entries:
             value = self.txn.get("rows", row_key)
             if value is None:  # index entry of a row already gone
                 self.txn.delete("expiry", expiry_key)
                 continue
-            self._remove(row_key, decode_row(value), Ending.EXPIRED)
+            self._remove(row_key, value, Ending.EXPIRED)
             self.stats["expired"] += 1
         return len(entries) + self._collect_outcomes(limit)
-
-    # -- flooders (see rayq.core.spill) ------------------------------------------------
-    def sweep(self, type_: str, tenant: str, target: int, limit: int) -> int:
-        return spill.sweep(self, type_, tenant, target, limit)
-
-    def move_matching(self, source: int, target: int, type_: str, tenant: str,
-                      limit: int, after: bytes | None = None) -> tuple[int, bytes | None]:
-        return spill.move_matching(self, source, target, type_, tenant, limit, after)
 
     # -- outcomes of task messages -----------------------------------------------
     def finish(self, receipt: str, outcome: bytes, dead_letter: int | None = None) -> None:
@@ -447,13 +547,13 @@ class WriteBatch:
             raise InvalidMessage(f"an outcome is at most {MAX_OUTCOME_BYTES} bytes")
         if dead_letter is not None:
             check_subqueue(dead_letter)
-        row_key, row = self._resolve(receipt)
+        row_key, value = self._resolve(receipt)
         if dead_letter is None:
-            self._remove(row_key, row)
+            self._remove(row_key, value)
             self.stats["deletes"] += 1
         else:
-            self._dead_letter(row_key, row, dead_letter, record=False)
-        self.record(row.id, Ending.RESULT, outcome)
+            self._dead_letter(row_key, value, dead_letter, record=False)
+        self.record(self.message_id(ROW_KEY.unpack(row_key)[3]), Ending.RESULT, outcome)
 
     def record(self, message_id: str, ending: Ending, payload: bytes = b"") -> None:
         expires_us = self.now_us + to_us(self.config.outcome_ttl_s)
@@ -462,7 +562,7 @@ class WriteBatch:
             return  # a task ends once: deleting its dead letter later changes nothing
         self.txn.put("outcomes", mid, U64.pack(expires_us) + bytes([ending.value]) + payload)
         self.txn.put("outcome_expiry", U64.pack(expires_us) + mid, b"")
-        self.effects.append(("outcome", (message_id, ending, payload)))
+        self.outcomes.append(Outcome(message_id, ending, payload))
 
     def _collect_outcomes(self, limit: int) -> int:
         stop = U64.pack(self.now_us + 1)
@@ -473,6 +573,56 @@ class WriteBatch:
             if value is not None and value[:8] == key[:8]:
                 self.txn.delete("outcomes", key[8:])
         return len(entries)
+
+
+class _Group:
+    """One attribute group of a put: its key, times, shared row prefixes (inline body,
+    blob reference), the flooder it is spilled for (None: not diverted), and its seqs."""
+
+    __slots__ = ("attrs", "kid", "visible_us", "expires_us", "prefix", "blob_prefix",
+                 "spill", "seqs")
+
+    def __init__(self, attrs: Attrs, kid: int, visible_us: int, expires_us: int, prefix: bytes,
+                 blob_prefix: bytes, spill: str | None):
+        self.attrs, self.kid, self.visible_us, self.expires_us = attrs, kid, visible_us, expires_us
+        self.prefix, self.blob_prefix, self.spill = prefix, blob_prefix, spill
+        self.seqs: list[int] = []
+
+
+class _KeyRows:
+    """The deliverable rows of one (subqueue, key), oldest visible first, read lazily.
+    Expired rows, and rows already received ``max_receives`` times, are stepped over
+    into ``skipped`` (they count against the batch's scan budget)."""
+
+    __slots__ = ("batch", "rows", "now_us", "max_receives", "skipped", "taken")
+
+    def __init__(self, batch: WriteBatch, sq: int, kid: int, now_us: int,
+                 max_receives: int | None, skipped: list):
+        self.batch, self.now_us, self.max_receives = batch, now_us, max_receives
+        # keys only: a cached row's value comes from memory (seed 004), others one get each
+        self.rows = batch.txn.scan_keys("rows", PREFIX.pack(sq, kid), PREFIX.pack(sq, kid + 1))
+        self.skipped, self.taken = skipped, 0
+
+    def next(self) -> tuple[bytes, bytes] | None:
+        batch = self.batch
+        cache, txn = batch.store.cache, batch.txn
+        for row_key in self.rows:
+            if ROW_KEY.unpack(row_key)[2] > self.now_us:
+                break  # hidden and delayed rows sort after every visible one
+            batch.stats["rows_scanned"] += 1
+            value = cache.get(row_key) or txn.get("rows", row_key)
+            if rows.expires_us(value) <= self.now_us:
+                self.skipped.append((row_key, value, "expired"))
+            elif self.max_receives is not None and \
+                    rows.DEQUEUE.unpack_from(value, 16)[0] >= self.max_receives:
+                self.skipped.append((row_key, value, "dead"))
+            else:
+                return row_key, value
+            batch._budget -= 1
+            if batch._budget <= 0:
+                break
+        self.rows = iter(())
+        return None
 
 
 def _check_keys(keys: Any) -> None:

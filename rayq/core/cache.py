@@ -79,11 +79,11 @@ class PressureMonitor:
 
 
 class MessageCache:
-    """Row key -> (decoded row, full body) for messages not yet received."""
+    """Row key -> row value (header, names and body) for messages not yet received."""
 
     def __init__(self, monitor: PressureMonitor):
         self._monitor = monitor
-        self._entries: dict[bytes, tuple[Any, bytes, int]] = {}
+        self._entries: dict[bytes, bytes] = {}
         self._bytes = 0
         self._hits = self._misses = self._bypasses = self._episodes = 0
         self._pressure = False
@@ -95,34 +95,32 @@ class MessageCache:
         self._pressure = pressure
         return pressure
 
-    def add(self, row_key: bytes, row: Any, body: bytes) -> bool:
+    def add(self, row_key: bytes, value: bytes) -> bool:
         """Cache a freshly stored message unless under pressure; True when cached."""
         if self.under_pressure():
             self._bypasses += 1
             return False
-        size = len(body) + len(row_key) + ENTRY_OVERHEAD_BYTES
-        self._entries[row_key] = (row, body, size)
-        self._bytes += size
+        self._entries[row_key] = value
+        self._bytes += len(value) + len(row_key) + ENTRY_OVERHEAD_BYTES
         return True
 
-    def take(self, row_key: bytes) -> tuple[Any, bytes] | None:
-        """Remove and return a cached message, counting the hit or the miss."""
-        entry = self._entries.pop(row_key, None)
-        if entry is None:
+    def take(self, row_key: bytes) -> bytes | None:
+        """Remove and return a cached row value, counting the hit or the miss."""
+        value = self._entries.pop(row_key, None)
+        if value is None:
             self._misses += 1
             return None
         self._hits += 1
-        self._bytes -= entry[2]
-        return entry[0], entry[1]
+        self._bytes -= len(value) + len(row_key) + ENTRY_OVERHEAD_BYTES
+        return value
 
-    def get(self, row_key: bytes) -> tuple[Any, bytes] | None:
-        entry = self._entries.get(row_key)
-        return None if entry is None else (entry[0], entry[1])
+    def get(self, row_key: bytes) -> bytes | None:
+        return self._entries.get(row_key)
 
     def discard(self, row_key: bytes) -> None:
-        entry = self._entries.pop(row_key, None)
-        if entry is not None:
-            self._bytes -= entry[2]
+        value = self._entries.pop(row_key, None)
+        if value is not None:
+            self._bytes -= len(value) + len(row_key) + ENTRY_OVERHEAD_BYTES
 
     def clear(self) -> None:
         self._entries.clear()

@@ -10,15 +10,19 @@ over its span. Keys without pending messages take no part, so they never make
 others look greedy, and the shares follow capacity because they are shares
 of what was actually used.
 
-- latency victims: the oldest message waited longer than the threshold
-  (scaled up by threads / limit for concurrency-limited keys);
+- latency victims: the oldest message waited at least the threshold (seed 000's
+  example intervenes at exactly 20:00; scaled up by threads / limit for
+  concurrency-limited keys);
 - usage victims: actual < (1 - band) x expected; offenders: actual >
   (1 + band) x expected; starvation = (expected - actual) / expected;
 - intervene only when some key is both a latency and a usage victim;
 - zero-latency keys that used threads in the two most recent windows and
   more than a waiting key's fair share compete too (the long-running trickle);
-- a key whose messages were deferred (concurrency limits) has its waiting
-  fraction scaled by processed / (processed + deferred);
+- a usage victim whose messages were deferred (concurrency limits, host
+  pressure, suspension, messages that cannot run) has its expected usage
+  scaled by processed / dequeued, never below its actual usage: the revision
+  can make a victim a fair user, never an offender, and only victims are
+  revised (other keys' shares are left as they are);
 - keys with high latency get booster permits: extra consumer capacity that
   serves them first; offenders' permits are ignored while intervening, and
   keys that deferred get none.
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from rayq.config import FairnessConfig
@@ -136,25 +140,45 @@ def waiting_fractions(start: float, table: UsageTable, now: float) -> list[float
 
 
 def deferral_scale(key: str, table: UsageTable) -> list[float]:
-    """processed / (processed + deferred) per window: a key that throttled itself
-    only competed for that part of its waiting time."""
+    """processed / dequeued per window (dequeued = processed + deferred): a key that
+    throttled itself chose to use only that part of the threads it was offered."""
     n = table.windows
     processed, deferred = table.series("processed", key, n), table.series("deferred", key, n)
     return [p / (p + d) if d else 1.0 for p, d in zip(processed, deferred)]
 
 
-def fair_shares(fractions: Mapping[str, list[float]], table: UsageTable) -> dict[str, list[float]]:
+def revised_expected(shares: list[float], actual_s: float, scale: list[float]) -> float:
+    """A usage victim's expected usage after its deferrals: each window's share scaled
+    by processed / dequeued, but never below what it used (seed 000: the revision
+    never turns a victim into an offender)."""
+    return max(sum(share * f for share, f in zip(shares, scale)), actual_s)
+
+
+def starvation_of(expected_s: float, actual_s: float) -> float:
+    """(expected - actual) / expected: > 0 below the fair share, < 0 above it."""
+    return (expected_s - actual_s) / expected_s
+
+
+def fair_shares(fractions: Mapping[str, list[float]], table: UsageTable,
+                weight: Callable[[str], float] = lambda key: 1.0) -> dict[str, list[float]]:
     """Expected usage per key per window: the window's usage by the competing keys,
-    shared in proportion to the fractions of the window they spent waiting."""
+    shared in proportion to the fractions of the window they spent waiting, times
+    their weights (a key of weight 2 is entitled to twice the thread time)."""
     n = table.windows
     shares = {key: [0.0] * n for key in fractions}
     for j in range(n):
         members = [k for k, f in fractions.items() if f[j] > 0]
-        f_sum = sum(fractions[k][j] for k in members)
+        f_sum = sum(fractions[k][j] * weight(k) for k in members)
         used = sum(table.series("usage", k, n)[j] for k in members)
         for k in members:
-            shares[k][j] = used * fractions[k][j] / f_sum
+            shares[k][j] = used * fractions[k][j] * weight(k) / f_sum
     return shares
+
+
+def key_weight(config: FairnessConfig) -> Callable[[str], float]:
+    """A key's weight under ``config`` (``weights``, else ``default_weight``)."""
+    weights = dict(config.weights)
+    return lambda key: weights.get(key, config.default_weight)
 
 
 def recent_run(series: list[float]) -> list[int]:
@@ -178,16 +202,16 @@ def evaluate(table: UsageTable, pending: Mapping[str, KeyState], now: float,
              suspended: Collection[str] = (), was_intervening: bool = False) -> Decision:
     """Classify every key and decide whether to intervene (see the module docstring).
 
-    An intervention starts when a latency victim is a usage victim; once on, it
-    goes on while a latency victim is below its fair share at all (hysteresis:
-    stopping at the band would hand the threads straight back to the offender).
+    An intervention starts when a latency victim (waited at least the threshold)
+    is a usage victim; once on, it goes on while a latency victim is below its
+    fair share at all (hysteresis: stopping at the band would hand the threads
+    straight back to the offender).
     """
     waiting = {k: s for k, s in pending.items() if k not in suspended and s.latency_s > 0}
-    fractions = {}
-    for key, state in waiting.items():
-        raw = waiting_fractions(state.oldest_enqueued_at, table, now)
-        fractions[key] = [f * s for f, s in zip(raw, deferral_scale(key, table))]
-    first = fair_shares(fractions, table)
+    fractions = {key: waiting_fractions(state.oldest_enqueued_at, table, now)
+                 for key, state in waiting.items()}
+    weight = key_weight(config)
+    first = fair_shares(fractions, table, weight)
     n = table.windows
     # Zero-latency keys: pending with nothing waiting, or finished recently.
     zero = sorted((set(table.usage) | set(pending)) - set(waiting) - set(suspended))
@@ -198,19 +222,22 @@ def evaluate(table: UsageTable, pending: Mapping[str, KeyState], now: float,
         least_fair = min((sum(first[k][j] for j in run) for k in waiting), default=math.inf)
         if run and used > least_fair:
             competing[key] = [1.0 if j in run else 0.0 for j in range(n)]
-    shares = fair_shares(competing, table) if len(competing) > len(fractions) else first
+    shares = fair_shares(competing, table, weight) if len(competing) > len(fractions) else first
     expected, actual, starvation = {}, {}, {}
     for key, f in competing.items():
         usage = table.series("usage", key, n)
         expected[key] = sum(shares[key])
         actual[key] = sum(u for u, w in zip(usage, f) if w > 0)
         if expected[key] > 0:
-            starvation[key] = (expected[key] - actual[key]) / expected[key]
+            starvation[key] = starvation_of(expected[key], actual[key])
+        if starvation.get(key, 0.0) > config.band and any(table.series("deferred", key, n)):
+            expected[key] = revised_expected(shares[key], actual[key], deferral_scale(key, table))
+            starvation[key] = starvation_of(expected[key], actual[key]) if expected[key] else 0.0
     usage_victims = frozenset(k for k, s in starvation.items() if s > config.band)
     offenders = frozenset(k for k, s in starvation.items() if s < -config.band)
     latency_victims = frozenset(
         k for k, s in waiting.items()
-        if s.latency_s > latency_threshold(s, config.latency_threshold_s, threads))
+        if s.latency_s >= latency_threshold(s, config.latency_threshold_s, threads))
     intervening = bool(latency_victims & usage_victims) or (was_intervening and any(
         starvation.get(k, 0.0) > 0 for k in latency_victims))
     permits, ignored = booster_permits(waiting, table, config, threads, offenders if intervening else ())
@@ -230,7 +257,7 @@ def booster_permits(waiting: Mapping[str, KeyState], table: UsageTable, config: 
     permits, ignored = {}, {}
     for key, state in waiting.items():
         threshold = latency_threshold(state, config.latency_threshold_s, threads)
-        if state.latency_s <= threshold or any(table.series("deferred", key, table.windows)):
+        if state.latency_s < threshold or any(table.series("deferred", key, table.windows)):
             continue
         count = min(MAX_PERMITS, int(state.latency_s // threshold))
         (ignored if key in offenders else permits)[key] = count
@@ -290,7 +317,8 @@ class FairnessReport:
     """``client.fairness()``: the state of fair dispatch at the last evaluation.
 
     starvation: (expected - actual) / expected per key; listen_order: the order a
-    regular consumer would use now; history: recent decisions, newest last.
+    regular consumer would use now; history: recent decisions, newest last;
+    noisy: the keys the shards' fair dispatch treats as noisy (first layer), since when.
     """
 
     evaluated_at: float | None
@@ -309,6 +337,7 @@ class FairnessReport:
     ignored_permits: Mapping[str, int]
     suspended: tuple
     history: tuple[dict, ...]
+    noisy: tuple = ()   # rayq.core.dispatch.NoisyKey: what the shards' fair dispatch serves last
 
 
 def decision_event(d: Decision, order: list[str]) -> dict:

@@ -5,14 +5,19 @@ whole job type. Its existing messages move to a dedicated subqueue, its new
 ones go to a spill store that bypasses the cache, and a sweeper brings them
 back while the shard is healthy. The rules:
 
-- tenant-level: the combination's depth is over ``depth_threshold`` and the
-  tenant enqueued more than ``enqueue_threshold`` of that type into that queue
-  within the look-back;
+- tenant-level: the message type's queue (every tenant of that type in the
+  queue, live and dedicated subqueues) is deeper than ``depth_threshold``;
+  then every tenant that enqueued more than ``enqueue_threshold`` of that type
+  into that queue within the look-back is a flooder. A tenant whose own
+  dedicated subqueue is deeper than ``depth_threshold`` stays one whatever
+  it enqueued (only it can be responsible);
 - type-level: the type's depth on the queue's dedicated subqueues is over
   ``type_depth_threshold`` (flooding goes on although its tenants are isolated);
-- removal: nothing left in the spill store and fewer unprocessed messages than
-  ``exit_dedicated`` (a tenant flooder with its own subqueue) or
-  ``exit_shared`` (a type-level flooder, whose messages share subqueues).
+- removal: the last sweep emptied the flooder's spill store (everything spilled
+  before it went back) and its unprocessed messages (queue depth) plus what it
+  enqueued since that sweep (spilled now) are under ``exit_dedicated`` (a
+  tenant flooder with its own subqueue) or ``exit_shared`` (a type-level
+  flooder, whose messages share subqueues).
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ ALL_TENANTS = "*"
 
 @dataclass(frozen=True)
 class Flooder:
-    """An entry of the flooder list. ``spilled``: messages in spill stores now."""
+    """An entry of the flooder list. ``spilled``: messages in spill stores now;
+    ``swept_empty``: the last sweeper run moved back everything spilled before it."""
 
     queue: str
     type: str
@@ -35,6 +41,7 @@ class Flooder:
     since: float
     spilled: int = 0
     depth: int = 0
+    swept_empty: bool = False
 
     @property
     def combination(self) -> tuple[str, str, str]:
@@ -84,11 +91,24 @@ class FloodChanges:
     kept: tuple[Flooder, ...]
 
 
+def type_depths(view: FloodView) -> dict[tuple[str, str], int]:
+    """Depth of each message type's queue: all its tenants, live and dedicated subqueues."""
+    out: dict[tuple[str, str], int] = {}
+    for table in (view.depth, view.dedicated_depth):
+        for (queue, type_, _), n in table.items():
+            out[(queue, type_)] = out.get((queue, type_), 0) + n
+    return out
+
+
 def tenant_flooders(view: FloodView, config: FloodConfig) -> set[tuple[str, str, str]]:
-    """Combinations deeper than the depth threshold whose tenant enqueued too much."""
-    return {combo for combo, depth in view.depth.items()
-            if depth + view.dedicated_depth.get(combo, 0) > config.depth_threshold
-            and view.enqueued.get(combo, 0) > config.enqueue_threshold}
+    """Tenants that enqueued too much of a type whose queue is too deep, and tenants
+    whose own dedicated subqueue is too deep."""
+    flooding = {qt for qt, depth in type_depths(view).items() if depth > config.depth_threshold}
+    heavy = {combo for combo, n in view.enqueued.items()
+             if combo[:2] in flooding and n > config.enqueue_threshold}
+    alone = {combo for combo, n in view.dedicated_depth.items()
+             if combo[2] != ALL_TENANTS and n > config.depth_threshold}
+    return heavy | alone
 
 
 def type_flooders(view: FloodView, config: FloodConfig) -> set[tuple[str, str, str]]:
@@ -101,10 +121,10 @@ def type_flooders(view: FloodView, config: FloodConfig) -> set[tuple[str, str, s
 
 
 def may_leave(flooder: Flooder, view: FloodView, config: FloodConfig) -> bool:
-    """Spill store empty and few enough unprocessed messages left."""
+    """The last sweep emptied the spill store, and the queue depth plus the enqueues
+    since that sweep (which all went to spill) are under the exit threshold."""
     limit = config.exit_shared if flooder.type_level else config.exit_dedicated
-    return view.spilled_of(flooder.combination) == 0 and \
-        view.unprocessed(flooder.combination) < limit
+    return flooder.swept_empty and view.unprocessed(flooder.combination) < limit
 
 
 def detect(view: FloodView, current: list[Flooder], config: FloodConfig,
@@ -125,7 +145,9 @@ def detect(view: FloodView, current: list[Flooder], config: FloodConfig,
 
 
 def shard_healthy(depth: int, under_pressure: bool, config: FloodConfig) -> bool:
-    """The sweeper moves messages back onto a shard only while this holds."""
+    """The sweeper moves messages back only while this holds. ``depth``: of the queue
+    it sweeps into (a deep unrelated queue on the same shard does not count);
+    ``under_pressure``: the shard's memory."""
     return depth < config.healthy_depth and not under_pressure
 
 
@@ -160,7 +182,7 @@ def build_view(layout: Mapping[int, tuple[str, bool]], tenant_counts: list[Mappi
 def sweep_step(depth: int, under_pressure: bool, spilled: int, batches_done: int,
                config: FloodConfig, max_batches: int) -> str:
     """What the sweeper does next on one shard, checked before every batch:
-    "sweep" a batch, "pause" (the shard is unhealthy: stop at once), "done"
+    "sweep" a batch, "pause" (the target queue is deep or memory pressed: stop at once), "done"
     (nothing spilled) or "later" (this run's share of batches is used up)."""
     if spilled <= 0:
         return "done"

@@ -18,14 +18,16 @@ from rayq.errors import StoreError
 
 T = TypeVar("T")
 DATABASES = ("rows", "expiry", "blobs", "counts", "keys", "meta", "outcomes", "outcome_expiry",
-             "spill", "tcounts")
+             "spill", "tcounts", "nonces")
 
 
 class Txn(Protocol):
     def get(self, db: str, key: bytes) -> bytes | None: ...
     def put(self, db: str, key: bytes, value: bytes) -> None: ...
     def delete(self, db: str, key: bytes) -> bool: ...
+    def putmulti(self, db: str, items: list[tuple[bytes, bytes]]) -> None: ...
     def scan(self, db: str, start: bytes, stop: bytes | None = None) -> Iterator[tuple[bytes, bytes]]: ...
+    def scan_keys(self, db: str, start: bytes, stop: bytes | None = None) -> Iterator[bytes]: ...
     def nested(self) -> contextlib.AbstractContextManager["Txn"]: ...
 
 
@@ -51,6 +53,11 @@ class _LmdbTxn:
     def delete(self, db: str, key: bytes) -> bool:
         return self._txn.delete(key, db=self._dbs[db])
 
+    def putmulti(self, db: str, items: list[tuple[bytes, bytes]]) -> None:
+        """Many puts in one C loop (py-lmdb's Cursor.putmulti)."""
+        if items:
+            self._txn.cursor(db=self._dbs[db]).putmulti(items)
+
     def scan(self, db: str, start: bytes, stop: bytes | None = None):
         cursor = self._txn.cursor(db=self._dbs[db])
         if not cursor.set_range(start):
@@ -59,6 +66,16 @@ class _LmdbTxn:
             if stop is not None and key >= stop:
                 return
             yield key, value
+
+    def scan_keys(self, db: str, start: bytes, stop: bytes | None = None):
+        """Keys only: the values are not copied out of the map."""
+        cursor = self._txn.cursor(db=self._dbs[db])
+        if not cursor.set_range(start):
+            return
+        for key in cursor.iternext(keys=True, values=False):
+            if stop is not None and key >= stop:
+                return
+            yield key
 
     @contextlib.contextmanager
     def nested(self):

@@ -10,14 +10,15 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from rayq.core.auth import ADMIN
+from rayq.core.auth import ACCOUNT_NAME, ADMIN, QUEUE_SEP, queue_ref
 from rayq.core.clock import Clock
 from rayq.core.kv import KV
 from rayq.core.model import DLQ_SUFFIX, SubqueueState, check_count, pack, unpack
 from rayq.core.scaling import least_loaded_shard
-from rayq.errors import AuthError, InvalidMessage, QueueDisabled, QueueExists, QueueNotFound
+from rayq.errors import InvalidMessage, QueueDisabled, QueueExists, QueueNotFound
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,80}$")
+PURGE = b"purge:"  # subqueue id -> shard, until the shard has taken the removal over
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,11 @@ class QueueInfo:
     created_at: float
     is_dlq: bool = False
     owner: str = ADMIN  # the account whose queue this is
+
+    @property
+    def ref(self) -> str:
+        """The runtime-wide name: ``name`` for the default account's, else ``owner/name``."""
+        return queue_ref(self.owner, self.name)
 
     def subqueue(self, sq: int) -> SubqueueInfo | None:
         return next((s for s in self.subqueues if s.id == sq), None)
@@ -75,28 +81,64 @@ def check_queue_name(name) -> str:
     return name
 
 
+def check_queue_ref(name) -> str:
+    """A queue name as a client may give it: plain (its own account's) or ``account/name``."""
+    if isinstance(name, str) and QUEUE_SEP in name:
+        owner, _, bare = name.partition(QUEUE_SEP)
+        if not ACCOUNT_NAME.match(owner):
+            raise InvalidMessage(f"not an account name before {QUEUE_SEP!r}: {name!r:.100}")
+        check_queue_name(bare)
+        return name
+    return check_queue_name(name)
+
+
+def _record_key(ref: str) -> bytes:
+    return b"q:" + ref.encode()
+
+
 class QueueRegistry:
-    """Queues, their subqueues and placement, persisted in a KV's ``meta`` table."""
+    """Queues, their subqueues and placement, persisted in a KV's ``meta`` table.
+
+    Every account has its own namespace: a queue is keyed by its runtime-wide name
+    (:attr:`QueueInfo.ref`, one-to-one with (owner, name)), while subqueue ids stay
+    global integers. Methods take that runtime-wide name.
+    """
 
     def __init__(self, kv: KV, *, shards: int, clock: Clock):
         self.kv, self.shards, self.clock = kv, shards, clock
-        self._queues: dict[str, QueueInfo] = kv.read(self._load)
+        self._queues: dict[str, QueueInfo] = kv.transact(self._load)
 
-    def _load(self, txn) -> dict[str, QueueInfo]:
-        return {k[2:].decode(): QueueInfo.from_record(unpack(v))
-                for k, v in txn.scan("meta", b"q:", b"q;")}
+    @staticmethod
+    def _load(txn) -> dict[str, QueueInfo]:
+        """Read every queue, migrating records of the one-namespace layout on the way: a
+        record without an owner is the default account's (names were global then, and
+        the default account's keys are unchanged); a record an account owned moves from
+        ``q:<name>`` to ``q:<account>/<name>``, so its account keeps it."""
+        queues, moved = {}, []
+        for key, value in list(txn.scan("meta", b"q:", b"q;")):
+            queue = QueueInfo.from_record(unpack(value))
+            queues[queue.ref] = queue
+            if key != _record_key(queue.ref):
+                moved.append((key, queue))
+        for key, queue in moved:
+            txn.delete("meta", key)
+            txn.put("meta", _record_key(queue.ref), pack(queue.to_record()))
+        return queues
 
-    def _save(self, *queues: QueueInfo, removed: tuple[str, ...] = ()) -> None:
+    def _save(self, *queues: QueueInfo, removed: tuple[str, ...] = (),
+              purges: tuple[SubqueueInfo, ...] = ()) -> None:
         def write(txn):
             for q in queues:
-                txn.put("meta", b"q:" + q.name.encode(), pack(q.to_record()))
-            for name in removed:
-                txn.delete("meta", b"q:" + name.encode())
+                txn.put("meta", _record_key(q.ref), pack(q.to_record()))
+            for ref in removed:
+                txn.delete("meta", _record_key(ref))
+            for sq in purges:
+                txn.put("meta", PURGE + str(sq.id).encode(), str(sq.shard).encode())
         self.kv.transact(write)
         for q in queues:
-            self._queues[q.name] = q
-        for name in removed:
-            self._queues.pop(name, None)
+            self._queues[q.ref] = q
+        for ref in removed:
+            self._queues.pop(ref, None)
 
     def _next_ids(self, n: int) -> list[int]:
         def allocate(txn):
@@ -107,16 +149,20 @@ class QueueRegistry:
         return self.kv.transact(allocate)
 
     # -- queries -------------------------------------------------------------
-    def get(self, name: str) -> QueueInfo:
-        queue = self._queues.get(name)
+    def get(self, ref: str) -> QueueInfo:
+        queue = self._queues.get(ref)
         if queue is None:
-            raise QueueNotFound(f"no queue named {name!r}")
+            raise QueueNotFound(f"no queue named {ref!r}")
         return queue
 
-    def __contains__(self, name: str) -> bool:
-        return name in self._queues
+    def find(self, ref: str) -> QueueInfo | None:
+        return self._queues.get(ref)
+
+    def __contains__(self, ref: str) -> bool:
+        return ref in self._queues
 
     def names(self) -> list[str]:
+        """Every queue's runtime-wide name, sorted."""
         return sorted(self._queues)
 
     def all(self) -> list[QueueInfo]:
@@ -128,18 +174,16 @@ class QueueRegistry:
     # -- changes ---------------------------------------------------------------
     def create(self, name: str, *, subqueues: int, max_receives: int | None,
                shard_depths: Mapping[int, int], owner: str = ADMIN) -> QueueInfo:
-        """Create a queue and its ``<name>-dlq`` for account ``owner`` (idempotent for the
-        same settings and owner)."""
+        """Create queue ``name`` and its ``<name>-dlq`` in account ``owner``'s namespace
+        (idempotent for the same settings)."""
         check_queue_name(name)
         if name.endswith(DLQ_SUFFIX):
             raise InvalidMessage(f"names ending in {DLQ_SUFFIX!r} are reserved for dead-letter queues")
         check_count(subqueues, "subqueues", 1, 64)
         if max_receives is not None:
             check_count(max_receives, "max_receives", 1, 1000)
-        existing = self._queues.get(name)
+        existing = self._queues.get(queue_ref(owner, name))
         if existing is not None:
-            if existing.owner != owner:
-                raise AuthError(f"queue {name!r} belongs to another account")
             if existing.max_receives != max_receives:
                 raise QueueExists(f"queue {name!r} exists with max_receives={existing.max_receives}")
             return existing
@@ -174,11 +218,11 @@ class QueueRegistry:
     def delete(self, name: str) -> list[SubqueueInfo]:
         """Remove a queue (and its DLQ); returns the subqueues whose messages must go."""
         queue = self.get(name)
-        removed = [queue.name]
+        removed = [queue.ref]
         subqueues = list(queue.subqueues)
         dlq = self._queues.get(name + DLQ_SUFFIX)
         if dlq is not None and not queue.is_dlq:
-            removed.append(dlq.name)
+            removed.append(dlq.ref)
             subqueues += dlq.subqueues
         self._save(removed=tuple(removed))
         return subqueues
@@ -215,6 +259,36 @@ class QueueRegistry:
         queue = replace(queue, subqueues=subqueues)
         self._save(queue)
         return queue
+
+    # -- clearing (seed 003: mark the subqueues to be deleted, start fresh ones) ---------
+    def renew(self, name: str) -> list[SubqueueInfo]:
+        """Give queue ``name`` fresh, empty subqueues in place of its subqueues (same
+        shards; a flooder's dedicated subqueue stays dedicated; draining ones are not
+        replaced). Returns the old subqueues, recorded as pending removal in the same
+        transaction so a crash cannot leave them behind."""
+        queue = self.get(name)
+        keep = [s for s in queue.subqueues if s.state is SubqueueState.ALL]
+        version = max((s.version for s in queue.subqueues), default=-1) + 1
+        fresh = tuple(SubqueueInfo(i, s.shard, SubqueueState.ALL, version, s.dedicated)
+                      for i, s in zip(self._next_ids(len(keep)), keep))
+        renewed = replace(queue, subqueues=fresh)
+        self._save(renewed, purges=queue.subqueues)
+        return list(queue.subqueues)
+
+    def note_purges(self, subqueues: list[SubqueueInfo]) -> None:
+        """Record subqueues whose messages shards must remove (a deleted queue's)."""
+        self._save(purges=tuple(subqueues))
+
+    def pending_purges(self) -> list[SubqueueInfo]:
+        """Subqueues recorded for removal that no shard has acknowledged yet."""
+        def read(txn):
+            return [SubqueueInfo(int(k[len(PURGE):]), int(v), SubqueueState.DISABLED, 0)
+                    for k, v in txn.scan("meta", PURGE, PURGE[:-1] + b";")]
+        return self.kv.read(read)
+
+    def purged(self, ids: list[int]) -> None:
+        """Shards took these subqueues over: their removal goes on there."""
+        self.kv.transact(lambda txn: [txn.delete("meta", PURGE + str(i).encode()) for i in ids])
 
     def set_state(self, name: str, sq: int, state: SubqueueState) -> QueueInfo:
         queue = self.get(name)

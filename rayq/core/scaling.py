@@ -1,8 +1,12 @@
 """Subqueue scaling decisions (seed 003), a pure function of observed load.
 
-Scale up when a subqueue that takes puts is busy or throttled; scale down by
-retiring one subqueue to ``NO_PUT`` once the queue has been idle for a while,
-and drop a retired subqueue when it has drained.
+Scale up when a subqueue that takes puts is busy or throttled. Scale down per
+subqueue, as the seed does: a subqueue is *quiet* when it is seldom throttled
+and small (few messages) or fast (its operation rate is far below what one
+subqueue takes, or under ``idle_ops_per_s``). Once every open subqueue has been
+quiet for ``idle_s`` and the others have room for its load, the quietest is
+retired to ``NO_PUT``; a retired subqueue is dropped when it has drained. A
+queue that grew under a burst so narrows again under moderate steady load.
 """
 
 from __future__ import annotations
@@ -39,16 +43,32 @@ def least_loaded_shard(shard_depths: Mapping[int, int]) -> int:
     return min(shard_depths, key=lambda shard: (shard_depths[shard], shard))
 
 
-def is_idle(loads: Sequence[SubqueueLoad], config: ScalingConfig) -> bool:
-    return all(load.ops_per_s < config.idle_ops_per_s and not load.throttled_per_s
-               for load in loads)
+def is_quiet(load: SubqueueLoad, config: ScalingConfig) -> bool:
+    """Seldom throttled, and small or fast (seed 003's three scale-down signals)."""
+    if load.throttled_per_s >= config.seldom_throttled_per_s:
+        return False
+    small = load.count < config.small_count
+    fast = load.ops_per_s < max(config.idle_ops_per_s,
+                                config.fast_ops_fraction * config.scale_up_ops_per_s)
+    return small or fast
+
+
+def has_room_without_one(open_: Sequence[SubqueueLoad], config: ScalingConfig) -> bool:
+    """The other open subqueues would stay fast with the retired one's operations."""
+    if len(open_) < 2:
+        return False
+    per_subqueue = sum(l.ops_per_s for l in open_) / (len(open_) - 1)
+    return per_subqueue < max(config.idle_ops_per_s,
+                              config.fast_ops_fraction * config.scale_up_ops_per_s)
 
 
 def decide(loads: Sequence[SubqueueLoad], shard_depths: Mapping[int, int], *,
-           min_subqueues: int, idle_for_s: float, config: ScalingConfig) -> ScalingDecision:
+           min_subqueues: int, quiet_for_s: Mapping[int, float],
+           config: ScalingConfig) -> ScalingDecision:
     """What to change in one queue's subqueues now.
 
-    ``idle_for_s`` is how long the whole queue has been idle (0 when busy).
+    ``quiet_for_s``: per subqueue, how long it has been quiet (see :func:`is_quiet`;
+    missing or 0 when it is not).
     """
     drop = tuple(l.id for l in loads if l.state is SubqueueState.NO_PUT and l.count == 0)
     open_ = [l for l in loads if l.state is SubqueueState.ALL]
@@ -58,7 +78,9 @@ def decide(loads: Sequence[SubqueueLoad], shard_depths: Mapping[int, int], *,
                or l.throttled_per_s >= config.scale_up_throttled_per_s for l in open_)
     if busy and live < config.max_subqueues:
         return ScalingDecision(add_on_shard=least_loaded_shard(shard_depths), drop=drop)
-    if len(open_) > max(1, min_subqueues) and not draining and idle_for_s >= config.idle_s:
-        retire = min(open_, key=lambda l: (l.count, -l.version))
+    settled = all(quiet_for_s.get(l.id, 0.0) >= config.idle_s for l in open_)
+    if len(open_) > max(1, min_subqueues) and not draining and settled \
+            and has_room_without_one(open_, config):
+        retire = min(open_, key=lambda l: (l.count, l.ops_per_s, -l.version))
         return ScalingDecision(retire=retire.id, drop=drop)
     return ScalingDecision(drop=drop)

@@ -26,13 +26,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from rayq.config import StoreConfig
+from rayq.core.dispatch import DispatchPolicy, FairDispatch, NoisyChange, NoisyKey
 from rayq.core.batch import (BATCH_OPS, CHUNK as U32, I64, MAX_BATCH, STAT_NAMES, U64, WriteBatch,
+                             first_row_at,
                              check_subqueue)
 from rayq.core.cache import CacheStats, MessageCache, PressureMonitor, psutil_probe
+from rayq.core import purge, spill
 from rayq.core.clock import Clock, SystemClock
 from rayq.core.kv import KV, Txn
+from rayq.core import rows
+from rayq.core.migrate import migrate_rows
 from rayq.core.model import (PREFIX, ROW_KEY, US, Ending, NewMessage, StoredMessage, SubqueueState,
-                             check_count, check_name, decode_row, to_us)
+                             check_count, check_name, to_us)
+from rayq.core.wire import decode_delivered, encode_messages
 from rayq.core.windows import WindowedSums
 from rayq.errors import InvalidMessage
 
@@ -75,7 +81,8 @@ class ShardStore:
     """One shard's messages over a :class:`~rayq.core.kv.KV` (LMDB in production)."""
 
     def __init__(self, kv: KV, *, config: StoreConfig = StoreConfig(),
-                 clock: Clock | None = None, memory_probe=psutil_probe):
+                 clock: Clock | None = None, memory_probe=psutil_probe,
+                 dispatch: DispatchPolicy = DispatchPolicy()):
         self.kv = kv
         self.config = config
         self.clock = clock or SystemClock()
@@ -97,7 +104,11 @@ class ShardStore:
         self.diverts: dict[int, list[tuple[str, str]]] = {}  # subqueue -> flooders to spill
         self.keep_enqueued = False  # the shard actor turns this on to log enqueues
         self._enqueued: list[tuple] = []
+        self.dispatch = FairDispatch(dispatch, self._key_names.get)
         self._seq, self.store_id = kv.transact(self._load)
+        self.store_hex = self.store_id.hex()  # message ids are "<store hex>-<seq hex>"
+        self.purging: set[int] = kv.read(purge.load_marks)  # cleared or deleted subqueues
+        self._purge_cursor: bytes | None = None  # how far the spill table was looked at
 
     # -- opening ---------------------------------------------------------
     def _load(self, txn: Txn) -> tuple[int, bytes]:
@@ -105,6 +116,7 @@ class ShardStore:
         if store_id is None:
             store_id = os.urandom(6)
             txn.put("meta", b"store_id", store_id)
+        migrate_rows(txn, store_id)
         seq = txn.get("meta", b"seq")
         for name, kid in txn.scan("keys", b"n:", b"n;"):
             self._remember_key(name[2:].decode(), U64.unpack(kid)[0])
@@ -120,10 +132,30 @@ class ShardStore:
             self._tenant_counts[name] = I64.unpack(value)[0]
             if name[0] == "S":
                 self._spilled[name[1]] += self._tenant_counts[name]
+        heads = {pair: first_row_at(txn, *pair) for pair in self._counts}  # a seek each
+        self.dispatch.apply([], heads, to_us(self.clock.now()))
         return (U64.unpack(seq)[0] if seq else 0), store_id
 
     def _remember_key(self, name: str, kid: int) -> None:
         self._key_ids[name], self._key_names[kid] = kid, name
+
+    # -- what a write batch reads ------------------------------------------
+    @property
+    def seq(self) -> int:
+        """The last sequence number committed."""
+        return self._seq
+
+    def known_key_id(self, name: str) -> int | None:
+        return self._key_ids.get(name)
+
+    def key_name_of(self, kid: int) -> str | None:
+        return self._key_names.get(kid)
+
+    def count_of(self, sq: int, kid: int) -> int:
+        return self._counts.get((sq, kid), 0)
+
+    def tenant_count_of(self, name: tuple[str, int, str, str]) -> int:
+        return self._tenant_counts.get(name, 0)
 
     # -- transactions ------------------------------------------------------
     def _run(self, fn: Callable[[WriteBatch], Any]) -> Any:
@@ -137,13 +169,18 @@ class ShardStore:
         self._apply(batch)
         return result
 
-    def group(self, calls: Sequence[tuple[str, tuple, dict]]) -> list[Any]:
+    def group(self, calls: Sequence[tuple[str, tuple, dict]],
+              also: Callable[[Txn], None] | None = None) -> list[Any]:
         """Run many calls in one write transaction (group commit).
 
         Each call runs in a nested transaction: one that raises a RayqError is
         rolled back alone and its exception takes its place in the results.
+        ``also(txn)`` writes in the same transaction, before the calls (the shard
+        records the signed requests' nonces this way: durable exactly when they are).
         """
         def run(batch: WriteBatch) -> list[Any]:
+            if also is not None:
+                also(batch.txn)
             results = []
             for name, args, kwargs in calls:
                 if name not in BATCH_OPS:
@@ -166,17 +203,15 @@ class ShardStore:
             else:
                 self._counts.pop((sq, kid), None)
                 self._sq_keys[sq].discard(kid)
-        for op, *args in batch.effects:
-            if op == "cache":
-                self.cache.add(*args)
-            elif op == "uncache":
-                self.cache.discard(*args)
-            elif op == "enqueue":
-                self.enqueues.add(args[0], 1, args[1])
-                if self.keep_enqueued:
-                    self._enqueued.append((args[1], *args[0], args[2], args[3]))
-            elif op == "outcome":
-                self._finished.append(args[0])
+        for row_key in batch.uncached:
+            self.cache.discard(row_key)
+        for row_key, value in batch.cached:
+            self.cache.add(row_key, value)
+        for group in batch.enqueued:
+            self.enqueues.add((group.subqueue, group.type, group.tenant), group.count, group.at)
+        if self.keep_enqueued:
+            self._enqueued.extend(batch.enqueued)
+        self._finished.extend(batch.outcomes)
         for name, delta in batch.tenant_deltas.items():
             if name[0] == "S":
                 self._spilled[name[1]] += delta
@@ -187,11 +222,18 @@ class ShardStore:
                 self._tenant_counts.pop(name, None)
         for name, n in batch.stats.items():
             self._stats[name] += n
+        self.dispatch.apply(batch.flights, batch.new_heads, batch.now_us)
 
     # -- public operations (each one transaction) ---------------------------
     def put(self, subqueue: int, messages: Sequence[NewMessage]) -> list[str]:
         """Store messages durably; returns their ids in order."""
-        return self._run(lambda b: b.put(subqueue, messages))
+        if not isinstance(messages, (list, tuple)):
+            raise InvalidMessage("put takes a list of NewMessage values")
+        return self.put_batch(subqueue, encode_messages(messages))
+
+    def put_batch(self, subqueue: int, batch: bytes) -> list[str]:
+        """Store a put buffer (:mod:`rayq.core.wire`) durably; returns the ids in order."""
+        return self._run(lambda b: b.put(subqueue, batch))
 
     def receive(self, subqueue: int, max_messages: int = 1, visibility_timeout_s: float | None = None,
                 *, keys: Sequence[str] | None = None, max_receives: int | None = None,
@@ -204,9 +246,9 @@ class ShardStore:
         keys in ``exclude``. A message already received ``max_receives`` times
         moves to subqueue ``dead_letter`` instead of being delivered.
         """
-        return self._run(lambda b: b.receive(subqueue, max_messages, visibility_timeout_s,
-                                             keys=keys, max_receives=max_receives,
-                                             dead_letter=dead_letter, exclude=exclude))
+        return decode_delivered(self._run(lambda b: b.receive(
+            subqueue, max_messages, visibility_timeout_s, keys=keys, max_receives=max_receives,
+            dead_letter=dead_letter, exclude=exclude)))
 
     def delete(self, receipts: Sequence[str]) -> list[str]:
         """Delete the messages of valid receipts; returns the receipts that were invalid."""
@@ -232,8 +274,9 @@ class ShardStore:
     def take_enqueued(self) -> list[tuple[float, int, str, str, str, str]]:
         """(at, subqueue, type, tenant, message id, key) of every put since the last call,
         when ``keep_enqueued`` is on (for the event log)."""
-        enqueued, self._enqueued = self._enqueued, []
-        return enqueued
+        groups, self._enqueued = self._enqueued, []
+        return [(g.at, g.subqueue, g.type, g.tenant, f"{self.store_hex}-{seq:x}", g.key)
+                for g in groups for seq in range(g.first_seq, g.first_seq + g.count)]
 
     def take_finished(self) -> list[tuple[str, Ending, bytes]]:
         """(message id, ending, payload) of every outcome recorded since the last call."""
@@ -245,8 +288,53 @@ class ShardStore:
         return self._run(lambda b: b.defer(receipt, delay_s))
 
     def clear(self, subqueue: int) -> int:
-        """Delete every message of a subqueue; returns how many were deleted."""
-        return self._run(lambda b: b.clear(subqueue))
+        """Delete every message of a subqueue, spilled ones too, in one transaction;
+        returns how many were deleted. (Queues clear through :meth:`purge`.)"""
+        def run(b: WriteBatch) -> int:
+            removed = b.clear(subqueue)
+            after = None
+            while True:  # the whole spill table: this is the small, synchronous path
+                n, after = purge.remove_spilled(b, {subqueue}, 10_000, after)
+                removed += n
+                if after is None:
+                    return removed
+        return self._run(run)
+
+    def purge(self, subqueues: Sequence[int]) -> None:
+        """Remove subqueues in the background: from now on they are disabled, count
+        nothing and deliver nothing; :meth:`purge_some` removes their rows and spilled
+        messages. Persisted: a reopened store goes on with them. O(subqueues)."""
+        wanted = [check_subqueue(sq) for sq in subqueues]
+        self.kv.transact(lambda txn: purge.mark(txn, wanted))
+        for sq in wanted:
+            self._states[sq] = SubqueueState.DISABLED
+        self.purging |= set(wanted)
+        self._purge_cursor = None
+
+    def purge_some(self, limit: int = 2_000) -> int:
+        """One bounded transaction of background removal: up to ``limit`` rows and
+        ``limit`` spill entries looked at. Returns how many messages went (the work
+        is over when :attr:`purging` is empty)."""
+        if not self.purging:
+            return 0
+        done = purge.finished(self, self.purging)
+
+        def run(b: WriteBatch) -> int:
+            purge.unmark(b.txn, done)
+            left = sorted(self.purging - set(done))
+            removed = 0
+            for sq in left:
+                removed += purge.remove_rows(b, sq, limit - removed)
+                if removed >= limit:
+                    return removed
+            if any(self._spilled.get(sq) for sq in left):
+                n, self._purge_cursor = purge.remove_spilled(b, set(left), limit,
+                                                             self._purge_cursor)
+                removed += n
+            return removed
+        removed = self._run(run)
+        self.purging -= set(done)
+        return removed
 
     def collect_expired(self, limit: int = 10_000) -> int:
         """Delete up to ``limit`` expired messages; returns how many."""
@@ -257,12 +345,14 @@ class ShardStore:
         """The messages a receive would return, without hiding them (receipt None)."""
         check_subqueue(subqueue)
         check_count(max_messages, "max_messages", 1, MAX_BATCH)
+        if subqueue in self.purging:  # cleared: nothing of it shows again
+            return []
         now_us = to_us(self.clock.now())
 
         def read(txn: Txn):
             reader = WriteBatch(self, txn)
             picked, _ = reader.pick(subqueue, max_messages, now_us, keys, None)
-            return [reader.stored(key, row, None) for key, row in picked]
+            return [reader.stored(key, value, None) for key, value in picked]
         return self.kv.read(read)
 
     def state(self, subqueue: int) -> SubqueueState:
@@ -280,8 +370,33 @@ class ShardStore:
     def count(self, subqueue: int) -> int:
         """Messages of a subqueue (visible, hidden, delayed, and spilled from it):
         O(keys of that subqueue)."""
+        if subqueue in self.purging:  # cleared: its rows are on their way out
+            return 0
+        return self.stored_count(subqueue)
+
+    def stored_count(self, subqueue: int) -> int:
+        """Rows and spilled messages a subqueue still has on disk, cleared or not."""
         live = sum(self._counts.get((subqueue, kid), 0) for kid in self._sq_keys.get(subqueue, ()))
         return live + self._spilled.get(subqueue, 0)
+
+    def visibility_counts(self, subqueue: int) -> tuple[int, int, int]:
+        """(visible, in flight, delayed) messages of a subqueue: one seek per fairness key,
+        then only hidden rows are read (in flight: received before; delayed: never yet).
+        Expired rows not yet collected count as visible."""
+        check_subqueue(subqueue)
+        now_us = to_us(self.clock.now())
+
+        def read(txn: Txn) -> tuple[int, int, int]:
+            in_flight = delayed = 0
+            for kid in self._sq_keys.get(subqueue, ()):
+                for _, value in txn.scan("rows", ROW_KEY.pack(subqueue, kid, now_us + 1, 0),
+                                         PREFIX.pack(subqueue, kid + 1)):
+                    if rows.meta(value).dequeue_count:
+                        in_flight += 1
+                    else:
+                        delayed += 1
+            return max(0, self.count(subqueue) - in_flight - delayed), in_flight, delayed
+        return self.kv.read(read)
 
     def tenant_counts(self) -> dict[tuple[str, int, str, str], int]:
         """Messages per (kind, subqueue, type, tenant): kind "L" live, "S" spilled."""
@@ -297,6 +412,10 @@ class ShardStore:
     def sweep(self, type_: str, tenant: str, target: int, limit: int) -> int:
         """Move up to ``limit`` spilled messages of a flooder into ``target`` (one transaction)."""
         return self._run(lambda b: b.sweep(type_, tenant, target, limit))
+
+    def spill_left(self, type_: str, tenant: str) -> bool:
+        """Whether anything is spilled under flooder (type, tenant): one seek."""
+        return self.kv.read(lambda txn: spill.any_spilled(txn, self._key_ids, type_, tenant))
 
     def move_matching(self, source: int, target: int, type_: str, tenant: str, limit: int,
                       after: bytes | None = None) -> tuple[int, bytes | None]:
@@ -319,12 +438,20 @@ class ShardStore:
                 latency, oldest = 0.0, None
                 for row_key, value in txn.scan("rows", PREFIX.pack(sq, kid), PREFIX.pack(sq, kid + 1)):
                     visible_us = ROW_KEY.unpack(row_key)[2]
-                    oldest = decode_row(value).enqueued_at_us / US
+                    oldest = rows.enqueued_us(value) / US
                     latency = max(0.0, (now_us - visible_us) / US)
                     break
                 out.append(KeyDepth(sq, self._key_names[kid], n, latency, oldest))
             return out
         return self.kv.read(read)
+
+    def review_dispatch(self) -> list[NoisyChange]:
+        """Mark keys noisy or quiet (SQS fair queues' rule); the changes since last time."""
+        return self.dispatch.review(self.clock.now())
+
+    def noisy(self) -> list[NoisyKey]:
+        """The keys fair dispatch treats as noisy now, per subqueue, and since when."""
+        return self.dispatch.noisy(self.clock.now())
 
     def enqueue_counts(self) -> dict[tuple[int, str, str], list[float]]:
         """Enqueues per (subqueue, type, tenant) per window over the look-back, oldest first."""
@@ -343,9 +470,9 @@ class ShardStore:
 
 
 def open_store(path, *, config: StoreConfig = StoreConfig(), clock: Clock | None = None,
-               memory_probe=psutil_probe) -> ShardStore:
+               memory_probe=psutil_probe, dispatch: DispatchPolicy = DispatchPolicy()) -> ShardStore:
     """Open (or create) the LMDB-backed store of one shard at ``path``."""
     from rayq.core.kv import LmdbKV
 
     kv = LmdbKV(path, map_size=config.initial_map_bytes, durable=config.durable)
-    return ShardStore(kv, config=config, clock=clock, memory_probe=memory_probe)
+    return ShardStore(kv, config=config, clock=clock, memory_probe=memory_probe, dispatch=dispatch)

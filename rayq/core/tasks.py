@@ -10,7 +10,8 @@ from __future__ import annotations
 import bisect
 import os
 import random
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -26,7 +27,17 @@ class Outcome(Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"          # the handler raised; the message will be delivered again
     DEAD = "dead"              # failed for the last time: the message is dead-lettered
-    DEFERRED = "deferred"      # not run: its type was at its concurrency limit
+    DEFERRED = "deferred"      # not run (see DeferralCause); put back for later
+
+
+class DeferralCause(Enum):
+    """Why a consumer put a received task back unrun. Each counts as a deferral of
+    the task's key (seed 000: so a key held back is not taken for a usage victim)."""
+
+    CONCURRENCY = "concurrency"      # its type was at its concurrency limit
+    HOST_PRESSURE = "host_pressure"  # the consumer's host was over its memory or CPU limit
+    SUSPENDED = "suspended"          # its key was suspended after it was received
+    CANNOT_RUN = "cannot_run"        # no handler is registered for its type
 
 
 @dataclass(frozen=True)
@@ -114,6 +125,7 @@ class UsageReport:
     message_id: str = ""
     attempt: int = 1       # the delivery's dequeue count: above 1, it was redelivered
     queue: str = ""
+    cause: DeferralCause | None = None  # why, for a deferral
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -137,6 +149,14 @@ class TallyRow:
     usage_s: float
     wait_p50_s: float
     wait_p99_s: float
+    deferred_by_cause: Mapping[str, int] = field(default_factory=dict)  # cause -> count
+
+
+def _cause_column(cause: DeferralCause) -> str:
+    return f"deferred:{cause.value}"
+
+
+_COUNTED = [o.value for o in Outcome] + ["usage_s"] + [_cause_column(c) for c in DeferralCause]
 
 
 class Tally:
@@ -150,9 +170,10 @@ class Tally:
 
     def add(self, report: UsageReport) -> None:
         who = (report.tenant, report.type)
-        counts = self._counts.setdefault(who, dict.fromkeys(
-            [o.value for o in Outcome] + ["usage_s"], 0.0))
+        counts = self._counts.setdefault(who, dict.fromkeys(_COUNTED, 0.0))
         counts[report.outcome.value] += 1
+        if report.outcome is Outcome.DEFERRED:
+            counts[_cause_column(report.cause or DeferralCause.CONCURRENCY)] += 1
         counts["usage_s"] += report.usage_s
         if report.outcome is not Outcome.DEFERRED:
             self._sample(who, report.wait_s)
@@ -183,7 +204,9 @@ class Tally:
             waits.sort()
             out.append(TallyRow(tenant, type_, int(c["succeeded"]), int(c["failed"]),
                                 int(c["dead"]), int(c["deferred"]), c["usage_s"],
-                                percentile(waits, 50), percentile(waits, 99)))
+                                percentile(waits, 50), percentile(waits, 99),
+                                {cause.value: int(c[_cause_column(cause)])
+                                 for cause in DeferralCause if c[_cause_column(cause)]}))
         return out
 
 

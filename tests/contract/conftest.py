@@ -3,6 +3,7 @@
 import pytest
 
 from rayq.config import StoreConfig
+from rayq.core.dispatch import DispatchPolicy
 from rayq.core.kv import LmdbKV
 from rayq.core.store import ShardStore
 from rayq.testing import FakeClock, memory_store, plenty_of_memory
@@ -15,15 +16,17 @@ def clock():
 
 @pytest.fixture(params=["lmdb", "memory"])
 def make_store(request, tmp_path, clock):
-    """A factory: make_store(config=..., memory_probe=...) -> a fresh store on ``clock``."""
+    """A factory: make_store(config=..., memory_probe=..., dispatch=...) -> a fresh store
+    on ``clock``."""
     opened = []
 
-    def make(config=StoreConfig(), memory_probe=plenty_of_memory):
+    def make(config=StoreConfig(), memory_probe=plenty_of_memory, dispatch=DispatchPolicy()):
         if request.param == "lmdb":
             kv = LmdbKV(tmp_path / f"shard{len(opened)}")
-            store = ShardStore(kv, config=config, clock=clock, memory_probe=memory_probe)
+            store = ShardStore(kv, config=config, clock=clock, memory_probe=memory_probe,
+                               dispatch=dispatch)
         else:
-            store = memory_store(config, clock, memory_probe)
+            store = memory_store(config, clock, memory_probe, dispatch)
         opened.append(store)
         return store
 

@@ -2,6 +2,17 @@
 
 from rayq.core.cache import MemoryReading
 from rayq.core.model import NewMessage, decode_body, encode_body
+from rayq.core.wire import Attrs, attrs_of, encode_put
+
+
+def batch(*messages: NewMessage, **bad_attrs) -> bytes:
+    """A put buffer, as a shard's group commit takes it. ``bad_attrs`` overwrite the
+    last message's wire attributes unchecked (to send what a client would refuse)."""
+    entries = [(attrs_of(m), m.body) for m in messages]
+    if bad_attrs:
+        attrs, body = entries[-1]
+        entries[-1] = (Attrs(**{**attrs._asdict(), **bad_attrs}), body)
+    return encode_put(entries)
 
 
 def message(value=b"body", *, key="k", tenant="acme", type="report", delay_s=0.0,

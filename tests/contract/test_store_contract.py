@@ -2,6 +2,7 @@
 
 import pytest
 
+from rayq.core.dispatch import DispatchPolicy
 from rayq.config import StoreConfig
 from rayq.core.model import Receipt, decode_body
 from rayq.errors import ReceiptInvalid
@@ -93,6 +94,20 @@ def test_a_receipt_is_invalid_once_the_message_is_deleted_received_again_or_chan
     assert store.delete([got.receipt]) == [got.receipt]
     with pytest.raises(ReceiptInvalid):
         store.change_visibility(got.receipt, 10)
+
+
+def test_a_receipt_of_an_earlier_delivery_is_refused_when_the_message_lies_in_the_same_row(
+        store, clock):
+    store.put(0, [message("kept")])
+    [first] = store.receive(0, 1, 10)
+    clock.advance(10)
+    [second] = store.receive(0, 1, 0)  # visible again at the very instant the first hid it to
+    assert Receipt.decode(first.receipt).row_key == Receipt.decode(second.receipt).row_key
+    assert store.delete([first.receipt]) == [first.receipt]  # only the nonce tells them apart
+    with pytest.raises(ReceiptInvalid):
+        store.change_visibility(first.receipt, 0)
+    [third] = store.receive(0, 1, 30)
+    assert (third.id, third.dequeue_count) == (first.id, 3)
 
 
 def test_change_visibility_returns_a_new_receipt_that_is_valid(store, clock):
@@ -233,13 +248,31 @@ def test_a_listen_order_takes_from_the_first_key_first(store, keys, n, expected)
     assert values(store.receive(0, n, 30, keys=keys)) == expected
 
 
-def test_without_a_listen_order_the_oldest_messages_come_first_across_keys(store, clock):
+def _three_keys_interleaved(store, clock) -> None:
     store.put(0, [message("a1", key="a")])
     clock.advance(1)
     store.put(0, [message("b1", key="b"), message("a2", key="a")])
     clock.advance(1)
     store.put(0, [message("c1", key="c"), message("b2", key="b")])
+
+
+def test_fifo_dispatch_hands_out_the_oldest_messages_first_across_keys(make_store, clock):
+    store = make_store(dispatch=DispatchPolicy(mode="fifo"))
+    _three_keys_interleaved(store, clock)
     assert values(store.receive(0, 4, 30)) == ["a1", "b1", "a2", "c1"]
+
+
+def test_fair_dispatch_serves_each_key_before_any_key_gets_a_second_message(store, clock):
+    _three_keys_interleaved(store, clock)
+    assert values(store.receive(0, 4, 30)) == ["a1", "b1", "c1", "a2"]
+
+
+def test_fair_dispatch_serves_a_key_with_nothing_in_flight_before_a_busy_one(store, clock):
+    store.put(0, [message(f"busy{i}", key="busy") for i in range(5)])
+    assert values(store.receive(0, 3, 30)) == ["busy0", "busy1", "busy2"]
+    clock.advance(1)
+    store.put(0, [message("quiet", key="quiet")])
+    assert values(store.receive(0, 1, 30)) == ["quiet"]  # behind 2 older visible messages
 
 
 def test_a_message_that_became_visible_again_queues_by_its_visible_time(store, clock):

@@ -5,15 +5,17 @@ import pytest
 from rayq.config import StoreConfig
 from rayq.core.store import KeyDepth
 from rayq.errors import InvalidMessage, ReceiptInvalid, StoreError
-from tests.contract.helpers import message, starved_of_memory, values
+from rayq.core.wire import decode_delivered
+from tests.contract.helpers import batch, message, starved_of_memory, values
 
 
 def test_a_group_runs_every_call_in_order_and_returns_each_result(store):
     ids, received, collected = store.group([
-        ("put", (0, [message("a"), message("b")]), {}),
+        ("put", (0, batch(message("a"), message("b"))), {}),
         ("receive", (0,), {"max_messages": 5, "visibility_timeout_s": 30}),
         ("collect_expired", (10,), {}),
     ])
+    received = decode_delivered(received)  # what crosses Ray is one buffer
     assert [m.id for m in received] == ids and collected == 0
     [invalid] = store.group([("delete", ([received[0].receipt, "bad"],), {})])
     assert invalid == ["bad"] and store.count(0) == 1
@@ -21,11 +23,11 @@ def test_a_group_runs_every_call_in_order_and_returns_each_result(store):
 
 def test_a_failing_call_in_a_group_is_rolled_back_alone_and_the_others_commit(store):
     results = store.group([
-        ("put", (0, [message("first")]), {}),
-        ("put", (0, [message("ok"), message("bad", key="")]), {}),
+        ("put", (0, batch(message("first"))), {}),
+        ("put", (0, batch(message("ok"), message("bad"), key="")), {}),
         ("change_visibility", ("not a receipt", 10), {}),
         ("drop_everything", (), {}),
-        ("put", (1, [message("second")]), {}),
+        ("put", (1, batch(message("second"))), {}),
     ])
     assert [type(r) for r in results[1:4]] == [InvalidMessage, ReceiptInvalid, InvalidMessage]
     assert len(results[0]) == len(results[4]) == 1
@@ -35,7 +37,7 @@ def test_a_failing_call_in_a_group_is_rolled_back_alone_and_the_others_commit(st
 
 
 def test_a_call_with_bad_arguments_fails_alone_and_the_others_commit(store):
-    kept, bad = store.group([("put", (0, [message("kept")]), {}), ("clear", (), {})])
+    kept, bad = store.group([("put", (0, batch(message("kept"))), {}), ("clear", (), {})])
     assert isinstance(bad, InvalidMessage) and len(kept) == 1
     assert store.count(0) == 1 and store.stats().puts == 1
 
@@ -55,9 +57,9 @@ def test_a_call_that_fails_after_writing_leaves_no_trace(make_store):
     with pytest.raises(StoreError):
         store.receive(0, 2, 30)
     late, broken, other = store.group([
-        ("put", (0, [message("late")]), {}),
+        ("put", (0, batch(message("late"))), {}),
         ("receive", (0, 2, 30), {}),
-        ("put", (1, [message("other")]), {}),
+        ("put", (1, batch(message("other"))), {}),
     ])
     assert isinstance(broken, StoreError) and len(late) == len(other) == 1
     assert [(m.body, m.dequeue_count) for m in store.peek(0, 1)] == [(message("fine").body, 0)]
@@ -66,8 +68,8 @@ def test_a_call_that_fails_after_writing_leaves_no_trace(make_store):
 
 
 def test_a_rolled_back_put_is_not_counted_in_enqueue_windows(store):
-    store.group([("put", (0, [message(), message(ttl_s=-1)]), {}),
-                 ("put", (0, [message()]), {})])
+    store.group([("put", (0, batch(message(), message(), ttl_us=-1_000_000)), {}),
+                 ("put", (0, batch(message())), {})])
     assert store.enqueue_counts() == {(0, "report", "acme"): [0.0] * 9 + [1.0]}
 
 

@@ -2,15 +2,18 @@
 requests refused with AuthError while the stored messages stay exactly as they were."""
 
 import dataclasses
+import gc
 import time
+import weakref
 
 import pytest
 import ray
 
 import rayq
 import rayq.remote
-from rayq.core.auth import Signer
+from rayq.core.auth import Signer, Verifier, request_body
 from rayq.core.model import NewMessage, encode_body
+from rayq.core.wire import decode_delivered, encode_messages
 
 pytestmark = pytest.mark.integration
 
@@ -33,9 +36,8 @@ def accounts(client):
 def _put_target(client, queue_name):
     """(shard handle, subqueue) a client puts to: for calling the shard directly, as a
     hand-rolled client would."""
-    queue, _, target = client._route(queue_name, refresh=True)
-    shard = client._shards[queue.subqueue(target).shard]
-    return shard, target
+    queue, _, target = client.transport.route(queue_name, refresh=True)
+    return client.transport.shard_of(queue, target), target
 
 
 def _stored(admin, name) -> list:
@@ -64,32 +66,33 @@ def test_an_account_sees_and_uses_only_its_own_queues(client, accounts):
     q.delete(got.receipt)
     assert q.count() == 0 and q.stats().depth == 0
     assert [n for n in acme.list_queues() if not n.startswith("acme")] == []
-    assert {"acme-jobs", "globex-jobs"} <= set(client.list_queues())  # the admin sees all
+    assert {"acme/acme-jobs", "globex/globex-jobs"} <= set(client.list_queues())  # the admin's
     for attempt in (lambda: globex.queue("acme-jobs"), lambda: globex.delete_queue("acme-jobs"),
-                    lambda: globex.create_queue("acme-jobs", max_receives=3)):
-        with pytest.raises(rayq.AuthError):
+                    lambda: globex.queue("acme/acme-jobs")):
+        with pytest.raises(rayq.QueueNotFound):
             attempt()
-    assert "acme-jobs" in client.list_queues()
+    assert "acme/acme-jobs" in client.list_queues() and q.count() == 0
 
 
 def test_an_account_sends_only_as_itself(client, accounts):
     clients, _ = accounts
     q = clients["acme"].queue("acme-jobs")
-    before = _stored(client, "acme-jobs")
+    before = _stored(client, "acme/acme-jobs")
     with pytest.raises(rayq.AuthError):
         q.send("pretending", tenant="globex")
     with pytest.raises(rayq.AuthError):
         q.send_batch([rayq.Outgoing("mine"), rayq.Outgoing("not mine", tenant="globex")])
-    assert _stored(client, "acme-jobs") == before
+    assert _stored(client, "acme/acme-jobs") == before
 
 
 def test_forged_expired_and_replayed_requests_change_nothing(client, accounts):
     clients, keys = accounts
     acme = clients["acme"]
     acme.queue("acme-jobs").send("kept")
-    before = _stored(client, "acme-jobs")
+    before = _stored(client, "acme/acme-jobs")
     shard, target = _put_target(acme, "acme-jobs")
-    messages = [NewMessage(encode_body("sneaked", 1 << 20), "acme", "default", "default")]
+    messages = encode_messages([NewMessage(encode_body("sneaked", 1 << 20), "acme", "default",
+                                           "default")])
     good = Signer("acme", keys["acme"])
     forged = dataclasses.replace(good.sign("acme-jobs", "put", target, messages), mac="0" * 64)
     stale = Signer("acme", keys["acme"], clock=lambda: time.time() - 16 * 60)
@@ -97,13 +100,13 @@ def test_forged_expired_and_replayed_requests_change_nothing(client, accounts):
     for auth in (forged, stale.sign("acme-jobs", "put", target, messages), wrong_body):
         with pytest.raises(rayq.AuthError):
             rayq.remote.call(lambda a=auth: shard.put.remote(target, messages, auth=a))
-    assert _stored(client, "acme-jobs") == before
+    assert _stored(client, "acme/acme-jobs") == before
 
     once = good.sign("acme-jobs", "put", target, messages)
     rayq.remote.call(lambda: shard.put.remote(target, messages, auth=once))
     with pytest.raises(rayq.AuthError, match="replayed"):
         rayq.remote.call(lambda: shard.put.remote(target, messages, auth=once))
-    after = _stored(client, "acme-jobs")
+    after = _stored(client, "acme/acme-jobs")
     assert len(after) == len(before) + 1 and [b for _, b, _ in after].count("sneaked") == 1
 
 
@@ -156,7 +159,9 @@ def test_accounts_submit_tasks_as_themselves(client, accounts):
     with pytest.raises(rayq.AuthError):
         acme.submit(greet, "x", tenant="globex")
     with pytest.raises(rayq.AuthError):  # a task queue takes submissions, not receives
-        acme.queue("tasks").receive()
+        acme.queue("default/tasks").receive()
+    with pytest.raises(rayq.QueueNotFound):  # a plain name is of acme's own namespace
+        acme.queue("tasks")
 
 
 def test_an_account_cannot_register_handlers(accounts):
@@ -188,19 +193,151 @@ def test_an_account_cannot_rekey_its_messages_or_squat_a_task_queue(client, acco
     clients, keys = accounts
     acme = clients["acme"]
     shard, target = _put_target(acme, "acme-jobs")
-    before = _stored(client, "acme-jobs")
+    before = _stored(client, "acme/acme-jobs")
     # keyed "x" instead of its type: would dodge a suspension of "report"
-    dodging = [NewMessage(encode_body("m", 1 << 20), "acme", "report", "x")]
+    dodging = encode_messages([NewMessage(encode_body("m", 1 << 20), "acme", "report", "x")])
     auth = Signer("acme", keys["acme"]).sign("acme-jobs", "put", target, dodging)
     with pytest.raises(rayq.AuthError, match="fairness key"):
         rayq.remote.call(lambda: shard.put.remote(target, dodging, auth=auth))
-    assert _stored(client, "acme-jobs") == before
+    assert _stored(client, "acme/acme-jobs") == before
 
-    acme.create_queue("acme-squat")  # made before an admin puts tasks there
+    acme.create_queue("acme-squat").send("acme's own")  # made before an admin puts tasks there
 
     @rayq.task(type="squatted", queue="acme-squat")
     def squatted():
-        return None
+        return "ran"
 
-    with pytest.raises(rayq.AuthError, match="task queues"):
-        client.register(squatted)
+    # the task queue is the default account's own acme-squat: acme's is another queue
+    client.register(squatted)
+    assert ray.get(acme.submit(squatted), timeout=60) == "ran"
+    assert [m.body for m in acme.queue("acme-squat").peek(max_messages=10)] == ["acme's own"]
+    assert {"acme-squat", "acme/acme-squat"} <= set(client.list_queues())
+
+
+def test_two_accounts_each_have_their_own_queue_of_one_name(client, accounts):
+    clients, _ = accounts
+    acme, globex = clients["acme"], clients["globex"]
+    mine, theirs = (c.create_queue("orders", max_receives=1) for c in (acme, globex))
+    mine.send("for acme")
+    theirs.send_batch([rayq.Outgoing("for globex"), rayq.Outgoing("again")])
+    assert (mine.count(), theirs.count()) == (1, 2)
+    assert [m.body for m in mine.peek(max_messages=10)] == ["for acme"]
+    assert mine.stats().depth == 1 and theirs.stats().depth == 2
+    assert {"orders", "orders-dlq"} <= set(acme.list_queues())
+    assert not any("/" in n for n in acme.list_queues())
+    assert {"acme/orders", "globex/orders", "acme/orders-dlq"} <= set(client.list_queues())
+    assert client.queue("acme/orders").count() == 1  # the admin names any account's queue
+    by_name = {}
+    for shard in client.stats():
+        for name, n in shard.queues.items():
+            by_name[name] = by_name.get(name, 0) + n
+    assert by_name["acme/orders"] == 1 and by_name["globex/orders"] == 2
+
+    # a dead letter stays in its account: acme's orders-dlq, not globex's
+    [got] = mine.receive(visibility_timeout_s=0)
+    deadline = time.monotonic() + 30
+    while acme.queue("orders-dlq").count() == 0 and time.monotonic() < deadline:
+        assert mine.receive(visibility_timeout_s=0) == []
+    assert acme.queue("orders-dlq").count() == 1 and globex.queue("orders-dlq").count() == 0
+    assert mine.stats().dead_letter_depth == 1 and theirs.stats().dead_letter_depth == 0
+
+
+def test_another_accounts_queue_names_do_not_leak(accounts):
+    clients, _ = accounts
+    clients["acme"].create_queue("secret-plans")
+    globex = clients["globex"]
+    errors = []
+    for name in ("secret-plans", "no-such-queue"):
+        with pytest.raises(rayq.QueueNotFound) as err:
+            globex.queue(name)
+        errors.append(str(err.value).replace(name, "<name>"))
+        with pytest.raises(rayq.QueueNotFound):
+            globex.delete_queue(name)
+    assert errors[0] == errors[1]  # an existing queue of acme reads as a missing one
+    assert "secret-plans" not in globex.list_queues()
+    with pytest.raises(rayq.AuthError):  # no account creates in another's namespace
+        globex.create_queue("acme/sneaky")
+    assert clients["acme"].queue("secret-plans").count() == 0
+
+
+def test_two_clients_of_one_account_each_sign_their_own_sends(client, monkeypatch):
+    first = client.create_account("pair")
+    old = rayq.connect(account="pair", key=first)
+    old_queue = old.create_queue("pair-jobs")
+    old_queue.send("sent by the old client")
+    second = client.rotate_key(1, account="pair")
+    new = rayq.connect(account="pair", key=second)
+    signed = []  # (signature, signed arguments) of every request the new client makes
+    sign = new.transport.sign
+    monkeypatch.setattr(new.transport, "sign",
+                        lambda queue, op, *args: signed.append((sign(queue, op, *args), args))
+                        or signed[-1][0])
+    new.queue("pair-jobs").send("sent by the new client")
+    puts = [(sig, args) for sig, args in signed if sig.operation == "put"]
+    assert len(puts) == 1
+    sig, args = puts[0]
+    body = request_body(*args)
+    assert Verifier(lambda account: [second]).verify(sig, "pair-jobs", "put", body,
+                                                     time.time()) == "pair"
+    with pytest.raises(rayq.AuthError):  # not made with the rotated-out key
+        Verifier(lambda account: [first]).verify(sig, "pair-jobs", "put", body, time.time())
+    with pytest.raises(rayq.AuthError):  # the old client's key is refused once rotated out
+        old_queue.send("refused")
+    assert sorted(m.body for m in new.queue("pair-jobs").peek(max_messages=10)) == [
+        "sent by the new client", "sent by the old client"]
+
+    dropped = weakref.ref(old.transport)
+    del old, old_queue
+    gc.collect()
+    assert dropped() is None  # nothing process-wide keeps a client's transport alive
+
+
+def test_requests_replayed_after_a_shard_restart_are_refused(client, accounts):
+    clients, keys = accounts
+    shard, target = _put_target(clients["acme"], "acme-jobs")
+    messages = encode_messages([NewMessage(encode_body("captured", 1 << 20), "acme", "default",
+                                           "default")])
+    signer = Signer("acme", keys["acme"])
+    put = signer.sign("acme-jobs", "put", target, messages)
+    read = signer.sign("acme-jobs", "counts", [target])
+    rayq.remote.call(lambda: shard.put.remote(target, messages, auth=put))
+    counted = rayq.remote.call(lambda: shard.counts.remote([target], auth=read))
+    before = rayq.remote.call(lambda: shard.process.remote())["pid"]
+
+    ray.kill(shard, no_restart=False)  # a real kill; Ray restarts the shard
+    deadline = time.monotonic() + 60
+    while rayq.remote.call(lambda: shard.process.remote())["pid"] == before:
+        assert time.monotonic() < deadline, "the shard did not restart"
+
+    with pytest.raises(rayq.AuthError, match="replayed"):
+        rayq.remote.call(lambda: shard.put.remote(target, messages, auth=put))
+    with pytest.raises(rayq.AuthError, match="replayed"):
+        rayq.remote.call(lambda: shard.counts.remote([target], auth=read))
+    stored = [body for _, body, _ in _stored(client, "acme/acme-jobs")]
+    assert stored.count("captured") == 1  # stored exactly once
+    fresh = signer.sign("acme-jobs", "counts", [target])  # the shard serves new requests
+    assert rayq.remote.call(lambda: shard.counts.remote([target], auth=fresh)) == counted
+
+
+def test_a_client_whose_own_request_comes_back_as_a_replay_signs_it_anew(client, accounts,
+                                                                         monkeypatch):
+    """What Ray's re-delivery of a call across a shard restart looks like to a client: its
+    request, with its stored nonce, arrives again. The client signs anew, once."""
+    acme = accounts[0]["acme"]
+    q = acme.queue("acme-jobs")
+    q.clear()
+    shard, target = _put_target(acme, "acme-jobs")
+    messages = encode_messages([NewMessage(encode_body("twice", 1 << 20), "acme", "default",
+                                           "default")])
+    delivered = acme.transport.sign("acme-jobs", "put", target, messages)
+    rayq.remote.call(lambda: shard.put.remote(target, messages, auth=delivered))
+    sign, signed = acme.transport.sign, []
+
+    def redeliver_first(queue, operation, *args):
+        signed.append(delivered if not signed else sign(queue, operation, *args))
+        return signed[-1]
+
+    monkeypatch.setattr(acme.transport, "sign", redeliver_first)
+    ids = acme.transport.call(shard.put, "acme-jobs", "put", target, messages)
+    assert len(ids) == 1 and len(signed) == 2 and signed[1].nonce != delivered.nonce
+    assert q.count() == 2  # at least once: the re-delivered put is stored again

@@ -16,6 +16,15 @@ def test_status_prints_queues_shards_consumers_fairness_and_flooders(client):
     assert "cli-status" in result.output
 
 
+def test_status_names_every_accounts_queues_unambiguously(client):
+    acct = rayq.connect(account="st", key=client.create_account("st"))
+    acct.create_queue("cli-status").send("mine")
+    client.create_queue("cli-status")
+    result = CliRunner().invoke(main, ["status"])
+    assert result.exit_code == 0, result.output
+    assert "st/cli-status" in result.output and " cli-status " in result.output
+
+
 def test_account_create_and_rotate_print_working_keys(client):
     created = CliRunner().invoke(main, ["account", "create", "cli-co"])
     assert created.exit_code == 0, created.output

@@ -5,7 +5,7 @@ import time
 
 
 import rayq
-from tests.integration.conftest import start_runtime
+from tests.integration.conftest import start_runtime, wait_until
 
 
 def drain(queue, deadline_s=40.0):
@@ -49,27 +49,44 @@ def test_killing_a_shard_mid_stream_loses_no_acknowledged_message(ray_session, t
     workers = [threading.Thread(target=produce), threading.Thread(target=consume)]
     for w in workers:
         w.start()
-    time.sleep(1.5)
-    ray_session.kill(ray_session.get_actor("rayq-shard-0", namespace="rayq"), no_restart=False)
-    time.sleep(2.0)
-    stop.set()
-    for w in workers:
-        w.join()
+    try:
+        wait_until(lambda: len(acked) >= 200 and received, what="the stream to be under way")
+        ray_session.kill(ray_session.get_actor("rayq-shard-0", namespace="rayq"), no_restart=False)
+        killed_at = len(acked), len(received)
+        wait_until(lambda: len(acked) >= killed_at[0] + 200 and len(received) > killed_at[1],
+                   what="sends and receives to go on through the restarted shard")
+    finally:
+        stop.set()
+        for w in workers:
+            w.join()
     received += drain(client.queue("stream"))
     assert len(acked) > 100
     assert set(acked) <= set(received), f"{len(set(acked) - set(received))} acknowledged messages lost"
 
 
-def test_a_full_shutdown_and_start_keeps_every_message(ray_session, tmp_path_factory):
+def receive_all_visible(queue) -> set[str]:
+    """Receive (hiding for an hour) every message visible now; their ids."""
+    seen: set[str] = set()
+    while got := queue.receive(max_messages=200, visibility_timeout_s=3600):
+        seen.update(m.id for m in got)
+    return seen
+
+
+def test_a_full_shutdown_and_start_keeps_every_message_and_its_hidden_state(
+        ray_session, tmp_path_factory):
     client, data_dir = start_runtime(tmp_path_factory)
     queue = client.create_queue("durable", subqueues=2)
     ids = queue.send_batch([rayq.Outgoing(i, tenant="t", type="k") for i in range(100)])
-    hidden = queue.receive(max_messages=10, visibility_timeout_s=1)
+    hidden = queue.receive(max_messages=10, visibility_timeout_s=3600)
+    assert len(hidden) == 10
     rayq.shutdown()
     rayq.shutdown()  # idempotent
 
     client = rayq.start(data_dir=data_dir)
     queue = client.queue("durable")
     assert queue.count() == 100
-    assert set(ids) == set(drain(queue))
-    assert {m.id for m in hidden} <= set(ids)
+    hidden_ids = {m.id for m in hidden}
+    assert receive_all_visible(queue) == set(ids) - hidden_ids  # in flight stays in flight
+    for m in hidden:  # their receipts outlive the restart: show them again
+        queue.change_visibility(m.receipt, 0)
+    assert receive_all_visible(queue) == hidden_ids

@@ -56,7 +56,7 @@ def scenario(client) -> dict:
             time.sleep(0.05)  # a receiver slower than the flood: about 1 000 a second
 
     def watch_memory():
-        shards = client._shards
+        shards = client.transport.shards
         while not stop.is_set():
             memory.append(max(call_process(s) for s in shards))
             time.sleep(0.25)

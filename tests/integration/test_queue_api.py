@@ -1,11 +1,11 @@
 """Every call of the public queue API on a real local Ray runtime."""
 
 import threading
-import time
 
 import pytest
 
 import rayq
+from tests.integration.conftest import wait_until
 
 
 @pytest.mark.parametrize("body", [b"\x00raw bytes", "text é", {"a": [1, 2.5, None]}, [1, "x"], 42, True])
@@ -25,14 +25,17 @@ def test_send_batch_keeps_order_and_receive_takes_many(queue):
     assert queue.count() == 0
 
 
-def test_a_message_reappears_after_its_visibility_timeout(queue):
+def test_a_message_stays_hidden_for_its_timeout_then_reappears(queue):
+    # how long exactly is the fake-clock contract suite's job; here: hidden, then back
     queue.send("again")
-    [first] = queue.receive(visibility_timeout_s=0.5)
-    assert queue.receive() == []
-    [second] = queue.receive(wait_s=5)
+    [first] = queue.receive(visibility_timeout_s=3600)
+    assert queue.receive() == [] and queue.count() == 1
+    shortened = queue.change_visibility(first.receipt, 0.5)
+    [second] = queue.receive(wait_s=20)  # a long poll: returns once the 0.5 s are over
     assert second.id == first.id and second.dequeue_count == 2
-    with pytest.raises(rayq.ReceiptInvalid):
-        queue.delete(first.receipt)
+    for stale in (first.receipt, shortened):
+        with pytest.raises(rayq.ReceiptInvalid):
+            queue.delete(stale)
     queue.delete(second.receipt)
 
 
@@ -95,16 +98,17 @@ def test_peek_hides_nothing_and_has_no_receipt(queue):
 
 
 def test_delay_defers_first_visibility(queue):
-    queue.send("later", delay_s=1.0)
-    assert queue.receive() == []
-    [m] = queue.receive(wait_s=5)
-    assert m.body == "later"
+    queue.send("next hour", delay_s=3600)
+    queue.send("later", delay_s=0.5)
+    assert [m.body for m in queue.receive(max_messages=10, wait_s=20)] == ["later"]
+    assert queue.receive(max_messages=10) == [] and queue.count() == 2
 
 
 def test_expired_messages_are_never_delivered(queue):
     queue.send("short", ttl_s=0.3)
     queue.send("long")
-    time.sleep(0.5)
+    wait_until(lambda: [m.body for m in queue.peek(max_messages=10)] == ["long"],
+               what="the short-lived message to expire")
     assert [m.body for m in queue.receive(max_messages=10)] == ["long"]
 
 

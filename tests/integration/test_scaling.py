@@ -3,7 +3,7 @@
 import time
 
 import rayq
-from tests.integration.conftest import start_runtime
+from tests.integration.conftest import start_runtime, wait_until
 
 FAST_SCALING = rayq.ScalingConfig(interval_s=0.2, scale_up_ops_per_s=300, idle_s=1.0,
                                   max_subqueues=3)
@@ -11,15 +11,6 @@ FAST_SCALING = rayq.ScalingConfig(interval_s=0.2, scale_up_ops_per_s=300, idle_s
 
 def live_subqueues(queue):
     return [s for s in queue.stats().subqueues if s["state"] != "disabled"]
-
-
-def wait_for(predicate, timeout_s=30.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def test_subqueues_scale_up_under_load_and_down_when_idle_losing_nothing(ray_session, tmp_path_factory):
@@ -40,7 +31,7 @@ def test_subqueues_scale_up_under_load_and_down_when_idle_losing_nothing(ray_ses
         queue.delete_batch([m.receipt for m in got])
     assert sorted(received) == sorted(sent)
 
-    assert wait_for(lambda: len(live_subqueues(queue)) == 1), "idle subqueues were not dropped"
+    wait_until(lambda: len(live_subqueues(queue)) == 1, what="idle subqueues to be dropped")
     events = {e["event"] for e in ray_session.get(
         ray_session.get_actor("rayq-manager", namespace="rayq").info.remote())["scaling_events"]}
     assert {"add", "retire", "drop"} <= events

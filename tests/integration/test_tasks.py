@@ -152,7 +152,7 @@ def test_scale_consumers_adds_and_removes_consumer_actors(client):
 
 
 def test_a_malformed_batch_of_task_ends_is_refused_whole(client):
-    shard = client._shards[0]
+    shard = client.transport.shards[0]
     for bad in ["finish", [("delete", ())], [("finish",)]]:
         with pytest.raises(rayq.InvalidMessage):
             ray.get(shard.end_many.remote(bad))

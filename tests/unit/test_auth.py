@@ -151,26 +151,47 @@ def test_huge_or_odd_timestamps_and_macs_are_auth_errors(accounts):
             verifier.verify(bad, "q", "op", b"", NOW)
 
 
-@pytest.mark.parametrize("account, place, operation, allowed", [
-    ("acme", ("jobs", "acme", 0, False), "receive", True),
-    ("acme", ("jobs-dlq", "acme", 0, False), "receive", True),     # its dead-letter queue
-    ("acme", ("jobs", "globex", 0, False), "receive", False),      # another's queue
-    ("acme", ("other", "acme", 0, False), "receive", False),       # not the signed queue
-    ("acme", ("jobs", "acme", 1, False), "receive", False),        # on another shard
-    ("acme", None, "receive", False),                              # unknown subqueue
-    ("acme", ("jobs", "default", 0, True), "put", True),           # a task queue: submit
-    ("acme", ("jobs", "default", 0, True), "receive", False),      # but not receive
-    ("default", None, "clear", True),                              # the admin
+@pytest.mark.parametrize("account, queue, place, operation, allowed", [
+    ("acme", "jobs", ("acme/jobs", "acme", 0, False), "receive", True),
+    ("acme", "jobs", ("acme/jobs-dlq", "acme", 0, False), "receive", True),  # its dead letters
+    ("acme", "jobs", ("globex/jobs", "globex", 0, False), "receive", False),  # same name, globex's
+    ("acme", "globex/jobs", ("globex/jobs", "globex", 0, False), "receive", False),  # named outright
+    ("acme", "jobs", ("acme/other", "acme", 0, False), "receive", False),     # not the signed queue
+    ("acme", "jobs", ("acme/jobs", "acme", 1, False), "receive", False),      # on another shard
+    ("acme", "jobs", None, "receive", False),                                 # unknown subqueue
+    ("acme", "default/jobs", ("jobs", "default", 0, True), "put", True),      # a task queue: submit
+    ("acme", "jobs", ("jobs", "default", 0, True), "put", False),             # plain: acme's own
+    ("acme", "default/jobs", ("jobs", "default", 0, True), "receive", False),  # but not receive
+    ("acme", "default/jobs", ("jobs", "default", 0, False), "put", False),    # a plain admin queue
+    ("default", "jobs", None, "clear", True),                                 # the admin
 ])
-def test_access_rules(account, place, operation, allowed):
+def test_access_rules_compare_the_account_qualified_queue(account, queue, place, operation,
+                                                          allowed):
     from rayq.core.auth import Place, check_access
 
     place = Place(*place) if place else None
     if allowed:
-        check_access(account, "jobs", place, 0, operation)
+        check_access(account, queue, place, 0, operation)
     else:
         with pytest.raises(AuthError):
-            check_access(account, "jobs", place, 0, operation)
+            check_access(account, queue, place, 0, operation)
+
+
+@pytest.mark.parametrize("account, name, ref", [
+    ("acme", "orders", "acme/orders"), ("default", "orders", "orders"),
+    ("default", "acme/orders", "acme/orders"), ("acme", "default/tasks", "tasks"),
+    ("globex", "acme/orders", "acme/orders"),
+])
+def test_a_queue_name_means_a_queue_of_the_speakers_namespace(account, name, ref):
+    from rayq.core.auth import resolve_ref
+
+    assert resolve_ref(account, name) == ref
+
+
+@pytest.mark.parametrize("name", ["a/b", "", "x" * 65, "acme corp", "é"])
+def test_account_names_cannot_hold_a_namespace_separator_or_odd_chars(accounts, name):
+    with pytest.raises(InvalidMessage):
+        accounts.create(name)
 
 
 @pytest.mark.parametrize("tenant, key, allowed", [

@@ -3,6 +3,7 @@
 import pytest
 
 from rayq.config import StoreConfig
+from rayq.core import rows
 from rayq.core.cache import ENTRY_OVERHEAD_BYTES, MemoryReading, MessageCache, PressureMonitor
 from rayq.core.model import NewMessage, decode_body, encode_body
 from rayq.testing import FakeClock, memory_store
@@ -93,10 +94,10 @@ def entry_size(body: bytes, key: bytes) -> int:
 def test_a_cache_over_its_budget_bypasses_new_entries_until_it_shrinks():
     body = b"x" * 100
     cache = MessageCache(monitor(Probe(), FakeClock(), budget_bytes=2 * entry_size(body, b"k0")))
-    assert [cache.add(f"k{i}".encode(), None, body) for i in range(3)] == [True, True, False]
+    assert [cache.add(f"k{i}".encode(), body) for i in range(3)] == [True, True, False]
     assert cache.stats().bytes == 2 * entry_size(body, b"k0")
-    assert cache.take(b"k0") == (None, body)
-    assert cache.add(b"k3", None, body)
+    assert cache.take(b"k0") == body
+    assert cache.add(b"k3", body)
     stats = cache.stats()
     assert (stats.entries, stats.hits, stats.bypasses, stats.pressure_episodes) == (2, 1, 1, 1)
 
@@ -113,7 +114,7 @@ def test_pressure_episodes_count_transitions_into_pressure(readings, episodes):
     cache = MessageCache(monitor(probe, clock, check_interval_s=1))
     for under in readings:
         probe.set(available_bytes=0 if under else 4096 * MiB)
-        cache.add(b"k", None, b"v")
+        cache.add(b"k", b"v")
         cache.discard(b"k")
         clock.advance(1)
     stats = cache.stats()
@@ -124,10 +125,10 @@ def test_pressure_episodes_count_transitions_into_pressure(readings, episodes):
 
 def test_take_counts_hits_and_misses_and_discard_frees_bytes():
     cache = MessageCache(monitor(Probe(), FakeClock(), budget_bytes=1 << 20))
-    cache.add(b"a", "row a", b"body a")
-    cache.add(b"b", "row b", b"body b")
-    assert cache.get(b"a") == ("row a", b"body a")
-    assert cache.take(b"a") == ("row a", b"body a")
+    cache.add(b"a", b"row a")
+    cache.add(b"b", b"row b")
+    assert cache.get(b"a") == b"row a"
+    assert cache.take(b"a") == b"row a"
     assert cache.take(b"a") is None
     cache.discard(b"b")
     cache.discard(b"never there")
@@ -184,4 +185,5 @@ def test_received_deleted_and_expired_messages_leave_the_cache():
     store.collect_expired()
     stats = store.stats().cache
     assert (stats.entries, stats.hits) == (1, 1)
-    assert stats.bytes == entry_size(encode_body(2, 100), b"k" * 24)
+    row = rows.HEAD.size + len(b"acme" + b"report") + len(encode_body(2, 100))  # header, names, body
+    assert stats.bytes == ENTRY_OVERHEAD_BYTES + 24 + row

@@ -42,10 +42,11 @@ def test_a_deep_dedicated_queue_makes_the_whole_type_a_flooder():
     assert [(f.type, f.tenant, f.type_level) for f in added] == [("report", "*", True)]
 
 
-def test_a_flood_that_ends_is_removed_once_spill_is_empty_and_few_remain():
-    flooder = Flooder("q", "report", "acme", since=0.0)
+def test_a_flood_that_ends_is_removed_once_a_sweep_emptied_spill_and_few_remain():
+    flooder = Flooder("q", "report", "acme", since=0.0, swept_empty=True)
     still_spilled = view(depth={("q", "report", "acme"): 2}, spilled={("q", "report", "acme"): 1})
-    assert detect(still_spilled, [flooder], CONFIG, 9.0).removed == ()
+    not_swept = Flooder("q", "report", "acme", since=0.0)
+    assert detect(still_spilled, [not_swept], CONFIG, 9.0).removed == ()
     backlog = view(dedicated={("q", "report", "acme"): 5})
     assert detect(backlog, [flooder], CONFIG, 9.0).removed == ()  # not below 5 yet
     drained = view(dedicated={("q", "report", "acme"): 4})
@@ -54,7 +55,7 @@ def test_a_flood_that_ends_is_removed_once_spill_is_empty_and_few_remain():
 
 
 def test_a_type_level_flooder_leaves_under_the_shared_threshold():
-    flooder = Flooder("q", "report", "*", since=0.0)
+    flooder = Flooder("q", "report", "*", since=0.0, swept_empty=True)
     assert not may_leave(flooder, view(depth={("q", "report", "a"): 30, ("q", "report", "b"): 30}),
                          CONFIG)
     assert may_leave(flooder, view(depth={("q", "report", "a"): 30, ("q", "report", "b"): 19}),
@@ -116,3 +117,18 @@ def test_the_sweeper_ends_when_nothing_is_spilled_and_yields_after_its_share(
     from rayq.core.flood import sweep_step
 
     assert sweep_step(0, False, spilled, batches, CONFIG, 50) == expected
+
+
+def test_two_accounts_queues_of_one_name_are_judged_apart():
+    """The detector's layout names queues account-qualified (the manager's flood_layout):
+    acme's deep orders make acme a flooder of acme/orders, not of globex's orders."""
+    from rayq.core.flood import build_view
+
+    layout = {1: ("acme/orders", False), 2: ("globex/orders", False)}
+    counts = {("L", 1, "t", "acme"): 80, ("L", 2, "t", "acme"): 80}
+    enqueues = {(1, "t", "acme"): [60.0], (2, "t", "acme"): [60.0]}
+    changes = detect(build_view(layout, [counts], [enqueues]), [], CONFIG, now=1.0)
+    assert changes.added == ()  # 80 + 80 would pass 100 were the two one queue
+    counts[("L", 1, "t", "acme")] = 120
+    added = detect(build_view(layout, [counts], [enqueues]), [], CONFIG, now=2.0).added
+    assert [(f.queue, f.tenant) for f in added] == [("acme/orders", "acme")]

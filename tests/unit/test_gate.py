@@ -15,7 +15,7 @@ from rayq.testing import MemoryKV
 class FakeManager:
     def __init__(self):
         self.accounts = Accounts(MemoryKV())
-        self.places = {1: Place("jobs", "acme", 0)}
+        self.places = {1: Place("acme/jobs", "acme", 0)}
         self.fetches = 0
 
     async def fetch(self):
@@ -49,7 +49,7 @@ def test_new_accounts_are_known_after_forget_and_new_subqueues_by_refreshing(man
             await gate.account(globex.sign("", "whoami"), "", "whoami")
         gate.forget()  # what the manager does before create_account returns
         assert await gate.account(globex.sign("", "whoami"), "", "whoami") == "globex"
-        manager.places[2] = Place("jobs", "acme", 0)  # a subqueue added since
+        manager.places[2] = Place("acme/jobs", "acme", 0)  # a subqueue added since
         assert await gate.allow(signer.sign("jobs", "peek", 2), "peek", 0, [2], 2) == "acme"
         return manager.fetches
     assert run(scenario()) == 3

@@ -12,6 +12,7 @@ import pytest
 
 from rayq.config import StoreConfig
 from rayq.core.kv import LmdbKV
+from rayq.core.wire import encode_messages
 from rayq.core.model import NewMessage, decode_body, encode_body
 from rayq.core.store import ShardStore
 from rayq.testing import FakeClock, plenty_of_memory
@@ -78,7 +79,7 @@ def test_the_map_grows_instead_of_failing_when_it_is_full(tmp_path):
     store = open_store(tmp_path / "shard", FakeClock(), map_size=1 << 20)
     for i in range(40):
         store.put(0, [message(bytes([i]) * 50_000, key=f"k{i % 3}") for _ in range(2)])
-    store.group([("put", (1, [message(b"g" * 30_000) for _ in range(40)]), {})])
+    store.group([("put", (1, encode_messages([message(b"g" * 30_000) for _ in range(40)])), {})])
     assert store.stats().map_size_bytes > 4 << 20
     assert store.count(0) == 80 and store.count(1) == 40
     assert sorted(m.body[1] for m in drain(store)) == sorted(list(range(40)) * 2)

@@ -13,6 +13,7 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from rayq.core.dispatch import DispatchPolicy
 from rayq.core.model import NewMessage, encode_body, to_us
 from rayq.errors import ReceiptInvalid
 from rayq.testing import FakeClock, memory_store
@@ -34,7 +35,9 @@ class StoreVersusModel(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.clock = FakeClock()
-        self.store = memory_store(clock=self.clock)
+        # The model orders like FIFO dispatch; fair dispatch's order has its own tests
+        # (tests/unit/test_dispatch.py), and every invariant here holds for both.
+        self.store = memory_store(clock=self.clock, dispatch=DispatchPolicy(mode="fifo"))
         self.model: dict[str, Expected] = {}
         self.receipts: list[str] = []  # every receipt ever handed out, valid or stale
         self.puts = 0  # the model's sequence: the order messages were put in

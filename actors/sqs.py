@@ -1,0 +1,246 @@
+"""The SQS endpoint's actors: HTTP replicas and the state they share.
+
+Each :class:`SqsEndpoint` replica is a named actor running an aiohttp server on
+its node; replicas on one node share the port with SO_REUSEPORT, so the kernel
+spreads connections over them. A replica verifies each request's SigV4
+signature against the account keys it copies from the manager, then runs the
+operation (:class:`rayq.sqs.api.SqsApi`) on a thread pool through a rayq Client
+that signs for the caller's account, so the runtime's gates check every
+request as they check any client's. :class:`SqsState` persists the queue
+settings rayq's registry does not keep and forwards changed receipt handles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+
+import ray
+from aiohttp import web
+
+from rayq.client import Client
+from rayq.config import Config
+from rayq.core.auth import Signer
+from rayq.core.kv import LmdbKV
+from rayq.core.model import pack, unpack
+from rayq.remote import call, named
+from rayq.sqs.api import SqsApi
+from rayq.sqs.attributes import Settings
+from rayq.sqs.errors import SqsError
+from rayq.sqs.sigv4 import Caller, SignedRequest, verify
+
+STATE = "rayq-sqs-state"
+KEYS_MAX_AGE_S = 2.0      # a replaced key is refused here at most this long after rotation
+KEYS_MIN_REFRESH_S = 1.0  # unknown keys refetch at most this often (forgeries cannot flood)
+SETTINGS_TTL_S = 2.0      # another replica's SetQueueAttributes shows here within this
+MAX_FORWARDS = 100_000
+WORKER_THREADS = 64       # long polls hold a thread up to 20 s each
+JSON_TYPE = "application/x-amz-json-1.0"
+# A batch carries up to 1 MiB of bodies; JSON escapes (\uXXXX for non-ASCII) can triple it.
+MAX_REQUEST_BYTES = 8 << 20
+
+
+def replica_name(index: int | str) -> str:
+    return f"rayq-sqs-{index}"
+
+
+class SqsState:
+    """Queue settings, persisted (LMDB, fsync'd), and receipt forwards, in memory: after a
+    ChangeMessageVisibility rayq's receipt changes while the client keeps its handle.
+    Forwards are lost when this actor restarts; the handle then needs a new receive."""
+
+    def __init__(self, data_dir: str):
+        self.kv = LmdbKV(os.path.join(data_dir, "sqs"), map_size=16 << 20)
+        self._forwards: OrderedDict[str, str] = OrderedDict()
+
+    def settings(self, account: str, queue: str) -> dict | None:
+        raw = self.kv.read(lambda txn: txn.get("meta", _key(account, queue)))
+        return unpack(raw) if raw is not None else None
+
+    def save(self, account: str, queue: str, record: dict | None) -> None:
+        key = _key(account, queue)
+        if record is None:
+            self.kv.transact(lambda txn: txn.delete("meta", key))
+        else:
+            self.kv.transact(lambda txn: txn.put("meta", key, pack(record)))
+
+    def forward(self, handle: str) -> str | None:
+        return self._forwards.get(handle)
+
+    def record(self, handle: str, receipt: str) -> None:
+        self._forwards[handle] = receipt
+        self._forwards.move_to_end(handle)
+        while len(self._forwards) > MAX_FORWARDS:
+            self._forwards.popitem(last=False)
+
+    def ping(self) -> int:
+        return 1
+
+
+def _key(account: str, queue: str) -> bytes:
+    return b"sqs:" + account.encode() + b"\x00" + queue.encode()
+
+
+class ReplicaState:
+    """A replica's view of :class:`SqsState`: settings cached for SETTINGS_TTL_S, forwards
+    it recorded itself known without a call. Called from the worker threads."""
+
+    def __init__(self, state):
+        self._state = state
+        self._settings: dict[tuple[str, str], tuple[float, Settings]] = {}
+        self._forwards: OrderedDict[str, str] = OrderedDict()
+
+    def settings(self, account: str, queue: str) -> Settings:
+        cached = self._settings.get((account, queue))
+        if cached and time.monotonic() - cached[0] < SETTINGS_TTL_S:
+            return cached[1]
+        settings = Settings.from_record(call(lambda: self._state.settings.remote(account, queue)))
+        self._settings[(account, queue)] = (time.monotonic(), settings)
+        return settings
+
+    def save(self, account: str, queue: str, settings: Settings | None) -> None:
+        record = settings.to_record() if settings is not None else None
+        call(lambda: self._state.save.remote(account, queue, record))
+        self._settings.pop((account, queue), None)
+
+    def forward(self, handle: str) -> str | None:
+        return self._forwards.get(handle) or call(lambda: self._state.forward.remote(handle))
+
+    def record(self, handle: str, receipt: str) -> None:
+        call(lambda: self._state.record.remote(handle, receipt))
+        self._forwards[handle] = receipt
+        while len(self._forwards) > MAX_FORWARDS:
+            self._forwards.popitem(last=False)
+
+
+class AccountSigner(Signer):
+    """Signs for one account with whichever of its keys the last caller proved: after a
+    rotation, requests signed with the new key move this signer (and every send path
+    bound to it) over to the new key."""
+
+    def rekey(self, key: str) -> None:
+        if key != self._secret:
+            self._secret = key
+
+
+class Keys:
+    """A copy of every account's keys from the manager, refreshed when older than
+    KEYS_MAX_AGE_S, or (at most every KEYS_MIN_REFRESH_S) when a request names an account
+    or key the copy lacks."""
+
+    def __init__(self, manager):
+        self._manager = manager
+        self.table: dict[str, list[str]] = {}
+        self._fetched_at = float("-inf")
+
+    async def fresh(self, force: bool = False) -> bool:
+        """Refetch if due; returns whether it did."""
+        age = time.monotonic() - self._fetched_at
+        if age < (KEYS_MIN_REFRESH_S if force else KEYS_MAX_AGE_S):
+            return False
+        self.table, _ = await self._manager.directory.remote()
+        self._fetched_at = time.monotonic()
+        return True
+
+    def forget(self) -> None:
+        self._fetched_at = float("-inf")
+
+    def get(self, account: str) -> list[str]:
+        return self.table.get(account, [])
+
+
+class SqsEndpoint:
+    """One HTTP replica of the SQS endpoint, serving from its constructor on."""
+
+    def __init__(self, host: str, port: int, manager, shards: list, config: Config):
+        self._manager, self._shards, self._config = manager, shards, config
+        self.address = (host, port)
+        self._clients: dict[str, tuple[AccountSigner, Client]] = {}
+        self._clients_lock = threading.Lock()
+        self._keys = Keys(manager)
+        self._api = SqsApi(self._client, ReplicaState(named(STATE)))
+        self._pool = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="sqs")
+        self._served = asyncio.get_running_loop().create_task(self._listen(host, port))
+
+    async def _listen(self, host: str, port: int) -> None:
+        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+        app.router.add_route("*", "/{tail:.*}", self._serve)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, host, port, reuse_port=True, reuse_address=True).start()
+
+    async def ready(self) -> tuple[str, int]:
+        """(host, port) once the server listens (raises if it could not bind)."""
+        await self._served
+        return self.address
+
+    def _client(self, caller: Caller) -> Client:
+        """The one client of the caller's account (worker threads ask at once): one, so that
+        the send path it binds is rekeyed with it after a rotation."""
+        with self._clients_lock:
+            entry = self._clients.get(caller.account)
+            if entry is None:
+                signer = AccountSigner(caller.account, caller.key)
+                entry = self._clients[caller.account] = (
+                    signer, Client(self._manager, self._shards, self._config, signer))
+            entry[0].rekey(caller.key)
+        return entry[1]
+
+    async def _serve(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.read()
+            signed = SignedRequest(request.method, request.path, request.query_string,
+                                   {k.lower(): ",".join(request.headers.getall(k))
+                                    for k in request.headers.keys()}, body)
+            caller = await self._verify(signed)
+            action, params = _decode(request, body)
+            result = await asyncio.get_running_loop().run_in_executor(
+                self._pool, self._api.handle, action, params, caller, request.host)
+            return _reply(200, result)
+        except SqsError as err:
+            if err.code == "InvalidClientTokenId":
+                self._keys.forget()  # the runtime refused a key our copy still had
+            return _reply(err.status, err.body(), {"x-amzn-query-error": err.query_error()})
+        except Exception as err:  # a bug or a broken runtime: still an answer SDKs parse (and retry)
+            failure = SqsError("InternalFailure", f"{type(err).__name__}: {err}", 500, sender=False)
+            return _reply(500, failure.body(), {"x-amzn-query-error": failure.query_error()})
+
+    async def _verify(self, signed: SignedRequest) -> Caller:
+        await self._keys.fresh()
+        try:
+            return verify(signed, self._keys.get, time.time())
+        except SqsError as err:
+            if err.code not in ("InvalidClientTokenId", "SignatureDoesNotMatch"):
+                raise
+            if not await self._keys.fresh(force=True):  # a key made since our copy?
+                raise
+            return verify(signed, self._keys.get, time.time())
+
+
+def _decode(request: web.Request, body: bytes) -> tuple[str, dict]:
+    target = request.headers.get("X-Amz-Target", "")
+    service, _, action = target.partition(".")
+    if request.method != "POST" or service != "AmazonSQS" or not action:
+        raise SqsError("InvalidAction", "The endpoint speaks SQS's JSON protocol: POST with an "
+                       "X-Amz-Target: AmazonSQS.<Action> header.")
+    try:
+        params = json.loads(body) if body else {}
+    except ValueError:
+        raise SqsError("SerializationException", "The request body is not valid JSON.") from None
+    return action, params
+
+
+def _reply(status: int, payload: dict, headers: dict | None = None) -> web.Response:
+    return web.Response(status=status, body=json.dumps(payload).encode(), content_type=None,
+                        headers={"Content-Type": JSON_TYPE, "x-amzn-RequestId": str(uuid.uuid4()),
+                                 **(headers or {})})
+
+
+SqsStateRemote = ray.remote(SqsState)
+SqsEndpointRemote = ray.remote(SqsEndpoint)

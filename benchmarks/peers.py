@@ -1,0 +1,170 @@
+"""rayq beside the stacks a user would pick instead, on this machine, in one run.
+
+    python benchmarks/peers.py [--messages 200000] [--seconds 5] [--tasks 3000]
+                               [--deep 1000000] [--parts e2e,send,tasks,depth]
+
+200-byte bodies, every write fsync'd before it is acknowledged. Each rayq
+figure sits beside its peer from the same run and the target ratio of issue 15:
+- end-to-end, 2 pipelines of send_batch(500) -> receive(500) -> delete_batch,
+  beside Redis Streams (appendfsync always; redis-py pipelines of 500:
+  XADD / XREADGROUP / XACK+XDEL);
+- send() from 8 threads beside Redis XADD and ray.util.queue.Queue.put from 8;
+- tiny tasks, 3000 submitted from 4 threads then all awaited, beside Dramatiq
+  on the same Redis (2 processes x 4 threads) and plain Ray tasks;
+- receive p50/p99 with --deep queued beside 1 000 queued (same queue), and the
+  shard's private memory beside the cache budget + 150 MiB (--deep 0 skips).
+
+Under each pair, the CPU every process of the run (driver, Ray runtime, redis-server,
+Dramatiq workers) spent per item: the figure other load on a shared machine moves
+least. Peers come from `pip install -e '.[bench]'` and Debian's redis-server; a missing
+one is named and its rows are left empty, the rest still runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Callable
+
+import ray
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _peers import (BATCH, BODY, INSTALL, dramatiq_tasks, dramatiq_workers,  # noqa: E402
+                    missing_peers, plain_ray_tasks, ray_queue_puts, redis_end_to_end,
+                    redis_server, redis_version, redis_xadds)
+from _report import report, submit_then_wait, tree_cpu_s  # noqa: E402
+from throughput import (concurrent_sends, depth_figures, depth_rows, end_to_end,  # noqa: E402
+                        runtime)
+
+import rayq  # noqa: E402
+
+PARTS = ("e2e", "send", "tasks", "depth")
+
+
+@rayq.task(type="noop")
+def noop(i):
+    return i
+
+
+def rayq_tasks(client: rayq.Client, tasks: int, threads: int = 4) -> float:
+    """Durable tiny tasks per second: submitted from ``threads`` threads, then ray.get of all."""
+    ray.get(client.submit(noop, -1))  # register the handler and warm the consumers
+    return submit_then_wait(lambda i: client.submit(noop, i), ray.get, tasks, threads)
+
+
+def row(figure: str, value: float | None, unit: str, baseline: str, base: float | None,
+        target: str) -> dict:
+    return {"figure": figure, "value": value, "unit": unit, "baseline": baseline,
+            "baseline_value": base, "target": target}
+
+
+def measured(fn: Callable[[], float], items: float | None = None,
+             seconds: float | None = None) -> tuple[float, float]:
+    """(rate ``fn`` returns, CPU µs per item over every process of the run). Items are
+    ``items``, or rate x ``seconds`` for a timed figure; set-up inside ``fn`` counts too."""
+    cpu_s = tree_cpu_s()
+    rate = fn()
+    return rate, (tree_cpu_s() - cpu_s) / (items or rate * seconds) * 1e6
+
+
+def skipped() -> tuple[None, None]:
+    return None, None
+
+
+def pair(figure: str, unit: str, mine: tuple, peer: tuple, label: str, target: str) -> list[dict]:
+    """The figure beside its peer, then the CPU each spent per item (no target: context)."""
+    return [row(figure, mine[0], unit, label, peer[0], target),
+            row(f"  CPU per item, all processes", mine[1], "µs", label, peer[1], "-")]
+
+
+def peer_label(name: str, missing: dict[str, str], *needs: str) -> str:
+    """``name``, or why it was not measured."""
+    absent = [missing[n] for n in needs if n in missing]
+    return f"{name} (NOT RUN: {'; '.join(absent)})" if absent else name
+
+
+def e2e_rows(client, url: str | None, args, missing) -> list[dict]:
+    n = args.messages
+    mine = measured(lambda: end_to_end(client, n), n)
+    redis = measured(lambda: redis_end_to_end(url, n), n) if url else skipped()
+    return pair("durable e2e, 2 x send_batch(500)->receive(500)->delete_batch", "msg/s",
+                mine, redis, peer_label("Redis Streams, appendfsync always, pipelines of 500",
+                                        missing, "redis-server", "redis"), ">= 2.00")
+
+
+def send_rows(url: str | None, args, missing) -> list[dict]:
+    s = args.seconds
+    mine = measured(lambda: concurrent_sends(s), seconds=s)
+    xadds = measured(lambda: redis_xadds(url, s), seconds=s) if url else skipped()
+    puts = measured(lambda: ray_queue_puts(s), seconds=s)
+    figure = "send() x 8 threads, durable"
+    return (pair(figure, "msg/s", mine, xadds,
+                 peer_label("Redis XADD x 8 threads", missing, "redis-server", "redis"), ">= 0.50")
+            + pair(figure, "msg/s", mine, puts, "ray.util.queue put x 8 threads", ">= 2.00"))
+
+
+def task_rows(client, url: str | None, args, missing) -> list[dict]:
+    n = args.tasks
+    mine = measured(lambda: rayq_tasks(client, n), n)
+    dramatiq = skipped()
+    if url and "dramatiq" not in missing:
+        with dramatiq_workers(url) as actor:  # measured while its workers are alive
+            dramatiq = measured(lambda: dramatiq_tasks(actor, n), n)
+    plain = measured(lambda: plain_ray_tasks(n), n)
+    figure = f"tiny tasks, {n:,} from 4 threads, then all awaited"
+    return (pair(figure, "tasks/s", mine, dramatiq,
+                 peer_label("Dramatiq, same Redis, 2 processes x 4 threads", missing,
+                            "redis-server", "redis", "dramatiq"), ">= 1.50")
+            + pair(figure, "tasks/s", mine, plain, "plain Ray tasks (not durable)", ">= 1.00"))
+
+
+def run(parts: set[str], args, url: str | None, missing: dict, extra: dict) -> list[dict]:
+    config = rayq.Config()
+    rows: list[dict] = []
+    with runtime(config, prefix="rayq-bench-peers-") as (client, _):
+        if "e2e" in parts:
+            rows += e2e_rows(client, url, args, missing)
+        if "send" in parts:
+            rows += send_rows(url, args, missing)
+        if "tasks" in parts:
+            rows += task_rows(client, url, args, missing)
+        if "depth" in parts and args.deep > 0:
+            depth = depth_figures(client, args.deep)
+            extra["fill_s"] = round(depth["fill_s"], 1)
+            rows += depth_rows(depth, config.store.cache_budget_bytes, targets=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=200_000, help="end-to-end messages")
+    parser.add_argument("--seconds", type=float, default=5.0, help="each 8-thread send figure")
+    parser.add_argument("--tasks", type=int, default=3000)
+    parser.add_argument("--deep", type=int, default=1_000_000,
+                        help="messages queued for the deep receive and memory figures (0 skips)")
+    parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of "
+                        + ", ".join(PARTS))
+    args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    if not parts <= set(PARTS):
+        parser.error(f"--parts takes some of {', '.join(PARTS)}")
+    missing = missing_peers()
+    for why in missing.values():
+        print(f"peer missing: {why}", file=sys.stderr)
+    if missing:
+        print(f"install every peer with: {INSTALL}", file=sys.stderr)
+    extra = {"messages": args.messages, "seconds": args.seconds, "tasks": args.tasks,
+             "deep": args.deep, "batch": BATCH, "body_bytes": len(BODY), "missing": missing}
+    redis_up = "redis-server" not in missing and "redis" not in missing
+    with redis_server() if redis_up else contextlib.nullcontext() as url:
+        if url:
+            extra["redis_version"] = redis_version(url)
+        rows = run(parts, args, url, missing, extra)
+    report("peers", rows, extra)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""SQS's error shapes, and how rayq's errors map onto them.
+
+An error goes back as JSON ``{"__type": "com.amazonaws.sqs#<Code>", "message": ...}``
+with an ``x-amzn-query-error: <legacy code>;Sender`` header, as SQS sends it:
+boto3 picks the exception class (``client.exceptions.QueueDoesNotExist``) from
+``__type`` and shows the legacy code as ``Error.Code``.
+"""
+
+from __future__ import annotations
+
+from rayq.core.auth import SignatureMismatch
+from rayq.errors import (AuthError, InvalidMessage, MessageTooLarge, Overloaded, QueueNotFound,
+                         RayqError, ReceiptInvalid, RuntimeFailure, UsageError)
+
+# Codes whose legacy (Query protocol) name differs from the JSON shape name.
+_LEGACY = {
+    "QueueDoesNotExist": "AWS.SimpleQueueService.NonExistentQueue",
+    "QueueNameExists": "QueueAlreadyExists",
+    "BatchEntryIdsNotDistinct": "AWS.SimpleQueueService.BatchEntryIdsNotDistinct",
+    "EmptyBatchRequest": "AWS.SimpleQueueService.EmptyBatchRequest",
+    "TooManyEntriesInBatchRequest": "AWS.SimpleQueueService.TooManyEntriesInBatchRequest",
+    "InvalidBatchEntryId": "AWS.SimpleQueueService.InvalidBatchEntryId",
+    "BatchRequestTooLong": "AWS.SimpleQueueService.BatchRequestTooLong",
+    "UnsupportedOperation": "AWS.SimpleQueueService.UnsupportedOperation",
+    "MessageNotInflight": "AWS.SimpleQueueService.MessageNotInflight",
+}
+
+
+class SqsError(Exception):
+    """Raised when a request gets one of SQS's errors; ``status`` is the HTTP status."""
+
+    def __init__(self, code: str, message: str, status: int = 400, sender: bool = True):
+        super().__init__(message)
+        self.code, self.message, self.status, self.sender = code, message, status, sender
+
+    def body(self) -> dict:
+        return {"__type": f"com.amazonaws.sqs#{self.code}", "message": self.message}
+
+    def query_error(self) -> str:
+        """The ``x-amzn-query-error`` header value."""
+        return f"{_LEGACY.get(self.code, self.code)};{'Sender' if self.sender else 'Receiver'}"
+
+
+def invalid(message: str) -> SqsError:
+    return SqsError("InvalidParameterValue", message)
+
+
+def missing(name: str) -> SqsError:
+    return SqsError("MissingParameter", f"The request must contain the parameter {name}.")
+
+
+def no_queue() -> SqsError:
+    return SqsError("QueueDoesNotExist", "The specified queue does not exist.")
+
+
+def from_rayq(err: RayqError) -> SqsError:
+    """The SQS error a rayq error stands for. The message says what rayq said."""
+    text = str(err)
+    if isinstance(err, QueueNotFound):
+        return no_queue()
+    if isinstance(err, ReceiptInvalid):
+        return SqsError("ReceiptHandleIsInvalid", f"The input receipt handle is invalid: {text}")
+    if isinstance(err, MessageTooLarge):
+        return SqsError("MessageTooLong", text)
+    if isinstance(err, SignatureMismatch):  # a key rotated out since the endpoint's copy
+        return SqsError("InvalidClientTokenId",
+                        "The security token included in the request is invalid.", status=403)
+    if isinstance(err, AuthError):
+        return SqsError("AccessDenied", f"Access to the resource is denied: {text}", status=403)
+    if isinstance(err, (InvalidMessage, UsageError)):
+        return invalid(text)
+    if isinstance(err, Overloaded):
+        return SqsError("ServiceUnavailable", text, status=503, sender=False)
+    if isinstance(err, RuntimeFailure):
+        return SqsError("InternalFailure", text, status=500, sender=False)
+    return SqsError("InternalFailure", text, status=500, sender=False)

@@ -1,0 +1,163 @@
+"""AWS Signature Version 4 verification, server side (pure; time is passed in).
+
+boto3 signs every SQS request with SigV4: an HMAC chain over a canonical form of
+the request. The endpoint recomputes it with each of the account's keys (the
+access key id is the account name, the secret its rayq key) and compares with
+``hmac.compare_digest``. Only the ``Authorization`` header form is accepted:
+SQS clients do not presign queue requests.
+
+Written here rather than borrowed from botocore: botocore's signer is a client's.
+It reads the clock itself, picks which headers to sign, and rebuilds the request
+from an ``AWSRequest``; a verifier must take the signed-header list the caller
+chose, the headers as they arrived, and an injected time. The canonical form is
+small; tests check it against botocore's signer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import posixpath
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from urllib.parse import quote
+
+from rayq.sqs.errors import SqsError
+
+ALGORITHM = "AWS4-HMAC-SHA256"
+SERVICE = "sqs"
+MAX_SKEW_S = 900.0
+_AUTH = re.compile(r"^AWS4-HMAC-SHA256\s+Credential=([^,\s]+),\s*SignedHeaders=([^,\s]+),"
+                   r"\s*Signature=([0-9a-f]{64})\s*$")
+
+
+@dataclass(frozen=True)
+class SignedRequest:
+    """What a signature covers: method, path, raw query, headers (lower-case names,
+    values joined with ',' when repeated) and the body."""
+
+    method: str
+    path: str
+    query: str
+    headers: Mapping[str, str]
+    body: bytes
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who signed a request: the account, the key that matched, the region signed for."""
+
+    account: str
+    key: str
+    region: str
+
+
+def _missing(message: str = "Request is missing Authentication Token") -> SqsError:
+    return SqsError("MissingAuthenticationToken", message, status=403)
+
+
+def _incomplete(message: str) -> SqsError:
+    return SqsError("IncompleteSignature", message, status=400)
+
+
+def _mismatch(message: str) -> SqsError:
+    return SqsError("SignatureDoesNotMatch", message, status=403)
+
+
+def verify(request: SignedRequest, keys: Callable[[str], Sequence[str]], now: float,
+           skew_s: float = MAX_SKEW_S) -> Caller:
+    """The caller of a SigV4-signed request. Raises SqsError (MissingAuthenticationToken,
+    IncompleteSignature, InvalidClientTokenId or SignatureDoesNotMatch) otherwise."""
+    header = request.headers.get("authorization")
+    if not header:
+        raise _missing()
+    match = _AUTH.match(header)
+    if match is None:
+        raise _incomplete("Authorization header requires Credential, SignedHeaders and "
+                          f"Signature parameters of {ALGORITHM}")
+    credential, signed_names, signature = match.groups()
+    account, date, region, service = _scope(credential)
+    stamp = _timestamp(request.headers.get("x-amz-date", ""), date, now, skew_s)
+    keys_now = list(keys(account))
+    if not keys_now:
+        raise SqsError("InvalidClientTokenId",
+                       "The security token included in the request is invalid.", status=403)
+    if service != SERVICE:
+        raise _mismatch(f"Credential should be scoped to correct service: '{SERVICE}'.")
+    scope = f"{date}/{region}/{service}/aws4_request"
+    to_sign = "\n".join([ALGORITHM, stamp, scope,
+                         _sha256(canonical_request(request, signed_names.split(";")))])
+    for key in keys_now:
+        mine = hmac.new(signing_key(key, date, region, service), to_sign.encode(),
+                        hashlib.sha256).hexdigest()
+        if hmac.compare_digest(mine, signature):
+            return Caller(account, key, region)
+    raise _mismatch("The request signature we calculated does not match the signature you "
+                    "provided. Check your AWS Secret Access Key and signing method.")
+
+
+def _scope(credential: str) -> tuple[str, str, str, str]:
+    parts = credential.split("/")
+    if len(parts) != 5 or parts[4] != "aws4_request" or not re.fullmatch(r"\d{8}", parts[1]):
+        raise _incomplete(f"Credential must have the form "
+                          f"ACCOUNT/YYYYMMDD/REGION/{SERVICE}/aws4_request, got {credential!r}")
+    return parts[0], parts[1], parts[2], parts[3]
+
+
+def _timestamp(stamp: str, date: str, now: float, skew_s: float) -> str:
+    """The X-Amz-Date of a request, checked against the scope's date and the clock."""
+    try:
+        signed_at = datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
+    except ValueError:
+        raise _missing("Request is missing a valid X-Amz-Date header (YYYYMMDDTHHMMSSZ)") from None
+    if stamp[:8] != date:
+        raise _mismatch(f"Date in Credential scope does not match YYYYMMDD from X-Amz-Date: "
+                        f"{date} != {stamp[:8]}")
+    if abs(signed_at.timestamp() - now) > skew_s:
+        raise _mismatch(f"Signature expired: {stamp} is more than {skew_s / 60:.0f} minutes "
+                        "away from the server's time.")
+    return stamp
+
+
+def canonical_request(request: SignedRequest, signed_names: Sequence[str]) -> str:
+    """The canonical request of SigV4 over the headers named in ``signed_names``."""
+    if "host" not in signed_names:
+        raise _incomplete("SignedHeaders must include host")
+    names = sorted(name.lower() for name in signed_names)
+    headers = []
+    for name in names:
+        if name not in request.headers:
+            raise _incomplete(f"Header {name!r} is signed but missing from the request")
+        headers.append(f"{name}:{' '.join(request.headers[name].split())}\n")
+    body_hash = _sha256(request.body)
+    claimed = request.headers.get("x-amz-content-sha256")
+    if claimed is not None and claimed != body_hash:
+        raise _mismatch("X-Amz-Content-SHA256 does not match the request body")
+    return "\n".join([request.method.upper(), _canonical_path(request.path),
+                      _canonical_query(request.query), "".join(headers), ";".join(names),
+                      body_hash])
+
+
+def _canonical_path(path: str) -> str:
+    normal = posixpath.normpath(path) if path not in ("", "/") else "/"
+    if path.endswith("/") and normal != "/":
+        normal += "/"
+    return quote(normal.replace("//", "/"), safe="/~")
+
+
+def _canonical_query(query: str) -> str:
+    pairs = sorted(pair.partition("=")[::2] for pair in query.split("&") if pair)
+    return "&".join(f"{key}={value}" for key, value in pairs)
+
+
+def signing_key(secret: str, date: str, region: str, service: str) -> bytes:
+    key = ("AWS4" + secret).encode()
+    for part in (date, region, service, "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    return key
+
+
+def _sha256(data: str | bytes) -> str:
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()

@@ -1,0 +1,113 @@
+"""Transport: how a Client and its Queues reach a runtime. One object holds what they
+share: the actor handles, the signer, the route cache and the send coalescers.
+
+Each client owns its own transport, so every request it makes is signed with its
+own credentials (two clients of one account in one process never sign for each
+other, before or after a key rotation), and a dropped client takes its
+coalescers with it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ray
+
+from rayq.config import Config
+from rayq.core.auth import ADMIN, ReplayedRequest, Signature, Signer
+from rayq.core.model import NewMessage, SubqueueState
+from rayq.core.registry import QueueInfo
+from rayq.remote import call
+from rayq.sending import SendCoalescer
+
+ROUTE_TTL_S = 2.0
+
+Route = tuple[QueueInfo, list[int], int]
+
+
+class Transport:
+    """A session's connection to one runtime (see the module docstring)."""
+
+    def __init__(self, manager, shards: Sequence, config: Config, signer: Signer | None = None):
+        self.manager = manager
+        self.shards = tuple(shards)
+        self.config = config
+        self._signer = signer
+        self._routes: dict[str, tuple[float, QueueInfo, list[int], int]] = {}
+        self._senders: dict[str, SendCoalescer] = {}
+        self._senders_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Transport({self.account!r}, shards={len(self.shards)})"
+
+    @property
+    def account(self) -> str:
+        """The account requests act for: the signer's, or ``default`` when unsigned."""
+        return self._signer.account if self._signer else ADMIN
+
+    # -- requests ----------------------------------------------------------------
+    def sign(self, queue: str, operation: str, *args: Any) -> Signature | None:
+        """The signature of one request over exactly ``args`` (None when unsigned)."""
+        return self._signer.sign(queue, operation, *args) if self._signer else None
+
+    def request(self, method, queue: str, operation: str, *args: Any) -> ray.ObjectRef:
+        """``method.remote(*args)``, signed over exactly those arguments."""
+        return method.remote(*args, auth=self.sign(queue, operation, *args))
+
+    def call(self, method, queue: str, operation: str, *args: Any) -> Any:
+        """A signed request's result; retried (signed anew) while the actor restarts."""
+        return self.call_signed(lambda auth: method.remote(*args, auth=auth), queue, operation,
+                                *args)
+
+    def call_signed(self, make: Callable[[Signature | None], ray.ObjectRef], queue: str,
+                    operation: str, *args: Any) -> Any:
+        """The result of ``make(signature over args)``, retried while the actor restarts.
+
+        Ray re-delivers a call that met an actor restart with its arguments, signature
+        included; if the first delivery's nonce was stored before the restart, the
+        runtime refuses the second as a replay. This transport signed the request
+        once, so that refusal is its own call coming back: it is signed anew and sent
+        once more (at least once, as for any call retried over a restart).
+        """
+        def send() -> Any:
+            return call(lambda: make(self.sign(queue, operation, *args)))
+        try:
+            return send()
+        except ReplayedRequest:
+            return send()
+
+    def shard_of(self, queue: QueueInfo, sq: int):
+        """The handle of the shard that holds subqueue ``sq`` of ``queue``."""
+        return self.shards[queue.subqueue(sq).shard]
+
+    # -- routing -------------------------------------------------------------------
+    def route(self, name: str, refresh: bool = False) -> Route:
+        """(queue, receive order, this session's put subqueue), cached for ROUTE_TTL_S."""
+        cached = self._routes.get(name)
+        now = time.monotonic()
+        if cached and not refresh and now - cached[0] < ROUTE_TTL_S:
+            return cached[1:]
+        queue, order, target = self.call(self.manager.routing, name, "routing", name)
+        if cached:  # enqueuer affinity: keep our subqueue while it takes puts
+            mine = queue.subqueue(cached[3])
+            if mine is not None and mine.state is SubqueueState.ALL:
+                target = mine.id
+        self._routes[name] = (now, queue, order, target)
+        return queue, order, target
+
+    def forget_route(self, name: str) -> None:
+        self._routes.pop(name, None)
+
+    # -- sending ---------------------------------------------------------------------
+    def send(self, name: str, messages: list[NewMessage],
+             flush: Callable[[list[NewMessage]], list]) -> list:
+        """Put ``messages`` to queue ``name`` through this transport's coalescer of that
+        queue: concurrent senders on any thread share one durable put call."""
+        with self._senders_lock:
+            sender = self._senders.get(name)
+            if sender is None:
+                sender = self._senders[name] = SendCoalescer()
+        return sender.send(messages, flush)

@@ -1,0 +1,524 @@
+"""The SQS endpoint driven by boto3, the real SDK: every operation, redelivery, the DLQ,
+two accounts, refused credentials, and bad input that loses nothing."""
+
+import datetime
+import hashlib
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import boto3
+import botocore.auth
+import pytest
+import requests
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.config import Config as BotoConfig
+from botocore.credentials import Credentials
+from botocore.exceptions import ClientError
+
+import rayq
+from rayq.config import with_consumers
+
+from .conftest import start_runtime
+
+_names = itertools.count()
+REGION = "eu-west-1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def endpoint(ray_session, tmp_path_factory):
+    client, _ = start_runtime(tmp_path_factory, with_consumers(rayq.Config(), 0), name="sqs")
+    keys = {name: client.create_account(name) for name in ("acme", "beta", "rot", "tool")}
+    url = rayq.serve_sqs(port=free_port())
+    yield {"url": url, "keys": keys, "admin": client}
+    rayq.shutdown()
+
+
+def sqs(endpoint, account="acme", key=None):
+    """A boto3 SQS client signing as ``account`` (retries off: each call is one request)."""
+    return boto3.client("sqs", endpoint_url=endpoint["url"], region_name=REGION,
+                        aws_access_key_id=account,
+                        aws_secret_access_key=key or endpoint["keys"][account],
+                        config=BotoConfig(retries={"max_attempts": 1}))
+
+
+def code(err: ClientError) -> str:
+    """SQS's error code as the JSON protocol names it (boto3 shows the legacy one as Code)."""
+    error = err.response["Error"]
+    return error.get("QueryErrorCode") or error["Code"]
+
+
+def refused(call, *args, **kwargs) -> tuple[str, int]:
+    with pytest.raises(ClientError) as info:
+        call(*args, **kwargs)
+    return code(info.value), info.value.response["ResponseMetadata"]["HTTPStatusCode"]
+
+
+def new_queue(client, **attributes) -> str:
+    name = f"sqs{next(_names)}"
+    return client.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"]
+
+
+def eventually(probe, timeout_s: float = 30.0):
+    """Poll ``probe`` until it returns something truthy; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = probe()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError("the condition did not hold in time")
+
+
+def md5(text: str) -> str:
+    return hashlib.md5(text.encode()).hexdigest()
+
+
+# -- queues ---------------------------------------------------------------------
+def test_boto3_creates_finds_lists_configures_purges_and_deletes_queues(endpoint):
+    client = sqs(endpoint)
+    url = client.create_queue(QueueName="orders-x", Attributes={"VisibilityTimeout": "45",
+                                                                "DelaySeconds": "2"})["QueueUrl"]
+    assert url == f"{endpoint['url']}/acme/orders-x"
+    assert client.create_queue(QueueName="orders-x", Attributes={"VisibilityTimeout": "45"})[
+        "QueueUrl"] == url  # same attributes: idempotent
+    assert refused(client.create_queue, QueueName="orders-x",
+                   Attributes={"VisibilityTimeout": "50"})[0] == "QueueNameExists"
+    assert client.get_queue_url(QueueName="orders-x")["QueueUrl"] == url
+    assert url in client.list_queues(QueueNamePrefix="orders-")["QueueUrls"]
+    first = client.list_queues(QueueNamePrefix="orders-x", MaxResults=1)
+    rest = client.list_queues(QueueNamePrefix="orders-x", MaxResults=1, NextToken=first["NextToken"])
+    assert first["QueueUrls"] + rest["QueueUrls"] == [url, url + "-dlq"]
+
+    client.set_queue_attributes(QueueUrl=url, Attributes={"ReceiveMessageWaitTimeSeconds": "1",
+                                                          "MessageRetentionPeriod": "3600"})
+    got = client.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert {k: got[k] for k in ("VisibilityTimeout", "DelaySeconds", "MessageRetentionPeriod",
+                                "ReceiveMessageWaitTimeSeconds", "MaximumMessageSize")} == {
+        "VisibilityTimeout": "45", "DelaySeconds": "2", "MessageRetentionPeriod": "3600",
+        "ReceiveMessageWaitTimeSeconds": "1", "MaximumMessageSize": "1048576"}
+    assert got["QueueArn"] == f"arn:aws:sqs:{REGION}:acme:orders-x"
+    assert abs(int(got["CreatedTimestamp"]) - time.time()) < 3600
+    assert "RedrivePolicy" not in got
+
+    client.send_message(QueueUrl=url, MessageBody="to purge")
+    assert got_counts(client, url) == (0, 0, 1)  # the queue's DelaySeconds applies
+    client.purge_queue(QueueUrl=url)
+    assert got_counts(client, url) == (0, 0, 0)
+    client.delete_queue(QueueUrl=url)
+    assert refused(client.get_queue_url, QueueName="orders-x")[0] == "QueueDoesNotExist"
+    assert url not in client.list_queues().get("QueueUrls", [])
+
+
+def got_counts(client, url) -> tuple[int, int, int]:
+    names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
+             "ApproximateNumberOfMessagesDelayed"]
+    got = client.get_queue_attributes(QueueUrl=url, AttributeNames=names)["Attributes"]
+    return tuple(int(got[n]) for n in names)
+
+
+# -- messages ---------------------------------------------------------------------
+def test_messages_round_trip_with_their_type_tenant_and_md5s(endpoint):
+    client = sqs(endpoint)
+    url = new_queue(client)
+    typed = {"type": {"DataType": "String", "StringValue": "report"}}
+    sent = client.send_message(QueueUrl=url, MessageBody="héllo ✓", MessageAttributes=typed,
+                               MessageGroupId="acme")
+    assert sent["MD5OfMessageBody"] == md5("héllo ✓")
+    batch = client.send_message_batch(QueueUrl=url, Entries=[
+        {"Id": f"m{i}", "MessageBody": f"body {i}"} for i in range(9)])
+    assert len(batch["Successful"]) == 9 and not batch["Failed"]
+    assert all(e["MD5OfMessageBody"] == md5(f"body {e['Id'][1:]}") for e in batch["Successful"])
+
+    got = client.receive_message(QueueUrl=url, MaxNumberOfMessages=10, AttributeNames=["All"],
+                                 MessageAttributeNames=["All"])["Messages"]
+    assert sorted(m["Body"] for m in got) == sorted(["héllo ✓"] + [f"body {i}" for i in range(9)])
+    first = next(m for m in got if m["MessageId"] == sent["MessageId"])
+    assert first["MD5OfBody"] == md5("héllo ✓")
+    assert first["MessageAttributes"] == typed
+    assert first["MD5OfMessageAttributes"] == sent["MD5OfMessageAttributes"]
+    assert first["Attributes"]["ApproximateReceiveCount"] == "1"
+    assert first["Attributes"]["MessageGroupId"] == "acme"
+    assert got_counts(client, url) == (0, 10, 0)
+
+    client.delete_message(QueueUrl=url, ReceiptHandle=first["ReceiptHandle"])
+    deleted = client.delete_message_batch(QueueUrl=url, Entries=[
+        {"Id": f"d{i}", "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(got[:10])
+        if m is not first])
+    assert len(deleted["Successful"]) == 9 and not deleted["Failed"]
+    assert got_counts(client, url) == (0, 0, 0)
+
+
+def test_a_received_message_comes_back_after_its_visibility_timeout(endpoint):
+    client = sqs(endpoint)
+    url = new_queue(client)
+    client.send_message(QueueUrl=url, MessageBody="again")
+    [first] = client.receive_message(QueueUrl=url, VisibilityTimeout=1)["Messages"]
+    assert client.receive_message(QueueUrl=url).get("Messages") is None  # hidden meanwhile
+    [second] = eventually(lambda: client.receive_message(
+        QueueUrl=url, AttributeNames=["ApproximateReceiveCount"]).get("Messages"))
+    assert second["Body"] == "again" and second["Attributes"]["ApproximateReceiveCount"] == "2"
+    assert refused(client.delete_message, QueueUrl=url,
+                   ReceiptHandle=first["ReceiptHandle"])[0] == "ReceiptHandleIsInvalid"
+    client.delete_message(QueueUrl=url, ReceiptHandle=second["ReceiptHandle"])
+
+
+def test_a_handle_stays_valid_after_its_visibility_changes(endpoint):
+    client = sqs(endpoint)
+    url = new_queue(client)
+    client.send_message_batch(QueueUrl=url, Entries=[
+        {"Id": str(i), "MessageBody": str(i)} for i in range(3)])
+    got = client.receive_message(QueueUrl=url, MaxNumberOfMessages=3, VisibilityTimeout=30)[
+        "Messages"]
+    assert len(got) == 3
+    client.change_message_visibility(QueueUrl=url, ReceiptHandle=got[0]["ReceiptHandle"],
+                                     VisibilityTimeout=60)
+    client.change_message_visibility(QueueUrl=url, ReceiptHandle=got[0]["ReceiptHandle"],
+                                     VisibilityTimeout=90)  # the same handle, twice
+    changed = client.change_message_visibility_batch(QueueUrl=url, Entries=[
+        {"Id": "a", "ReceiptHandle": got[1]["ReceiptHandle"], "VisibilityTimeout": 60},
+        {"Id": "b", "ReceiptHandle": "bogus", "VisibilityTimeout": 60}])
+    assert [e["Id"] for e in changed["Successful"]] == ["a"]
+    assert [(e["Id"], e["Code"]) for e in changed["Failed"]] == [("b", "ReceiptHandleIsInvalid")]
+    client.change_message_visibility(QueueUrl=url, ReceiptHandle=got[2]["ReceiptHandle"],
+                                     VisibilityTimeout=0)  # back to the queue at once
+    [again] = client.receive_message(QueueUrl=url, VisibilityTimeout=30)["Messages"]
+    assert again["Body"] == got[2]["Body"]
+    client.delete_message(QueueUrl=url, ReceiptHandle=got[0]["ReceiptHandle"])
+    done = client.delete_message_batch(QueueUrl=url, Entries=[
+        {"Id": "x", "ReceiptHandle": got[1]["ReceiptHandle"]},
+        {"Id": "y", "ReceiptHandle": again["ReceiptHandle"]}])
+    assert sorted(e["Id"] for e in done["Successful"]) == ["x", "y"]
+    assert got_counts(client, url) == (0, 0, 0)
+
+
+def test_dead_letters_land_in_the_dlq_after_max_receive_count(endpoint):
+    client = sqs(endpoint)
+    name = f"sqs{next(_names)}"
+    policy = json.dumps({"deadLetterTargetArn": f"arn:aws:sqs:{REGION}:acme:{name}-dlq",
+                         "maxReceiveCount": 2})
+    url = client.create_queue(QueueName=name, Attributes={"RedrivePolicy": policy})["QueueUrl"]
+    dlq = client.get_queue_url(QueueName=f"{name}-dlq")["QueueUrl"]
+    assert json.loads(client.get_queue_attributes(QueueUrl=url, AttributeNames=["RedrivePolicy"])[
+        "Attributes"]["RedrivePolicy"])["maxReceiveCount"] == 2
+    client.send_message(QueueUrl=url, MessageBody="poison")
+    receives = []
+
+    def dead_lettered():
+        receives.extend(client.receive_message(QueueUrl=url, VisibilityTimeout=0).get("Messages", []))
+        return client.receive_message(QueueUrl=dlq).get("Messages")
+    [dead] = eventually(dead_lettered)
+    assert dead["Body"] == "poison" and len(receives) == 2
+    assert got_counts(client, url) == (0, 0, 0)
+
+
+def test_a_long_poll_returns_a_message_sent_while_it_waits(endpoint):
+    client = sqs(endpoint)
+    url = new_queue(client)
+    out = {}
+    poller = threading.Thread(target=lambda: out.update(sqs(endpoint).receive_message(
+        QueueUrl=url, WaitTimeSeconds=20)))
+    poller.start()
+    client.send_message(QueueUrl=url, MessageBody="awaited")
+    poller.join()
+    assert [m["Body"] for m in out["Messages"]] == ["awaited"]
+
+
+# -- accounts and credentials ---------------------------------------------------------
+def test_two_accounts_see_and_touch_only_their_own_queues(endpoint):
+    acme, beta = sqs(endpoint), sqs(endpoint, "beta")
+    acme_url = acme.create_queue(QueueName="iso-acme")["QueueUrl"]
+    beta_url = beta.create_queue(QueueName="iso-beta")["QueueUrl"]
+    acme.send_message(QueueUrl=acme_url, MessageBody="acme's")
+    assert beta_url not in acme.list_queues()["QueueUrls"]
+    assert acme_url not in beta.list_queues()["QueueUrls"]
+    for call, kwargs in [(beta.receive_message, {}), (beta.purge_queue, {}),
+                         (beta.send_message, {"MessageBody": "x"}), (beta.delete_queue, {}),
+                         (beta.get_queue_attributes, {"AttributeNames": ["All"]})]:
+        assert refused(call, QueueUrl=acme_url, **kwargs) == ("QueueDoesNotExist", 400)
+    # acme's queue name in beta's namespace: not there, and nothing says acme has one
+    assert refused(beta.receive_message, QueueUrl=acme_url.replace("/acme/", "/beta/"))[0] == \
+        "QueueDoesNotExist"
+    assert refused(beta.get_queue_url, QueueName="iso-acme")[0] == "QueueDoesNotExist"
+    [kept] = acme.receive_message(QueueUrl=acme_url)["Messages"]
+    assert kept["Body"] == "acme's"
+
+
+def test_two_accounts_each_have_their_own_queue_of_one_name(endpoint):
+    acme, beta = sqs(endpoint), sqs(endpoint, "beta")
+    acme_url = acme.create_queue(QueueName="orders-same", Attributes={"DelaySeconds": "0"})[
+        "QueueUrl"]
+    beta_url = beta.create_queue(QueueName="orders-same", Attributes={"DelaySeconds": "5"})[
+        "QueueUrl"]
+    assert (acme_url, beta_url) == (f"{endpoint['url']}/acme/orders-same",
+                                    f"{endpoint['url']}/beta/orders-same")
+    acme.send_message(QueueUrl=acme_url, MessageBody="for acme")
+    beta.send_message(QueueUrl=beta_url, MessageBody="for beta")
+    assert [m["Body"] for m in acme.receive_message(QueueUrl=acme_url)["Messages"]] == ["for acme"]
+    assert got_counts(beta, beta_url) == (0, 0, 1)  # beta's own DelaySeconds, its own message
+    assert acme.get_queue_attributes(QueueUrl=acme_url, AttributeNames=["DelaySeconds"])[
+        "Attributes"] == {"DelaySeconds": "0"}
+
+
+def test_the_default_account_reaches_every_accounts_queues_by_their_urls(endpoint):
+    admin_key = endpoint["admin"].rotate_key(2, account="default")  # slot 2: unused so far
+    admin = sqs(endpoint, "default", admin_key)
+    acme = sqs(endpoint)
+    url = acme.create_queue(QueueName="watched")["QueueUrl"]
+    acme.send_message(QueueUrl=url, MessageBody="seen by the admin")
+    assert url in admin.list_queues(QueueNamePrefix="watched")["QueueUrls"]
+    assert admin.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"] == f"arn:aws:sqs:{REGION}:acme:watched"
+    [got] = admin.receive_message(QueueUrl=url)["Messages"]
+    assert got["Body"] == "seen by the admin"
+    admin.delete_message(QueueUrl=url, ReceiptHandle=got["ReceiptHandle"])
+    assert got_counts(acme, url) == (0, 0, 0)
+
+
+def raw_request(endpoint, action: str, params: dict, account="acme", key=None,
+                mangle=lambda headers: None) -> requests.Response:
+    """One request signed by botocore's SigV4 code, then optionally mangled."""
+    body = json.dumps(params).encode()
+    request = AWSRequest(method="POST", url=endpoint["url"] + "/", data=body, headers={
+        "Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": f"AmazonSQS.{action}"})
+    SigV4Auth(Credentials(account, key or endpoint["keys"][account]), "sqs", REGION).add_auth(request)
+    headers = dict(request.headers.items())
+    mangle(headers)
+    return requests.post(request.url, data=body, headers=headers, timeout=30)
+
+
+def refusal(response: requests.Response) -> tuple[int, str]:
+    return response.status_code, response.json()["__type"].rsplit("#", 1)[1]
+
+
+def test_forged_wrong_stale_and_missing_credentials_are_refused(endpoint, monkeypatch):
+    assert raw_request(endpoint, "ListQueues", {}).status_code == 200
+
+    def forge(headers):
+        auth = headers["Authorization"]
+        headers["Authorization"] = auth[:-4] + ("0000" if auth[-4:] != "0000" else "1111")
+    assert refusal(raw_request(endpoint, "ListQueues", {}, mangle=forge)) == (
+        403, "SignatureDoesNotMatch")
+    assert refusal(raw_request(endpoint, "ListQueues", {}, mangle=lambda h: h.pop(
+        "Authorization"))) == (403, "MissingAuthenticationToken")
+    other_key = endpoint["keys"]["beta"]
+    assert refusal(raw_request(endpoint, "ListQueues", {}, key=other_key)) == (
+        403, "SignatureDoesNotMatch")
+    assert refusal(raw_request(endpoint, "ListQueues", {}, account="nobody", key=other_key)) == (
+        403, "InvalidClientTokenId")
+    stale = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None) \
+        - datetime.timedelta(minutes=16)
+    with monkeypatch.context() as patch:
+        patch.setattr(botocore.auth, "get_current_datetime", lambda *args, **kwargs: stale)
+        assert refusal(raw_request(endpoint, "ListQueues", {})) == (403, "SignatureDoesNotMatch")
+    with pytest.raises(ClientError) as info:
+        sqs(endpoint, key=other_key).list_queues()
+    assert code(info.value) == "SignatureDoesNotMatch"
+
+
+def test_a_rotated_out_key_is_refused_and_the_new_one_works(endpoint):
+    admin = endpoint["admin"]
+    old = endpoint["keys"]["rot"]
+    client = sqs(endpoint, "rot", old)
+    url = new_queue(client)
+    client.send_message(QueueUrl=url, MessageBody="before")
+    new = admin.rotate_key(1, account="rot")
+    assert refused(client.send_message, QueueUrl=url, MessageBody="after")[0] in (
+        "SignatureDoesNotMatch", "InvalidClientTokenId")
+    fresh = sqs(endpoint, "rot", new)
+    fresh.send_message(QueueUrl=url, MessageBody="with the new key")
+    bodies = {m["Body"] for m in fresh.receive_message(QueueUrl=url, MaxNumberOfMessages=10)[
+        "Messages"]}
+    assert bodies == {"before", "with the new key"}
+
+
+# -- bad input ---------------------------------------------------------------------------
+def test_bad_input_on_every_operation_gets_sqs_errors_and_loses_nothing(endpoint):
+    client = sqs(endpoint)
+    url = new_queue(client, MaximumMessageSize="1024")
+    client.send_message(QueueUrl=url, MessageBody="precious")
+    gone = url.rsplit("/", 1)[0] + "/never-made"
+    [held] = client.receive_message(QueueUrl=url, VisibilityTimeout=600)["Messages"]
+    arn = f"arn:aws:sqs:{REGION}:acme:elsewhere"
+    cases = [
+        (client.create_queue, {"QueueName": "bad name!"}, "InvalidParameterValue"),
+        (client.create_queue, {"QueueName": "jobs.fifo"}, "InvalidParameterValue"),
+        (client.create_queue, {"QueueName": "q-attrs", "Attributes": {"Policy": "{}"}},
+         "InvalidAttributeName"),
+        (client.create_queue, {"QueueName": "q-attrs", "Attributes": {"DelaySeconds": "901"}},
+         "InvalidAttributeValue"),
+        (client.create_queue, {"QueueName": "q-attrs", "Attributes": {"RedrivePolicy": json.dumps(
+            {"deadLetterTargetArn": arn, "maxReceiveCount": 3})}}, "InvalidAttributeValue"),
+        (client.get_queue_url, {"QueueName": "never-made"}, "QueueDoesNotExist"),
+        (client.list_queues, {"MaxResults": 0}, "InvalidParameterValue"),
+        (client.delete_queue, {"QueueUrl": gone}, "QueueDoesNotExist"),
+        (client.purge_queue, {"QueueUrl": gone}, "QueueDoesNotExist"),
+        (client.get_queue_attributes, {"QueueUrl": url, "AttributeNames": ["Policy"]},
+         "InvalidAttributeName"),
+        (client.set_queue_attributes, {"QueueUrl": url, "Attributes": {"QueueArn": "x"}},
+         "InvalidAttributeName"),
+        (client.set_queue_attributes, {"QueueUrl": url, "Attributes": {"VisibilityTimeout": "-1"}},
+         "InvalidAttributeValue"),
+        (client.send_message, {"QueueUrl": url, "MessageBody": ""}, "MissingParameter"),
+        (client.send_message, {"QueueUrl": url, "MessageBody": "x" * 1025}, "MessageTooLong"),
+        (client.send_message, {"QueueUrl": url, "MessageBody": "nul \x00"},
+         "InvalidMessageContents"),
+        (client.send_message, {"QueueUrl": url, "MessageBody": "x", "DelaySeconds": 901},
+         "InvalidParameterValue"),
+        (client.send_message, {"QueueUrl": url, "MessageBody": "x", "MessageAttributes": {
+            "color": {"DataType": "String", "StringValue": "red"}}}, "InvalidParameterValue"),
+        (client.send_message, {"QueueUrl": url, "MessageBody": "x", "MessageGroupId": "beta"},
+         "InvalidParameterValue"),
+        (client.send_message, {"QueueUrl": gone, "MessageBody": "x"}, "QueueDoesNotExist"),
+        (client.send_message_batch, {"QueueUrl": url, "Entries": []}, "EmptyBatchRequest"),
+        (client.send_message_batch, {"QueueUrl": url, "Entries": [
+            {"Id": str(i), "MessageBody": "x"} for i in range(11)]}, "TooManyEntriesInBatchRequest"),
+        (client.send_message_batch, {"QueueUrl": url, "Entries": [
+            {"Id": "a", "MessageBody": "x"}, {"Id": "a", "MessageBody": "y"}]},
+         "BatchEntryIdsNotDistinct"),
+        (client.send_message_batch, {"QueueUrl": url, "Entries": [
+            {"Id": "a b", "MessageBody": "x"}]}, "InvalidBatchEntryId"),
+        (client.send_message_batch, {"QueueUrl": url, "Entries": [
+            {"Id": str(i), "MessageBody": "x" * 600_000} for i in range(2)]}, "BatchRequestTooLong"),
+        (client.receive_message, {"QueueUrl": url, "MaxNumberOfMessages": 11},
+         "InvalidParameterValue"),
+        (client.receive_message, {"QueueUrl": url, "WaitTimeSeconds": 21}, "InvalidParameterValue"),
+        (client.receive_message, {"QueueUrl": url, "VisibilityTimeout": 43_201},
+         "InvalidParameterValue"),
+        (client.receive_message, {"QueueUrl": url, "AttributeNames": ["Bogus"]},
+         "InvalidAttributeName"),
+        (client.delete_message, {"QueueUrl": url, "ReceiptHandle": "not-a-handle"},
+         "ReceiptHandleIsInvalid"),
+        (client.change_message_visibility, {"QueueUrl": url, "ReceiptHandle": "not-a-handle",
+                                            "VisibilityTimeout": 10}, "ReceiptHandleIsInvalid"),
+        (client.change_message_visibility, {"QueueUrl": url, "ReceiptHandle": held[
+            "ReceiptHandle"], "VisibilityTimeout": 43_201}, "InvalidParameterValue"),
+        (client.delete_message_batch, {"QueueUrl": url, "Entries": []}, "EmptyBatchRequest"),
+        (client.change_message_visibility_batch, {"QueueUrl": url, "Entries": [
+            {"Id": str(i), "ReceiptHandle": "x"} for i in range(11)]},
+         "TooManyEntriesInBatchRequest"),
+        (client.tag_queue, {"QueueUrl": url, "Tags": {"a": "b"}}, "UnsupportedOperation"),
+        (client.list_dead_letter_source_queues, {"QueueUrl": url}, "UnsupportedOperation"),
+    ]
+    for call, kwargs, expected in cases:
+        assert refused(call, **kwargs)[0] == expected, (call.__name__, kwargs)
+    partial = client.send_message_batch(QueueUrl=url, Entries=[
+        {"Id": "ok", "MessageBody": "fine"}, {"Id": "bad", "MessageBody": "x" * 1025}])
+    assert [e["Id"] for e in partial["Successful"]] == ["ok"]
+    assert [(e["Id"], e["Code"]) for e in partial["Failed"]] == [("bad", "MessageTooLong")]
+    failed = client.delete_message_batch(QueueUrl=url, Entries=[
+        {"Id": "bad", "ReceiptHandle": "not-a-handle"}])["Failed"]
+    assert [(e["Id"], e["Code"]) for e in failed] == [("bad", "ReceiptHandleIsInvalid")]
+    assert got_counts(client, url) == (1, 1, 0)  # "fine" waits; "precious" is still held
+    client.delete_message(QueueUrl=url, ReceiptHandle=held["ReceiptHandle"])
+    [fine] = client.receive_message(QueueUrl=url)["Messages"]
+    assert fine["Body"] == "fine" and held["Body"] == "precious"
+
+
+# -- serving -------------------------------------------------------------------------------
+def test_serving_again_elsewhere_is_refused_while_the_endpoint_runs(endpoint):
+    assert rayq.serve_sqs(port=int(endpoint["url"].rsplit(":", 1)[1])) == endpoint["url"]
+    with pytest.raises(rayq.RuntimeFailure):
+        rayq.serve_sqs(port=free_port())
+
+
+def test_rayq_serve_runs_an_embedded_runtime_until_stopped(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = os.getcwd()
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "rayq.cli", "serve", "--data-dir",
+                             str(tmp_path / "data"), "--port", str(port)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        url = proc.stdout.readline().strip()
+        assert url == f"http://127.0.0.1:{port}"
+        stranger = boto3.client("sqs", endpoint_url=url, region_name=REGION,
+                                aws_access_key_id="nobody", aws_secret_access_key="x" * 44)
+        assert refused(stranger.list_queues) == ("InvalidClientTokenId", 403)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+
+
+def test_the_aws_cli_works_unchanged(endpoint, tmp_path):
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "acme", "AWS_DEFAULT_REGION": REGION,
+           "AWS_SECRET_ACCESS_KEY": endpoint["keys"]["acme"],
+           "AWS_CONFIG_FILE": str(tmp_path / "config"),
+           "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "credentials")}
+
+    def aws(*args: str) -> dict:
+        out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "aws"), "sqs", *args,
+                              "--endpoint-url", endpoint["url"], "--output", "json"],
+                             env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout) if out.stdout.strip() else {}
+
+    url = aws("create-queue", "--queue-name", "from-cli")["QueueUrl"]
+    aws("send-message", "--queue-url", url, "--message-body", "sent by aws sqs")
+    [got] = aws("receive-message", "--queue-url", url, "--wait-time-seconds", "5")["Messages"]
+    assert got["Body"] == "sent by aws sqs"
+    aws("delete-message", "--queue-url", url, "--receipt-handle", got["ReceiptHandle"])
+    assert aws("get-queue-attributes", "--queue-url", url, "--attribute-names",
+               "ApproximateNumberOfMessages")["Attributes"] == {"ApproximateNumberOfMessages": "0"}
+
+
+CELERY_TASKS = """
+import os
+
+from celery import Celery
+
+app = Celery("sqs_tasks", broker=os.environ["BROKER_URL"])
+app.conf.broker_transport_options = {"region": "eu-west-1", "is_secure": False,
+                                     "polling_interval": 0.2, "wait_time_seconds": 1}
+app.conf.task_default_queue = "celery-tasks"
+
+
+@app.task
+def add(x, y):
+    with open(os.environ["RESULT_FILE"], "a") as out:
+        out.write(f"{x + y}\\n")
+"""
+
+
+def test_celery_with_kombus_sqs_transport_runs_tasks_unchanged(endpoint, tmp_path):
+    from urllib.parse import quote
+
+    from celery import Celery
+
+    (tmp_path / "sqs_tasks.py").write_text(CELERY_TASKS)
+    results = tmp_path / "results.txt"
+    results.write_text("")
+    broker = f"sqs://tool:{quote(endpoint['keys']['tool'], safe='')}@{endpoint['url'][7:]}"
+    env = {**os.environ, "BROKER_URL": broker, "RESULT_FILE": str(results),
+           "PYTHONPATH": str(tmp_path)}
+    with open(tmp_path / "worker.log", "w") as log:
+        worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "sqs_tasks", "worker",
+                                   "--pool=solo", "--without-mingle", "--without-gossip",
+                                   "--without-heartbeat"], cwd=tmp_path, env=env, stdout=log,
+                                  stderr=subprocess.STDOUT)
+    try:
+        app = Celery("producer", broker=broker)
+        app.conf.broker_transport_options = {"region": REGION, "is_secure": False}
+        for i in range(5):
+            app.send_task("sqs_tasks.add", (i, 100), queue="celery-tasks")
+        eventually(lambda: len(results.read_text().split()) >= 5, timeout_s=120)
+        assert sorted(results.read_text().split()) == [str(100 + i) for i in range(5)]
+        client = sqs(endpoint, "tool")
+        url = client.get_queue_url(QueueName="celery-tasks")["QueueUrl"]
+        assert eventually(lambda: got_counts(client, url) == (0, 0, 0))  # acked: deleted
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)

@@ -1,0 +1,64 @@
+"""Scale-down per subqueue (seed 003): small, fast or seldom-throttled subqueues."""
+
+import pytest
+
+from rayq.config import ScalingConfig
+from rayq.core.model import SubqueueState
+from rayq.core.scaling import SubqueueLoad, decide, is_quiet
+
+CONFIG = ScalingConfig(scale_up_ops_per_s=5_000, idle_s=60, small_count=1_000,
+                       fast_ops_fraction=0.25, seldom_throttled_per_s=0.1)
+SHARDS = {0: 0, 1: 0}
+
+
+def load(sq, count=0, ops=0.0, throttled=0.0, state=SubqueueState.ALL):
+    return SubqueueLoad(sq, sq % 2, state, sq, count, ops, throttled)
+
+
+@pytest.mark.parametrize("count, ops, throttled, quiet", [
+    (10, 3_000.0, 0.0, True),         # small, though busy-ish
+    (50_000, 800.0, 0.0, True),       # big but fast: 800 < 1 250 ops/s
+    (50_000, 2_000.0, 0.0, False),    # big and near its limit
+    (10, 10.0, 0.5, False),           # throttled: not seldom
+    (50_000, 0.5, 0.0, True),         # under idle_ops_per_s
+])
+def test_a_subqueue_is_quiet_when_seldom_throttled_and_small_or_fast(count, ops, throttled, quiet):
+    assert is_quiet(load(1, count, ops, throttled), CONFIG) is quiet
+
+
+def test_a_queue_that_grew_narrows_under_moderate_steady_load():
+    # three subqueues at 170 ops/s each (510 in all), quiet for a minute: the old
+    # rule (whole queue under 1 op/s) would keep all three for ever
+    loads = [load(1, 5_000, 170.0), load(2, 4_000, 170.0), load(3, 6_000, 170.0)]
+    quiet = {1: 60.0, 2: 60.0, 3: 60.0}
+    d = decide(loads, SHARDS, min_subqueues=1, quiet_for_s=quiet, config=CONFIG)
+    assert d.retire == 2  # the smallest
+
+
+def test_no_retirement_before_every_open_subqueue_was_quiet_long_enough():
+    loads = [load(1, 5_000, 170.0), load(2, 4_000, 170.0)]
+    assert decide(loads, SHARDS, min_subqueues=1, quiet_for_s={1: 60.0, 2: 59.0},
+                  config=CONFIG).retire is None
+
+
+def test_no_retirement_when_the_others_could_not_take_the_load():
+    # 2 x 1 000 ops/s: each fast, but one alone would do 2 000 > 1 250
+    loads = [load(1, 5_000, 1_000.0), load(2, 5_000, 1_000.0)]
+    assert decide(loads, SHARDS, min_subqueues=1, quiet_for_s={1: 99.0, 2: 99.0},
+                  config=CONFIG).retire is None
+
+
+def test_one_at_a_time_and_never_below_the_minimum():
+    draining = [load(1, 10), load(2, 10), load(3, 5, state=SubqueueState.NO_PUT)]
+    quiet = {1: 99.0, 2: 99.0}
+    assert decide(draining, SHARDS, min_subqueues=1, quiet_for_s=quiet, config=CONFIG).retire is None
+    assert decide(draining[:2], SHARDS, min_subqueues=2, quiet_for_s=quiet,
+                  config=CONFIG).retire is None
+    drained = [load(1, 10), load(2, 10), load(3, 0, state=SubqueueState.NO_PUT)]
+    d = decide(drained, SHARDS, min_subqueues=1, quiet_for_s=quiet, config=CONFIG)
+    assert d.drop == (3,) and d.retire in (1, 2)
+
+
+def test_a_busy_subqueue_still_adds_one():
+    d = decide([load(1, 10, 6_000.0)], SHARDS, min_subqueues=1, quiet_for_s={}, config=CONFIG)
+    assert d.add_on_shard == 0

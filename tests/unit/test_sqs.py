@@ -1,0 +1,164 @@
+"""The SQS endpoint's pure parts: SigV4 verification (against botocore's signer),
+queue attributes, message attributes and their MD5."""
+
+import datetime
+import hashlib
+import json
+import struct
+
+import botocore.auth
+import pytest
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+
+from rayq.sqs import attributes, messages, sigv4
+from rayq.sqs.errors import SqsError
+
+SIGNED_AT = datetime.datetime(2026, 5, 4, 12, 0, 0)
+NOW = SIGNED_AT.replace(tzinfo=datetime.timezone.utc).timestamp()
+KEYS = {"acme": ["key-one", "key-two"]}
+
+
+def signed(monkeypatch, key="key-one", account="acme", service="sqs", body=b'{"QueueName":"q"}',
+           url="http://127.0.0.1:9324/") -> sigv4.SignedRequest:
+    """A request as botocore signs it for boto3, seen the way the endpoint sees it."""
+    monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda *a, **k: SIGNED_AT)
+    request = AWSRequest(method="POST", url=url, data=body, headers={
+        "Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": "AmazonSQS.CreateQueue"})
+    SigV4Auth(Credentials(account, key), service, "eu-west-1").add_auth(request)
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    headers["host"] = url.split("/")[2]
+    return sigv4.SignedRequest("POST", "/", "", headers, body)
+
+
+def verify(request, now=NOW):
+    return sigv4.verify(request, lambda account: KEYS.get(account, []), now)
+
+
+def error_of(request, now=NOW) -> tuple[str, int]:
+    with pytest.raises(SqsError) as info:
+        verify(request, now)
+    return info.value.code, info.value.status
+
+
+@pytest.mark.parametrize("key", ["key-one", "key-two"])
+def test_a_request_botocore_signed_with_either_key_verifies(monkeypatch, key):
+    assert verify(signed(monkeypatch, key)) == sigv4.Caller("acme", key, "eu-west-1")
+
+
+@pytest.mark.parametrize("skew_s", [-899, 899])
+def test_a_timestamp_within_fifteen_minutes_passes(monkeypatch, skew_s):
+    assert verify(signed(monkeypatch), NOW + skew_s).account == "acme"
+
+
+@pytest.mark.parametrize("skew_s", [-901, 901])
+def test_a_timestamp_more_than_fifteen_minutes_off_is_refused(monkeypatch, skew_s):
+    assert error_of(signed(monkeypatch), NOW + skew_s) == ("SignatureDoesNotMatch", 403)
+
+
+def test_a_wrong_key_does_not_match(monkeypatch):
+    assert error_of(signed(monkeypatch, key="key-three")) == ("SignatureDoesNotMatch", 403)
+
+
+def test_an_unknown_account_is_an_invalid_token(monkeypatch):
+    assert error_of(signed(monkeypatch, account="nobody")) == ("InvalidClientTokenId", 403)
+
+
+def test_another_service_scope_is_refused(monkeypatch):
+    assert error_of(signed(monkeypatch, service="s3")) == ("SignatureDoesNotMatch", 403)
+
+
+@pytest.mark.parametrize("change", [
+    lambda r: r.__class__(r.method, r.path, r.query, r.headers, b'{"QueueName":"other"}'),
+    lambda r: r.__class__(r.method, r.path, r.query,
+                          {**r.headers, "x-amz-target": "AmazonSQS.DeleteQueue"}, r.body),
+    lambda r: r.__class__(r.method, "/acme/q", r.query, r.headers, r.body),
+    lambda r: r.__class__(r.method, r.path, r.query,
+                          {**r.headers, "host": "evil.example:9324"}, r.body),
+], ids=["body", "target", "path", "host"])
+def test_any_change_to_a_signed_part_breaks_the_signature(monkeypatch, change):
+    assert error_of(change(signed(monkeypatch))) == ("SignatureDoesNotMatch", 403)
+
+
+def test_a_request_without_authorization_misses_its_token(monkeypatch):
+    request = signed(monkeypatch)
+    headers = {k: v for k, v in request.headers.items() if k != "authorization"}
+    bare = sigv4.SignedRequest("POST", "/", "", headers, request.body)
+    assert error_of(bare) == ("MissingAuthenticationToken", 403)
+
+
+@pytest.mark.parametrize("value", ["AWS4-HMAC-SHA256 Credential=acme", "Bearer xyz",
+                                   "AWS4-HMAC-SHA256 Credential=acme/2026/eu/sqs/aws4_request, "
+                                   "SignedHeaders=host, Signature=" + "0" * 64])
+def test_a_malformed_authorization_header_is_incomplete(monkeypatch, value):
+    request = signed(monkeypatch)
+    mangled = sigv4.SignedRequest("POST", "/", "", {**request.headers, "authorization": value},
+                                  request.body)
+    assert error_of(mangled) == ("IncompleteSignature", 400)
+
+
+# -- queue attributes ------------------------------------------------------------------
+def parse(values: dict):
+    return attributes.parse(values, attributes.Settings(), "acme", "orders", now=5.0)
+
+
+def test_attributes_set_the_settings_rayq_keeps_for_sqs():
+    change = parse({"VisibilityTimeout": "45", "DelaySeconds": "900",
+                    "MessageRetentionPeriod": "60", "ReceiveMessageWaitTimeSeconds": "20",
+                    "MaximumMessageSize": "1024"})
+    assert change.settings == attributes.Settings(45, 60, 900, 20, 1024, modified_at=5.0)
+    assert change.max_receives is None
+
+
+@pytest.mark.parametrize("values, code", [
+    ({"VisibilityTimeout": "43201"}, "InvalidAttributeValue"),
+    ({"DelaySeconds": "-1"}, "InvalidAttributeValue"),
+    ({"MessageRetentionPeriod": "1209600"}, "InvalidAttributeValue"),  # past rayq's 7 days
+    ({"MaximumMessageSize": "1023"}, "InvalidAttributeValue"),
+    ({"VisibilityTimeout": 30}, "InvalidAttributeValue"),
+    ({"Policy": "{}"}, "InvalidAttributeName"),
+    ({"FifoQueue": "true"}, "InvalidAttributeName"),
+    ({"ApproximateNumberOfMessages": "3"}, "InvalidAttributeName"),
+    ({"RedrivePolicy": "not json"}, "InvalidAttributeValue"),
+    ({"RedrivePolicy": json.dumps({"deadLetterTargetArn": "arn:aws:sqs:r:acme:orders-dlq",
+                                   "maxReceiveCount": 0})}, "InvalidAttributeValue"),
+    ({"RedrivePolicy": json.dumps({"deadLetterTargetArn": "arn:aws:sqs:r:beta:orders-dlq",
+                                   "maxReceiveCount": 3})}, "InvalidAttributeValue"),
+])
+def test_attributes_rayq_cannot_keep_are_refused_by_name(values, code):
+    with pytest.raises(SqsError) as info:
+        parse(values)
+    assert info.value.code == code and next(iter(values)) in info.value.message
+
+
+def test_a_redrive_policy_to_the_queues_own_dlq_sets_max_receives():
+    policy = json.dumps({"deadLetterTargetArn": "arn:aws:sqs:eu-west-1:acme:orders-dlq",
+                         "maxReceiveCount": "4"})
+    assert parse({"RedrivePolicy": policy}).max_receives == 4
+    assert parse({"RedrivePolicy": ""}).max_receives == 0
+
+
+# -- message attributes ---------------------------------------------------------------
+def test_the_type_attribute_is_the_rayq_type_and_others_are_refused():
+    assert messages.message_type(None) == "default"
+    assert messages.message_type(messages.type_attributes("report")) == "report"
+    for bad in ({"color": {"DataType": "String", "StringValue": "red"}},
+                {"type": {"DataType": "Number", "StringValue": "1"}}):
+        with pytest.raises(SqsError):
+            messages.message_type(bad)
+
+
+def test_attribute_md5_follows_sqs_length_prefixed_encoding():
+    def framed(data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + data
+    expected = hashlib.md5(framed(b"type") + framed(b"String") + b"\x01" + framed(b"report"))
+    assert messages.attributes_md5(messages.type_attributes("report")) == expected.hexdigest()
+
+
+@pytest.mark.parametrize("body, code", [("", "MissingParameter"), ("\x00", "InvalidMessageContents"),
+                                        ("x" * 1025, "MessageTooLong")])
+def test_bodies_sqs_refuses_are_refused(body, code):
+    with pytest.raises(SqsError) as info:
+        messages.check_body(body, 1024)
+    assert info.value.code == code
