@@ -29,6 +29,7 @@ from ray.util.state import list_actors
 
 import rayq
 from rayq.config import Config, ConsumerConfig, FairnessConfig, StoreConfig
+from tests.integration.conftest import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.own_process]
 
@@ -122,16 +123,6 @@ def requested() -> list[dict]:
     return json.loads(raw) if raw else []
 
 
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-
-
 @pytest.fixture(scope="module")
 def cluster():
     bin_dir = os.path.dirname(sys.executable)  # `ray` of this interpreter, for start()
@@ -161,7 +152,7 @@ def test_consumers_and_boosters_bring_workers_that_go_when_the_demand_does(clust
     # scale_consumers: room for two one-CPU consumers, which only a worker has.
     client.scale_consumers(2)
     assert requested() == [{"CPU": 1}] * 2
-    wait_for(lambda: len(worker_nodes()) == 1, 120, "a worker for the consumers")
+    wait_until(lambda: len(worker_nodes()) == 1, 120, what="a worker for the consumers")
     timeline.mark("first worker added")
     client.register(square)
     client.register(cube)
@@ -174,22 +165,22 @@ def test_consumers_and_boosters_bring_workers_that_go_when_the_demand_does(clust
     # threshold: permits become booster consumers, and boosters need a second worker.
     refs = [client.submit(square if i % 2 else cube, i, tenant="globex" if i % 3 else "acme")
             for i in range(TASKS)]
-    wait_for(lambda: len(requested()) > 2, 60, "booster consumers to ask for room")
+    wait_until(lambda: len(requested()) > 2, 60, what="booster consumers to ask for room")
     timeline.mark("boosters requested")
-    wait_for(lambda: len(worker_nodes()) == 2, 120, "a second worker for the boosters")
+    wait_until(lambda: len(worker_nodes()) == 2, 120, what="a second worker for the boosters")
     timeline.mark("second worker added")
-    wait_for(lambda: consumer_nodes() == worker_nodes(), 60, "boosters on the new worker")
+    wait_until(lambda: consumer_nodes() == worker_nodes(), 60, what="boosters on the new worker")
     results = ray.get(refs, timeout=300)
     timeline.mark("every task done")
     assert results == [i ** 2 if i % 2 else i ** 3 for i in range(TASKS)]
 
     # The demand is gone: boosters stop (fewer bundles), then no consumers (none).
-    wait_for(lambda: len(requested()) == 2, 60, "the booster request to be withdrawn")
+    wait_until(lambda: len(requested()) == 2, 60, what="the booster request to be withdrawn")
     timeline.mark("booster request withdrawn")
     client.scale_consumers(0)
     assert requested() == []
     timeline.mark("consumer request withdrawn")
-    wait_for(lambda: len(worker_nodes()) == 0, 180, "the idle workers to be removed")
+    wait_until(lambda: len(worker_nodes()) == 0, 180, what="the idle workers to be removed")
     timeline.mark("idle workers removed")
 
     queue = client.queue("tasks")
