@@ -1,10 +1,12 @@
-"""The ``rayq`` command: demo, report, status, account and serve."""
+"""The ``rayq`` command: start, stop, demo, report, status, account and serve."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
+import sys
 import time
 
 import click
@@ -19,9 +21,91 @@ import rayq.config
 console = Console()
 
 
+NO_RUNTIME = "no rayq runtime is running here; start one with `rayq start`"
+
+
 @click.group()
 def main() -> None:
     """rayq: a durable, multi-tenant queue and fair scheduling runtime on Ray."""
+    # A quiet console: Ray's Python warnings stay in Ray's log files.
+    os.environ.setdefault("RAYQ_RAY_LOG_LEVEL", "ERROR")
+
+
+def _connect():
+    """The running runtime's client, or one line saying there is none (exit 1)."""
+    try:
+        return rayq.connect()
+    except (ConnectionError, rayq.RuntimeFailure) as err:
+        import ray
+
+        ray.shutdown()
+        raise click.ClickException(f"{NO_RUNTIME} ({err})" if isinstance(err, ConnectionError)
+                                   and "multiple" in str(err) else NO_RUNTIME) from None
+
+
+@main.command()
+@click.option("--data-dir", default=None, help="Where shards keep their data (default ./.rayq-data).")
+@click.option("--consumers", default=None, type=int, help="Consumer actors to run.")
+@click.option("--port", default=0, help="The Ray head's port (default: a free one).")
+@click.option("--dashboard/--no-dashboard", default=True, show_default=True,
+              help="Run the Ray dashboard (on 127.0.0.1).")
+def start(data_dir: str | None, consumers: int | None, port: int, dashboard: bool) -> None:
+    """Start a Ray head on 127.0.0.1 and the runtime's actors, detached: they run until
+    `rayq stop`, and scripts and `rayq status` on this machine attach to them."""
+    import subprocess
+
+    import ray
+
+    from rayq import local
+    from rayq.session import local_cluster
+
+    address = local_cluster(None)
+    if address is None:
+        try:
+            address = local.start_head(port or local.free_port(), dashboard)
+        except subprocess.CalledProcessError as err:
+            raise click.ClickException(f"ray start failed: {(err.stderr or err.stdout).strip()[-2000:]}")
+        started = True
+    else:
+        started = False
+    try:
+        client = rayq.start(data_dir=data_dir, consumers=consumers)
+    except ConnectionError as err:  # e.g. ray_current_cluster names a Ray that is gone
+        raise click.ClickException(f"the Ray at {address} does not answer: {err}") from None
+    node = ray._private.worker.global_worker.node
+    if started:
+        local.mark_started(node.get_session_dir_path())
+    count = len(client.consumer_stats())
+    ray.shutdown()
+    where = os.path.abspath(data_dir or ".rayq-data")
+    console.print(f"rayq runtime running on Ray at {address} "
+                  f"({'started' if started else 'already running'}); data in {where}, "
+                  f"{count} consumer(s)")
+    if dashboard and started:
+        console.print(f"Ray dashboard: http://{node.webui_url or '127.0.0.1:8265'}")
+    console.print("Attach from this machine: rayq.connect() in Python, or `rayq status`; "
+                  "stop with `rayq stop` (the data stays).")
+
+
+@main.command()
+def stop() -> None:
+    """Stop the runtime's actors and the Ray head `rayq start` started; the data stays."""
+    import ray
+
+    from rayq import local
+
+    _connect()
+    node = ray._private.worker.global_worker.node
+    session_dir, address = node.get_session_dir_path(), node.address
+    rayq.shutdown()
+    ray.shutdown()
+    if not local.started_by_rayq(session_dir):
+        console.print(f"rayq runtime stopped; the Ray at {address} was not started by "
+                      "`rayq start` and keeps running")
+        return
+    stopped = local.stop_session(session_dir, address)
+    console.print(f"rayq runtime and its Ray head at {address} stopped ({stopped} processes); "
+                  "the data stays")
 
 
 @main.command()
@@ -82,22 +166,59 @@ def _tally_table(rows, by: str) -> Table:
               help="Where the tables, plots and report.html go.")
 def report(out_dir: str) -> None:
     """Analyse the running runtime's event log with Spark (RayDP) and write a report."""
-    client = rayq.connect()
-    _report(client, out_dir)
+    _report(_connect(), out_dir)
 
 
 def _report(client, out_dir: str):
-    with console.status("starting") as status:
-        result = client.report(out_dir, progress=lambda step: status.update(step))
+    """Run the report under one progress bar over its steps; a failure is one line
+    (with Spark's log file when Spark failed)."""
+    from rayq.analytics.report import STEPS
+
+    columns = (TextColumn("report"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.description}"))
+    log = os.path.join(out_dir, "spark.log")
+    try:
+        with _output_to(log) as screen, Progress(*columns, console=screen) as progress:
+            bar = progress.add_task("", total=STEPS)
+            result = client.report(out_dir, progress=lambda step: progress.update(
+                bar, advance=1, description=step))
+            progress.update(bar, completed=STEPS, description="done")
+    except rayq.RayqError as err:
+        raise click.ClickException(str(err)) from None
     console.print(f"report of {result.events:,} events in {result.seconds:.0f}s: {result.html}")
     return result
+
+
+@contextlib.contextmanager
+def _output_to(path: str):
+    """Send this process's stdout and stderr (file descriptors 1 and 2) to ``path`` for a
+    while; yields a console on the real stdout. The JVMs Spark starts inherit them:
+    what they print outside Spark's log configuration (the Ray core worker's start-up
+    lines, Ray's log4j set-up inside Spark's driver) lands in the log file."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    screen = Console(file=os.fdopen(os.dup(saved[1]), "w", encoding="utf-8"))
+    with open(path, "a", encoding="utf-8") as log:
+        for fd in saved:
+            os.dup2(log.fileno(), fd)
+    try:
+        yield screen
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, copy in saved.items():
+            os.dup2(copy, fd)
+            os.close(copy)
+        screen.file.close()
 
 
 @main.command()
 @click.option("--watch", default=0.0, help="Refresh every this many seconds (0: print once).")
 def status(watch: float) -> None:
     """Queues, shards, consumers, fairness victims and flooders of a running runtime."""
-    client = rayq.connect()
+    client = _connect()
     if not watch:
         console.print(_status(client))
         return
@@ -116,7 +237,7 @@ def account() -> None:
 @click.argument("name")
 def account_create(name: str) -> None:
     """Create account NAME and print its key (shown once: hand it to the account)."""
-    key = rayq.connect().create_account(name)
+    key = _connect().create_account(name)
     click.echo(key)
     click.echo(f"account {name!r} created; connect with "
                f"rayq.connect(account={name!r}, key=<the key above>)", err=True)
@@ -128,7 +249,7 @@ def account_create(name: str) -> None:
               help="Which of the two keys to replace; the other keeps working.")
 def account_rotate(name: str, slot: int) -> None:
     """Replace one key of account NAME and print the new one."""
-    click.echo(rayq.connect().rotate_key(slot, account=name))
+    click.echo(_connect().rotate_key(slot, account=name))
 
 
 @main.command()

@@ -191,12 +191,13 @@ class Client:
         """Flush pending events, then run the Spark report (RayDP, on this Ray cluster)
         over the event log. Returns a rayq.Report: ``html`` is the page's path, ``tables``
         maps table names to Parquet paths. ``progress(step)`` hears each step."""
-        from rayq.analytics.report import run_report
+        from rayq.analytics.report import current_thresholds, run_report
 
         self.flush_events()
         data_dir = self._admin_call(self.transport.manager.info, "info")["data_dir"]
         return run_report(os.path.join(data_dir, "events"), os.path.abspath(out_dir),
-                          self.config.analytics, progress or (lambda step: None))
+                          self.config.analytics, progress or (lambda step: None),
+                          current_thresholds(self.config))
 
     def scale_consumers(self, count: int) -> int:
         """Run ``count`` consumer actors from now on (kept across restarts); returns it.

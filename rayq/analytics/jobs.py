@@ -9,6 +9,8 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
+from rayq.analytics.schema import TABLES
+
 LOOKBACK_S = 1800.0      # the flood detector's default look-back (10 windows of 180 s)
 SUGGEST_FACTOR = 2.0     # suggested thresholds: twice what the busiest normal user showed
 
@@ -42,12 +44,51 @@ def usage_share_by_window(events: DataFrame, window_s: float, column: str) -> Da
     return per.withColumn("usage_share", F.col("usage_s") / total).orderBy("window_start", column)
 
 
-def fairness_index_by_window(shares: DataFrame) -> DataFrame:
-    """Jain's index of usage among the keys that ran in each window: (Σx)² / (n Σx²)."""
-    return (shares.groupBy("window_start").agg(
+def fairness_index_by_window(shares: DataFrame, backlogged: DataFrame) -> DataFrame:
+    """Jain's index of usage among the keys that ran in each window: (Σx)² / (n Σx²),
+    beside how many keys were backlogged then (the index says something about
+    fairness only where two or more keys competed)."""
+    index = (shares.groupBy("window_start").agg(
         (F.pow(F.sum("usage_s"), 2) / (F.count("*") * F.sum(F.col("usage_s") * F.col("usage_s"))))
-        .alias("jain_index"), F.count("*").alias("keys"))
-        .orderBy("window_start"))
+        .alias("jain_index"), F.count("*").alias("keys")))
+    return (index.join(backlogged, "window_start", "left")
+            .withColumn("backlogged", F.coalesce(F.col("backlogged"), F.lit(0)))
+            .orderBy("window_start"))
+
+
+def backlogged_by_window(events: DataFrame, window_s: float, column: str) -> DataFrame:
+    """How many keys had a task waiting in each window: a completed task waited from
+    its enqueue (start minus wait) to its start (completion minus usage)."""
+    done = completed(events).filter(F.col("wait_s") > 0)
+    started = F.unix_micros(F.col("ts")).cast("double") / 1e6 - F.col("usage_s")
+    first = F.floor((started - F.col("wait_s")) / window_s)
+    last = F.floor(started / window_s)
+    spans = done.select(column, F.explode(F.sequence(first, last)).alias("w"))
+    return (spans.select(column, (F.col("w") * window_s).cast("double").alias("window_start"))
+            .distinct().groupBy("window_start").agg(F.count("*").alias("backlogged")))
+
+
+def wait_by_window(events: DataFrame, window_s: float, column: str) -> DataFrame:
+    """Per window and key: the p50 and worst wait of the tasks that completed in it."""
+    return (windowed(completed(events), window_s).groupBy("window_start", column).agg(
+        F.expr("percentile(wait_s, 0.5)").alias("wait_p50_s"), F.max("wait_s").alias("wait_max_s"))
+        .orderBy("window_start", column))
+
+
+def summary(events: DataFrame) -> DataFrame:
+    """One row: the time span, counts, and the longest wait with who had it."""
+    is_completion = F.col("kind") == "completion"
+    totals = events.agg(
+        F.min("ts").alias("first_ts"), F.max("ts").alias("last_ts"), F.count("*").alias("events"),
+        F.sum(F.when(is_completion & (F.col("outcome") == "succeeded"), 1).otherwise(0))
+        .alias("completed"),
+        F.sum(F.when(is_completion & (F.col("outcome") != "succeeded"), 1).otherwise(0))
+        .alias("failed"),
+        F.countDistinct("tenant").alias("tenants"), F.countDistinct("type").alias("types"))
+    worst = (completed(events).orderBy(F.desc("wait_s"), "ts").limit(1)
+             .select(F.col("wait_s").alias("worst_wait_s"), F.col("tenant").alias("worst_wait_tenant"),
+                     F.col("type").alias("worst_wait_type"), F.col("ts").alias("worst_wait_at")))
+    return totals.join(worst, how="left")
 
 
 def throughput_by_window(events: DataFrame, window_s: float) -> DataFrame:
@@ -121,16 +162,21 @@ def suggested_thresholds(events: DataFrame, lookback_s: float = LOOKBACK_S) -> D
 
 
 def all_tables(events: DataFrame, window_s: float) -> dict[str, DataFrame]:
+    """Every table of the report, by name, in the order of :data:`TABLES`."""
     shares = usage_share_by_window(events, window_s, "type")
-    return {
+    tables = {
+        "summary": summary(events),
         "usage_by_tenant": usage_by(events, "tenant"),
         "usage_by_type": usage_by(events, "type"),
         "usage_share_by_window": shares,
         "usage_share_by_tenant_window": usage_share_by_window(events, window_s, "tenant"),
-        "fairness_index_by_window": fairness_index_by_window(shares),
+        "fairness_index_by_window": fairness_index_by_window(
+            shares, backlogged_by_window(events, window_s, "type")),
+        "wait_by_window": wait_by_window(events, window_s, "type"),
         "throughput_by_window": throughput_by_window(events, window_s),
         "redeliveries": redeliveries(events),
         "flood_timeline": flood_timeline(events),
         "intervention_timeline": intervention_timeline(events),
         "suggested_thresholds": suggested_thresholds(events),
     }
+    return {name: tables[name] for name in TABLES}

@@ -42,3 +42,9 @@ EVENT_SCHEMA = pa.schema([
 ], metadata={"rayq.schema_version": str(SCHEMA_VERSION)})
 
 FIELDS = tuple(EVENT_SCHEMA.names)
+
+# The report's tables (rayq.analytics.jobs computes them), in the order they are made.
+TABLES = ("summary", "usage_by_tenant", "usage_by_type", "usage_share_by_window",
+          "usage_share_by_tenant_window", "fairness_index_by_window", "wait_by_window",
+          "throughput_by_window",
+          "redeliveries", "flood_timeline", "intervention_timeline", "suggested_thresholds")

@@ -4,7 +4,11 @@ computed independently with pyarrow from the same synthetic event log."""
 import json
 import os
 import random
+import re
+import shutil
+import subprocess
 from collections import defaultdict
+from html.parser import HTMLParser
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -14,7 +18,7 @@ import ray
 
 import rayq
 from rayq.analytics.eventlog import EventLog, read_events
-from rayq.analytics.report import NoEvents, run_report
+from rayq.analytics.report import NoEvents, current_thresholds, run_report
 from rayq.config import AnalyticsConfig, Config, ConsumerConfig
 from tests.integration.conftest import start_runtime
 
@@ -64,7 +68,8 @@ def report(ray_session, tmp_path_factory):
     truth = synthetic_log(str(root))
     out = tmp_path_factory.mktemp("report")
     steps = []
-    result = run_report(str(root), str(out), AnalyticsConfig(window_s=WINDOW_S), steps.append)
+    result = run_report(str(root), str(out), AnalyticsConfig(window_s=WINDOW_S), steps.append,
+                        current_thresholds(Config()))
     tables = {name: pq.read_table(path).to_pylist() for name, path in result.tables.items()}
     truth["written"] = read_events(str(root)).num_rows
     return result, tables, truth, steps
@@ -195,3 +200,102 @@ def test_client_report_flushes_the_runtimes_events_and_counts_real_tasks(report,
     kinds = read_events(os.path.join(data_dir, "events")).column("kind").to_pylist()
     assert kinds.count("enqueue") == 30 and kinds.count("completion") == 30
     rayq.shutdown()
+
+
+# -- the page as a person sees it: rendered by headless Chromium ---------------------------
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def chromium(page: str, profile, *flags: str) -> str:
+    """Run Debian's headless Chromium on ``page`` with a fresh profile; returns stdout."""
+    binary = shutil.which("chromium")
+    assert binary, "chromium is not installed (make test installs it: apt-get install chromium)"
+    done = subprocess.run([binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *flags,
+                           f"file://{page}"], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+class Page(HTMLParser):
+    """The rendered DOM: headline rows, table cells by header, image sources, text."""
+
+    def __init__(self, dom: str):
+        super().__init__()
+        self.text, self.images, self.headline, self.tables = [], [], {}, []
+        self._cell, self._row, self._in_headline = None, [], False
+        self.feed(dom)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "table":
+            self._in_headline = "headline" in (attrs.get("class") or "")
+            self.tables.append([])
+        elif tag == "tr":
+            self._row = []
+        elif tag in ("td", "th"):
+            self._cell = []
+        elif tag == "img":
+            self.images.append(attrs.get("src", ""))
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self._row.append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "tr" and self.tables:
+            if self._in_headline and len(self._row) == 2:
+                self.headline[self._row[0]] = self._row[1]
+            self.tables[-1].append(self._row)
+
+    def handle_data(self, data):
+        self.text.append(data)
+        if self._cell is not None:
+            self._cell.append(data)
+
+    def column(self, header_prefix: str) -> list[str]:
+        """Every cell under a header starting with ``header_prefix``, in every table."""
+        out = []
+        for rows in self.tables:
+            if rows and any(h.startswith(header_prefix) for h in rows[0]):
+                i = next(i for i, h in enumerate(rows[0]) if h.startswith(header_prefix))
+                out += [r[i] for r in rows[1:] if len(r) > i]
+        return out
+
+
+LOCAL_TIME = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$")
+
+
+def test_the_page_rendered_in_chromium_answers_what_happened_first(report, tmp_path):
+    result, tables, truth, _ = report
+    dom = Page(chromium(result.html, tmp_path / "profile", "--dump-dom"))
+    text = " ".join(dom.text)
+    assert "e+09" not in text and "e+0" not in text  # no epoch seconds in scientific notation
+    head = dom.headline
+    succeeded = len([d for _, d in truth["completion"] if d["outcome"] == "succeeded"])
+    assert head["Tasks"].startswith(f"{succeeded:,} completed")
+    assert head["Tenants"] == "3: acme, globex, initech" and head["Job types"] == "2: email, report"
+    worst = max((d for _, d in truth["completion"] if d["outcome"] == "succeeded"),
+                key=lambda d: d["wait_s"])
+    assert f"tenant {worst['tenant']}, type {worst['type']}" in head["Worst wait"]
+    assert head["Interventions"].startswith("1, 2 min 0 s")      # 2 of the 5 decisions
+    assert head["Floods"].startswith("1,") and "report/acme" in head["Floods"]
+    assert "10 min 0 s" in head["Time span"]
+    times = dom.column("time (") + dom.column("window start (")
+    assert times and all(LOCAL_TIME.match(t) for t in times), times[:5]
+    current = dom.column("current")
+    assert current[:1] == [f"{Config().fairness.latency_threshold_s:,.2f}"]
+    tenants = [r for r in dom.tables if r and r[0][:2] == ["tenant", "completed"]][0][1:]
+    usage = [float(r[2].replace(",", "")) for r in tenants]
+    assert usage == sorted(usage, reverse=True)                  # busiest tenant first
+    assert len(dom.images) == 3 and all(src.startswith("data:image/png;base64,") for src in dom.images)
+
+
+def test_the_page_screenshot_is_a_real_picture(report, tmp_path):
+    import matplotlib.image
+
+    result, _, _, _ = report
+    shot = tmp_path / "page.png"
+    chromium(result.html, tmp_path / "profile", "--window-size=1200,1600", f"--screenshot={shot}")
+    pixels = matplotlib.image.imread(str(shot))
+    assert pixels.shape[:2] == (1600, 1200)
+    assert pixels.std() > 0.05  # text, plots and tables, not a blank page

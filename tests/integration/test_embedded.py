@@ -1,0 +1,52 @@
+"""The embedded default as a new user meets it, in a fresh process: Ray's dashboard and
+state API work, and nothing listens off loopback, Spark (RayDP) included. (That a cluster keeps Ray's own
+binding is shown by test_autoscaler.py.)"""
+
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "embedded.py")
+
+
+def run_embedded(data_dir, *flags: str) -> dict:
+    """scripts/embedded.py in its own process, with no Ray address inherited."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, SCRIPT, str(data_dir), *flags], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def is_loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip)
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory):
+    return run_embedded(tmp_path_factory.mktemp("embedded"), "--spark")
+
+
+def test_the_state_api_lists_the_runtimes_actors(embedded):
+    assert {"rayq-manager", "rayq-coordinator", "rayq-flood-detector", "rayq-shard-0",
+            "rayq-consumer-0"} <= set(embedded["actors"])
+
+
+def test_the_dashboard_runs_on_loopback(embedded):
+    assert embedded["dashboard_url"].split(":")[0] == "127.0.0.1"
+    assert any("dashboard.py" in p["name"] for p in embedded["processes"])
+
+
+def test_no_process_of_the_runtime_or_its_spark_listens_off_loopback(embedded):
+    assert embedded["node_ip"] == "127.0.0.1"
+    assert any("java" in p["name"] and p["listen"] for p in embedded["processes"])  # Spark seen
+    listening = [(p["name"][:60], ip) for p in embedded["processes"] for ip in p["listen"]]
+    assert len({name for name, _ in listening}) >= 5  # GCS, raylet, agents, actors: all seen
+    assert [(name, ip) for name, ip in listening if not is_loopback(ip)] == []
