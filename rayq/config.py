@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI
+    import tomli as tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Mapping
