@@ -136,6 +136,9 @@ class ConsumerActor:
         self._ends = [_Ends(shard) for shard in self.shards]
         self._reports: deque[UsageReport] = deque(maxlen=MAX_REPORTS)
         self._polls = self._hits = self._deferrals = self._lost = self._running = 0
+        self._held = 0      # tasks received and not yet ended
+        self._claimed = 0   # tasks asked for by receives under way
+        self._room = asyncio.Event()  # set when a held task ends
         self._stopping = False
         self._fixed: int | None = None
         self._plan: ListenPlan | None = None
@@ -194,26 +197,46 @@ class ConsumerActor:
         return self._fixed if self._fixed is not None else self.balancer.load
 
     async def _poll(self, slot: int) -> None:
-        """One poller: receive, run, end; it leaves when the load drops below its slot."""
+        """One poller: receive, run, end; it leaves when the load drops below its slot.
+
+        A receive asks for as many tasks as the load leaves room for (the load is the
+        balancer's, so the batch size follows the hit rate), and runs them at once; a
+        poller that finds no room waits for a task to end instead of polling."""
         while not self._stopping and slot < self._load():
             if not self._handlers:
                 await asyncio.sleep(self.cc.poll_wait_s)
                 continue
+            room = self._load() - self._held - self._claimed
+            if room <= 0:
+                self._room.clear()
+                await asyncio.wait([asyncio.ensure_future(self._room.wait())],
+                                   timeout=self.cc.poll_wait_s)
+                continue
+            want = max(self.cc.prefetch, room)
+            self._claimed += want
             try:
-                held = await self._receive()
+                held = await self._receive(want)
             except (RayqError, ray.exceptions.RayError) as err:
                 self.failures.record("receive", err)
                 await asyncio.sleep(0.5)  # a shard restarting
                 continue
+            finally:
+                self._claimed -= want
             self._polls += 1
             self._hits += bool(held)
             self.balancer = self.balancer.polled(bool(held))
-            for task in held:
-                try:
-                    await self._run(task)
-                except (RayqError, ray.exceptions.RayError) as err:
-                    # a shard or the manager went away mid-task: the task reappears
-                    log.warning("consumer %d lost task %s: %r", self.index, task.message.id, err)
+            self._held += len(held)
+            await asyncio.gather(*(self._run_held(task) for task in held))
+
+    async def _run_held(self, task: _Held) -> None:
+        try:
+            await self._run(task)
+        except (RayqError, ray.exceptions.RayError) as err:
+            # a shard or the manager went away mid-task: the task reappears
+            log.warning("consumer %d lost task %s: %r", self.index, task.message.id, err)
+        finally:
+            self._held -= 1
+            self._room.set()
 
     async def _refresh_handlers(self) -> None:
         version, table = await self.manager.task_table.remote(self._tasks_version)
@@ -256,8 +279,9 @@ class ConsumerActor:
         self._routes[name] = (now, queue, order)
         return queue, order
 
-    async def _receive(self) -> list[_Held]:
-        """A pass over every task subqueue without waiting, then one long poll."""
+    async def _receive(self, want: int) -> list[_Held]:
+        """Up to ``want`` tasks: a pass over every task subqueue without waiting, then one
+        long poll."""
         names = sorted({spec.queue for spec, *_ in self._handlers.values()})
         places = []
         for name in names:
@@ -269,15 +293,15 @@ class ConsumerActor:
         start = next(self._rotation) % len(places)
         places = places[start:] + places[:start]
         for queue, sq in places:
-            got = await self._receive_from(queue, sq, wait_s=0.0)
+            got = await self._receive_from(queue, sq, want, wait_s=0.0)
             if got or self._stopping:
                 return got
         queue, first = places[0]  # one parked call for that queue's subqueues on its shard
         index = queue.subqueue(first).shard
         together = [sq for q, sq in places if q is queue and q.subqueue(sq).shard == index]
-        return await self._receive_from(queue, together, wait_s=self.cc.poll_wait_s)
+        return await self._receive_from(queue, together, want, wait_s=self.cc.poll_wait_s)
 
-    async def _receive_from(self, queue: QueueInfo, sq: int | list[int],
+    async def _receive_from(self, queue: QueueInfo, sq: int | list[int], want: int,
                             wait_s: float) -> list[_Held]:
         index = queue.subqueue(sq[0] if isinstance(sq, list) else sq).shard
         shard = self.shards[index]
@@ -290,10 +314,10 @@ class ConsumerActor:
         got = []
         if order:  # the plan's order first; keys it does not know yet come after
             got = decode_delivered(await unwrap(shard.receive.remote(
-                sq, self.cc.prefetch, self.cc.visibility_timeout_s, keys=order, **options)))
+                sq, want, self.cc.visibility_timeout_s, keys=order, **options)))
         if not got:
             got = decode_delivered(await unwrap(shard.receive.remote(
-                sq, self.cc.prefetch, self.cc.visibility_timeout_s, wait_s=wait_s,
+                sq, want, self.cc.visibility_timeout_s, wait_s=wait_s,
                 exclude=sorted(exclude) or None, **options)))
         return [_Held(m, queue, shard, self._ends[index], m.receipt) for m in got]
 

@@ -110,7 +110,7 @@ class ConsumerConfig:
     smoothing: float = 0.3             # weight of the newest hit rate in the moving average
     adjust_interval_s: float = 1.0     # how often a consumer moves its load
     poll_wait_s: float = 2.0           # long-poll wait of one receive
-    prefetch: int = 1                  # messages one poller takes per receive
+    prefetch: int = 1                  # at least this many a receive; more when the load has room
     visibility_timeout_s: float = 30.0  # tasks hidden while running; extended by heartbeats
     retry_backoff_s: float = 1.0       # first retry delay after a handler raised; doubles
     max_backoff_s: float = 60.0
