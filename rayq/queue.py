@@ -239,14 +239,16 @@ class Queue:
         return {sq: n for ref in refs for sq, n in call(lambda ref=ref: ref).items()}
 
     def count(self) -> int:
-        """Messages in the queue (visible, in flight and delayed): one call per shard."""
-        queue, _, _ = self._transport.route(self.name)
+        """Messages in the queue (visible, in flight and delayed): one call per shard. The
+        route is read afresh: a subqueue added since (scaling, a flooder's dedicated one)
+        must be counted."""
+        queue, _, _ = self._transport.route(self.name, refresh=True)
         return sum(self._counts(queue).values())
 
     def counts_by_visibility(self) -> tuple[int, int, int]:
         """(visible, in flight, delayed) messages: one call per shard, which reads only the
         hidden rows (SQS's ApproximateNumberOfMessages, ...NotVisible, ...Delayed)."""
-        queue, _, _ = self._transport.route(self.name)
+        queue, _, _ = self._transport.route(self.name, refresh=True)
         parts = self._counts(queue, "visibility_counts").values()
         return tuple(sum(part[i] for part in parts) for i in range(3))
 
