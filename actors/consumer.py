@@ -206,11 +206,13 @@ class ConsumerActor:
             if not self._handlers:
                 await asyncio.sleep(self.cc.poll_wait_s)
                 continue
+            self._room.clear()  # before looking: a task ending from here on sets it again
             room = self._load() - self._held - self._claimed
             if room <= 0:
-                self._room.clear()
-                await asyncio.wait([asyncio.ensure_future(self._room.wait())],
-                                   timeout=self.cc.poll_wait_s)
+                try:
+                    await asyncio.wait_for(self._room.wait(), self.cc.poll_wait_s)
+                except asyncio.TimeoutError:
+                    pass  # look again: the load may have grown meanwhile
                 continue
             want = max(self.cc.prefetch, room)
             self._claimed += want
