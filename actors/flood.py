@@ -81,11 +81,12 @@ class FloodDetector:
         for flooder in changes.added:
             self._event("detected", flooder, depth=flooder.depth)
             await self._isolate(flooder, queues)
-        self.flooders = [f for f in changes.kept if f.queue in queues] + list(changes.added)
-        for flooder in self.flooders:  # subqueues added since (scaling) get a dedicated twin
+        flooders = [f for f in changes.kept if f.queue in queues] + list(changes.added)
+        for flooder in flooders:  # subqueues added since (scaling) get a dedicated twin
             await self._dedicated(flooder, queues[flooder.queue])
         queues = await unwrap(self.manager.flood_layout.remote())  # with the new subqueues
-        await self._route(queues)
+        await self._route(queues, flooders)
+        self.flooders = flooders  # published once the shards divert their puts
         for flooder in changes.removed:
             await self._release(flooder, queues)
         emptied = await self._sweep(queues, snapshots)
@@ -125,10 +126,10 @@ class FloodDetector:
             if cursor is None:
                 return moved
 
-    async def _route(self, queues: dict[str, QueueInfo]) -> None:
+    async def _route(self, queues: dict[str, QueueInfo], flooders: list[Flooder]) -> None:
         """Tell each shard which flooders' puts to its subqueues to spill."""
         diverts: list[dict[int, list]] = [{} for _ in self.shards]
-        for flooder in self.flooders:
+        for flooder in flooders:
             for sq in queues[flooder.queue].subqueues:
                 if not sq.dedicated:
                     diverts[sq.shard].setdefault(sq.id, []).append((flooder.type, flooder.tenant))
