@@ -10,7 +10,6 @@ bytes and never decode a body.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import os
 import struct
@@ -22,8 +21,11 @@ from rayq.core import rows
 from rayq.core.auth import check_senders
 from rayq.core.dispatch import Event, Rehid, Released, Sent, Took
 from rayq.core.kv import Txn
-from rayq.core.model import (PREFIX, ROW_KEY, US, Ending, StoredMessage, parse_receipt, receipt_text,
-                             SubqueueState, check_count, check_seconds, to_us)
+from rayq.core.model import (PREFIX, ROW_KEY, US, Ending, StoredMessage, SubqueueState,
+                             check_count, check_seconds, check_subqueue, parse_receipt,
+                             receipt_text, to_us)
+from rayq.core.outcomes import Outcome, OutcomeOps
+from rayq.core.picking import PickOps
 from rayq.core.spill import SpillOps
 from rayq.core.wire import Attrs, decode_put, encode_delivered
 from rayq.errors import InvalidMessage, QueueDisabled, RayqError, ReceiptInvalid, StoreError
@@ -36,12 +38,10 @@ I64 = struct.Struct(">q")
 EXPIRY = struct.Struct(">QQ")
 CHUNK = struct.Struct(">I")
 MAX_BATCH = 1000
-MAX_SUBQUEUE = 2**32 - 2
 STAT_NAMES = ("puts", "receives", "deletes", "expired", "dead_lettered", "rows_scanned",
               "spilled", "swept", "moved")
 BATCH_OPS = frozenset({"put", "receive", "delete", "change_visibility", "clear",
                        "collect_expired", "finish", "defer", "sweep", "move_matching"})
-MAX_OUTCOME_BYTES = 16 << 20
 _CLEAR_CHUNK = 10_000
 _STALE = "pop receipt is stale: the message was deleted, received again or had its visibility changed"
 
@@ -58,14 +58,6 @@ class Enqueued(NamedTuple):
     count: int
 
 
-class Outcome(NamedTuple):
-    """How a task message ended (recorded in this transaction)."""
-
-    message_id: str
-    ending: Ending
-    payload: bytes
-
-
 def tenant_count_key(kind: str, sq: int, type_: str, tenant: str) -> bytes:
     """Key of a (type, tenant) count; names are printable, so NUL separates them."""
     return kind.encode() + CHUNK.pack(sq) + type_.encode() + b"\x00" + tenant.encode()
@@ -78,11 +70,7 @@ def first_row_at(txn: Txn, sq: int, kid: int) -> tuple[int, int] | None:
     return None
 
 
-def check_subqueue(subqueue: Any) -> int:
-    return check_count(subqueue, "subqueue", 0, MAX_SUBQUEUE)
-
-
-class WriteBatch(SpillOps):
+class WriteBatch(PickOps, SpillOps, OutcomeOps):
     """The operations of one write transaction on a shard's tables."""
 
     def __init__(self, store: "ShardStore", txn: Txn):
@@ -332,77 +320,6 @@ class WriteBatch(SpillOps):
         self.txn.putmulti("expiry", expiry)
         return out
 
-    def pick(self, sq: int, n: int, now_us: int, keys: Sequence[str] | None,
-             max_receives: int | None, exclude: Sequence[str] | None = None) -> tuple[list, list]:
-        """Find up to ``n`` deliverable rows; also the expired or dead rows stepped over.
-
-        With ``keys`` (a listen order) take from the first key first; without, the
-        shard's fair dispatch chooses (:mod:`rayq.core.dispatch`). Reads only the
-        visible head of each key's range, stepping over at most ``max_scan_rows``
-        expired or dead rows in total. Keys in ``exclude`` are left alone (e.g. job
-        types at their concurrency limit).
-        """
-        self._budget = self.config.max_scan_rows
-        found: list = []
-        skipped: list = []
-        if keys is None:
-            self._pick_dispatched(sq, n, now_us, max_receives, exclude, found, skipped)
-            return found, skipped
-        known = (self.key_id(name, create=False) for name in keys)
-        for kid in dict.fromkeys(kid for kid in known if kid is not None):
-            key_rows = _KeyRows(self, sq, kid, now_us, max_receives, skipped)
-            while len(found) < n and (row := key_rows.next()) is not None:
-                found.append(row)
-            if len(found) >= n or self._budget <= 0:
-                break
-        return found, skipped
-
-    def _pick_dispatched(self, sq: int, n: int, now_us: int, max_receives: int | None,
-                         exclude: Sequence[str] | None, found: list, skipped: list) -> None:
-        """Take rows one at a time from the key the dispatcher ranks first, re-ranking
-        it after each take. The ready list is ordered by the committed state; a key's
-        score only grows within a transaction, so a key is opened only when its
-        committed score could beat the best open one: O((n + opened) log keys)."""
-        dispatch = self.store.dispatch
-        dispatch.due(now_us)
-        skip = {self.key_id(name, create=False) for name in exclude or ()}
-        heap: list = []
-        tiebreak = itertools.count()
-        opened: set[int] = set()
-
-        def open_key(kid: int) -> None:
-            opened.add(kid)
-            if kid not in skip:
-                key_rows = _KeyRows(self, sq, kid, now_us, max_receives, skipped)
-                push(kid, key_rows, key_rows.next())
-
-        def push(kid: int, key_rows: "_KeyRows", row) -> None:
-            if row is not None:
-                score = dispatch.score(sq, kid, ROW_KEY.unpack(row[0])[2:],
-                                       self._taken[(sq, kid)] + key_rows.taken)
-                heapq.heappush(heap, (score, next(tiebreak), kid, key_rows, row))
-
-        for kid in list(self._touched[sq]):  # put in this transaction: maybe not ranked yet
-            open_key(kid)
-        ranked = (entry for entry in dispatch.ready(sq) if entry[1] not in opened)
-        waiting = next(ranked, None)
-        while len(found) < n and self._budget > 0:
-            while waiting is not None and (not heap or waiting[0] < heap[0][0]):
-                open_key(waiting[1])
-                waiting = next(ranked, None)
-            if not heap:
-                return
-            _, _, kid, key_rows, row = heapq.heappop(heap)
-            found.append(row)
-            key_rows.taken += 1
-            if len(found) >= n:
-                return
-            if not heap and waiting is None:  # the only key left: no more ranking
-                while len(found) < n and (row := key_rows.next()) is not None:
-                    found.append(row)
-                return
-            push(kid, key_rows, key_rows.next())
-
     # -- rows leaving or moving ------------------------------------------------
     def _remove(self, row_key: bytes, value: bytes, ending: Ending | None = None) -> rows.RowMeta:
         sq, kid, _, seq = ROW_KEY.unpack(row_key)
@@ -538,43 +455,6 @@ class WriteBatch(SpillOps):
             self.stats["expired"] += 1
         return len(entries) + self._collect_outcomes(limit)
 
-    # -- outcomes of task messages -----------------------------------------------
-    def finish(self, receipt: str, outcome: bytes, dead_letter: int | None = None) -> None:
-        """End a received task: record ``outcome`` and delete the message, or move it
-        to subqueue ``dead_letter`` (a task that failed for the last time).
-        Raises ReceiptInvalid when the receipt is stale: someone else owns it now."""
-        if not isinstance(outcome, bytes) or len(outcome) > MAX_OUTCOME_BYTES:
-            raise InvalidMessage(f"an outcome is at most {MAX_OUTCOME_BYTES} bytes")
-        if dead_letter is not None:
-            check_subqueue(dead_letter)
-        row_key, value = self._resolve(receipt)
-        if dead_letter is None:
-            self._remove(row_key, value)
-            self.stats["deletes"] += 1
-        else:
-            self._dead_letter(row_key, value, dead_letter, record=False)
-        self.record(self.message_id(ROW_KEY.unpack(row_key)[3]), Ending.RESULT, outcome)
-
-    def record(self, message_id: str, ending: Ending, payload: bytes = b"") -> None:
-        expires_us = self.now_us + to_us(self.config.outcome_ttl_s)
-        mid = message_id.encode()
-        if self.txn.get("outcomes", mid) is not None:
-            return  # a task ends once: deleting its dead letter later changes nothing
-        self.txn.put("outcomes", mid, U64.pack(expires_us) + bytes([ending.value]) + payload)
-        self.txn.put("outcome_expiry", U64.pack(expires_us) + mid, b"")
-        self.outcomes.append(Outcome(message_id, ending, payload))
-
-    def _collect_outcomes(self, limit: int) -> int:
-        stop = U64.pack(self.now_us + 1)
-        entries = [key for key, _ in itertools.islice(self.txn.scan("outcome_expiry", b"", stop), limit)]
-        for key in entries:
-            self.txn.delete("outcome_expiry", key)
-            value = self.txn.get("outcomes", key[8:])
-            if value is not None and value[:8] == key[:8]:
-                self.txn.delete("outcomes", key[8:])
-        return len(entries)
-
-
 class _Group:
     """One attribute group of a put: its key, times, shared row prefixes (inline body,
     blob reference), the flooder it is spilled for (None: not diverted), and its seqs."""
@@ -587,42 +467,6 @@ class _Group:
         self.attrs, self.kid, self.visible_us, self.expires_us = attrs, kid, visible_us, expires_us
         self.prefix, self.blob_prefix, self.spill = prefix, blob_prefix, spill
         self.seqs: list[int] = []
-
-
-class _KeyRows:
-    """The deliverable rows of one (subqueue, key), oldest visible first, read lazily.
-    Expired rows, and rows already received ``max_receives`` times, are stepped over
-    into ``skipped`` (they count against the batch's scan budget)."""
-
-    __slots__ = ("batch", "rows", "now_us", "max_receives", "skipped", "taken")
-
-    def __init__(self, batch: WriteBatch, sq: int, kid: int, now_us: int,
-                 max_receives: int | None, skipped: list):
-        self.batch, self.now_us, self.max_receives = batch, now_us, max_receives
-        # keys only: a cached row's value comes from memory (seed 004), others one get each
-        self.rows = batch.txn.scan_keys("rows", PREFIX.pack(sq, kid), PREFIX.pack(sq, kid + 1))
-        self.skipped, self.taken = skipped, 0
-
-    def next(self) -> tuple[bytes, bytes] | None:
-        batch = self.batch
-        cache, txn = batch.store.cache, batch.txn
-        for row_key in self.rows:
-            if ROW_KEY.unpack(row_key)[2] > self.now_us:
-                break  # hidden and delayed rows sort after every visible one
-            batch.stats["rows_scanned"] += 1
-            value = cache.get(row_key) or txn.get("rows", row_key)
-            if rows.expires_us(value) <= self.now_us:
-                self.skipped.append((row_key, value, "expired"))
-            elif self.max_receives is not None and \
-                    rows.DEQUEUE.unpack_from(value, 16)[0] >= self.max_receives:
-                self.skipped.append((row_key, value, "dead"))
-            else:
-                return row_key, value
-            batch._budget -= 1
-            if batch._budget <= 0:
-                break
-        self.rows = iter(())
-        return None
 
 
 def _check_keys(keys: Any) -> None:

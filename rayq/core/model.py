@@ -116,6 +116,14 @@ def check_count(value: Any, what: str, low: int, high: int) -> int:
     return value
 
 
+MAX_SUBQUEUE = 2**32 - 2
+
+
+def check_subqueue(subqueue: Any) -> int:
+    """A subqueue id: an int that fits the row key's 4 bytes."""
+    return check_count(subqueue, "subqueue", 0, MAX_SUBQUEUE)
+
+
 def fairness_key(tenant: str, type_: str, mode: str) -> str:
     """The key fairness is computed over: the job type, the tenant or both."""
     if mode == "type":

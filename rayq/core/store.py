@@ -28,8 +28,7 @@ from typing import Any
 from rayq.config import StoreConfig
 from rayq.core.dispatch import DispatchPolicy, FairDispatch, NoisyChange, NoisyKey
 from rayq.core.batch import (BATCH_OPS, CHUNK as U32, I64, MAX_BATCH, STAT_NAMES, U64, WriteBatch,
-                             first_row_at,
-                             check_subqueue)
+                             first_row_at)
 from rayq.core.cache import CacheStats, MessageCache, PressureMonitor, psutil_probe
 from rayq.core import purge, spill
 from rayq.core.clock import Clock, SystemClock
@@ -37,7 +36,7 @@ from rayq.core.kv import KV, Txn
 from rayq.core import rows
 from rayq.core.migrate import migrate_rows
 from rayq.core.model import (PREFIX, ROW_KEY, US, Ending, NewMessage, StoredMessage, SubqueueState,
-                             check_count, check_name, to_us)
+                             check_count, check_name, check_subqueue, to_us)
 from rayq.core.wire import decode_delivered, encode_messages
 from rayq.core.windows import WindowedSums
 from rayq.errors import InvalidMessage
