@@ -30,7 +30,8 @@ from rayq.core import nonces
 from rayq.core.auth import (ADMIN, MAX_SKEW_S, Place, Signature, Verifier, check_access,
                             check_admin, request_body)
 from rayq.core.kv import KV
-from rayq.errors import AuthError
+from rayq.core.model import Receipt
+from rayq.errors import AuthError, ReceiptInvalid
 
 MAX_AGE_S = 30.0
 MIN_REFRESH_S = 1.0
@@ -131,3 +132,20 @@ async def manager_directory() -> Directory:
     """The directory as the manager holds it (how actors other than the manager fetch)."""
     manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
     return await manager.directory.remote()
+
+
+def named_subqueues(subqueues: Any) -> list:
+    """The subqueues a request names, for :meth:`Gate.check` (a non-list names none
+    that may be used: the gate refuses it for an account)."""
+    return list(subqueues) if isinstance(subqueues, (list, tuple)) else [None]
+
+
+def receipt_subqueues(receipts: Any) -> list:
+    """The subqueues receipts point into; malformed ones are left to the store to refuse."""
+    out = []
+    for receipt in named_subqueues(receipts):
+        try:
+            out.append(Receipt.decode(receipt).subqueue)
+        except ReceiptInvalid:
+            pass
+    return out

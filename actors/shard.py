@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 import ray
 
-from actors.gate import Gate, manager_directory
+from actors.gate import Gate, manager_directory, named_subqueues, receipt_subqueues
 from rayq.core import nonces
 from actors.metrics import BackgroundFailures, ShardMetrics
 from rayq.analytics.eventlog import open_event_log
@@ -34,10 +34,10 @@ from rayq.config import Config
 from rayq.core.auth import ADMIN, Signature, check_admin
 from rayq.core.dispatch import DispatchPolicy, NoisyKey
 from rayq.core.wire import delivered_count
-from rayq.core.model import Ending, Receipt, SubqueueState
+from rayq.core.model import Ending, SubqueueState
 from rayq.core.store import KeyDepth, StoreStats, open_store
 from rayq.core.tasks import decode_outcome
-from rayq.errors import (AuthError, InvalidMessage, Overloaded, RayqError, ReceiptInvalid,
+from rayq.errors import (AuthError, InvalidMessage, Overloaded, RayqError,
                          StoreError, TaskError)
 
 log = logging.getLogger("rayq.shard")
@@ -237,13 +237,13 @@ class ShardActor:
             await self._park(subqueues, min(remaining, MAX_WAIT_SLICE_S))
 
     async def delete(self, receipts: list[str], auth: Signature | None = None) -> list[str]:
-        await self.gate.allow(auth, "delete", self.index, _receipt_subqueues(receipts), receipts)
+        await self.gate.allow(auth, "delete", self.index, receipt_subqueues(receipts), receipts)
         return await self._write(None, "delete", receipts, signed=auth)
 
     async def change_visibility(self, receipt: str, timeout_s: float,
                                 auth: Signature | None = None) -> str:
         await self.gate.allow(auth, "change_visibility", self.index,
-                              _receipt_subqueues([receipt]), receipt, timeout_s)
+                              receipt_subqueues([receipt]), receipt, timeout_s)
         return await self._write(None, "change_visibility", receipt, timeout_s, signed=auth)
 
     async def defer(self, receipt: str, delay_s: float) -> str:
@@ -317,14 +317,14 @@ class ShardActor:
         return await self._read(lambda: self.store.peek(subqueue, max_messages, keys=keys))
 
     async def counts(self, subqueues: list[int], auth: Signature | None = None) -> dict[int, int]:
-        await self.gate.allow(auth, "counts", self.index, _listed(subqueues), subqueues)
+        await self.gate.allow(auth, "counts", self.index, named_subqueues(subqueues), subqueues)
         await self._remember(auth)
         return await self._read(lambda: {sq: self.store.count(sq) for sq in subqueues})
 
     async def visibility_counts(self, subqueues: list[int], auth: Signature | None = None
                                 ) -> dict[int, tuple[int, int, int]]:
         """(visible, in flight, delayed) per subqueue (SQS's approximate counts)."""
-        await self.gate.allow(auth, "visibility_counts", self.index, _listed(subqueues), subqueues)
+        await self.gate.allow(auth, "visibility_counts", self.index, named_subqueues(subqueues), subqueues)
         return await self._read(lambda: {sq: self.store.visibility_counts(sq) for sq in subqueues})
 
     async def forget_keys(self) -> None:
@@ -396,7 +396,7 @@ class ShardActor:
                      auth: Signature | None = None) -> list[KeyDepth]:
         """Depth and oldest age per (subqueue, key); only of ``subqueues`` if given (an
         account other than the admin must name its own)."""
-        account = await self.gate.allow(auth, "depths", self.index, _listed(subqueues or []),
+        account = await self.gate.allow(auth, "depths", self.index, named_subqueues(subqueues or []),
                                         subqueues)
         if subqueues is None and account != ADMIN:
             raise AuthError("an account reads the depths of its own subqueues only")
@@ -489,21 +489,6 @@ class ShardActor:
                 self.failures.record("housekeeping", err)
             except Exception:  # metrics must never stop housekeeping
                 log.exception("shard %d housekeeping failed", self.index)
-
-
-def _listed(subqueues: Any) -> list:
-    return list(subqueues) if isinstance(subqueues, (list, tuple)) else [None]
-
-
-def _receipt_subqueues(receipts: Any) -> list:
-    """The subqueues receipts point into; malformed ones are left to the store to refuse."""
-    out = []
-    for receipt in _listed(receipts):
-        try:
-            out.append(Receipt.decode(receipt).subqueue)
-        except ReceiptInvalid:
-            pass
-    return out
 
 
 def _settle(future: asyncio.Future, value: Any) -> None:
