@@ -15,7 +15,6 @@ import inspect
 import itertools
 import logging
 import random
-import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,13 +28,17 @@ from actors import COORDINATOR, MANAGER, NAMESPACE, consumer_name, shard_name
 from actors.metrics import BackgroundFailures
 from rayq.config import Config
 from rayq.core.balancer import BalancerState, HostReading, host_pressed
-from rayq.core.fairness import ListenPlan, listen_order
+from rayq.core.clock import Clock, SystemClock
+from rayq.core.consuming import (PlanFollower, Saturation, decide_end, effective_load,
+                                 excluded_keys, held_back, long_poll_group, poll_places,
+                                 receive_size, refreshed_handlers)
 from rayq.core.model import StoredMessage
 from rayq.core.wire import decode_delivered
 from rayq.core.registry import QueueInfo
 from rayq.core.tasks import (DeferralCause, Outcome, TaskSpec, UsageReport, decode_call,
                              encode_result, error_of)
 from rayq.errors import RayqError, ReceiptInvalid
+from rayq.remote import call_async
 
 log = logging.getLogger("rayq.consumer")
 MAX_REPORTS = 100_000   # reports kept for the coordinator between two drains
@@ -97,7 +100,7 @@ class _Ends:
                 batch = self._pending[:self.MAX_CALLS]
                 del self._pending[:self.MAX_CALLS]
                 try:
-                    results = await unwrap(self.shard.end_many.remote([c for c, _ in batch]))
+                    results = await call_async(lambda: self.shard.end_many.remote([c for c, _ in batch]))
                 except (RayqError, ray.exceptions.RayError) as err:
                     results = [err] * len(batch)
                 for (_, future), result in zip(batch, results):
@@ -119,8 +122,9 @@ class _Held:
 
 
 class ConsumerActor:
-    def __init__(self, index: int, config: Config):
+    def __init__(self, index: int, config: Config, clock: Clock | None = None):
         self.index, self.config, self.cc = index, config, config.consumers
+        self.clock = clock or SystemClock()
         self.manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
         self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
                        for i in range(config.store.shards)]
@@ -131,7 +135,7 @@ class ConsumerActor:
         self._tasks_version: int | None = None
         self._routes: dict[str, tuple[float, QueueInfo, list[int]]] = {}
         self._rotation = itertools.count()
-        self._saturated: dict[str, float] = {}   # type -> monotonic time it may run again
+        self._saturated = Saturation(self.cc.defer_s)  # on the monotonic clock
         self._pollers: dict[int, asyncio.Task] = {}
         self._ends = [_Ends(shard) for shard in self.shards]
         self._reports: deque[UsageReport] = deque(maxlen=MAX_REPORTS)
@@ -141,9 +145,7 @@ class ConsumerActor:
         self._room = asyncio.Event()  # set when a held task ends
         self._stopping = False
         self._fixed: int | None = None
-        self._plan: ListenPlan | None = None
-        self._spent: dict[str, float] = {}  # usage since the plan, scaled to all consumers
-        self._rng = random.Random(index)
+        self._plan = PlanFollower(index, random.Random(index))
         self._pressed = False  # the host over its memory or CPU limit (read every adjust)
         self.failures = BackgroundFailures("consumer", index)
         self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
@@ -152,8 +154,7 @@ class ConsumerActor:
     async def stats(self) -> ConsumerStats:
         return ConsumerStats(self.index, self.balancer.load, self.balancer.hit_rate,
                              self._polls, self._hits, self._running, self._deferrals,
-                             self._lost, self.failures.total,
-                             self._plan.version if self._plan else None)
+                             self._lost, self.failures.total, self._plan.version)
 
     async def drain_reports(self) -> list[UsageReport]:
         """The usage reports of every task finished since the last drain (for the coordinator)."""
@@ -194,7 +195,7 @@ class ConsumerActor:
             await asyncio.sleep(self.cc.adjust_interval_s)
 
     def _load(self) -> int:
-        return self._fixed if self._fixed is not None else self.balancer.load
+        return effective_load(self._fixed, self.balancer.load)
 
     async def _poll(self, slot: int) -> None:
         """One poller: receive, run, end; it leaves when the load drops below its slot.
@@ -207,14 +208,13 @@ class ConsumerActor:
                 await asyncio.sleep(self.cc.poll_wait_s)
                 continue
             self._room.clear()  # before looking: a task ending from here on sets it again
-            room = self._load() - self._held - self._claimed
-            if room <= 0:
+            want = receive_size(self._load(), self._held, self._claimed, self.cc.prefetch)
+            if not want:
                 try:
                     await asyncio.wait_for(self._room.wait(), self.cc.poll_wait_s)
                 except asyncio.TimeoutError:
                     pass  # look again: the load may have grown meanwhile
                 continue
-            want = max(self.cc.prefetch, room)
             self._claimed += want
             try:
                 held = await self._receive(want)
@@ -241,43 +241,22 @@ class ConsumerActor:
             self._room.set()
 
     async def _refresh_handlers(self) -> None:
-        version, table = await self.manager.task_table.remote(self._tasks_version)
-        if table is None:
-            return
-        handlers = {}
-        for type_, (spec, blob) in table.items():
-            known = self._handlers.get(type_)
-            handlers[type_] = known if known and known[0] == spec and known[2] == blob \
-                else (spec, cloudpickle.loads(blob), blob)
-        self._handlers, self._tasks_version = handlers, version
+        version, table = await call_async(lambda: self.manager.task_table.remote(self._tasks_version))
+        if table is not None:  # None: unchanged since our version
+            self._handlers = refreshed_handlers(self._handlers, table, cloudpickle.loads)
+            self._tasks_version = version
 
     async def _refresh_plan(self) -> None:
         coordinator = ray.get_actor(COORDINATOR, namespace=NAMESPACE)
-        plan = await coordinator.plan.remote(self._plan.version if self._plan else None)
-        if plan is not None:
-            self._plan = plan
-            self._spent = {}
-
-    def _listen(self, exclude: set[str]) -> list[str] | None:
-        """This receive's key order from the coordinator's plan while it intervenes (or,
-        for a booster, while keys hold permits); None leaves the order to the shard's
-        fair dispatch, which is fair from the first second."""
-        plan = self._plan
-        if plan is None or plan.decision is None or not plan.keys:
-            return None
-        booster = self.index >= plan.regular_consumers
-        if not plan.decision.intervening and not (booster and plan.decision.permits):
-            return None
-        return listen_order(plan.decision, plan.keys, self._rng, exclude,
-                            booster=booster, spent=self._spent)
+        self._plan.adopt(await call_async(lambda: coordinator.plan.remote(self._plan.version)))
 
     # -- receiving -----------------------------------------------------------------
     async def _route(self, name: str) -> tuple[QueueInfo, list[int]]:
         cached = self._routes.get(name)
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if cached and now - cached[0] < ROUTE_TTL_S:
             return cached[1], cached[2]
-        queue, order = await self.manager.receive_routing.remote(name)
+        queue, order = await call_async(lambda: self.manager.receive_routing.remote(name))
         self._routes[name] = (now, queue, order)
         return queue, order
 
@@ -285,40 +264,32 @@ class ConsumerActor:
         """Up to ``want`` tasks: a pass over every task subqueue without waiting, then one
         long poll."""
         names = sorted({spec.queue for spec, *_ in self._handlers.values()})
-        places = []
-        for name in names:
-            queue, order = await self._route(name)
-            places.extend((queue, sq) for sq in order)
+        places = poll_places([await self._route(name) for name in names], next(self._rotation))
         if not places:
             await asyncio.sleep(self.cc.poll_wait_s)
             return []
-        start = next(self._rotation) % len(places)
-        places = places[start:] + places[:start]
         for queue, sq in places:
             got = await self._receive_from(queue, sq, want, wait_s=0.0)
             if got or self._stopping:
                 return got
-        queue, first = places[0]  # one parked call for that queue's subqueues on its shard
-        index = queue.subqueue(first).shard
-        together = [sq for q, sq in places if q is queue and q.subqueue(sq).shard == index]
+        queue, together = long_poll_group(places)
         return await self._receive_from(queue, together, want, wait_s=self.cc.poll_wait_s)
 
     async def _receive_from(self, queue: QueueInfo, sq: int | list[int], want: int,
                             wait_s: float) -> list[_Held]:
         index = queue.subqueue(sq[0] if isinstance(sq, list) else sq).shard
         shard = self.shards[index]
-        now = time.monotonic()
-        exclude = set(self._plan.suspended) if self._plan else set()
-        if self.config.fairness.key == "type":
-            exclude |= {t for t, until in self._saturated.items() if until > now}
+        exclude = excluded_keys(self._plan.suspended,
+                                self._saturated.saturated(self.clock.monotonic()),
+                                self.config.fairness.key)
         options = dict(max_receives=queue.max_receives, dead_letter=queue.dead_letter_on(index))
-        order = self._listen(exclude) if wait_s == 0 else None
+        order = self._plan.order(exclude) if wait_s == 0 else None
         got = []
         if order:  # the plan's order first; keys it does not know yet come after
-            got = decode_delivered(await unwrap(shard.receive.remote(
+            got = decode_delivered(await call_async(lambda: shard.receive.remote(
                 sq, want, self.cc.visibility_timeout_s, keys=order, **options)))
         if not got:
-            got = decode_delivered(await unwrap(shard.receive.remote(
+            got = decode_delivered(await call_async(lambda: shard.receive.remote(
                 sq, want, self.cc.visibility_timeout_s, wait_s=wait_s,
                 exclude=sorted(exclude) or None, **options)))
         return [_Held(m, queue, shard, self._ends[index], m.receipt) for m in got]
@@ -330,7 +301,7 @@ class ConsumerActor:
         if handler is None:  # registered a moment ago, or not at all: look again first
             await self._refresh_handlers()
             handler = self._handlers.get(m.type)
-        cause = self._held_back(m, handler)
+        cause = held_back(handler is not None, m.key, self._plan.suspended, self._pressed)
         if cause is not None:
             await self._defer(held, cause)
             if cause is DeferralCause.HOST_PRESSURE:
@@ -338,20 +309,20 @@ class ConsumerActor:
             return
         spec, fn, _ = handler
         lease = f"{self.index}:{m.id}:{m.dequeue_count}"
-        if spec.concurrency and not await unwrap(self.manager.acquire.remote(
+        if spec.concurrency and not await call_async(lambda: self.manager.acquire.remote(
                 m.type, lease, spec.concurrency, self.cc.visibility_timeout_s)):
-            self._saturated[m.type] = time.monotonic() + self.cc.defer_s
+            self._saturated.saturate(m.type, self.clock.monotonic())
             await self._defer(held, DeferralCause.CONCURRENCY)
             return
         self._running += 1
-        started = time.time()
+        started = self.clock.now()
         try:
             ok, outcome = await self._call(fn, held, spec, lease)
         finally:
             self._running -= 1
             if spec.concurrency:
-                await self.manager.release.remote(m.type, lease)
-        usage_s = time.time() - started
+                await call_async(lambda: self.manager.release.remote(m.type, lease))
+        usage_s = self.clock.now() - started
         ending = await self._end(held, spec, ok, outcome)
         self._report(held, usage_s, ending, started - m.enqueued_at)
 
@@ -382,51 +353,33 @@ class ConsumerActor:
             except asyncio.TimeoutError:
                 pass
             try:
-                held.receipt = await unwrap(held.shard.change_visibility.remote(
+                held.receipt = await call_async(lambda: held.shard.change_visibility.remote(
                     held.receipt, self.cc.visibility_timeout_s))
                 if spec.concurrency:
-                    await self.manager.renew.remote(held.message.type, lease,
-                                                    self.cc.visibility_timeout_s)
+                    await call_async(lambda: self.manager.renew.remote(
+                        held.message.type, lease, self.cc.visibility_timeout_s))
             except (RayqError, ray.exceptions.RayError):
                 return  # lost the task (or its shard): whoever holds it now finishes it
 
     async def _end(self, held: _Held, spec: TaskSpec, ok: bool, outcome: bytes) -> Outcome:
-        """Delete a finished task, retry a failed one later, dead-letter a failed last try.
-
-        The last try is the task's own ``max_receives`` or the queue's, whichever
-        comes first (the queue's also catches tasks whose consumers died)."""
+        """Delete a finished task, retry a failed one later, dead-letter a failed last
+        try (:func:`rayq.core.consuming.decide_end` decides which)."""
         m, queue = held.message, held.queue
-        last_try = m.dequeue_count >= min(spec.max_receives, queue.max_receives or spec.max_receives)
+        end = decide_end(ok, m.dequeue_count, spec, queue.max_receives, self.cc)
+        dead_letter = queue.dead_letter_on(queue.subqueue(m.subqueue).shard)
+        name, args = end.shard_call(held.receipt, outcome, dead_letter)
         try:
-            if ok:
-                await held.ends.call("finish", held.receipt, outcome, None)
-                return Outcome.SUCCEEDED
-            if last_try:
-                shard = queue.subqueue(m.subqueue).shard
-                await held.ends.call("finish", held.receipt, outcome, queue.dead_letter_on(shard))
-                return Outcome.DEAD
-            backoff = min(self.cc.retry_backoff_s * 2 ** (m.dequeue_count - 1), self.cc.max_backoff_s)
-            await held.ends.call("change_visibility", held.receipt, backoff)
-            return Outcome.FAILED
+            await held.ends.call(name, *args)
+            return end.outcome
         except ReceiptInvalid:
             self._lost += 1  # it became visible again and someone else took it
-            return Outcome.SUCCEEDED if ok else Outcome.FAILED
-
-    def _held_back(self, m: StoredMessage, handler) -> DeferralCause | None:
-        """Why a received task must not run now, if it must not (before any lease)."""
-        if handler is None:
-            return DeferralCause.CANNOT_RUN
-        if self._plan is not None and m.key in self._plan.suspended:
-            return DeferralCause.SUSPENDED  # suspended after we received it
-        if self._pressed:
-            return DeferralCause.HOST_PRESSURE
-        return None
+            return end.outcome_if_lost
 
     async def _defer(self, held: _Held, cause: DeferralCause) -> None:
         """Put a task back unrun; it counts as a deferral of its key, with its cause."""
         self._deferrals += 1
         await self._put_back(held, self.cc.defer_s)
-        self._report(held, 0.0, Outcome.DEFERRED, time.time() - held.message.enqueued_at, cause)
+        self._report(held, 0.0, Outcome.DEFERRED, self.clock.now() - held.message.enqueued_at, cause)
 
     async def _put_back(self, held: _Held, delay_s: float) -> None:
         """Hide a task we will not run for ``delay_s``; the delivery is not counted."""
@@ -439,21 +392,9 @@ class ConsumerActor:
                 cause: DeferralCause | None = None) -> None:
         m = held.message
         report = UsageReport(m.key, m.tenant, m.type, usage_s, outcome, max(0.0, wait_s),
-                             time.time(), m.id, m.dequeue_count, held.queue.name, cause)
-        if self._plan is not None:  # every consumer is assumed to spend alike
-            self._spent[m.key] = self._spent.get(m.key, 0.0) + usage_s * max(
-                1, self._plan.regular_consumers)
+                             self.clock.now(), m.id, m.dequeue_count, held.queue.name, cause)
+        self._plan.spend(m.key, usage_s)
         self._reports.append(report)
-
-
-async def unwrap(ref) -> Any:
-    """Await a runtime call, raising the RayqError a runtime actor raised as itself."""
-    try:
-        return await ref
-    except ray.exceptions.RayTaskError as err:
-        if isinstance(err.cause, RayqError):
-            raise err.cause from None
-        raise
 
 
 def read_host() -> HostReading:

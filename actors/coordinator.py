@@ -15,17 +15,19 @@ import json
 import logging
 import os
 import random
-import time
 
 import ray
 
 from actors import MANAGER, NAMESPACE, shard_name
-from actors.consumer import named_consumers, unwrap
+from actors.consumer import named_consumers
 from actors.gate import durable_gate, manager_directory
 from actors.metrics import BackgroundFailures, CoordinatorMetrics
 from rayq.analytics.eventlog import log_report, open_event_log
 from rayq.config import Config
 from rayq.core.auth import Signature
+from rayq.core.clock import Clock, SystemClock
+from rayq.core.coordinating import (booster_consumers, fairness_report, intervening_since,
+                                    is_intervening, pending_keys)
 from rayq.core.fairness import (Decision, FairnessReport, KeyState, ListenPlan, UsageWindows,
                                 decision_event, evaluate, listen_order)
 from rayq.core.history import EventHistory
@@ -33,13 +35,15 @@ from rayq.core.kv import LmdbKV
 from rayq.core.rules import SuspensionRule, SuspensionRules
 from rayq.core.tasks import Outcome, Tally, TallyRow, UsageReport
 from rayq.errors import RayqError
+from rayq.remote import answers, call_all, call_async
 
 log = logging.getLogger("rayq.coordinator")
 
 
 class FairnessCoordinator:
-    def __init__(self, data_dir: str, config: Config):
+    def __init__(self, data_dir: str, config: Config, clock: Clock | None = None):
         self.config, self.fc = config, config.fairness
+        self.clock = clock or SystemClock()
         self.kv = LmdbKV(os.path.join(data_dir, "coordinator"), map_size=64 << 20)
         self.rules = SuspensionRules(self.kv)
         self.usage = UsageWindows(self.fc.window_s, self.fc.windows)
@@ -70,38 +74,26 @@ class FairnessCoordinator:
 
     async def report(self, auth: Signature | None = None) -> FairnessReport:
         await self.gate.admin(auth, "fairness")
-        d = self.decision
-        order = tuple(listen_order(d, self.pending, self._rng, self.rules.suspended()))
-        empty: frozenset[str] = frozenset()
-        return FairnessReport(
-            evaluated_at=d.at if d else None, intervening=bool(d and d.intervening),
-            intervening_since=self.intervening_since,
-            victims=d.victims if d else empty, latency_victims=d.latency_victims if d else empty,
-            usage_victims=d.usage_victims if d else empty, offenders=d.offenders if d else empty,
-            fair_users=d.fair_users if d else empty, starvation=dict(d.starvation) if d else {},
-            expected_s=dict(d.expected_s) if d else {}, actual_s=dict(d.actual_s) if d else {},
-            listen_order=order, permits=dict(d.permits) if d else {},
-            ignored_permits=dict(d.ignored_permits) if d else {},
-            suspended=tuple(self.rules.history()), history=self.history.recent(),
-            noisy=tuple(await self._noisy()))
+        return fairness_report(self.decision, self.pending, self._rng, self.rules.suspended(),
+                               self.intervening_since, rules=tuple(self.rules.history()),
+                               history=self.history.recent(), noisy=tuple(await self._noisy()))
 
     async def _noisy(self) -> list:
         """What every shard's fair dispatch treats as noisy (shards restarting: skipped)."""
-        parts = await asyncio.gather(*(s.noisy.remote() for s in self.shards),
-                                     return_exceptions=True)
-        return [k for part in parts if not isinstance(part, BaseException) for k in part]
+        parts = await answers((lambda s=s: s.noisy.remote()) for s in self.shards)
+        return [key for part in parts for key in part]
 
     async def suspend(self, key: str, reason: str, by: str,
                       auth: Signature | None = None) -> SuspensionRule:
         await self.gate.admin(auth, "suspend", key, reason, by)
-        rule = self.rules.suspend(key, reason, by, time.time())
+        rule = self.rules.suspend(key, reason, by, self.clock.now())
         self._publish({"at": rule.since, "kind": "suspend", "key": key, "reason": reason, "by": by})
         return rule
 
     async def resume(self, key: str, by: str,
                      auth: Signature | None = None) -> SuspensionRule | None:
         await self.gate.admin(auth, "resume", key, by)
-        rule = self.rules.resume(key, by, time.time())
+        rule = self.rules.resume(key, by, self.clock.now())
         if rule is not None:
             self._publish({"at": rule.lifted_at, "kind": "resume", "key": key, "by": by})
         return rule
@@ -111,23 +103,21 @@ class FairnessCoordinator:
         """Pull usage and latency, evaluate, publish; returns the decision (None when
         fairness is off)."""
         await self._pull_usage()
-        concurrency, subqueues = await unwrap(self.manager.fairness_inputs.remote())
+        concurrency, subqueues = await call_async(lambda: self.manager.fairness_inputs.remote())
         self.pending = await self._pending(subqueues, concurrency)
-        self._regular = await unwrap(self.manager.consumer_count.remote())
+        self._regular = await call_async(lambda: self.manager.consumer_count.remote())
         threads = max(1, self._regular * self.config.consumers.max_load)
-        now = time.time()
+        now = self.clock.now()
         if not self.fc.enabled:  # plain FIFO dispatch; suspensions still hold
             self._version += 1
             return None
+        was_intervening = is_intervening(self.decision)
         decision = evaluate(self.usage.table(now), self.pending, now, self.fc, threads,
-                            self.rules.suspended(),
-                            was_intervening=bool(self.decision and self.decision.intervening))
-        started = decision.intervening and not (self.decision and self.decision.intervening)
-        if started:
-            self.intervening_since = now
-        elif not decision.intervening:
-            self.intervening_since = None
-        self.metrics.decided(decision, started, dict(decision.actual_s))
+                            self.rules.suspended(), was_intervening=was_intervening)
+        self.intervening_since = intervening_since(self.decision, decision,
+                                                   self.intervening_since, now)
+        self.metrics.decided(decision, decision.intervening and not was_intervening,
+                             dict(decision.actual_s))
         self.decision = decision
         order = listen_order(decision, self.pending, self._rng, self.rules.suspended())
         self._publish(decision_event(decision, order))
@@ -135,12 +125,9 @@ class FairnessCoordinator:
         return decision
 
     async def _pull_usage(self) -> None:
-        consumers = list(named_consumers().values())
-        batches = await asyncio.gather(*(c.drain_reports.remote() for c in consumers),
-                                       return_exceptions=True)
-        for batch in batches:
-            if isinstance(batch, BaseException):
-                continue  # a consumer restarting: its next reports come next round
+        # a consumer restarting is left out: its reports come next round
+        for batch in await answers((lambda c=c: c.drain_reports.remote())
+                                   for c in named_consumers().values()):
             self.absorb(batch)
 
     def absorb(self, reports: list[UsageReport]) -> None:
@@ -162,26 +149,15 @@ class FairnessCoordinator:
     async def _pending(self, subqueues: dict[int, list[int]],
                        concurrency: dict[str, int]) -> dict[str, KeyState]:
         """Per key over the task queues: the longest wait and the oldest enqueue."""
-        shards = sorted(subqueues)
-        depths = await asyncio.gather(*(self.shards[i].depths.remote() for i in shards))
-        wanted = {sq for i in shards for sq in subqueues[i]}
-        pending: dict[str, KeyState] = {}
-        for part in depths:
-            for d in part:
-                if d.subqueue not in wanted or d.count <= 0 or d.oldest_enqueued_at is None:
-                    continue
-                old = pending.get(d.key)
-                latency = max(d.latency_s, old.latency_s if old else 0.0)
-                oldest = min(d.oldest_enqueued_at, old.oldest_enqueued_at if old else float("inf"))
-                pending[d.key] = KeyState(d.key, latency, oldest, concurrency.get(d.key))
-        return pending
+        parts = await call_all((lambda i=i: self.shards[i].depths.remote()) for i in sorted(subqueues))
+        wanted = {sq for ids in subqueues.values() for sq in ids}
+        return pending_keys((d for part in parts for d in part), wanted, concurrency)
 
     async def _boost(self, decision: Decision) -> None:
         """Permits become booster consumers: one per max_load permits, bounded."""
-        permits = sum(decision.permits.values())
-        per = self.config.consumers.max_load
-        extra = min(self.fc.max_boost_consumers, -(-permits // per))
-        await unwrap(self.manager.set_boost.remote(extra))
+        extra = booster_consumers(decision.permits, self.config.consumers.max_load,
+                                  self.fc.max_boost_consumers)
+        await call_async(lambda: self.manager.set_boost.remote(extra))
 
     def _publish(self, event: dict) -> None:
         self.history.append(event)

@@ -21,24 +21,26 @@ import asyncio
 import json
 import logging
 import os
-import time
-from dataclasses import replace
 
 import ray
 
 from actors import MANAGER, NAMESPACE, shard_name
-from actors.consumer import unwrap
 from actors.gate import durable_gate, manager_directory
 from actors.metrics import BackgroundFailures, FloodMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
 from rayq.core.auth import Signature
+from rayq.core.clock import Clock, SystemClock
 from rayq.core.flood import Flooder, build_view, detect, sweep_step
 from rayq.core.history import EventHistory
+from rayq.core.isolation import (dedicated_by_shard, dedicated_to, diverts, isolation_moves,
+                                 left_to_sweep, listed, shards_lacking_dedicated, spilled_on,
+                                 subqueue_layout, with_sweeps)
 from rayq.core.kv import LmdbKV
-from rayq.core.model import SubqueueState, pack, unpack
+from rayq.core.model import pack, unpack
 from rayq.core.registry import QueueInfo
 from rayq.errors import RayqError
+from rayq.remote import call_all, call_async
 
 log = logging.getLogger("rayq.flood")
 MOVE_ROWS_PER_CALL = 5_000
@@ -46,8 +48,9 @@ MAX_SWEEP_BATCHES = 500   # per flooder and shard in one run: the next run goes 
 
 
 class FloodDetector:
-    def __init__(self, data_dir: str, config: Config):
+    def __init__(self, data_dir: str, config: Config, clock: Clock | None = None):
         self.config, self.fc = config, config.flood
+        self.clock = clock or SystemClock()
         self.kv = LmdbKV(os.path.join(data_dir, "flood"), map_size=64 << 20)
         self.history = EventHistory(self.kv, 1000)
         self.metrics = FloodMetrics()
@@ -71,26 +74,24 @@ class FloodDetector:
 
     # -- one run ---------------------------------------------------------------------
     async def detect_once(self) -> list[Flooder]:
-        queues: dict[str, QueueInfo] = await unwrap(self.manager.flood_layout.remote())
-        snapshots = await asyncio.gather(*(s.flood_snapshot.remote() for s in self.shards))
-        layout = {sq.id: (ref, bool(sq.dedicated)) for ref, q in queues.items() for sq in q.subqueues}
-        view = build_view(layout, [s["tenant_counts"] for s in snapshots],
+        queues: dict[str, QueueInfo] = await call_async(lambda: self.manager.flood_layout.remote())
+        snapshots = await call_all((lambda s=s: s.flood_snapshot.remote()) for s in self.shards)
+        view = build_view(subqueue_layout(queues), [s["tenant_counts"] for s in snapshots],
                           [s["enqueues"] for s in snapshots])
-        now = time.time()
-        changes = detect(view, self.flooders, self.fc, now)
+        changes = detect(view, self.flooders, self.fc, self.clock.now())
         for flooder in changes.added:
             self._event("detected", flooder, depth=flooder.depth)
             await self._isolate(flooder, queues)
-        flooders = [f for f in changes.kept if f.queue in queues] + list(changes.added)
+        flooders = listed(changes, queues)
         for flooder in flooders:  # subqueues added since (scaling) get a dedicated twin
             await self._dedicated(flooder, queues[flooder.queue])
-        queues = await unwrap(self.manager.flood_layout.remote())  # with the new subqueues
+        queues = await call_async(lambda: self.manager.flood_layout.remote())  # with the new subqueues
         await self._route(queues, flooders)
         self.flooders = flooders  # published once the shards divert their puts
         for flooder in changes.removed:
             await self._release(flooder, queues)
         emptied = await self._sweep(queues, snapshots)
-        self.flooders = [replace(f, swept_empty=f.combination in emptied) for f in self.flooders]
+        self.flooders = with_sweeps(self.flooders, emptied)
         self.kv.transact(lambda txn: txn.put("meta", b"flooders",
                                              pack([vars(f) for f in self.flooders])))
         self.metrics.update(self.flooders)
@@ -100,19 +101,16 @@ class FloodDetector:
         """A dedicated subqueue on every shard of the queue; visible messages move there."""
         queue = queues[flooder.queue]
         moved = 0
-        for shard, target in (await self._dedicated(flooder, queue)).items():
-            for source in queue.subqueues:
-                if source.shard == shard and not source.dedicated:
-                    moved += await self._move_all(shard, source.id, target, flooder)
+        for shard, source, target in isolation_moves(queue, await self._dedicated(flooder, queue)):
+            moved += await self._move_all(shard, source, target, flooder)
         self._event("isolated", flooder, moved=moved)
 
     async def _dedicated(self, flooder: Flooder, queue: QueueInfo) -> dict[int, int]:
         """The flooder's dedicated subqueue on every shard its queue uses, by shard; the
         manager is asked only for shards that have none yet (e.g. after scaling)."""
-        out = {sq.shard: sq.id for sq in queue.subqueues
-               if sq.dedicated == (flooder.type, flooder.tenant) and sq.state is SubqueueState.ALL}
-        for shard in sorted({sq.shard for sq in queue.subqueues if not sq.dedicated} - set(out)):
-            sq = await unwrap(self.manager.add_dedicated.remote(
+        out = dedicated_by_shard(queue, flooder)
+        for shard in shards_lacking_dedicated(queue, out):
+            sq = await call_async(lambda: self.manager.add_dedicated.remote(
                 flooder.queue, shard, flooder.type, flooder.tenant))
             out[shard] = sq.id
         return out
@@ -120,7 +118,7 @@ class FloodDetector:
     async def _move_all(self, shard: int, source: int, target: int, flooder: Flooder) -> int:
         moved, cursor = 0, None
         while True:
-            n, cursor = await unwrap(self.shards[shard].move_matching.remote(
+            n, cursor = await call_async(lambda: self.shards[shard].move_matching.remote(
                 source, target, flooder.type, flooder.tenant, MOVE_ROWS_PER_CALL, cursor))
             moved += n
             if cursor is None:
@@ -128,31 +126,24 @@ class FloodDetector:
 
     async def _route(self, queues: dict[str, QueueInfo], flooders: list[Flooder]) -> None:
         """Tell each shard which flooders' puts to its subqueues to spill."""
-        diverts: list[dict[int, list]] = [{} for _ in self.shards]
-        for flooder in flooders:
-            for sq in queues[flooder.queue].subqueues:
-                if not sq.dedicated:
-                    diverts[sq.shard].setdefault(sq.id, []).append((flooder.type, flooder.tenant))
-        await asyncio.gather(*(s.set_diverts.remote(d) for s, d in zip(self.shards, diverts)))
+        await call_all((lambda s=s, d=d: s.set_diverts.remote(d))
+                       for s, d in zip(self.shards, diverts(queues, flooders, len(self.shards))))
 
     async def _release(self, flooder: Flooder, queues: dict[str, QueueInfo]) -> None:
         """The shards no longer spill its puts (routed before this): what it spilled
         since the last sweep (few, or it would not leave) goes back, then its dedicated
         subqueues drain and go like any retired subqueue."""
         queue = queues.get(flooder.queue)
-        dedicated = [sq for sq in (queue.subqueues if queue else ())
-                     if sq.dedicated == (flooder.type, flooder.tenant)]
-        for sq in dedicated:
-            if sq.state is SubqueueState.ALL:
-                await self._sweep_rest(flooder, sq.shard, sq.id)
-        for sq in dedicated:
-            await unwrap(self.manager.coalesce.remote(flooder.queue, sq.id))
+        for sq in dedicated_to(queue, flooder):
+            await self._sweep_rest(flooder, sq.shard, sq.id)
+        for sq in dedicated_to(queue, flooder, open_only=False):
+            await call_async(lambda: self.manager.coalesce.remote(flooder.queue, sq.id))
         self._event("removed", flooder, depth=flooder.depth)
 
     async def _sweep_rest(self, flooder: Flooder, shard: int, target: int) -> None:
         handle = self.shards[shard]
-        while await handle.spill_left.remote(flooder.type, flooder.tenant):
-            moved = await unwrap(handle.sweep.remote(flooder.type, flooder.tenant, target,
+        while await call_async(lambda: handle.spill_left.remote(flooder.type, flooder.tenant)):
+            moved = await call_async(lambda: handle.sweep.remote(flooder.type, flooder.tenant, target,
                                                      self.fc.sweep_batch))
             self._event("swept", flooder, shard=shard, moved=moved)
 
@@ -162,12 +153,10 @@ class FloodDetector:
         Returns the flooders whose spill this emptied (seed 001: "completely swept")."""
         emptied = set()
         for flooder in self.flooders:
-            done = []
-            queue = queues.get(flooder.queue)  # None: deleted since this run began
-            for sq in queue.subqueues if queue else ():
-                if sq.dedicated == (flooder.type, flooder.tenant) and sq.state is SubqueueState.ALL:
-                    spilled = self._spilled_on(snapshots[sq.shard], flooder)
-                    done.append(await self._sweep_into(flooder, sq.shard, sq.id, spilled))
+            done = []  # queues.get: None when deleted since this run began
+            for sq in dedicated_to(queues.get(flooder.queue), flooder):
+                spilled = spilled_on(snapshots[sq.shard]["tenant_counts"], flooder)
+                done.append(await self._sweep_into(flooder, sq.shard, sq.id, spilled))
             if done and all(done):
                 emptied.add(flooder.combination)
         return emptied
@@ -178,26 +167,21 @@ class FloodDetector:
         batches = 0
         while True:
             # the target queue's depth, checked before every batch
-            depth, under_pressure = await handle.health.remote(target)
+            depth, under_pressure = await call_async(lambda: handle.health.remote(target))
             step = sweep_step(depth, under_pressure, spilled, batches, self.fc, MAX_SWEEP_BATCHES)
             if step == "pause":
                 self._event("sweep paused", flooder, shard=shard, depth=depth,
                             under_pressure=under_pressure)
             if step != "sweep":
                 return step == "done"
-            moved = await unwrap(handle.sweep.remote(flooder.type, flooder.tenant, target,
+            moved = await call_async(lambda: handle.sweep.remote(flooder.type, flooder.tenant, target,
                                                      self.fc.sweep_batch))
             batches += 1
-            spilled = spilled - moved if moved else 0  # nothing moved: the rest had expired
+            spilled = left_to_sweep(spilled, moved)
             self._event("swept", flooder, shard=shard, moved=moved)
 
-    @staticmethod
-    def _spilled_on(snapshot: dict, flooder: Flooder) -> int:
-        return sum(n for (kind, _, type_, tenant), n in snapshot["tenant_counts"].items()
-                   if kind == "S" and flooder.covers(type_, tenant))
-
     def _event(self, what: str, flooder: Flooder, **details) -> None:
-        event = self.history.append({"at": time.time(), "kind": "flood", "event": what,
+        event = self.history.append({"at": self.clock.now(), "kind": "flood", "event": what,
                                      "queue": flooder.queue, "type": flooder.type,
                                      "tenant": flooder.tenant, **details})
         if self.events is not None:

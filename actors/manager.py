@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
-from collections import defaultdict
 
 import ray
 
@@ -21,26 +19,29 @@ from actors.consumer import ConsumerRemote, named_consumers
 from actors.gate import Directory, durable_gate
 from actors.metrics import BackgroundFailures
 from rayq.config import Config
-from rayq.core.auth import (ADMIN, Accounts, Place, Signature, may_use, queue_ref, resolve_ref,
-                            split_ref)
-from rayq.core.clock import SystemClock
+from rayq.core.auth import Accounts, Place, Signature, queue_ref, resolve_ref, split_ref
+from rayq.core.clock import Clock, SystemClock
 from rayq.core.kv import LmdbKV
 from rayq.core.leases import ConcurrencyLeases
+from rayq.core.managing import (check_may_create, check_visible, concurrency_limits,
+                                consumers_to_change, ids_by_shard, is_registration, shard_depths,
+                                visible_names)
 from rayq.core.model import SubqueueState, check_count
 from rayq.core.registry import (QueueInfo, QueueRegistry, check_queue_name, check_queue_ref,
                                 put_target, receive_order)
-from rayq.core.scaling import SubqueueLoad, decide, is_quiet
+from rayq.core.scaling import OpRates, QuietTracker, decide, loads_of
 from rayq.core.tasks import TaskRegistry, TaskSpec
-from rayq.errors import AuthError, InvalidMessage, QueueNotFound, RayqError
+from rayq.errors import InvalidMessage, RayqError
+from rayq.remote import NO_RETRY, call_all, call_async
 
 MAX_CONSUMERS = 1000
 FORGET_TIMEOUT_S = 10.0
 
 
 class QueueManager:
-    def __init__(self, data_dir: str, config: Config):
+    def __init__(self, data_dir: str, config: Config, clock: Clock | None = None):
         self.data_dir, self.config = data_dir, config
-        self.clock = SystemClock()
+        self.clock = clock or SystemClock()
         kv = LmdbKV(os.path.join(data_dir, "manager"), map_size=64 << 20)
         self.kv = kv
         self.registry = QueueRegistry(kv, shards=config.store.shards, clock=self.clock)
@@ -53,9 +54,8 @@ class QueueManager:
         self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
                        for i in range(config.store.shards)]
         self._counts: dict[int, int] = {}
-        self._last_ops: dict[int, tuple[float, int, int]] = {}
-        self._rates: dict[int, tuple[float, float]] = {}
-        self._quiet_since: dict[int, float] = {}  # per subqueue
+        self._rates = OpRates()
+        self._quiet = QuietTracker(config.scaling)
         self.scaling_events: list[dict] = []
         self._loop = asyncio.get_running_loop()
         self._loop.create_task(self._scale_forever())
@@ -102,8 +102,8 @@ class QueueManager:
             except ValueError:
                 pass
         # A holder that does not answer in time is restarting: it starts with no copy.
-        await asyncio.wait([asyncio.ensure_future(h.forget_keys.remote()) for h in holders],
-                           timeout=FORGET_TIMEOUT_S)
+        await asyncio.wait([asyncio.ensure_future(call_async(lambda h=h: h.forget_keys.remote()))
+                            for h in holders], timeout=FORGET_TIMEOUT_S)
 
     def _visible(self, account: str, name: str, *, owned: bool = False) -> QueueInfo:
         """The queue ``account`` means by ``name`` if it may see it: its own, any for the
@@ -111,11 +111,8 @@ class QueueManager:
         Anything else is QueueNotFound, worded as for a missing queue: no account learns
         which names another account uses."""
         check_queue_ref(name)
-        queue = self.registry.find(resolve_ref(account, name))
-        if queue is not None and (may_use(account, queue.owner) or (
-                not owned and queue.owner == ADMIN and queue.name in self.tasks.queues())):
-            return queue
-        raise QueueNotFound(f"no queue named {name!r}")
+        return check_visible(account, name, self.registry.find(resolve_ref(account, name)),
+                             self.tasks.queues(), owned=owned)
 
     # -- registry --------------------------------------------------------------
     async def create_queue(self, name: str, subqueues: int = 1, max_receives: int | None = 5,
@@ -125,10 +122,7 @@ class QueueManager:
         account = await self.gate.account(auth, name, "create_queue", name, subqueues, max_receives)
         check_queue_ref(name)
         owner, bare = split_ref(account, name)
-        if not may_use(account, owner):
-            raise AuthError(f"account {account!r} creates queues in its own namespace only")
-        if owner not in self.accounts:
-            raise InvalidMessage(f"no account named {owner!r}")
+        check_may_create(account, owner, self.accounts)
         # Placement needs shard depths only for a queue that does not exist yet.
         depths = {} if queue_ref(owner, bare) in self.registry else await self._shard_depths()
         return self.registry.create(bare, subqueues=subqueues, max_receives=max_receives,
@@ -141,9 +135,7 @@ class QueueManager:
         """The caller's queues by plain name; for the admin every account's queues, its
         own plain and the others' as ``account/name``."""
         account = await self.gate.account(auth, "", "list_queues")
-        if account == ADMIN:
-            return self.registry.names()
-        return sorted(q.name for q in self.registry.all() if q.owner == account)
+        return visible_names(account, self.registry.all(), self.registry.names())
 
     async def delete_queue(self, name: str, auth: Signature | None = None) -> None:
         account = await self.gate.account(auth, name, "delete_queue", name)
@@ -161,11 +153,8 @@ class QueueManager:
     async def _purge(self, subqueues: list) -> None:
         """Hand subqueues to their shards for removal (O(subqueues) here); what a shard
         did not take yet stays recorded and is handed over again by the scaling loop."""
-        by_shard: dict[int, list[int]] = defaultdict(list)
-        for sq in subqueues:
-            by_shard[sq.shard].append(sq.id)
-        for shard, ids in by_shard.items():
-            await self.shards[shard].purge.remote(ids)
+        for shard, ids in ids_by_shard(subqueues).items():
+            await call_async(lambda: self.shards[shard].purge.remote(ids))
             self.registry.purged(ids)
 
     async def routing(self, name: str, auth: Signature | None = None
@@ -199,7 +188,8 @@ class QueueManager:
         """A removed flooder's dedicated subqueue drains like any retired subqueue."""
         queue = self.registry.coalesce(ref, sq)
         info = queue.subqueue(sq)
-        await self.shards[info.shard].set_state.remote(sq, SubqueueState.NO_PUT.value)
+        await call_async(lambda: self.shards[info.shard].set_state.remote(
+            sq, SubqueueState.NO_PUT.value))
 
     # -- tasks -------------------------------------------------------------------
     async def register_task(self, spec: TaskSpec, handler: bytes,
@@ -211,11 +201,8 @@ class QueueManager:
             raise InvalidMessage("register_task takes a TaskSpec")
         check_queue_name(spec.queue)  # a task queue is the default account's, by plain name
         account = await self.gate.account(auth, spec.queue, "register_task", spec, handler)
-        if account != ADMIN:
-            known = self.tasks.all().get(spec.type)
-            if known is None or known[0] != spec:
-                raise AuthError(f"task type {spec.type!r} is not registered as given; only "
-                                f"the {ADMIN!r} account registers task handlers")
+        known = self.tasks.all().get(spec.type, (None, None))[0]
+        if not is_registration(account, spec, known):
             return self.tasks.version
         if spec.queue not in self.registry:  # the default account's namespace
             await self.create_queue(spec.queue, max_receives=spec.max_receives)
@@ -232,10 +219,10 @@ class QueueManager:
         return self.tasks.version, self.tasks.all()
 
     def acquire(self, type_: str, lease_id: str, limit: int, ttl_s: float) -> bool:
-        return self.leases.acquire(type_, lease_id, limit, ttl_s, time.monotonic())
+        return self.leases.acquire(type_, lease_id, limit, ttl_s, self.clock.monotonic())
 
     def renew(self, type_: str, lease_id: str, ttl_s: float) -> bool:
-        return self.leases.renew(type_, lease_id, ttl_s, time.monotonic())
+        return self.leases.renew(type_, lease_id, ttl_s, self.clock.monotonic())
 
     def release(self, type_: str, lease_id: str) -> None:
         self.leases.release(type_, lease_id)
@@ -257,15 +244,10 @@ class QueueManager:
 
     def fairness_inputs(self) -> tuple[dict[str, int], dict[int, list[int]]]:
         """(concurrency limit per fairness key, task subqueues per shard) for the coordinator."""
-        by_type = self.config.fairness.key == "type"
-        limits = {spec.type: spec.concurrency for spec, _ in self.tasks.all().values()
-                  if by_type and spec.concurrency}
-        subqueues: dict[int, list[int]] = defaultdict(list)
-        for name in self.tasks.queues():
-            if name in self.registry:
-                for sq in self.registry.get(name).subqueues:
-                    subqueues[sq.shard].append(sq.id)
-        return limits, dict(subqueues)
+        limits = concurrency_limits((spec for spec, _ in self.tasks.all().values()),
+                                    self.config.fairness.key)
+        queues = [self.registry.find(name) for name in self.tasks.queues()]
+        return limits, ids_by_shard(sq for q in queues if q is not None for sq in q.subqueues)
 
     def config_value(self) -> Config:
         return self.config
@@ -279,53 +261,29 @@ class QueueManager:
     # -- load and scaling --------------------------------------------------------
     async def _shard_depths(self) -> dict[int, int]:
         await self.refresh()
-        depths = defaultdict(int)
-        for queue in self.registry.all():
-            for sq in queue.subqueues:
-                depths[sq.shard] += self._counts.get(sq.id, 0)
-        return {i: depths.get(i, 0) for i in range(len(self.shards))}
+        return shard_depths(self.registry.all(), self._counts, len(self.shards))
 
     async def refresh(self) -> None:
         """Read counts and per-subqueue operation counters from every shard."""
-        stats = await asyncio.gather(*(s.stats.remote() for s in self.shards))
-        by_shard = defaultdict(list)
-        for queue in self.registry.all():
-            for sq in queue.subqueues:
-                by_shard[sq.shard].append(sq.id)
-        counts = await asyncio.gather(*(self.shards[i].counts.remote(ids)
-                                        for i, ids in by_shard.items()))
+        stats = await call_all((lambda s=s: s.stats.remote()) for s in self.shards)
+        by_shard = ids_by_shard(sq for queue in self.registry.all() for sq in queue.subqueues)
+        counts = await call_all((lambda i=i, ids=ids: self.shards[i].counts.remote(ids))
+                                for i, ids in by_shard.items())
         self._counts = {sq: n for part in counts for sq, n in part.items()}
-        now = time.monotonic()
+        now = self.clock.monotonic()
         for shard_stats in stats:
-            for sq in set(shard_stats.ops) | set(shard_stats.throttled):
-                ops, thr = shard_stats.ops.get(sq, 0), shard_stats.throttled.get(sq, 0)
-                then, ops0, thr0 = self._last_ops.get(sq, (now, ops, thr))
-                span = max(now - then, 1e-3)
-                self._rates[sq] = ((ops - ops0) / span, (thr - thr0) / span)
-                self._last_ops[sq] = (now, ops, thr)
+            self._rates.observe(shard_stats.ops, shard_stats.throttled, now)
 
     async def scale_once(self) -> None:
         await self.refresh()
         depths = await self._shard_depths()
         now = self.clock.now()
         for queue in self.registry.all():
-            loads = [SubqueueLoad(s.id, s.shard, s.state, s.version, self._counts.get(s.id, 0),
-                                  *self._rates.get(s.id, (0.0, 0.0)))
-                     for s in queue.subqueues if not s.dedicated]  # the flood detector's
+            loads = loads_of(queue, self._counts, self._rates)
             decision = decide(loads, depths, min_subqueues=queue.min_subqueues,
-                              quiet_for_s=self._quiet_for(loads, now),
+                              quiet_for_s=self._quiet.quiet_for(loads, now),
                               config=self.config.scaling)
             await self._apply(queue, decision, now)
-
-    def _quiet_for(self, loads: list[SubqueueLoad], now: float) -> dict[int, float]:
-        """How long each subqueue has been quiet (seed 003: small, fast, seldom throttled)."""
-        out = {}
-        for load in loads:
-            if is_quiet(load, self.config.scaling):
-                out[load.id] = now - self._quiet_since.setdefault(load.id, now)
-            else:
-                self._quiet_since.pop(load.id, None)
-        return out
 
     async def _apply(self, queue: QueueInfo, decision, now: float) -> None:
         if decision.add_on_shard is not None:
@@ -333,20 +291,22 @@ class QueueManager:
             self._event("add", queue.ref, added.id, now)
         if decision.retire is not None:
             sq = queue.subqueue(decision.retire)
-            await self.shards[sq.shard].set_state.remote(sq.id, SubqueueState.NO_PUT.value)
+            await self._set_state(sq.shard, sq.id, SubqueueState.NO_PUT)
             self.registry.set_state(queue.ref, sq.id, SubqueueState.NO_PUT)
-            for other in queue.subqueues:  # the rest must be quiet for idle_s again
-                self._quiet_since.pop(other.id, None)
+            self._quiet.restart([other.id for other in queue.subqueues])
             self._event("retire", queue.ref, sq.id, now)
         for sq_id in decision.drop:
             sq = queue.subqueue(sq_id)
-            shard = self.shards[sq.shard]
-            await shard.set_state.remote(sq.id, SubqueueState.DISABLED.value)
-            if (await shard.counts.remote([sq.id]))[sq.id]:  # a late put: keep draining
-                await shard.set_state.remote(sq.id, SubqueueState.NO_PUT.value)
+            await self._set_state(sq.shard, sq.id, SubqueueState.DISABLED)
+            left = await call_async(lambda: self.shards[sq.shard].counts.remote([sq.id]))
+            if left[sq.id]:  # a late put: keep draining
+                await self._set_state(sq.shard, sq.id, SubqueueState.NO_PUT)
                 continue
             self.registry.drop_subqueue(queue.ref, sq.id)
             self._event("drop", queue.ref, sq.id, now)
+
+    async def _set_state(self, shard: int, sq: int, state: SubqueueState) -> None:
+        await call_async(lambda: self.shards[shard].set_state.remote(sq, state.value))
 
     def _event(self, what: str, queue: str, sq: int, now: float) -> None:
         self.scaling_events.append({"at": now, "event": what, "queue": queue, "subqueue": sq})
@@ -387,13 +347,11 @@ class Consumers:
                 self.kv.transact(lambda txn: txn.put("meta", b"consumers", str(count).encode()))
                 self.wanted = count
             running = named_consumers()
-            total = self.wanted + self.boost
-            for index in range(total):
-                if index not in running:
-                    _start_consumer(index, self.config)
-            extra = [index for index in running if index >= total]
+            start, stop = consumers_to_change(self.wanted + self.boost, running)
+            for index in start:
+                _start_consumer(index, self.config)
             # Graceful: a consumer stops polling and finishes what it runs before it goes.
-            await asyncio.gather(*(_stop_consumer(running[i]) for i in extra))
+            await asyncio.gather(*(_stop_consumer(running[i]) for i in stop))
             if count is not None:
                 _request_capacity(self.wanted + self.boost, self.config.consumers.num_cpus)
             return self.wanted
@@ -413,11 +371,12 @@ async def _stop_consumer(handle) -> None:
     """Stop a consumer gracefully; its last usage reports go to the coordinator. A
     consumer that does not answer in time (say, one never placed for want of CPUs) is
     killed all the same: its tasks come back when their visibility lapses."""
-    try:
-        reports = await asyncio.wait_for(handle.stop.remote(STOP_TIMEOUT_S - 5), STOP_TIMEOUT_S)
+    try:  # no retry: a consumer that went away will not come back to stop
+        reports = await asyncio.wait_for(
+            call_async(lambda: handle.stop.remote(STOP_TIMEOUT_S - 5), NO_RETRY), STOP_TIMEOUT_S)
         coordinator = ray.get_actor(COORDINATOR, namespace=NAMESPACE)
-        await coordinator.absorb.remote(reports)
-    except (ray.exceptions.RayError, ValueError, asyncio.TimeoutError):
+        await call_async(lambda: coordinator.absorb.remote(reports))
+    except (RayqError, ray.exceptions.RayError, ValueError, asyncio.TimeoutError):
         pass  # gone, stuck or no coordinator: the reports are lost, the tasks are not
     ray.kill(handle, no_restart=True)
 

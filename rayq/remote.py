@@ -1,41 +1,93 @@
-"""Calling runtime actors from a client: rayq errors come back as themselves, and calls
-that meet a restarting actor are issued again."""
+"""Calling runtime actors, from a client or from another actor: one way for both.
+
+rayq errors a runtime actor raised come back as themselves, any other failure of
+the call as RuntimeFailure, and a call that meets a restarting actor is issued
+again on :class:`rayq.core.retry.RetrySchedule` (shards, the manager, the
+coordinator and the flood detector restart by themselves and lose nothing they
+acknowledged). :func:`call` blocks (clients); :func:`call_async` awaits (actors).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import ray
 
 from actors import NAMESPACE
+from rayq.core.clock import Clock, SystemClock
+from rayq.core.retry import RetrySchedule
 from rayq.errors import RayqError, RuntimeFailure
 
 _RETRY_ERRORS = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
-_RETRY_FOR_S = 60.0
+RETRY = RetrySchedule()
+NO_RETRY = RetrySchedule(give_up_after_s=0.0)  # best-effort calls: the next round asks again
+_CLOCK = SystemClock()
 
 
-def call(make_ref: Callable[[], Any]) -> Any:
-    """``ray.get`` a remote call, re-raising rayq errors as themselves.
-
-    A call that meets a restarting actor is issued again until it answers
-    (shards restart by themselves and lose nothing they acknowledged).
-    """
-    deadline = time.monotonic() + _RETRY_FOR_S
-    delay = 0.05
+def call(make_ref: Callable[[], Any], schedule: RetrySchedule = RETRY,
+         clock: Clock = _CLOCK) -> Any:
+    """``ray.get`` a remote call made by ``make_ref``, issued again while its actor
+    restarts. Raises the RayqError the actor raised, or RuntimeFailure."""
+    started, attempt = clock.monotonic(), 0
     while True:
         try:
             return ray.get(make_ref())
         except ray.exceptions.RayTaskError as err:
-            if isinstance(err.cause, RayqError):
-                raise err.cause from None
-            raise RuntimeFailure(f"runtime call failed: {err}") from err
+            raise _failure(err) from _chained(err)
         except _RETRY_ERRORS as err:
-            if time.monotonic() > deadline:
-                raise RuntimeFailure(f"runtime actor unavailable: {err}") from err
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            attempt += 1
+            _give_up_if_due(err, schedule, started, clock)
+            time.sleep(schedule.wait_s(attempt))
+
+
+async def call_async(make_ref: Callable[[], Any], schedule: RetrySchedule = RETRY,
+                     clock: Clock = _CLOCK) -> Any:
+    """:func:`call` for actors: awaits the call instead of blocking the event loop."""
+    started, attempt = clock.monotonic(), 0
+    while True:
+        try:
+            return await make_ref()
+        except ray.exceptions.RayTaskError as err:
+            raise _failure(err) from _chained(err)
+        except _RETRY_ERRORS as err:
+            attempt += 1
+            _give_up_if_due(err, schedule, started, clock)
+            await asyncio.sleep(schedule.wait_s(attempt))
+
+
+async def call_all(make_refs: Iterable[Callable[[], Any]]) -> list:
+    """:func:`call_async` of many calls at once; their answers in order (the first
+    failure is raised)."""
+    return list(await asyncio.gather(*(call_async(make) for make in make_refs)))
+
+
+async def answers(make_refs: Iterable[Callable[[], Any]]) -> list:
+    """The answers of calls to many actors at once, without those that failed (an
+    actor restarting, or gone: best-effort fan-outs ask again next round)."""
+    results = await asyncio.gather(*(call_async(make, NO_RETRY) for make in make_refs),
+                                   return_exceptions=True)
+    return [r for r in results if not isinstance(r, BaseException)]
+
+
+def _failure(err: ray.exceptions.RayTaskError) -> RayqError:
+    """The error a failed call raises: the actor's own RayqError, else RuntimeFailure."""
+    if isinstance(err.cause, RayqError):
+        return err.cause
+    return RuntimeFailure(f"runtime call failed: {err}")
+
+
+def _chained(err: ray.exceptions.RayTaskError) -> BaseException | None:
+    """A RayqError re-raised as itself carries no Ray wrapper; a failure keeps its cause."""
+    return None if isinstance(err.cause, RayqError) else err
+
+
+def _give_up_if_due(err: BaseException, schedule: RetrySchedule, started: float,
+                    clock: Clock) -> None:
+    if schedule.gives_up(started, clock.monotonic()):
+        raise RuntimeFailure(f"runtime actor unavailable: {err}") from err
 
 
 def named(name: str):

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rayq.config import ScalingConfig
 from rayq.core.model import SubqueueState
+
+if TYPE_CHECKING:  # registry places new subqueues with this module's least_loaded_shard
+    from rayq.core.registry import QueueInfo
 
 
 @dataclass(frozen=True)
@@ -84,3 +88,58 @@ def decide(loads: Sequence[SubqueueLoad], shard_depths: Mapping[int, int], *,
         retire = min(open_, key=lambda l: (l.count, l.ops_per_s, -l.version))
         return ScalingDecision(retire=retire.id, drop=drop)
     return ScalingDecision(drop=drop)
+
+
+def loads_of(queue: QueueInfo, counts: Mapping[int, int], rates: "OpRates") -> list[SubqueueLoad]:
+    """What scaling sees of ``queue``: its subqueues but the dedicated ones (the flood
+    detector's), with their counts and operation rates."""
+    return [SubqueueLoad(s.id, s.shard, s.state, s.version, counts.get(s.id, 0), *rates.of(s.id))
+            for s in queue.subqueues if not s.dedicated]
+
+
+class OpRates:
+    """Operations and throttled calls per second of each subqueue, from the running
+    counters the shards report, between two readings (``now``: monotonic seconds)."""
+
+    MIN_SPAN_S = 1e-3  # two readings closer than this count as this far apart
+
+    def __init__(self):
+        self._last: dict[int, tuple[float, int, int]] = {}  # subqueue -> (at, ops, throttled)
+        self._rates: dict[int, tuple[float, float]] = {}
+
+    def observe(self, ops: Mapping[int, int], throttled: Mapping[int, int], now: float) -> None:
+        """One shard's counters now; a subqueue's first reading has rate 0."""
+        for sq in set(ops) | set(throttled):
+            count, thr = ops.get(sq, 0), throttled.get(sq, 0)
+            then, count0, thr0 = self._last.get(sq, (now, count, thr))
+            span = max(now - then, self.MIN_SPAN_S)
+            self._rates[sq] = ((count - count0) / span, (thr - thr0) / span)
+            self._last[sq] = (now, count, thr)
+
+    def of(self, sq: int) -> tuple[float, float]:
+        """(operations per second, throttled calls per second); zeros if never read."""
+        return self._rates.get(sq, (0.0, 0.0))
+
+
+class QuietTracker:
+    """Since when each subqueue has been quiet (:func:`is_quiet`), on the clock ``now``
+    comes from."""
+
+    def __init__(self, config: ScalingConfig):
+        self.config = config
+        self._since: dict[int, float] = {}
+
+    def quiet_for(self, loads: Sequence[SubqueueLoad], now: float) -> dict[int, float]:
+        """Seconds each quiet subqueue of ``loads`` has been quiet; a busy one starts over."""
+        out = {}
+        for load in loads:
+            if is_quiet(load, self.config):
+                out[load.id] = now - self._since.setdefault(load.id, now)
+            else:
+                self._since.pop(load.id, None)
+        return out
+
+    def restart(self, subqueues: Sequence[int]) -> None:
+        """These must be quiet for ``idle_s`` again (one of their queue just retired)."""
+        for sq in subqueues:
+            self._since.pop(sq, None)

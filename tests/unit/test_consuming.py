@@ -1,0 +1,192 @@
+"""A consumer's decisions (rayq.core.consuming) on tables of cases and a fake clock."""
+
+import dataclasses
+import random
+
+import pytest
+
+from rayq.config import ConsumerConfig
+from rayq.core.consuming import (DeadLetter, Finish, PlanFollower, Retry, Saturation,
+                                 decide_end, effective_load, excluded_keys, held_back,
+                                 is_last_try, long_poll_group, poll_places, receive_size,
+                                 refreshed_handlers)
+from rayq.core.fairness import Decision, ListenPlan
+from rayq.core.model import Ending
+from rayq.core.tasks import DeferralCause, Outcome, TaskSpec
+from rayq.testing import FakeClock, memory_store
+from tests.contract.helpers import message
+from tests.unit.layouts import queue_info
+
+CONFIG = ConsumerConfig(retry_backoff_s=1.0, max_backoff_s=5.0)
+SPEC = TaskSpec("report", "tasks", max_receives=5)
+DLQ = 99
+
+
+@pytest.mark.parametrize("ok, attempt, queue_max, expected", [
+    (True, 1, 5, Finish()),
+    (True, 5, 5, Finish()),               # success on the last try is a success
+    (False, 1, 5, Retry(1.0)),
+    (False, 2, 5, Retry(2.0)),
+    (False, 3, 5, Retry(4.0)),
+    (False, 4, 5, Retry(5.0)),            # doubling, capped at max_backoff_s
+    (False, 5, 5, DeadLetter()),
+    (False, 2, 2, DeadLetter()),          # the queue's limit comes first
+    (False, 2, None, Retry(2.0)),         # a queue without a limit: the task's
+    (False, 6, None, DeadLetter()),       # past the last try (a consumer died meanwhile)
+])
+def test_a_delivery_ends_by_its_outcome_its_attempt_and_the_limits(ok, attempt, queue_max, expected):
+    assert decide_end(ok, attempt, SPEC, queue_max, CONFIG) == expected
+
+
+@pytest.mark.parametrize("attempt, task_max, queue_max, last", [
+    (1, 1, None, True), (1, 2, None, False), (2, 5, 2, True), (3, 2, 5, True), (1, 5, 0, False),
+])
+def test_the_last_try_is_the_lower_of_the_task_and_queue_limits(attempt, task_max, queue_max, last):
+    assert is_last_try(attempt, task_max, queue_max) is last
+
+
+@pytest.mark.parametrize("end, call, outcome, if_lost", [
+    (Finish(), ("finish", ("r", b"out", None)), Outcome.SUCCEEDED, Outcome.SUCCEEDED),
+    (Retry(2.5), ("change_visibility", ("r", 2.5)), Outcome.FAILED, Outcome.FAILED),
+    (DeadLetter(), ("finish", ("r", b"out", DLQ)), Outcome.DEAD, Outcome.FAILED),
+])
+def test_each_end_names_its_shard_call_and_outcome(end, call, outcome, if_lost):
+    assert end.shard_call("r", b"out", DLQ) == call
+    assert (end.outcome, end.outcome_if_lost) == (outcome, if_lost)
+
+
+def test_a_task_that_always_fails_backs_off_then_is_dead_lettered_on_a_fake_clock():
+    clock = FakeClock()
+    store = memory_store(clock=clock)
+    [mid] = store.put(0, [dataclasses.replace(message(b"call"), task=True)])
+    waits, attempt = [], 0
+    while True:
+        [got] = store.receive(0, 1, 30, max_receives=SPEC.max_receives, dead_letter=DLQ)
+        attempt += 1
+        assert got.dequeue_count == attempt
+        end = decide_end(False, got.dequeue_count, SPEC, 5, CONFIG)
+        name, args = end.shard_call(got.receipt, b"boom", DLQ)
+        getattr(store, name)(*args)
+        if isinstance(end, DeadLetter):
+            break
+        waits.append(end.delay_s)
+        clock.advance(end.delay_s - 0.01)
+        assert store.receive(0, 1, 30) == []   # hidden for the whole back-off
+        clock.advance(0.01)
+    assert waits == [1.0, 2.0, 4.0, 5.0]
+    assert store.count(0) == 0 and store.count(DLQ) == 1
+    assert store.outcome(mid) == (Ending.RESULT, b"boom")
+
+
+@pytest.mark.parametrize("has_handler, key, suspended, pressed, cause", [
+    (False, "a", {"a"}, True, DeferralCause.CANNOT_RUN),
+    (True, "a", {"a"}, True, DeferralCause.SUSPENDED),
+    (True, "a", {"b"}, True, DeferralCause.HOST_PRESSURE),
+    (True, "a", set(), False, None),
+])
+def test_a_task_is_held_back_for_the_first_reason_that_applies(has_handler, key, suspended,
+                                                               pressed, cause):
+    assert held_back(has_handler, key, suspended, pressed) is cause
+
+
+def test_a_saturated_type_is_left_out_until_its_defer_time_passes():
+    clock = FakeClock()
+    saturation = Saturation(defer_s=0.5)
+    saturation.saturate("report", clock.monotonic())
+    assert saturation.saturated(clock.monotonic()) == {"report"}
+    clock.advance(0.49)
+    assert saturation.saturated(clock.monotonic()) == {"report"}
+    clock.advance(0.01)
+    assert saturation.saturated(clock.monotonic()) == set()
+
+
+@pytest.mark.parametrize("suspended, saturated, mode, excluded", [
+    ({"a"}, {"b"}, "type", {"a", "b"}),
+    ({"a"}, {"b"}, "tenant", {"a"}),
+    (set(), set(), "type", set()),
+])
+def test_a_receive_leaves_out_suspended_keys_and_saturated_types_when_keys_are_types(
+        suspended, saturated, mode, excluded):
+    assert excluded_keys(suspended, saturated, mode) == excluded
+
+
+@pytest.mark.parametrize("load, held, claimed, prefetch, size", [
+    (4, 0, 0, 1, 4), (4, 3, 0, 1, 1), (4, 2, 2, 1, 0), (4, 5, 0, 1, 0), (4, 3, 0, 2, 2),
+])
+def test_a_receive_asks_for_the_room_the_load_leaves_at_least_prefetch(load, held, claimed,
+                                                                       prefetch, size):
+    assert receive_size(load, held, claimed, prefetch) == size
+
+
+@pytest.mark.parametrize("fixed, balanced, load", [(None, 3, 3), (7, 3, 7), (0, 3, 0)])
+def test_a_pinned_load_wins_over_the_balancers(fixed, balanced, load):
+    assert effective_load(fixed, balanced) == load
+
+
+def test_polls_rotate_over_every_subqueue_of_every_task_queue():
+    a, b = queue_info("a", {1: 0, 2: 1}), queue_info("b", {3: 0})
+    routes = [(a, [2, 1]), (b, [3])]
+    assert poll_places(routes, 0) == [(a, 2), (a, 1), (b, 3)]
+    assert poll_places(routes, 1) == [(a, 1), (b, 3), (a, 2)]
+    assert poll_places(routes, 5) == [(b, 3), (a, 2), (a, 1)]
+    assert poll_places([(a, [])], 3) == []
+
+
+def test_the_long_poll_waits_on_the_first_queues_subqueues_on_the_first_shard():
+    a, b = queue_info("a", {1: 0, 2: 1, 4: 0}), queue_info("b", {3: 0})
+    places = [(a, 4), (b, 3), (a, 2), (a, 1)]
+    assert long_poll_group(places) == (a, [4, 1])
+
+
+def test_handlers_are_loaded_again_only_when_their_spec_or_bytes_change():
+    loads = []
+
+    def load(blob):
+        loads.append(blob)
+        return f"fn<{blob.decode()}>"
+
+    spec2 = TaskSpec("b", "tasks", concurrency=2)
+    known = {"a": (SPEC, "fn-a", b"a1"), "b": (TaskSpec("b", "tasks"), "fn-b", b"b1"),
+             "gone": (SPEC, "fn-gone", b"g")}
+    table = {"a": (SPEC, b"a1"), "b": (spec2, b"b1"), "c": (SPEC, b"c1")}
+    assert refreshed_handlers(known, table, load) == {
+        "a": (SPEC, "fn-a", b"a1"), "b": (spec2, "fn<b1>", b"b1"), "c": (SPEC, "fn<c1>", b"c1")}
+    assert loads == [b"b1", b"c1"]
+
+
+def decision(intervening, permits=()):
+    return Decision(at=0.0, intervening=intervening, latency_victims=frozenset(),
+                    usage_victims=frozenset(), offenders=frozenset(), fair_users=frozenset(),
+                    zero_latency=frozenset(), starvation={"a": 0.1, "b": 0.9},
+                    expected_s={}, actual_s={}, permits=dict(permits), ignored_permits={})
+
+
+def plan(d, version=1, suspended=frozenset()):
+    return ListenPlan(version, d, ("a", "b"), frozenset(suspended), regular_consumers=2)
+
+
+@pytest.mark.parametrize("index, d, ordered", [
+    (0, None, None),
+    (0, decision(False), None),                      # no intervention: the shard's fair dispatch
+    (0, decision(True), ["b", "a"]),                 # most starved first
+    (2, decision(False, {"a": 2}), ["a", "b"]),      # a booster serves permits first
+    (1, decision(False, {"a": 2}), None),            # a regular consumer does not
+])
+def test_a_consumer_follows_the_plan_only_while_it_intervenes_or_as_a_booster(index, d, ordered):
+    follower = PlanFollower(index, random.Random(0))
+    follower.adopt(plan(d))
+    assert follower.order(exclude=set()) == ordered
+
+
+def test_a_follower_keeps_its_plan_until_a_newer_one_and_counts_usage_since():
+    follower = PlanFollower(0, random.Random(0))
+    assert (follower.version, follower.suspended) == (None, frozenset())
+    follower.spend("a", 1.0)
+    assert follower.spent == {}                      # nothing to follow yet
+    follower.adopt(plan(decision(True), version=3, suspended={"x"}))
+    follower.spend("a", 1.5)
+    assert follower.spent == {"a": 3.0}              # scaled to the two regular consumers
+    follower.adopt(None)                             # nothing newer
+    assert (follower.version, follower.spent) == (3, {"a": 3.0})
+    follower.adopt(plan(decision(True), version=4))
+    assert (follower.version, follower.spent, follower.suspended) == (4, {}, frozenset())
