@@ -61,7 +61,7 @@ class FairnessCoordinator:
         self._version = 0
         self._regular = config.consumers.count
         self._rng = random.Random()
-        self.gate = durable_gate(manager_directory, self.kv)
+        self.gate = durable_gate(manager_directory, self.kv, self.clock)
         asyncio.get_running_loop().create_task(self._evaluate_forever())
 
     # -- consumers and clients -------------------------------------------------------

@@ -61,7 +61,7 @@ class FloodDetector:
         self.manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
         self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
                        for i in range(config.store.shards)]
-        self.gate = durable_gate(manager_directory, self.kv)
+        self.gate = durable_gate(manager_directory, self.kv, self.clock)
         asyncio.get_running_loop().create_task(self._detect_forever())
 
     async def flooders_now(self, auth: Signature | None = None) -> list[Flooder]:

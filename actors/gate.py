@@ -19,7 +19,6 @@ of the request itself.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
@@ -29,9 +28,11 @@ from actors import MANAGER, NAMESPACE
 from rayq.core import nonces
 from rayq.core.auth import (ADMIN, MAX_SKEW_S, Place, Signature, Verifier, check_access,
                             check_admin, request_body)
+from rayq.core.clock import Clock, SystemClock
 from rayq.core.kv import KV
 from rayq.core.model import Receipt
 from rayq.errors import AuthError, ReceiptInvalid
+from rayq.remote import call_async
 
 MAX_AGE_S = 30.0
 MIN_REFRESH_S = 1.0
@@ -41,8 +42,10 @@ Directory = tuple[dict[str, list[str]], dict[int, Place]]
 
 class Gate:
     def __init__(self, fetch: Callable[[], Awaitable[Directory]], skew_s: float = MAX_SKEW_S, *,
-                 seen: Sequence[int] = (), journal: Callable[[bytes], None] | None = None):
+                 seen: Sequence[int] = (), journal: Callable[[bytes], None] | None = None,
+                 clock: Clock | None = None):
         self._fetch = fetch
+        self.clock = clock or SystemClock()
         self._journal = journal
         self._keys: dict[str, list[str]] = {}
         self._places: dict[int, Place] = {}
@@ -50,7 +53,7 @@ class Gate:
         self._generation = 0  # bumped by forget(): a fetch begun before is not trusted
         self._lock = asyncio.Lock()
         self.verifier = Verifier(lambda account: self._keys.get(account, ()), skew_s)
-        self.verifier.preload(seen, time.time())
+        self.verifier.preload(seen, self.clock.now())
 
     def forget(self) -> None:
         """Drop the copy: the next signed request fetches the directory anew."""
@@ -61,7 +64,7 @@ class Gate:
         """Fetch the directory if the copy is old (or ``force``). Callers that come at
         once share one fetch; forced fetches are MIN_REFRESH_S apart (the wait holds
         no lock)."""
-        asked = time.monotonic()
+        asked = self.clock.monotonic()
         if not force and asked - self._fetched_at < MAX_AGE_S:
             return
         wait = self._fetched_at + MIN_REFRESH_S - asked
@@ -73,7 +76,7 @@ class Gate:
                 keys, places = await self._fetch()
                 if generation == self._generation:  # not forgotten meanwhile
                     self._keys, self._places = keys, places
-                    self._fetched_at = time.monotonic()
+                    self._fetched_at = self.clock.monotonic()
 
     async def places(self) -> dict[int, Place]:
         """Where every subqueue belongs (a copy at most MAX_AGE_S old)."""
@@ -85,7 +88,8 @@ class Gate:
         if auth is None:
             return ADMIN
         await self._refresh()
-        account = self.verifier.verify(auth, queue, operation, request_body(*args), time.time())
+        account = self.verifier.verify(auth, queue, operation, request_body(*args),
+                                       self.clock.now())
         if self._journal is not None:  # durable before the request acts
             self._journal(nonces.nonce_key(auth))
         return account
@@ -119,19 +123,22 @@ class Gate:
         return account
 
 
-def durable_gate(fetch: Callable[[], Awaitable[Directory]], kv: KV) -> Gate:
+def durable_gate(fetch: Callable[[], Awaitable[Directory]], kv: KV,
+                 clock: Clock | None = None) -> Gate:
     """A gate whose seen nonces live in ``kv``'s nonces table: read back now, and each
     verified request's written (one transaction, one fsync) before it acts. For actors
     whose signed calls are control-plane calls, rare enough to pay a commit each."""
+    clock = clock or SystemClock()
+
     def journal(key: bytes) -> None:
-        kv.transact(lambda txn: nonces.remember(txn, [key], time.time()))
-    return Gate(fetch, seen=nonces.load(kv, time.time()), journal=journal)
+        kv.transact(lambda txn: nonces.remember(txn, [key], clock.now()))
+    return Gate(fetch, seen=nonces.load(kv, clock.now()), journal=journal, clock=clock)
 
 
 async def manager_directory() -> Directory:
     """The directory as the manager holds it (how actors other than the manager fetch)."""
     manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
-    return await manager.directory.remote()
+    return await call_async(lambda: manager.directory.remote())
 
 
 def named_subqueues(subqueues: Any) -> list:

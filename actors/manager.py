@@ -47,7 +47,7 @@ class QueueManager:
         self.registry = QueueRegistry(kv, shards=config.store.shards, clock=self.clock)
         self.tasks = TaskRegistry(kv)
         self.accounts = Accounts(kv)
-        self.gate = durable_gate(self._directory, kv)
+        self.gate = durable_gate(self._directory, kv, self.clock)
         self.failures = BackgroundFailures("manager")
         self.leases = ConcurrencyLeases()
         self._consumers = Consumers(kv, config)

@@ -13,7 +13,9 @@ from actors.flood import FloodRemote
 from actors.manager import QueueManager
 from actors.shard import CONCURRENCY_GROUPS, ShardActor
 from rayq.config import Config
+from rayq.core.clock import Clock, SystemClock
 from rayq.errors import RuntimeFailure
+from rayq.remote import NO_RETRY, call
 
 # Runtime actors only coordinate and do I/O: they take no CPU slot from consumers.
 _ACTOR_OPTIONS = dict(namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
@@ -39,17 +41,18 @@ def ensure_runtime(data_dir: str, config: Config, consumers: int | None = None) 
                                   **_placed(config))
               .remote(i, os.path.join(data_dir, f"shard-{i}"), config)
               for i in range(config.store.shards)]
-    ray.get([s.ping.remote() for s in shards])
+    for shard in shards:  # an actor that cannot start fails the start at once
+        call(lambda shard=shard: shard.ping.remote(), NO_RETRY)
     manager = ManagerRemote.options(name=MANAGER, max_restarts=-1, max_task_retries=-1,
                                     **_placed(config)).remote(data_dir, config)
-    ray.get(manager.list_queues.remote())
+    call(lambda: manager.list_queues.remote(), NO_RETRY)
     coordinator = CoordinatorRemote.options(name=COORDINATOR, max_restarts=-1, max_task_retries=-1,
                                             **_placed(config)).remote(data_dir, config)
-    ray.get(coordinator.ping.remote())
+    call(lambda: coordinator.ping.remote(), NO_RETRY)
     detector = FloodRemote.options(name=FLOOD_DETECTOR, max_restarts=-1, max_task_retries=-1,
                                    **_placed(config)).remote(data_dir, config)
-    ray.get(detector.ping.remote())
-    ray.get(manager.scale_consumers.remote(consumers))
+    call(lambda: detector.ping.remote(), NO_RETRY)
+    call(lambda: manager.scale_consumers.remote(consumers))
     return {"manager": manager, "shards": shards, "coordinator": coordinator}
 
 
@@ -60,7 +63,7 @@ def find_runtime() -> dict:
     except ValueError as err:
         raise RuntimeFailure("no rayq runtime is running in this Ray cluster; "
                              "call rayq.start() first") from err
-    config = ray.get(manager.config_value.remote())
+    config = call(lambda: manager.config_value.remote())
     shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
               for i in range(config.store.shards)]
     return {"manager": manager, "shards": shards, "config": config}
@@ -71,7 +74,7 @@ def runtime_actor_names() -> list[str]:
                   if a.get("namespace") == NAMESPACE)
 
 
-def stop_runtime(timeout_s: float = 30.0) -> None:
+def stop_runtime(timeout_s: float = 30.0, clock: Clock = SystemClock()) -> None:
     """Kill every runtime actor (data stays on disk) and wait until they are gone."""
     # Callers before callees: consumers, then the coordinator and manager, shards last.
     names = sorted(runtime_actor_names(), key=lambda n: (n.startswith(shard_name("")),
@@ -81,6 +84,6 @@ def stop_runtime(timeout_s: float = 30.0) -> None:
             ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
         except ValueError:
             pass
-    deadline = time.monotonic() + timeout_s
-    while runtime_actor_names() and time.monotonic() < deadline:
+    deadline = clock.monotonic() + timeout_s
+    while runtime_actor_names() and clock.monotonic() < deadline:
         time.sleep(0.05)

@@ -17,7 +17,6 @@ import asyncio
 import logging
 import os
 import threading
-import time
 from collections import Counter, defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from actors.metrics import BackgroundFailures, ShardMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
 from rayq.core.auth import ADMIN, Signature, check_admin
+from rayq.core.clock import Clock, SystemClock
 from rayq.core.dispatch import DispatchPolicy, NoisyKey
 from rayq.core.wire import delivered_count
 from rayq.core.model import Ending, SubqueueState
@@ -77,9 +77,10 @@ class ShardStats:
 
 
 class ShardActor:
-    def __init__(self, index: int, path: str, config: Config):
+    def __init__(self, index: int, path: str, config: Config, clock: Clock | None = None):
         self.index = index
-        self.store = open_store(path, config=config.store,
+        self.clock = clock or SystemClock()
+        self.store = open_store(path, config=config.store, clock=self.clock,
                                 dispatch=DispatchPolicy.of(config.fairness))
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard-{index}")
         self._loop = asyncio.get_running_loop()
@@ -102,7 +103,8 @@ class ShardActor:
         self.events = open_event_log(os.path.dirname(path), f"shard-{index}", config.analytics,
                                      self._collect_events)
         self.store.keep_enqueued = self.events is not None
-        self.gate = Gate(manager_directory, seen=nonces.load(self.store.kv, time.time()))
+        self.gate = Gate(manager_directory, seen=nonces.load(self.store.kv, self.clock.now()),
+                         clock=self.clock)
         self.key_mode = config.fairness.key
 
     # -- group commit ------------------------------------------------------
@@ -161,7 +163,7 @@ class ShardActor:
     def _group(self, calls: list) -> tuple[list, list]:
         """One transaction: the store calls, and the nonces of the requests they serve."""
         keys = [c[4] for c in calls if c[4] is not None]
-        also = (lambda txn: nonces.remember(txn, keys, time.time())) if keys else None
+        also = (lambda txn: nonces.remember(txn, keys, self.clock.now())) if keys else None
         done = iter(self.store.group([c[:3] for c in calls if c[0] is not None], also))
         results = [next(done) if c[0] is not None else None for c in calls]
         return results, self.store.take_finished()
@@ -183,7 +185,7 @@ class ShardActor:
         message of theirs becomes visible, or ``timeout_s`` passes."""
         due = self.store.dispatch.next_due(subqueues)
         if due is not None:
-            timeout_s = min(timeout_s, max(0.0, due - time.time()))
+            timeout_s = min(timeout_s, max(0.0, due - self.clock.now()))
         future = self._loop.create_future()
         for sq in subqueues:
             self._parked[sq].append(future)

@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import threading
-import time
 import uuid
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -27,9 +26,10 @@ from aiohttp import web
 from rayq.client import Client
 from rayq.config import Config
 from rayq.core.auth import Signer
+from rayq.core.clock import Clock, SystemClock
 from rayq.core.kv import LmdbKV
 from rayq.core.model import pack, unpack
-from rayq.remote import call, named
+from rayq.remote import call, call_async, named
 from rayq.sqs.api import SqsApi
 from rayq.sqs.attributes import Settings
 from rayq.sqs.errors import SqsError
@@ -91,17 +91,17 @@ class ReplicaState:
     """A replica's view of :class:`SqsState`: settings cached for SETTINGS_TTL_S, forwards
     it recorded itself known without a call. Called from the worker threads."""
 
-    def __init__(self, state):
-        self._state = state
+    def __init__(self, state, clock: Clock):
+        self._state, self.clock = state, clock
         self._settings: dict[tuple[str, str], tuple[float, Settings]] = {}
         self._forwards: OrderedDict[str, str] = OrderedDict()
 
     def settings(self, account: str, queue: str) -> Settings:
         cached = self._settings.get((account, queue))
-        if cached and time.monotonic() - cached[0] < SETTINGS_TTL_S:
+        if cached and self.clock.monotonic() - cached[0] < SETTINGS_TTL_S:
             return cached[1]
         settings = Settings.from_record(call(lambda: self._state.settings.remote(account, queue)))
-        self._settings[(account, queue)] = (time.monotonic(), settings)
+        self._settings[(account, queue)] = (self.clock.monotonic(), settings)
         return settings
 
     def save(self, account: str, queue: str, settings: Settings | None) -> None:
@@ -134,18 +134,18 @@ class Keys:
     KEYS_MAX_AGE_S, or (at most every KEYS_MIN_REFRESH_S) when a request names an account
     or key the copy lacks."""
 
-    def __init__(self, manager):
-        self._manager = manager
+    def __init__(self, manager, clock: Clock):
+        self._manager, self.clock = manager, clock
         self.table: dict[str, list[str]] = {}
         self._fetched_at = float("-inf")
 
     async def fresh(self, force: bool = False) -> bool:
         """Refetch if due; returns whether it did."""
-        age = time.monotonic() - self._fetched_at
+        age = self.clock.monotonic() - self._fetched_at
         if age < (KEYS_MIN_REFRESH_S if force else KEYS_MAX_AGE_S):
             return False
-        self.table, _ = await self._manager.directory.remote()
-        self._fetched_at = time.monotonic()
+        self.table, _ = await call_async(lambda: self._manager.directory.remote())
+        self._fetched_at = self.clock.monotonic()
         return True
 
     def forget(self) -> None:
@@ -158,13 +158,15 @@ class Keys:
 class SqsEndpoint:
     """One HTTP replica of the SQS endpoint, serving from its constructor on."""
 
-    def __init__(self, host: str, port: int, manager, shards: list, config: Config):
+    def __init__(self, host: str, port: int, manager, shards: list, config: Config,
+                 clock: Clock | None = None):
         self._manager, self._shards, self._config = manager, shards, config
+        self.clock = clock or SystemClock()
         self.address = (host, port)
         self._clients: dict[str, tuple[AccountSigner, Client]] = {}
         self._clients_lock = threading.Lock()
-        self._keys = Keys(manager)
-        self._api = SqsApi(self._client, ReplicaState(named(STATE)))
+        self._keys = Keys(manager, self.clock)
+        self._api = SqsApi(self._client, ReplicaState(named(STATE), self.clock))
         self._pool = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="sqs")
         self._served = asyncio.get_running_loop().create_task(self._listen(host, port))
 
@@ -214,13 +216,13 @@ class SqsEndpoint:
     async def _verify(self, signed: SignedRequest) -> Caller:
         await self._keys.fresh()
         try:
-            return verify(signed, self._keys.get, time.time())
+            return verify(signed, self._keys.get, self.clock.now())
         except SqsError as err:
             if err.code not in ("InvalidClientTokenId", "SignatureDoesNotMatch"):
                 raise
             if not await self._keys.fresh(force=True):  # a key made since our copy?
                 raise
-            return verify(signed, self._keys.get, time.time())
+            return verify(signed, self._keys.get, self.clock.now())
 
 
 def _decode(request: web.Request, body: bytes) -> tuple[str, dict]:

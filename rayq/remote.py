@@ -21,7 +21,6 @@ from rayq.core.clock import Clock, SystemClock
 from rayq.core.retry import RetrySchedule
 from rayq.errors import RayqError, RuntimeFailure
 
-_RETRY_ERRORS = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
 RETRY = RetrySchedule()
 NO_RETRY = RetrySchedule(give_up_after_s=0.0)  # best-effort calls: the next round asks again
 _CLOCK = SystemClock()
@@ -37,7 +36,7 @@ def call(make_ref: Callable[[], Any], schedule: RetrySchedule = RETRY,
             return ray.get(make_ref())
         except ray.exceptions.RayTaskError as err:
             raise _failure(err) from _chained(err)
-        except _RETRY_ERRORS as err:
+        except _restarting() as err:
             attempt += 1
             _give_up_if_due(err, schedule, started, clock)
             time.sleep(schedule.wait_s(attempt))
@@ -52,7 +51,7 @@ async def call_async(make_ref: Callable[[], Any], schedule: RetrySchedule = RETR
             return await make_ref()
         except ray.exceptions.RayTaskError as err:
             raise _failure(err) from _chained(err)
-        except _RETRY_ERRORS as err:
+        except _restarting() as err:
             attempt += 1
             _give_up_if_due(err, schedule, started, clock)
             await asyncio.sleep(schedule.wait_s(attempt))
@@ -70,6 +69,12 @@ async def answers(make_refs: Iterable[Callable[[], Any]]) -> list:
     results = await asyncio.gather(*(call_async(make, NO_RETRY) for make in make_refs),
                                    return_exceptions=True)
     return [r for r in results if not isinstance(r, BaseException)]
+
+
+def _restarting() -> tuple[type[BaseException], ...]:
+    """What a call meets while its actor restarts (read when raised: importing this
+    module touches nothing of Ray's, so unit tests can import the actors)."""
+    return ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError
 
 
 def _failure(err: ray.exceptions.RayTaskError) -> RayqError:
