@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
 import random
 
@@ -20,12 +19,13 @@ import ray
 
 from actors import MANAGER, NAMESPACE, shard_name
 from actors.consumer import named_consumers
-from actors.gate import durable_gate, manager_directory
+from actors.gate import manager_directory
 from actors.metrics import BackgroundFailures, CoordinatorMetrics
 from rayq.analytics.eventlog import log_report, open_event_log
 from rayq.config import Config
 from rayq.core.auth import Signature
 from rayq.core.clock import Clock, SystemClock
+from rayq.core.gate import durable_gate
 from rayq.core.coordinating import (booster_consumers, fairness_report, intervening_since,
                                     is_intervening, pending_keys)
 from rayq.core.fairness import (Decision, FairnessReport, KeyState, ListenPlan, UsageWindows,
@@ -34,10 +34,7 @@ from rayq.core.history import EventHistory
 from rayq.core.kv import LmdbKV
 from rayq.core.rules import SuspensionRule, SuspensionRules
 from rayq.core.tasks import Outcome, Tally, TallyRow, UsageReport
-from rayq.errors import RayqError
 from rayq.remote import answers, call_all, call_async
-
-log = logging.getLogger("rayq.coordinator")
 
 
 class FairnessCoordinator:
@@ -62,7 +59,8 @@ class FairnessCoordinator:
         self._regular = config.consumers.count
         self._rng = random.Random()
         self.gate = durable_gate(manager_directory, self.kv, self.clock)
-        asyncio.get_running_loop().create_task(self._evaluate_forever())
+        asyncio.get_running_loop().create_task(
+            self.failures.every(self.fc.interval_s, "evaluation", self.evaluate_once))
 
     # -- consumers and clients -------------------------------------------------------
     def plan(self, known_version: int | None = None) -> ListenPlan | None:
@@ -170,16 +168,6 @@ class FairnessCoordinator:
         await self.gate.admin(auth, "flush_events")
         await self._pull_usage()
         return await asyncio.to_thread(self.events.flush) if self.events else 0
-
-    async def _evaluate_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.fc.interval_s)
-            try:
-                await self.evaluate_once()
-            except (RayqError, ray.exceptions.RayError) as err:  # a shard or the manager
-                self.failures.record("evaluation", err)  # restarting: evaluate next round
-            except Exception:  # a bug must not stop fair dispatch for good: log, go on
-                log.exception("fairness evaluation failed")
 
     async def background_failures(self) -> dict[str, int]:
         return dict(self.failures.counts)

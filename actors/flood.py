@@ -19,18 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
 
 import ray
 
 from actors import MANAGER, NAMESPACE, shard_name
-from actors.gate import durable_gate, manager_directory
+from actors.gate import manager_directory
 from actors.metrics import BackgroundFailures, FloodMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
 from rayq.core.auth import Signature
 from rayq.core.clock import Clock, SystemClock
+from rayq.core.gate import durable_gate
 from rayq.core.flood import Flooder, build_view, detect, sweep_step
 from rayq.core.history import EventHistory
 from rayq.core.isolation import (dedicated_by_shard, dedicated_to, diverts, isolation_moves,
@@ -39,10 +39,8 @@ from rayq.core.isolation import (dedicated_by_shard, dedicated_to, diverts, isol
 from rayq.core.kv import LmdbKV
 from rayq.core.model import pack, unpack
 from rayq.core.registry import QueueInfo
-from rayq.errors import RayqError
 from rayq.remote import call_all, call_async
 
-log = logging.getLogger("rayq.flood")
 MOVE_ROWS_PER_CALL = 5_000
 MAX_SWEEP_BATCHES = 500   # per flooder and shard in one run: the next run goes on
 
@@ -62,7 +60,8 @@ class FloodDetector:
         self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
                        for i in range(config.store.shards)]
         self.gate = durable_gate(manager_directory, self.kv, self.clock)
-        asyncio.get_running_loop().create_task(self._detect_forever())
+        asyncio.get_running_loop().create_task(
+            self.failures.every(self.fc.interval_s, "detection", self._detect_round))
 
     async def flooders_now(self, auth: Signature | None = None) -> list[Flooder]:
         await self.gate.admin(auth, "flooders")
@@ -192,17 +191,9 @@ class FloodDetector:
         await self.gate.admin(auth, "flush_events")
         return await asyncio.to_thread(self.events.flush) if self.events else 0
 
-    async def _detect_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.fc.interval_s)
-            if not self.fc.enabled:
-                continue
-            try:
-                await self.detect_once()
-            except (RayqError, ray.exceptions.RayError) as err:  # a shard or the manager
-                self.failures.record("detection", err)  # restarting: the next run catches up
-            except Exception:  # a bug must not end flood protection for good
-                log.exception("flood detection failed")
+    async def _detect_round(self) -> None:
+        if self.fc.enabled:
+            await self.detect_once()
 
     async def background_failures(self) -> dict[str, int]:
         return dict(self.failures.counts)

@@ -16,11 +16,11 @@ import ray
 
 from actors import COORDINATOR, FLOOD_DETECTOR, NAMESPACE, consumer_name, shard_name
 from actors.consumer import ConsumerRemote, named_consumers
-from actors.gate import Directory, durable_gate
 from actors.metrics import BackgroundFailures
 from rayq.config import Config
 from rayq.core.auth import Accounts, Place, Signature, queue_ref, resolve_ref, split_ref
 from rayq.core.clock import Clock, SystemClock
+from rayq.core.gate import Directory, durable_gate
 from rayq.core.kv import LmdbKV
 from rayq.core.leases import ConcurrencyLeases
 from rayq.core.managing import (check_may_create, check_visible, concurrency_limits,
@@ -58,7 +58,8 @@ class QueueManager:
         self._quiet = QuietTracker(config.scaling)
         self.scaling_events: list[dict] = []
         self._loop = asyncio.get_running_loop()
-        self._loop.create_task(self._scale_forever())
+        self._loop.create_task(self.failures.every(config.scaling.interval_s, "scaling",
+                                                   self._scale_round))
 
     # -- accounts --------------------------------------------------------------
     async def _directory(self) -> Directory:
@@ -311,15 +312,11 @@ class QueueManager:
     def _event(self, what: str, queue: str, sq: int, now: float) -> None:
         self.scaling_events.append({"at": now, "event": what, "queue": queue, "subqueue": sq})
 
-    async def _scale_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.scaling.interval_s)
-            try:
-                await self._purge(self.registry.pending_purges())  # after a crash mid-clear
-                await self.scale_once()
-                await self._consumers.scale(None)  # replace consumers killed for good
-            except (RayqError, ray.exceptions.RayError) as err:  # a shard restarting:
-                self.failures.record("scaling", err)  # the next round catches up
+    async def _scale_round(self) -> None:
+        """One round of the scaling loop (a shard restarting: the next round catches up)."""
+        await self._purge(self.registry.pending_purges())  # after a crash mid-clear
+        await self.scale_once()
+        await self._consumers.scale(None)  # replace consumers killed for good
 
 
 class Consumers:

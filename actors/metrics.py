@@ -6,13 +6,17 @@ per metric with the rest summed under "other" (:func:`rayq.core.metrics.top_keys
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 
+import ray
 from ray.util.metrics import Counter, Gauge
 
 from rayq.core.metrics import top_keys
+from rayq.errors import RayqError
 
 
 class ShardMetrics:
@@ -90,6 +94,23 @@ class BackgroundFailures:
     @property
     def total(self) -> int:
         return sum(self.counts.values())
+
+    async def every(self, interval_s: float, loop: str, step: Callable[[], Awaitable]) -> None:
+        """Run ``step`` every ``interval_s`` seconds for ever (see :meth:`guarded`)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.guarded(loop, step)
+
+    async def guarded(self, loop: str, step: Callable[[], Awaitable]) -> None:
+        """Run one round of a background loop. A rayq or Ray error (a peer restarting,
+        an overloaded shard) is recorded, and the next round tries again; anything else
+        is a bug, logged with its traceback, that must not stop the loop for good."""
+        try:
+            await step()
+        except (RayqError, ray.exceptions.RayError) as err:
+            self.record(loop, err)
+        except Exception:
+            self.log.exception("%s: %s failed", self.name, loop)
 
     def record(self, loop: str, err: BaseException) -> None:
         self.counts[loop] += 1

@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 import ray
 
-from actors.gate import Gate, manager_directory, named_subqueues, receipt_subqueues
+from actors.gate import manager_directory
 from rayq.core import nonces
 from actors.metrics import BackgroundFailures, ShardMetrics
 from rayq.analytics.eventlog import open_event_log
@@ -33,6 +33,7 @@ from rayq.config import Config
 from rayq.core.auth import ADMIN, Signature, check_admin
 from rayq.core.clock import Clock, SystemClock
 from rayq.core.dispatch import DispatchPolicy, NoisyKey
+from rayq.core.gate import Gate, named_subqueues, receipt_subqueues
 from rayq.core.wire import delivered_count
 from rayq.core.model import Ending, SubqueueState
 from rayq.core.store import KeyDepth, StoreStats, open_store
@@ -94,11 +95,13 @@ class ShardActor:
         self._commits = self._calls = 0
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future]]] = {}
         self._waiters_lock = threading.Lock()
-        self._housekeeping = self._loop.create_task(self._collect_expired_forever())
-        self._reviewing = self._loop.create_task(self._review_dispatch_forever())
-        self._purging = self._loop.create_task(self._purge_forever())
         self.metrics = ShardMetrics(index)
         self.failures = BackgroundFailures("shard", index)
+        self._housekeeping = self._loop.create_task(
+            self.failures.every(EXPIRY_INTERVAL_S, "housekeeping", self._collect_expired))
+        self._reviewing = self._loop.create_task(
+            self.failures.every(REVIEW_INTERVAL_S, "dispatch review", self._review_dispatch))
+        self._purging = self._loop.create_task(self._purge_forever())
         # enqueues go to the event log, in batches
         self.events = open_event_log(os.path.dirname(path), f"shard-{index}", config.analytics,
                                      self._collect_events)
@@ -462,35 +465,21 @@ class ShardActor:
         check_admin(await self.gate.account(auth, "", "noisy"), "noisy keys")
         return await self._read(self.store.noisy)
 
-    async def _review_dispatch_forever(self) -> None:
-        """Fair dispatch: mark keys noisy or quiet about once a second; log the changes."""
-        while True:
-            await asyncio.sleep(REVIEW_INTERVAL_S)
-            try:
-                changes = await self._read(self.store.review_dispatch)
-            except Exception:  # a bug here must not stop the shard: log, go on
-                log.exception("shard %d fair-dispatch review failed", self.index)
-                continue
-            for change in changes:
-                log.info("shard %d: key %r of subqueue %d is %s (%s)", self.index, change.key,
-                         change.subqueue, "noisy" if change.noisy else "quiet", change.reason)
-                if self.events is not None:
-                    self.events.append("noisy", change.at, subqueue=change.subqueue,
-                                       key=change.key, detail=change.reason,
-                                       outcome="noisy" if change.noisy else "quiet")
+    async def _review_dispatch(self) -> None:
+        """Fair dispatch: mark keys noisy or quiet (about once a second); log the changes."""
+        for change in await self._read(self.store.review_dispatch):
+            log.info("shard %d: key %r of subqueue %d is %s (%s)", self.index, change.key,
+                     change.subqueue, change.state, change.reason)
+            if self.events is not None:
+                self.events.append("noisy", change.at, subqueue=change.subqueue,
+                                   key=change.key, detail=change.reason, outcome=change.state)
 
-    async def _collect_expired_forever(self) -> None:
-        """Housekeeping: collect expired messages, then refresh the metrics."""
-        while True:
-            await asyncio.sleep(EXPIRY_INTERVAL_S)
-            try:
-                await self._write(None, "collect_expired", 10_000)
-                stats, depths = await self._read(lambda: (self.store.stats(), self.store.depths()))
-                self.metrics.update(stats, depths)
-            except RayqError as err:  # overloaded: try again next round
-                self.failures.record("housekeeping", err)
-            except Exception:  # metrics must never stop housekeeping
-                log.exception("shard %d housekeeping failed", self.index)
+    async def _collect_expired(self) -> None:
+        """Housekeeping: collect expired messages, then refresh the metrics (overloaded:
+        the next round tries again)."""
+        await self._write(None, "collect_expired", 10_000)
+        stats, depths = await self._read(lambda: (self.store.stats(), self.store.depths()))
+        self.metrics.update(stats, depths)
 
 
 def _settle(future: asyncio.Future, value: Any) -> None:

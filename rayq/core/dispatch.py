@@ -130,6 +130,11 @@ class NoisyChange:
     at: float
     reason: str
 
+    @property
+    def state(self) -> str:
+        """"noisy" or "quiet", as logs and the event log name the new state."""
+        return "noisy" if self.noisy else "quiet"
+
 
 @dataclass
 class _Key:

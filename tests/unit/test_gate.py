@@ -5,8 +5,8 @@ import asyncio
 
 import pytest
 
-from actors import gate as gate_module
-from actors.gate import Gate
+from rayq.core import gate as gate_module
+from rayq.core.gate import Gate
 from rayq.core.auth import ADMIN, Accounts, Place, Signer
 from rayq.errors import AuthError
 from rayq.testing import MemoryKV

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from actors.gate import durable_gate
+from rayq.core.gate import durable_gate
 from rayq.core import nonces
 from rayq.core.auth import MAX_SKEW_S, Accounts, Signer, Verifier, sign
 from rayq.core.kv import LmdbKV
