@@ -134,8 +134,7 @@ class FairnessCoordinator:
             self.usage.add(r.key, r.usage_s, r.outcome is Outcome.DEFERRED, r.finished_at)
             self.tally.add(r)
             self.metrics.reported(r)
-            if self.events is not None:
-                log_report(self.events, r)
+            log_report(self.events, r)
 
     async def task_stats(self, by: str | None = None,
                          auth: Signature | None = None) -> list[TallyRow]:
@@ -160,14 +159,14 @@ class FairnessCoordinator:
     def _publish(self, event: dict) -> None:
         self.history.append(event)
         self._version += 1
-        if self.events is not None and event["kind"] == "fairness":
+        if event["kind"] == "fairness":
             self.events.append("fairness", event["at"], detail=json.dumps(event),
                                outcome="intervening" if event["intervening"] else "fair")
 
     async def flush_events(self, auth: Signature | None = None) -> int:
         await self.gate.admin(auth, "flush_events")
         await self._pull_usage()
-        return await asyncio.to_thread(self.events.flush) if self.events else 0
+        return await asyncio.to_thread(self.events.flush)
 
     async def background_failures(self) -> dict[str, int]:
         return dict(self.failures.counts)

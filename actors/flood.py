@@ -183,13 +183,12 @@ class FloodDetector:
         event = self.history.append({"at": self.clock.now(), "kind": "flood", "event": what,
                                      "queue": flooder.queue, "type": flooder.type,
                                      "tenant": flooder.tenant, **details})
-        if self.events is not None:
-            self.events.append("flood", event["at"], queue=flooder.queue, type=flooder.type,
-                               tenant=flooder.tenant, outcome=what, detail=json.dumps(details))
+        self.events.append("flood", event["at"], queue=flooder.queue, type=flooder.type,
+                           tenant=flooder.tenant, outcome=what, detail=json.dumps(details))
 
     async def flush_events(self, auth: Signature | None = None) -> int:
         await self.gate.admin(auth, "flush_events")
-        return await asyncio.to_thread(self.events.flush) if self.events else 0
+        return await asyncio.to_thread(self.events.flush)
 
     async def _detect_round(self) -> None:
         if self.fc.enabled:

@@ -105,7 +105,7 @@ class ShardActor:
         # enqueues go to the event log, in batches
         self.events = open_event_log(os.path.dirname(path), f"shard-{index}", config.analytics,
                                      self._collect_events)
-        self.store.keep_enqueued = self.events is not None
+        self.store.keep_enqueued = self.events.enabled
         self.gate = Gate(manager_directory, seen=nonces.load(self.store.kv, self.clock.now()),
                          clock=self.clock)
         self.key_mode = config.fairness.key
@@ -452,8 +452,6 @@ class ShardActor:
         """Write buffered events now (``client.report`` does this first)."""
         await self.gate.admin(auth, "flush_events")
         await self._remember(auth)
-        if self.events is None:
-            return 0
         await self._collect_events()
         return await asyncio.to_thread(self.events.flush)
 
@@ -470,9 +468,8 @@ class ShardActor:
         for change in await self._read(self.store.review_dispatch):
             log.info("shard %d: key %r of subqueue %d is %s (%s)", self.index, change.key,
                      change.subqueue, change.state, change.reason)
-            if self.events is not None:
-                self.events.append("noisy", change.at, subqueue=change.subqueue,
-                                   key=change.key, detail=change.reason, outcome=change.state)
+            self.events.append("noisy", change.at, subqueue=change.subqueue,
+                               key=change.key, detail=change.reason, outcome=change.state)
 
     async def _collect_expired(self) -> None:
         """Housekeeping: collect expired messages, then refresh the metrics (overloaded:

@@ -25,6 +25,8 @@ MAX_BUFFERED = 200_000   # past this, appends flush inline rather than grow with
 class EventLog:
     """One writer's events (a shard, the coordinator, the flood detector)."""
 
+    enabled = True
+
     def __init__(self, root: str | os.PathLike, writer: str):
         self.root, self.writer = os.fspath(root), writer
         self._rows: list[dict] = []
@@ -71,6 +73,22 @@ class EventLog:
         return len(rows)
 
 
+class NoEventLog:
+    """The event log of an actor when ``AnalyticsConfig.events`` is off: it keeps
+    nothing, so actors append without asking whether the log is on."""
+
+    enabled = False
+
+    def append(self, kind: str, ts: float, **fields) -> None:
+        pass
+
+    def pending(self) -> int:
+        return 0
+
+    def flush(self) -> int:
+        return 0
+
+
 def event_files(root: str | os.PathLike) -> list[str]:
     """Every finished event file under ``root`` (files being written start with a dot)."""
     return sorted(os.path.join(folder, name) for folder, _, names in os.walk(os.fspath(root))
@@ -85,14 +103,14 @@ def read_events(root: str | os.PathLike) -> pa.Table:
     return pa.concat_tables(pq.read_table(f, schema=EVENT_SCHEMA) for f in files)
 
 
-def open_event_log(data_dir: str, writer: str, config, collect=None) -> EventLog | None:
+def open_event_log(data_dir: str, writer: str, config, collect=None) -> EventLog | NoEventLog:
     """The event log of one runtime actor under ``<data_dir>/events`` with its flushing
-    task started on the running loop; None when ``config.events`` is off (an
+    task started on the running loop; a NoEventLog when ``config.events`` is off (an
     ``AnalyticsConfig``). ``collect`` gathers events kept elsewhere before each flush."""
     import asyncio
 
     if not config.events:
-        return None
+        return NoEventLog()
     log = EventLog(os.path.join(data_dir, "events"), writer)
     asyncio.get_running_loop().create_task(flush_forever(log, config.flush_interval_s, collect))
     return log
