@@ -31,14 +31,15 @@ from rayq.core.balancer import BalancerState, HostReading, host_pressed
 from rayq.core.clock import Clock, SystemClock
 from rayq.core.consuming import (PlanFollower, Saturation, decide_end, effective_load,
                                  excluded_keys, held_back, long_poll_group, poll_places,
-                                 receive_size, refreshed_handlers)
+                                 pause_after, receive_size, refreshed_handlers, slots_to_start)
+from rayq.core.managing import indexes_by_name
 from rayq.core.model import StoredMessage
 from rayq.core.wire import decode_delivered
 from rayq.core.registry import QueueInfo
 from rayq.core.tasks import (DeferralCause, Outcome, TaskSpec, UsageReport, decode_call,
                              encode_result, error_of)
 from rayq.errors import RayqError, ReceiptInvalid
-from rayq.remote import call_async
+from rayq.remote import actor_names, call_async, running
 
 log = logging.getLogger("rayq.consumer")
 MAX_REPORTS = 100_000   # reports kept for the coordinator between two drains
@@ -182,16 +183,13 @@ class ConsumerActor:
     async def _supervise(self) -> None:
         """Every adjust interval: refresh handlers, move the load, match pollers to it."""
         while not self._stopping:
-            try:
-                await self._refresh_handlers()
-                await self._refresh_plan()
-            except (RayqError, ray.exceptions.RayError, ValueError) as err:
-                self.failures.record("refresh", err)  # keep the plan and handlers we have
+            # a failed refresh keeps the plan and handlers we have
+            await self.failures.guarded("refresh", self._refresh, also=(ValueError,))
             self.balancer = self.balancer.adjusted(self.cc)
             self._pressed = host_pressed(read_host(), self.cc)
-            for slot in range(self._load()):
-                if slot not in self._pollers or self._pollers[slot].done():
-                    self._pollers[slot] = asyncio.get_running_loop().create_task(self._poll(slot))
+            running = {slot for slot, poller in self._pollers.items() if not poller.done()}
+            for slot in slots_to_start(self._load(), running):
+                self._pollers[slot] = asyncio.get_running_loop().create_task(self._poll(slot))
             await asyncio.sleep(self.cc.adjust_interval_s)
 
     def _load(self) -> int:
@@ -240,6 +238,10 @@ class ConsumerActor:
             self._held -= 1
             self._room.set()
 
+    async def _refresh(self) -> None:
+        await self._refresh_handlers()
+        await self._refresh_plan()
+
     async def _refresh_handlers(self) -> None:
         version, table = await call_async(lambda: self.manager.task_table.remote(self._tasks_version))
         if table is not None:  # None: unchanged since our version
@@ -269,15 +271,16 @@ class ConsumerActor:
             await asyncio.sleep(self.cc.poll_wait_s)
             return []
         for queue, sq in places:
-            got = await self._receive_from(queue, sq, want, wait_s=0.0)
+            got = await self._receive_from(queue, [sq], want, wait_s=0.0)
             if got or self._stopping:
                 return got
         queue, together = long_poll_group(places)
         return await self._receive_from(queue, together, want, wait_s=self.cc.poll_wait_s)
 
-    async def _receive_from(self, queue: QueueInfo, sq: int | list[int], want: int,
+    async def _receive_from(self, queue: QueueInfo, sq: list[int], want: int,
                             wait_s: float) -> list[_Held]:
-        index = queue.subqueue(sq[0] if isinstance(sq, list) else sq).shard
+        """Receive from subqueues ``sq`` of ``queue``, all on one shard."""
+        index = queue.subqueue(sq[0]).shard
         shard = self.shards[index]
         exclude = excluded_keys(self._plan.suspended,
                                 self._saturated.saturated(self.clock.monotonic()),
@@ -304,8 +307,7 @@ class ConsumerActor:
         cause = held_back(handler is not None, m.key, self._plan.suspended, self._pressed)
         if cause is not None:
             await self._defer(held, cause)
-            if cause is DeferralCause.HOST_PRESSURE:
-                await asyncio.sleep(self.cc.defer_s)  # back off: the host needs a rest
+            await asyncio.sleep(pause_after(cause, self.cc.defer_s))
             return
         spec, fn, _ = handler
         lease = f"{self.index}:{m.id}:{m.dequeue_count}"
@@ -407,13 +409,6 @@ ConsumerRemote = ray.remote(ConsumerActor)
 
 def named_consumers() -> dict[int, Any]:
     """Every consumer actor running in the cluster's rayq namespace, by index."""
-    prefix = consumer_name("")
-    out = {}
-    for actor in ray.util.list_named_actors(all_namespaces=True):
-        if actor.get("namespace") == NAMESPACE and actor["name"].startswith(prefix):
-            try:
-                out[int(actor["name"][len(prefix):])] = ray.get_actor(actor["name"],
-                                                                      namespace=NAMESPACE)
-            except ValueError:
-                pass  # gone between listing and lookup
-    return out
+    by_index = indexes_by_name(actor_names(), consumer_name(""))
+    handles = running(by_index.values())
+    return {index: handles[name] for index, name in by_index.items() if name in handles}

@@ -11,7 +11,6 @@ the autoscaler). Suspension rules and every decision are persisted.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 
@@ -21,7 +20,7 @@ from actors import MANAGER, NAMESPACE, shard_name
 from actors.consumer import named_consumers
 from actors.gate import manager_directory
 from actors.metrics import BackgroundFailures, CoordinatorMetrics
-from rayq.analytics.eventlog import log_report, open_event_log
+from rayq.analytics.eventlog import log_decision, log_report, open_event_log
 from rayq.config import Config
 from rayq.core.auth import Signature
 from rayq.core.clock import Clock, SystemClock
@@ -159,9 +158,7 @@ class FairnessCoordinator:
     def _publish(self, event: dict) -> None:
         self.history.append(event)
         self._version += 1
-        if event["kind"] == "fairness":
-            self.events.append("fairness", event["at"], detail=json.dumps(event),
-                               outcome="intervening" if event["intervening"] else "fair")
+        log_decision(self.events, event)
 
     async def flush_events(self, auth: Signature | None = None) -> int:
         await self.gate.admin(auth, "flush_events")

@@ -33,9 +33,10 @@ from rayq.core.clock import Clock, SystemClock
 from rayq.core.gate import durable_gate
 from rayq.core.flood import Flooder, build_view, detect, sweep_step
 from rayq.core.history import EventHistory
-from rayq.core.isolation import (dedicated_by_shard, dedicated_to, diverts, isolation_moves,
-                                 left_to_sweep, listed, shards_lacking_dedicated, spilled_on,
-                                 subqueue_layout, with_sweeps)
+from rayq.core.isolation import (dedicated_by_shard, dedicated_to, diverts, fully_swept,
+                                 isolation_moves, left_to_sweep, listed,
+                                 shards_lacking_dedicated, spilled_on, subqueue_layout,
+                                 with_sweeps)
 from rayq.core.kv import LmdbKV
 from rayq.core.model import pack, unpack
 from rayq.core.registry import QueueInfo
@@ -150,15 +151,11 @@ class FloodDetector:
         """Move what was spilled when this run began back, batch by batch, while each
         target queue stays healthy (what spills meanwhile waits for the next run).
         Returns the flooders whose spill this emptied (seed 001: "completely swept")."""
-        emptied = set()
-        for flooder in self.flooders:
-            done = []  # queues.get: None when deleted since this run began
-            for sq in dedicated_to(queues.get(flooder.queue), flooder):
-                spilled = spilled_on(snapshots[sq.shard]["tenant_counts"], flooder)
-                done.append(await self._sweep_into(flooder, sq.shard, sq.id, spilled))
-            if done and all(done):
-                emptied.add(flooder.combination)
-        return emptied
+        # queues.get: None when the queue was deleted since this run began
+        return fully_swept({f.combination: [
+            await self._sweep_into(f, sq.shard, sq.id,
+                                   spilled_on(snapshots[sq.shard]["tenant_counts"], f))
+            for sq in dedicated_to(queues.get(f.queue), f)] for f in self.flooders})
 
     async def _sweep_into(self, flooder: Flooder, shard: int, target: int, spilled: int) -> bool:
         """Sweep into ``target`` on ``shard``; True when all of ``spilled`` went back."""

@@ -23,16 +23,16 @@ from rayq.core.clock import Clock, SystemClock
 from rayq.core.gate import Directory, durable_gate
 from rayq.core.kv import LmdbKV
 from rayq.core.leases import ConcurrencyLeases
-from rayq.core.managing import (check_may_create, check_visible, concurrency_limits,
-                                consumers_to_change, ids_by_shard, is_registration, shard_depths,
-                                visible_names)
+from rayq.core.managing import (check_may_create, check_task_spec, check_visible,
+                                concurrency_limits, consumers_to_change, ids_by_shard,
+                                is_registration, shard_depths, visible_names)
 from rayq.core.model import SubqueueState, check_count
-from rayq.core.registry import (QueueInfo, QueueRegistry, check_queue_name, check_queue_ref,
-                                put_target, receive_order)
+from rayq.core.registry import (QueueInfo, QueueRegistry, check_queue_ref, put_target,
+                                receive_order)
 from rayq.core.scaling import OpRates, QuietTracker, decide, loads_of
 from rayq.core.tasks import TaskRegistry, TaskSpec
-from rayq.errors import InvalidMessage, RayqError
-from rayq.remote import NO_RETRY, call_all, call_async
+from rayq.errors import RayqError
+from rayq.remote import NO_RETRY, call_all, call_async, running
 
 MAX_CONSUMERS = 1000
 FORGET_TIMEOUT_S = 10.0
@@ -96,12 +96,7 @@ class QueueManager:
     async def _forget_everywhere(self) -> None:
         """Every gate drops its directory copy (accounts, keys or task queues changed)."""
         self.gate.forget()
-        holders = list(self.shards)
-        for name in (COORDINATOR, FLOOD_DETECTOR):
-            try:
-                holders.append(ray.get_actor(name, namespace=NAMESPACE))
-            except ValueError:
-                pass
+        holders = list(self.shards) + list(running((COORDINATOR, FLOOD_DETECTOR)).values())
         # A holder that does not answer in time is restarting: it starts with no copy.
         await asyncio.wait([asyncio.ensure_future(call_async(lambda h=h: h.forget_keys.remote()))
                             for h in holders], timeout=FORGET_TIMEOUT_S)
@@ -198,9 +193,7 @@ class QueueManager:
         """Register a job type's handler (and create its queue); returns the registry version.
         Handlers run inside the runtime, so only the admin registers them; another account
         may "register" a type that is registered already with the same spec (a no-op)."""
-        if not isinstance(spec, TaskSpec):
-            raise InvalidMessage("register_task takes a TaskSpec")
-        check_queue_name(spec.queue)  # a task queue is the default account's, by plain name
+        check_task_spec(spec)
         account = await self.gate.account(auth, spec.queue, "register_task", spec, handler)
         known = self.tasks.all().get(spec.type, (None, None))[0]
         if not is_registration(account, spec, known):

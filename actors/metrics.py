@@ -9,13 +9,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections import defaultdict
 from collections.abc import Awaitable, Callable
 
 import ray
 from ray.util.metrics import Counter, Gauge
 
-from rayq.core.metrics import top_keys
+from rayq.core.metrics import per_key, top_keys
 from rayq.errors import RayqError
 
 
@@ -35,11 +34,8 @@ class ShardMetrics:
     def update(self, stats, depths) -> None:
         self.messages.set(stats.messages)
         self.cache_bytes.set(stats.cache.bytes)
-        self.pressure.set(1.0 if stats.cache.under_pressure else 0.0)
-        depth, oldest = defaultdict(float), defaultdict(float)
-        for d in depths:
-            depth[d.key] += d.count
-            oldest[d.key] = max(oldest[d.key], d.latency_s)
+        self.pressure.set(float(stats.cache.under_pressure))
+        depth, oldest = per_key(depths)
         for key, n in top_keys(depth).items():
             self.depth.set(n, {"key": key})
         for key, age in top_keys(oldest).items():
@@ -55,7 +51,7 @@ class CoordinatorMetrics:
         self.redeliveries = Counter("rayq_redeliveries_total", "Deliveries after the first")
 
     def decided(self, decision, started: bool, usage: dict[str, float]) -> None:
-        self.intervening.set(1.0 if decision.intervening else 0.0)
+        self.intervening.set(float(decision.intervening))
         self.victims.set(len(decision.victims))
         if started:
             self.interventions.inc()
@@ -101,13 +97,15 @@ class BackgroundFailures:
             await asyncio.sleep(interval_s)
             await self.guarded(loop, step)
 
-    async def guarded(self, loop: str, step: Callable[[], Awaitable]) -> None:
+    async def guarded(self, loop: str, step: Callable[[], Awaitable],
+                      also: tuple[type[Exception], ...] = ()) -> None:
         """Run one round of a background loop. A rayq or Ray error (a peer restarting,
         an overloaded shard) is recorded, and the next round tries again; anything else
-        is a bug, logged with its traceback, that must not stop the loop for good."""
+        is a bug, logged with its traceback, that must not stop the loop for good.
+        ``also``: more errors to record as expected."""
         try:
             await step()
-        except (RayqError, ray.exceptions.RayError) as err:
+        except (RayqError, ray.exceptions.RayError, *also) as err:
             self.record(loop, err)
         except Exception:
             self.log.exception("%s: %s failed", self.name, loop)

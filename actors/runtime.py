@@ -15,7 +15,7 @@ from actors.shard import CONCURRENCY_GROUPS, ShardActor
 from rayq.config import Config
 from rayq.core.clock import Clock, SystemClock
 from rayq.errors import RuntimeFailure
-from rayq.remote import NO_RETRY, call
+from rayq.remote import NO_RETRY, actor_names, call, running
 
 # Runtime actors only coordinate and do I/O: they take no CPU slot from consumers.
 _ACTOR_OPTIONS = dict(namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
@@ -69,21 +69,13 @@ def find_runtime() -> dict:
     return {"manager": manager, "shards": shards, "config": config}
 
 
-def runtime_actor_names() -> list[str]:
-    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                  if a.get("namespace") == NAMESPACE)
-
-
 def stop_runtime(timeout_s: float = 30.0, clock: Clock = SystemClock()) -> None:
     """Kill every runtime actor (data stays on disk) and wait until they are gone."""
     # Callers before callees: consumers, then the coordinator and manager, shards last.
-    names = sorted(runtime_actor_names(), key=lambda n: (n.startswith(shard_name("")),
-                                                         not n.startswith(consumer_name(""))))
-    for name in names:
-        try:
-            ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
-        except ValueError:
-            pass
+    names = sorted(actor_names(), key=lambda n: (n.startswith(shard_name("")),
+                                                 not n.startswith(consumer_name(""))))
+    for handle in running(names).values():
+        ray.kill(handle, no_restart=True)
     deadline = clock.monotonic() + timeout_s
-    while runtime_actor_names() and clock.monotonic() < deadline:
+    while actor_names() and clock.monotonic() < deadline:
         time.sleep(0.05)

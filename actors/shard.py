@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 from collections import Counter, defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -33,13 +32,14 @@ from rayq.config import Config
 from rayq.core.auth import ADMIN, Signature, check_admin
 from rayq.core.clock import Clock, SystemClock
 from rayq.core.dispatch import DispatchPolicy, NoisyKey
-from rayq.core.gate import Gate, named_subqueues, receipt_subqueues
+from rayq.core.consuming import check_end_calls
+from rayq.core.gate import (Gate, check_reads_own, named_subqueues, of_subqueues, per_queue,
+                            queues_on, receipt_subqueues)
 from rayq.core.wire import delivered_count
-from rayq.core.model import Ending, SubqueueState
+from rayq.core.model import SubqueueState
 from rayq.core.store import KeyDepth, StoreStats, open_store
-from rayq.core.tasks import decode_outcome
-from rayq.errors import (AuthError, InvalidMessage, Overloaded, RayqError,
-                         StoreError, TaskError)
+from rayq.core.waiters import OutcomeWaiters, outcome_value
+from rayq.errors import Overloaded, RayqError, StoreError
 
 log = logging.getLogger("rayq.shard")
 MAX_PENDING_CALLS = 10_000
@@ -53,12 +53,7 @@ OUTCOME_RECHECK_S = 30.0  # outcome waiters re-read the table this often, whatev
 # concurrency group (its own event loop and thread) so they never take the slots
 # that puts, receives and deletes need.
 OUTCOME_GROUP = "outcomes"
-_END_CALLS = ("finish", "defer", "change_visibility")
 CONCURRENCY_GROUPS = {OUTCOME_GROUP: 100_000}
-_ENDINGS = {Ending.DEAD: ("DeadLettered", "the task was delivered max_receives times "
-                                          "without finishing and is in the dead-letter queue"),
-            Ending.EXPIRED: ("Expired", "the task's time to live ran out before it ran"),
-            Ending.DELETED: ("Deleted", "the task was deleted or cleared before it finished")}
 
 
 @dataclass(frozen=True)
@@ -93,8 +88,7 @@ class ShardActor:
         self._ops: Counter[int] = Counter()
         self._throttled: Counter[int] = Counter()
         self._commits = self._calls = 0
-        self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future]]] = {}
-        self._waiters_lock = threading.Lock()
+        self._waiters = OutcomeWaiters()
         self.metrics = ShardMetrics(index)
         self.failures = BackgroundFailures("shard", index)
         self._housekeeping = self._loop.create_task(
@@ -148,7 +142,7 @@ class ShardActor:
                 try:
                     results, finished = await self._loop.run_in_executor(
                         self._thread, self._group, calls)
-                    self._notify(finished)
+                    self._waiters.notify(finished)
                 except RayqError as err:
                     results = [err] * len(calls)
                 except Exception as err:  # the transaction failed as a whole: nothing committed
@@ -261,10 +255,7 @@ class ShardActor:
     async def end_many(self, calls: list[tuple[str, tuple]]) -> list:
         """Many ``finish``/``defer``/``change_visibility`` calls in one round trip (consumers
         batch the ends of their tasks); each result is the value or the RayqError raised."""
-        if not isinstance(calls, list) or not all(
-                isinstance(c, tuple) and len(c) == 2 and c[0] in _END_CALLS for c in calls):
-            raise InvalidMessage(f"end_many takes a list of (name, args), name in {_END_CALLS}")
-        futures = [self._enqueue(None, name, *args) for name, args in calls]
+        futures = [self._enqueue(None, name, *args) for name, args in check_end_calls(calls)]
         return list(await asyncio.gather(*futures))
 
     # -- task outcomes -------------------------------------------------------------
@@ -276,40 +267,16 @@ class ShardActor:
         own concurrency group, and a shard restart re-runs it against the
         durable outcomes table, so the ref resolves exactly once.
         """
-        loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()  # this concurrency group's, not self._loop
         found = None
         while found is None:
-            future = loop.create_future()
-            with self._waiters_lock:  # register before reading: no wake-up is missed
-                self._waiters.setdefault(message_id, []).append((loop, future))
+            future = self._waiters.register(message_id)  # before reading: no wake-up is missed
             try:
-                found = await loop.run_in_executor(self._thread, self.store.outcome, message_id)
-                if found is None:
-                    await asyncio.wait([future], timeout=OUTCOME_RECHECK_S)
-                    found = future.result() if future.done() else None
+                found = (await loop.run_in_executor(self._thread, self.store.outcome, message_id)
+                         or await self._waiters.wait(future, OUTCOME_RECHECK_S))
             finally:
-                self._forget(message_id, future)
-        ending, payload = found
-        if ending is Ending.RESULT:
-            return decode_outcome(payload)
-        raise TaskError(*_ENDINGS[ending])
-
-    def _notify(self, finished: list[tuple[str, Ending, bytes]]) -> None:
-        """Hand each recorded outcome to the calls waiting for it (on their own loop)."""
-        for message_id, ending, payload in finished:
-            with self._waiters_lock:
-                waiters = self._waiters.pop(message_id, [])
-            for loop, future in waiters:
-                loop.call_soon_threadsafe(_settle, future, (ending, payload))
-
-    def _forget(self, message_id: str, future: asyncio.Future) -> None:
-        with self._waiters_lock:
-            waiters = self._waiters.get(message_id)
-            if waiters is None:
-                return
-            waiters[:] = [w for w in waiters if w[1] is not future]
-            if not waiters:
-                del self._waiters[message_id]
+                self._waiters.forget(message_id, future)
+        return outcome_value(*found)
 
     async def clear(self, subqueue: int, auth: Signature | None = None) -> int:
         await self.gate.allow(auth, "clear", self.index, [subqueue], subqueue)
@@ -379,7 +346,7 @@ class ShardActor:
                 continue
             try:
                 finished = await self._read(self._purge_step)
-                self._notify(finished)
+                self._waiters.notify(finished)
             except Exception:  # keep going: the marks persist, the next step retries
                 log.exception("shard %d background removal failed", self.index)
 
@@ -403,14 +370,9 @@ class ShardActor:
         account other than the admin must name its own)."""
         account = await self.gate.allow(auth, "depths", self.index, named_subqueues(subqueues or []),
                                         subqueues)
-        if subqueues is None and account != ADMIN:
-            raise AuthError("an account reads the depths of its own subqueues only")
+        check_reads_own(account, subqueues)
         await self._remember(auth)
-        depths = await self._read(self.store.depths)
-        if subqueues is None:
-            return depths
-        wanted = set(subqueues)
-        return [d for d in depths if d.subqueue in wanted]
+        return of_subqueues(await self._read(self.store.depths), subqueues)
 
     async def enqueue_counts(self) -> dict:
         return await self._read(self.store.enqueue_counts)
@@ -430,12 +392,8 @@ class ShardActor:
             places = await self.gate.places()
         except (ValueError, ray.exceptions.RayError):
             return {}
-        mine = {sq: p.queue for sq, p in places.items() if p.shard == self.index}
-        counts = await self._read(lambda: {sq: self.store.count(sq) for sq in mine})
-        queues: Counter[str] = Counter()
-        for sq, n in counts.items():
-            queues[mine[sq]] += n
-        return dict(queues)
+        mine = queues_on(places, self.index)
+        return per_queue(mine, await self._read(lambda: {sq: self.store.count(sq) for sq in mine}))
 
     async def process(self) -> dict:
         """The shard process's pid and memory: resident in all, and private (anonymous)
@@ -478,7 +436,3 @@ class ShardActor:
         stats, depths = await self._read(lambda: (self.store.stats(), self.store.depths()))
         self.metrics.update(stats, depths)
 
-
-def _settle(future: asyncio.Future, value: Any) -> None:
-    if not future.done():
-        future.set_result(value)

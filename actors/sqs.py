@@ -33,6 +33,7 @@ from rayq.remote import call, call_async, named
 from rayq.sqs.api import SqsApi
 from rayq.sqs.attributes import Settings
 from rayq.sqs.errors import SqsError
+from rayq.sqs.protocol import JSON_TYPE, decode_request
 from rayq.sqs.sigv4 import Caller, SignedRequest, verify
 
 STATE = "rayq-sqs-state"
@@ -41,7 +42,6 @@ KEYS_MIN_REFRESH_S = 1.0  # unknown keys refetch at most this often (forgeries c
 SETTINGS_TTL_S = 2.0      # another replica's SetQueueAttributes shows here within this
 MAX_FORWARDS = 100_000
 WORKER_THREADS = 64       # long polls hold a thread up to 20 s each
-JSON_TYPE = "application/x-amz-json-1.0"
 # A batch carries up to 1 MiB of bodies; JSON escapes (\uXXXX for non-ASCII) can triple it.
 MAX_REQUEST_BYTES = 8 << 20
 
@@ -201,17 +201,18 @@ class SqsEndpoint:
                                    {k.lower(): ",".join(request.headers.getall(k))
                                     for k in request.headers.keys()}, body)
             caller = await self._verify(signed)
-            action, params = _decode(request, body)
+            action, params = decode_request(request.method,
+                                            request.headers.get("X-Amz-Target", ""), body)
             result = await asyncio.get_running_loop().run_in_executor(
                 self._pool, self._api.handle, action, params, caller, request.host)
             return _reply(200, result)
         except SqsError as err:
             if err.code == "InvalidClientTokenId":
                 self._keys.forget()  # the runtime refused a key our copy still had
-            return _reply(err.status, err.body(), {"x-amzn-query-error": err.query_error()})
+            return _reply(err.status, err.body(), x_amzn_query_error=err.query_error())
         except Exception as err:  # a bug or a broken runtime: still an answer SDKs parse (and retry)
             failure = SqsError("InternalFailure", f"{type(err).__name__}: {err}", 500, sender=False)
-            return _reply(500, failure.body(), {"x-amzn-query-error": failure.query_error()})
+            return _reply(500, failure.body(), x_amzn_query_error=failure.query_error())
 
     async def _verify(self, signed: SignedRequest) -> Caller:
         await self._keys.fresh()
@@ -225,23 +226,11 @@ class SqsEndpoint:
             return verify(signed, self._keys.get, self.clock.now())
 
 
-def _decode(request: web.Request, body: bytes) -> tuple[str, dict]:
-    target = request.headers.get("X-Amz-Target", "")
-    service, _, action = target.partition(".")
-    if request.method != "POST" or service != "AmazonSQS" or not action:
-        raise SqsError("InvalidAction", "The endpoint speaks SQS's JSON protocol: POST with an "
-                       "X-Amz-Target: AmazonSQS.<Action> header.")
-    try:
-        params = json.loads(body) if body else {}
-    except ValueError:
-        raise SqsError("SerializationException", "The request body is not valid JSON.") from None
-    return action, params
-
-
-def _reply(status: int, payload: dict, headers: dict | None = None) -> web.Response:
+def _reply(status: int, payload: dict, **headers: str) -> web.Response:
+    """A JSON answer; ``headers`` by name with ``_`` for ``-`` (x_amzn_query_error)."""
     return web.Response(status=status, body=json.dumps(payload).encode(), content_type=None,
                         headers={"Content-Type": JSON_TYPE, "x-amzn-RequestId": str(uuid.uuid4()),
-                                 **(headers or {})})
+                                 **{name.replace("_", "-"): v for name, v in headers.items()}})
 
 
 SqsStateRemote = ray.remote(SqsState)

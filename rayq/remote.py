@@ -95,6 +95,24 @@ def _give_up_if_due(err: BaseException, schedule: RetrySchedule, started: float,
         raise RuntimeFailure(f"runtime actor unavailable: {err}") from err
 
 
+def actor_names() -> list[str]:
+    """The names of the runtime's actors that run now (namespace ``rayq``), sorted."""
+    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                  if a.get("namespace") == NAMESPACE)
+
+
+def running(names: Iterable[str]) -> dict[str, Any]:
+    """Handles of those runtime actors in ``names`` that run now, by name (one gone
+    between a listing and this lookup is left out)."""
+    out = {}
+    for name in names:
+        try:
+            out[name] = ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            pass
+    return out
+
+
 def named(name: str):
     """A runtime actor by name. Raises RuntimeFailure when it is not running."""
     try:

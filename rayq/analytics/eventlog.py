@@ -9,6 +9,7 @@ writes one file per (date, hour) and writer, atomically (write, then rename).
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import threading
 import uuid
@@ -129,6 +130,14 @@ async def flush_forever(log: EventLog, interval_s: float, collect=None) -> None:
             await asyncio.to_thread(log.flush)
         except OSError:
             pass  # disk trouble: the events stay buffered (bounded) and the next round retries
+
+
+def log_decision(log: EventLog | NoEventLog, event: dict) -> None:
+    """A fairness decision as an event; other coordinator records (suspensions) stay
+    in its own history only."""
+    if event["kind"] == "fairness":
+        log.append("fairness", event["at"], detail=json.dumps(event),
+                   outcome="intervening" if event["intervening"] else "fair")
 
 
 def log_report(log: EventLog, report) -> None:

@@ -21,8 +21,19 @@ from rayq.core.fairness import ListenPlan, listen_order
 from rayq.core.registry import QueueInfo
 from rayq.core.retry import backoff_s
 from rayq.core.tasks import DeferralCause, Outcome, TaskSpec
+from rayq.errors import InvalidMessage
 
 ShardCall = tuple[str, tuple]  # (shard method, its arguments), as ``end_many`` takes them
+END_CALLS = ("finish", "defer", "change_visibility")  # the shard methods that end a delivery
+
+
+def check_end_calls(calls: Any) -> list[ShardCall]:
+    """``calls`` if it is a list of (name, args) with each name in END_CALLS and args a
+    tuple; InvalidMessage otherwise (the batch is refused whole)."""
+    if not isinstance(calls, list) or not all(
+            isinstance(c, tuple) and len(c) == 2 and c[0] in END_CALLS for c in calls):
+        raise InvalidMessage(f"end_many takes a list of (name, args), name in {END_CALLS}")
+    return calls
 
 
 # -- how a delivery ends ---------------------------------------------------------------
@@ -95,6 +106,12 @@ def held_back(has_handler: bool, key: str, suspended: Collection[str],
     return None
 
 
+def pause_after(cause: DeferralCause, defer_s: float) -> float:
+    """How long a poller rests after putting a task back for ``cause``: ``defer_s``
+    when its host is under pressure (the host needs a rest), else not at all."""
+    return defer_s if cause is DeferralCause.HOST_PRESSURE else 0.0
+
+
 class Saturation:
     """Job types found at their concurrency limit: a consumer leaves them out of its
     receives for ``defer_s`` (seconds of the clock ``now`` comes from)."""
@@ -114,6 +131,11 @@ class Saturation:
 def effective_load(fixed: int | None, balanced: int) -> int:
     """The load a consumer runs at: a pinned one (benchmarks), else the balancer's."""
     return balanced if fixed is None else fixed
+
+
+def slots_to_start(load: int, running: Collection[int]) -> list[int]:
+    """The poller slots below ``load`` with no poller ``running`` (new, or one ended)."""
+    return [slot for slot in range(load) if slot not in running]
 
 
 def receive_size(load: int, held: int, claimed: int, prefetch: int) -> int:

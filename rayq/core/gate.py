@@ -146,3 +146,31 @@ def receipt_subqueues(receipts: Any) -> list:
         except ReceiptInvalid:
             pass
     return out
+
+
+def check_reads_own(account: str, subqueues: Any) -> None:
+    """Raise AuthError when an account other than the admin reads a whole shard
+    (``subqueues`` None) instead of naming its own subqueues."""
+    if subqueues is None and account != ADMIN:
+        raise AuthError("an account reads the depths of its own subqueues only")
+
+
+def of_subqueues(rows: Sequence[Any], subqueues: Iterable[int] | None) -> list:
+    """The rows (anything with a ``subqueue``) of ``subqueues``; every row for None."""
+    if subqueues is None:
+        return list(rows)
+    wanted = set(subqueues)
+    return [row for row in rows if row.subqueue in wanted]
+
+
+def queues_on(places: dict[int, Place], shard: int) -> dict[int, str]:
+    """subqueue -> its queue's runtime-wide name, for the subqueues on ``shard``."""
+    return {sq: place.queue for sq, place in places.items() if place.shard == shard}
+
+
+def per_queue(queues: dict[int, str], counts: dict[int, int]) -> dict[str, int]:
+    """Per-subqueue ``counts`` summed per queue (``queues``: subqueue -> queue name)."""
+    out: dict[str, int] = {}
+    for sq, n in counts.items():
+        out[queues[sq]] = out.get(queues[sq], 0) + n
+    return out

@@ -5,7 +5,7 @@ actor only asks the manager and the shards to carry these out."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from rayq.core.flood import FloodChanges, Flooder
@@ -74,6 +74,12 @@ def left_to_sweep(spilled: int, moved: int) -> int:
     """What a sweep still has to move after a batch moved ``moved``: a batch that moved
     nothing means the rest had expired."""
     return spilled - moved if moved else 0
+
+
+def fully_swept(done: Mapping[tuple, Sequence[bool]]) -> set[tuple]:
+    """The flooders (by combination) whose every dedicated subqueue's sweep moved back
+    all that was spilled; one with no open dedicated subqueue swept nothing."""
+    return {combo for combo, results in done.items() if results and all(results)}
 
 
 def with_sweeps(flooders: Iterable[Flooder], emptied: Collection[tuple]) -> list[Flooder]:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping
+from typing import Any
 
 from rayq.core.auth import ADMIN, may_use
-from rayq.core.registry import QueueInfo, SubqueueInfo
+from rayq.core.registry import QueueInfo, SubqueueInfo, check_queue_name
 from rayq.core.tasks import TaskSpec
 from rayq.errors import AuthError, InvalidMessage, QueueNotFound
 
@@ -55,6 +56,15 @@ def visible_names(account: str, queues: Iterable[QueueInfo], every_name: list[st
     return sorted(q.name for q in queues if q.owner == account)
 
 
+def check_task_spec(spec: Any) -> TaskSpec:
+    """``spec`` if it is a TaskSpec whose queue is a plain name (a task queue is the
+    default account's); InvalidMessage otherwise."""
+    if not isinstance(spec, TaskSpec):
+        raise InvalidMessage("register_task takes a TaskSpec")
+    check_queue_name(spec.queue)
+    return spec
+
+
 def is_registration(account: str, spec: TaskSpec, known: TaskSpec | None) -> bool:
     """Whether ``register_task`` by ``account`` registers (the admin's) or is a no-op (an
     account naming a type registered already with the same spec). Raises AuthError
@@ -91,6 +101,12 @@ def concurrency_limits(specs: Iterable[TaskSpec], key_mode: str) -> dict[str, in
     if key_mode != "type":
         return {}
     return {spec.type: spec.concurrency for spec in specs if spec.concurrency}
+
+
+def indexes_by_name(names: Iterable[str], prefix: str) -> dict[int, str]:
+    """index -> name of the names ``prefix<index>`` (how consumer actors are named)."""
+    return {int(name[len(prefix):]): name for name in names
+            if name.startswith(prefix) and name[len(prefix):].isdigit()}
 
 
 def consumers_to_change(total: int, running: Collection[int]) -> tuple[list[int], list[int]]:

@@ -3,7 +3,9 @@ series per tenant or job type forever."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 TOP_KEYS = 20
 OTHER = "other"
@@ -17,3 +19,14 @@ def top_keys(values: Mapping[str, float], limit: int = TOP_KEYS) -> dict[str, fl
     if rest or len(ranked) > limit:
         out[OTHER] = out.get(OTHER, 0.0) + rest
     return out
+
+
+def per_key(depths: Iterable[Any]) -> tuple[dict[str, float], dict[str, float]]:
+    """(messages per key, the longest wait per key) over a shard's per-subqueue key
+    depths (:class:`rayq.core.store.KeyDepth`)."""
+    depth: dict[str, float] = defaultdict(float)
+    oldest: dict[str, float] = defaultdict(float)
+    for d in depths:
+        depth[d.key] += d.count
+        oldest[d.key] = max(oldest[d.key], d.latency_s)
+    return dict(depth), dict(oldest)
