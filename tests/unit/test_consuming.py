@@ -7,12 +7,13 @@ import pytest
 
 from rayq.config import ConsumerConfig
 from rayq.core.consuming import (DeadLetter, Finish, PlanFollower, Retry, Saturation,
-                                 decide_end, effective_load, excluded_keys, held_back,
-                                 is_last_try, long_poll_group, poll_places, receive_size,
-                                 refreshed_handlers)
+                                 check_end_calls, decide_end, effective_load, excluded_keys,
+                                 held_back, is_last_try, long_poll_group, pause_after,
+                                 poll_places, receive_size, refreshed_handlers, slots_to_start)
 from rayq.core.fairness import Decision, ListenPlan
 from rayq.core.model import Ending
 from rayq.core.tasks import DeferralCause, Outcome, TaskSpec
+from rayq.errors import InvalidMessage
 from rayq.testing import FakeClock, memory_store
 from tests.contract.helpers import message
 from tests.unit.layouts import queue_info
@@ -190,3 +191,33 @@ def test_a_follower_keeps_its_plan_until_a_newer_one_and_counts_usage_since():
     assert (follower.version, follower.spent) == (3, {"a": 3.0})
     follower.adopt(plan(decision(True), version=4))
     assert (follower.version, follower.spent, follower.suspended) == (4, {}, frozenset())
+
+
+@pytest.mark.parametrize("load, running, start", [
+    (3, set(), [0, 1, 2]), (3, {0, 2}, [1]), (2, {0, 1, 2}, []), (0, set(), []),
+])
+def test_pollers_start_in_the_free_slots_below_the_load(load, running, start):
+    assert slots_to_start(load, running) == start
+
+
+@pytest.mark.parametrize("cause, pause", [
+    (DeferralCause.HOST_PRESSURE, 0.5), (DeferralCause.CONCURRENCY, 0.0),
+    (DeferralCause.SUSPENDED, 0.0), (DeferralCause.CANNOT_RUN, 0.0),
+])
+def test_a_poller_rests_after_a_deferral_only_when_its_host_is_pressed(cause, pause):
+    assert pause_after(cause, 0.5) == pause
+
+
+@pytest.mark.parametrize("calls", [
+    "not a list", [("finish",)], [["finish", ()]], [("delete", ("r",))],
+    [("finish", ("r", b"x", None)), ("drop_all", ())],
+])
+def test_a_malformed_batch_of_task_ends_is_refused_whole(calls):
+    with pytest.raises(InvalidMessage, match="end_many"):
+        check_end_calls(calls)
+
+
+def test_a_batch_of_task_ends_names_only_the_ending_calls():
+    calls = [Finish().shard_call("r", b"x", None), Retry(1.0).shard_call("s", b"", None),
+             ("defer", ("t", 0.5))]
+    assert check_end_calls(calls) == calls

@@ -6,7 +6,8 @@ import asyncio
 import pytest
 
 from rayq.core import gate as gate_module
-from rayq.core.gate import Gate
+from rayq.core.gate import Gate, check_reads_own, of_subqueues, per_queue, queues_on
+from rayq.core.store import KeyDepth
 from rayq.core.auth import ADMIN, Accounts, Place, Signer
 from rayq.errors import AuthError
 from rayq.testing import MemoryKV
@@ -114,3 +115,22 @@ def test_admin_operations_and_foreign_subqueues_are_refused(manager):
         with pytest.raises(AuthError):
             await gate.allow(signer.sign("jobs", "clear", 1), "clear", 0, [1], 1)
     run(scenario())
+
+
+def test_only_the_admin_reads_a_whole_shard():
+    check_reads_own(ADMIN, None)
+    check_reads_own("acme", [1, 2])
+    with pytest.raises(AuthError, match="its own subqueues"):
+        check_reads_own("acme", None)
+
+
+def test_reads_keep_the_rows_of_the_named_subqueues_and_counts_sum_per_queue():
+    rows = [KeyDepth(1, "a", 3, 0.0, None), KeyDepth(2, "a", 1, 0.0, None),
+            KeyDepth(3, "b", 2, 0.0, None)]
+    assert of_subqueues(rows, [1, 3]) == [rows[0], rows[2]]
+    assert of_subqueues(rows, None) == rows
+    places = {1: Place("acme/jobs", "acme", 0), 2: Place("acme/jobs", "acme", 1),
+              3: Place("tasks", ADMIN, 0, True)}
+    mine = queues_on(places, 0)
+    assert mine == {1: "acme/jobs", 3: "tasks"}
+    assert per_queue({**mine, 4: "acme/jobs"}, {1: 5, 3: 2, 4: 1}) == {"acme/jobs": 6, "tasks": 2}

@@ -1,7 +1,8 @@
 """Where the flood detector moves a flooder's messages (rayq.core.isolation)."""
 
 from rayq.core.flood import ALL_TENANTS, FloodChanges, Flooder
-from rayq.core.isolation import (dedicated_by_shard, dedicated_to, diverts, isolation_moves,
+from rayq.core.isolation import (dedicated_by_shard, dedicated_to, diverts, fully_swept,
+                                 isolation_moves,
                                  left_to_sweep, listed, shards_lacking_dedicated, spilled_on,
                                  subqueue_layout, with_sweeps)
 from rayq.core.model import SubqueueState
@@ -65,3 +66,9 @@ def test_a_batch_that_moved_nothing_ends_the_sweep_and_the_list_records_who_was_
     assert left_to_sweep(250, 0) == 0          # the rest had expired
     swept = with_sweeps([ACME, TYPE], {ACME.combination})
     assert [f.swept_empty for f in swept] == [True, False]
+
+
+def test_a_flooder_is_fully_swept_when_every_dedicated_subqueue_took_back_all_its_spill():
+    done = {("q", "a", "x"): [True, True], ("q", "b", "x"): [True, False],
+            ("q", "c", "x"): []}              # no open dedicated subqueue: nothing swept
+    assert fully_swept(done) == {("q", "a", "x")}

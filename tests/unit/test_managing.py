@@ -5,9 +5,10 @@ import pytest
 
 from rayq.config import ScalingConfig
 from rayq.core.auth import ADMIN
-from rayq.core.managing import (check_may_create, check_visible, concurrency_limits,
-                                consumers_to_change, ids_by_shard, is_registration, may_see,
-                                shard_depths, visible_names)
+from rayq.core.managing import (check_may_create, check_task_spec, check_visible,
+                                concurrency_limits, consumers_to_change, ids_by_shard,
+                                indexes_by_name, is_registration, may_see, shard_depths,
+                                visible_names)
 from rayq.core.model import SubqueueState
 from rayq.core.scaling import OpRates, QuietTracker, SubqueueLoad, loads_of
 from rayq.core.tasks import TaskSpec
@@ -144,3 +145,21 @@ def test_scaling_sees_a_queues_subqueues_but_the_dedicated_ones():
     assert loads_of(queue, {1: 7}, rates) == [
         SubqueueLoad(1, 0, SubqueueState.ALL, 1, 7, 50.0, 0.0),
         SubqueueLoad(2, 1, SubqueueState.NO_PUT, 1, 0, 0.0, 0.0)]
+
+
+def test_consumer_indexes_come_from_names_with_the_prefix_and_a_number():
+    names = ["rayq-consumer-0", "rayq-consumer-12", "rayq-consumer-x", "rayq-manager",
+             "rayq-consumer-"]
+    assert indexes_by_name(names, "rayq-consumer-") == {0: "rayq-consumer-0",
+                                                        12: "rayq-consumer-12"}
+
+
+@pytest.mark.parametrize("spec, error", [
+    (SPEC, None), ({"type": "report"}, InvalidMessage), (None, InvalidMessage),
+])
+def test_a_task_registration_takes_a_task_spec(spec, error):
+    if error is None:
+        assert check_task_spec(spec) is spec
+    else:
+        with pytest.raises(error):
+            check_task_spec(spec)
