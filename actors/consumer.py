@@ -34,10 +34,10 @@ from rayq.core.consuming import (PlanFollower, Saturation, decide_end, effective
                                  pause_after, receive_size, refreshed_handlers, slots_to_start)
 from rayq.core.managing import indexes_by_name
 from rayq.core.model import StoredMessage
-from rayq.core.wire import decode_delivered
 from rayq.core.registry import QueueInfo
 from rayq.core.tasks import (DeferralCause, Outcome, TaskSpec, UsageReport, decode_call,
                              encode_result, error_of)
+from rayq.core.wire import decode_delivered
 from rayq.errors import RayqError, ReceiptInvalid
 from rayq.remote import actor_names, call_async, running
 

@@ -24,11 +24,11 @@ from rayq.analytics.eventlog import log_decision, log_report, open_event_log
 from rayq.config import Config
 from rayq.core.auth import Signature
 from rayq.core.clock import Clock, SystemClock
-from rayq.core.gate import durable_gate
 from rayq.core.coordinating import (booster_consumers, fairness_report, intervening_since,
                                     is_intervening, pending_keys)
 from rayq.core.fairness import (Decision, FairnessReport, KeyState, ListenPlan, UsageWindows,
                                 decision_event, evaluate, listen_order)
+from rayq.core.gate import durable_gate
 from rayq.core.history import EventHistory
 from rayq.core.kv import LmdbKV
 from rayq.core.rules import SuspensionRule, SuspensionRules

@@ -30,8 +30,8 @@ from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
 from rayq.core.auth import Signature
 from rayq.core.clock import Clock, SystemClock
-from rayq.core.gate import durable_gate
 from rayq.core.flood import Flooder, build_view, detect, sweep_step
+from rayq.core.gate import durable_gate
 from rayq.core.history import EventHistory
 from rayq.core.isolation import (dedicated_by_shard, dedicated_to, diverts, fully_swept,
                                  isolation_moves, left_to_sweep, listed,
