@@ -17,7 +17,7 @@ import logging
 import random
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ from ray import cloudpickle
 
 from actors import COORDINATOR, MANAGER, NAMESPACE, consumer_name, shard_name
 from actors.metrics import BackgroundFailures
+from rayq.channel import ShardLink
 from rayq.config import Config
 from rayq.core.balancer import BalancerState, HostReading, host_pressed
 from rayq.core.fairness import ListenPlan, listen_order
@@ -122,7 +123,8 @@ class ConsumerActor:
     def __init__(self, index: int, config: Config):
         self.index, self.config, self.cc = index, config, config.consumers
         self.manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
-        self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
+        self.shards = [ShardLink(ray.get_actor(shard_name(i), namespace=NAMESPACE),
+                                 config.store.local_channel)
                        for i in range(config.store.shards)]
         self.balancer = BalancerState.initial(self.cc)
         self._threads = ThreadPoolExecutor(max_workers=self.cc.max_load,
@@ -447,7 +449,10 @@ class ConsumerActor:
 
 
 async def unwrap(ref) -> Any:
-    """Await a runtime call, raising the RayqError a runtime actor raised as itself."""
+    """Await a runtime call (a Ray ObjectRef, or a local channel's future), raising the
+    RayqError a runtime actor raised as itself."""
+    if isinstance(ref, Future):
+        return await asyncio.wrap_future(ref)
     try:
         return await ref
     except ray.exceptions.RayTaskError as err:

@@ -26,10 +26,12 @@ from typing import Any
 import psutil
 import ray
 
+from actors.channel import ChannelServer
 from actors.gate import Gate, manager_directory, named_subqueues, receipt_subqueues
 from rayq.core import nonces
 from actors.metrics import BackgroundFailures, ShardMetrics
 from rayq.analytics.eventlog import open_event_log
+from rayq.channel import CHANNEL_METHODS
 from rayq.config import Config
 from rayq.core.auth import ADMIN, Signature, check_admin
 from rayq.core.dispatch import DispatchPolicy, NoisyKey
@@ -97,6 +99,7 @@ class ShardActor:
         self._reviewing = self._loop.create_task(self._review_dispatch_forever())
         self._purging = self._loop.create_task(self._purge_forever())
         self.metrics = ShardMetrics(index)
+        self._channel = ChannelServer(self, CHANNEL_METHODS, f"shard-{index}")
         self.failures = BackgroundFailures("shard", index)
         # enqueues go to the event log, in batches
         self.events = open_event_log(os.path.dirname(path), f"shard-{index}", config.analytics,
@@ -257,7 +260,8 @@ class ShardActor:
         """Many ``finish``/``defer``/``change_visibility`` calls in one round trip (consumers
         batch the ends of their tasks); each result is the value or the RayqError raised."""
         if not isinstance(calls, list) or not all(
-                isinstance(c, tuple) and len(c) == 2 and c[0] in _END_CALLS for c in calls):
+                isinstance(c, (tuple, list)) and len(c) == 2 and c[0] in _END_CALLS
+                and isinstance(c[1], (tuple, list)) for c in calls):
             raise InvalidMessage(f"end_many takes a list of (name, args), name in {_END_CALLS}")
         futures = [self._enqueue(None, name, *args) for name, args in calls]
         return list(await asyncio.gather(*futures))
@@ -451,6 +455,10 @@ class ShardActor:
             return 0
         await self._collect_events()
         return await asyncio.to_thread(self.events.flush)
+
+    async def channel(self) -> tuple[str, str]:
+        """(host id, socket path) of this shard's local channel (rayq.channel)."""
+        return await self._channel.address()
 
     async def ping(self) -> int:
         return self.index

@@ -49,6 +49,9 @@ class StoreConfig:
     enqueue_window_s: float = 180.0
     enqueue_windows: int = 10
     durable: bool = True
+    # clients and consumers on a shard's host send put/receive/delete/... over a Unix
+    # socket (rayq.channel: ~0.05 ms a round trip beside ~0.9 ms for a Ray call)
+    local_channel: bool = True
     # A custom Ray resource held by the node(s) whose disk keeps data_dir: every
     # runtime actor with data (shards, manager, coordinator, flood detector) asks for
     # a sliver of it, so a restarted actor comes back where its LMDB files are.
