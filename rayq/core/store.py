@@ -39,7 +39,7 @@ from rayq.core.model import (PREFIX, ROW_KEY, US, Ending, NewMessage, StoredMess
                              check_count, check_name, check_subqueue, to_us)
 from rayq.core.wire import decode_delivered, encode_messages
 from rayq.core.windows import WindowedSums
-from rayq.errors import InvalidMessage
+from rayq.errors import InvalidMessage, RayqError, StoreBug, StoreError
 
 
 
@@ -158,13 +158,27 @@ class ShardStore:
 
     # -- transactions ------------------------------------------------------
     def _run(self, fn: Callable[[WriteBatch], Any]) -> Any:
+        """Run ``fn`` in one write transaction, then publish what it changed.
+
+        A RayqError passes through. Any other exception aborts the transaction (nothing
+        of it is stored, the in-memory state is untouched) and surfaces with its cause
+        chained: an OSError as StoreError (the machine failed), anything else as
+        StoreBug (the store's own code failed: never the caller's fault).
+        """
         def body(txn: Txn):
             batch = WriteBatch(self, txn)
             result = fn(batch)
             batch.seal()
             return batch, result
 
-        batch, result = self.kv.transact(body)
+        try:
+            batch, result = self.kv.transact(body)
+        except RayqError:
+            raise
+        except OSError as err:  # the machine failed underneath (disk, memory map)
+            raise StoreError(f"the storage failed: {err!r}") from err
+        except Exception as err:
+            raise StoreBug(f"the store failed on a valid request: {err!r}") from err
         self._apply(batch)
         return result
 
