@@ -1,6 +1,6 @@
 """Frozen configuration values.
 
-Every threshold has the default of its section in the design. Nothing here
+Every threshold has the default its mechanism's page in docs/ gives. Nothing here
 reads the environment at import: :func:`load` is called once, by the CLI or at
 runtime start-up.
 """
@@ -57,7 +57,7 @@ class StoreConfig:
 
 @dataclass(frozen=True)
 class FairnessConfig:
-    """The fairness coordinator (seed 000)."""
+    """The fairness coordinator (docs/fairness-coordinator.md) and fair dispatch."""
 
     enabled: bool = True
     key: str = "type"  # "type", "tenant" or "tenant_type"
@@ -83,7 +83,7 @@ class FairnessConfig:
 
 @dataclass(frozen=True)
 class FloodConfig:
-    """Flood detection, spill and sweep (seed 001)."""
+    """Flood detection, spill and sweep (docs/flood-detection.md)."""
 
     enabled: bool = True
     window_s: float = 180.0
@@ -100,7 +100,7 @@ class FloodConfig:
 
 @dataclass(frozen=True)
 class ConsumerConfig:
-    """Hit-rate self-balancing consumers (seed 002)."""
+    """Hit-rate self-balancing consumers (docs/consumer-balancing.md)."""
 
     count: int = 2
     min_load: int = 1
@@ -122,7 +122,7 @@ class ConsumerConfig:
 
 @dataclass(frozen=True)
 class ScalingConfig:
-    """Subqueue scale-up and scale-down (seed 003); evaluated every ``interval_s``."""
+    """Subqueue scale-up and scale-down (docs/autoscaling.md); evaluated every ``interval_s``."""
 
     interval_s: float = 1.0
     scale_up_ops_per_s: float = 5_000.0

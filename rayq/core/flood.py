@@ -1,4 +1,4 @@
-"""Flood detection and removal (seed 001), pure functions of depths and counts.
+"""Flood detection and removal (docs/flood-detection.md), pure functions of depths and counts.
 
 A *flooder* is a (queue, type, tenant) combination, or (queue, type, "*") for a
 whole job type. Its existing messages move to a dedicated subqueue, its new

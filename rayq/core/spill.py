@@ -1,4 +1,4 @@
-"""The spill store of a shard, and moving a flooder's messages (seed 001).
+"""The spill store of a shard, and moving a flooder's messages (docs/flood-detection.md).
 
 A flooder's new messages go to the ``spill`` table instead of the live queue:
 durable like every write, but never cached and invisible to receives, so a

@@ -5,12 +5,12 @@ Tables (LMDB named sub-databases):
 - ``rows``: (subqueue, key id, visible_at µs, seq) -> row. Hidden and delayed
   rows sort after every visible row of their prefix, deleted rows are gone, so
   the oldest visible message of a (subqueue, fairness key) is the first row of
-  its prefix: one cursor seek, whatever the depth (seed 003's DequeueHead,
+  its prefix: one cursor seek, whatever the depth (the DequeueHead of docs/shards-and-storage.md,
   kept implicitly by the key order).
 - ``expiry``: (expires_at µs, seq) -> row key, so expired rows are collected
   in bounded batches without scanning the queue.
 - ``blobs``: (blob id, chunk) -> bytes for bodies over the blob threshold.
-- ``counts``: (subqueue, key id) -> message count (seed 003's MessageCount).
+- ``counts``: (subqueue, key id) -> message count (docs/shards-and-storage.md).
 - ``keys``: fairness key name <-> key id; ``meta``: sequence and store id.
 
 Every public method is one write transaction (one commit, one fsync);

@@ -1,4 +1,5 @@
-"""Weights in seed 000's fair expected usage: a key of weight w is entitled to w
+"""Weights in the fair expected usage of docs/fairness-coordinator.md: a key of weight w
+is entitled to w
 times the thread time of a key of weight 1 over the windows they both waited."""
 
 import pytest
