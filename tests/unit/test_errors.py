@@ -50,6 +50,22 @@ def test_every_error_class_says_when_it_is_raised():
         assert (cls.__doc__ or "").startswith("Raised when "), cls.__name__
 
 
+@pytest.mark.parametrize("name, fault", WHOSE_FAULT)
+def test_the_sqs_endpoint_blames_the_sender_exactly_for_usage_errors(name, fault):
+    from rayq.sqs.errors import from_rayq
+    cls = getattr(errors, name)
+    err = cls("x", ()) if cls is errors.ReceiptInvalid else cls("x")
+    answer = from_rayq(err)
+    assert answer.sender == (fault == "you")
+    assert (answer.status < 500) == (fault == "you")
+
+
+def test_a_disabled_queue_is_a_retryable_503_for_sqs_clients():
+    from rayq.sqs.errors import from_rayq
+    answer = from_rayq(errors.QueueDisabled("subqueue 3 is being removed"))
+    assert (answer.code, answer.status) == ("ServiceUnavailable", 503)
+
+
 def test_config_errors_are_usage_errors_but_not_invalid_messages():
     assert issubclass(ConfigError, UsageError) and not issubclass(ConfigError, InvalidMessage)
 
