@@ -178,7 +178,7 @@ class Accounts:
 
 
 class SignatureMismatch(AuthError):
-    """The MAC matches none of the account's keys."""
+    """Raised when the MAC matches none of the account's keys."""
 
 
 class ReplayedRequest(AuthError):

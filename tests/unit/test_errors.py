@@ -45,8 +45,16 @@ def test_every_error_but_the_roots_and_task_error_is_on_exactly_one_branch():
     assert not issubclass(errors.TaskError, (UsageError, RuntimeFailure))  # the handler's
 
 
+def all_subclasses(cls: type) -> set[type]:
+    return {cls} | {sub for child in cls.__subclasses__() for sub in all_subclasses(child)}
+
+
 def test_every_error_class_says_when_it_is_raised():
-    for cls in error_classes():
+    import rayq.core.auth  # noqa: F401  (its AuthError subclasses join the tree)
+    import rayq.sqs.errors  # noqa: F401
+    classes = {cls for cls in all_subclasses(errors.RayqError) if cls.__module__.startswith("rayq")}
+    assert set(error_classes()) <= classes and rayq.core.auth.SignatureMismatch in classes
+    for cls in classes:
         assert (cls.__doc__ or "").startswith("Raised when "), cls.__name__
 
 
