@@ -121,12 +121,12 @@ class _Held:
 
 class ConsumerActor:
     def __init__(self, index: int, config: Config):
-        self.index, self.config, self.consumer_config = index, config, config.consumers
+        self.index, self.config, self.cc = index, config, config.consumers
         self.manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
         self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
                        for i in range(config.store.shards)]
-        self.balancer = BalancerState.initial(self.consumer_config)
-        self._threads = ThreadPoolExecutor(max_workers=self.consumer_config.max_load,
+        self.balancer = BalancerState.initial(self.cc)
+        self._threads = ThreadPoolExecutor(max_workers=self.cc.max_load,
                                            thread_name_prefix=f"consumer-{index}")
         self._handlers: dict[str, tuple[TaskSpec, Any, bytes]] = {}  # type -> (spec, fn, pickled)
         self._tasks_version: int | None = None
@@ -187,12 +187,12 @@ class ConsumerActor:
                 await self._refresh_plan()
             except (RayqError, ray.exceptions.RayError, ValueError) as err:
                 self.failures.record("refresh", err)  # keep the plan and handlers we have
-            self.balancer = self.balancer.adjusted(self.consumer_config)
-            self._pressed = host_pressed(read_host(), self.consumer_config)
+            self.balancer = self.balancer.adjusted(self.cc)
+            self._pressed = host_pressed(read_host(), self.cc)
             for slot in range(self._load()):
                 if slot not in self._pollers or self._pollers[slot].done():
                     self._pollers[slot] = asyncio.get_running_loop().create_task(self._poll(slot))
-            await asyncio.sleep(self.consumer_config.adjust_interval_s)
+            await asyncio.sleep(self.cc.adjust_interval_s)
 
     def _load(self) -> int:
         return self._fixed if self._fixed is not None else self.balancer.load
@@ -205,17 +205,17 @@ class ConsumerActor:
         poller that finds no room waits for a task to end instead of polling."""
         while not self._stopping and slot < self._load():
             if not self._handlers:
-                await asyncio.sleep(self.consumer_config.poll_wait_s)
+                await asyncio.sleep(self.cc.poll_wait_s)
                 continue
             self._room.clear()  # before looking: a task ending from here on sets it again
             room = self._load() - self._held - self._claimed
             if room <= 0:
                 try:
-                    await asyncio.wait_for(self._room.wait(), self.consumer_config.poll_wait_s)
+                    await asyncio.wait_for(self._room.wait(), self.cc.poll_wait_s)
                 except asyncio.TimeoutError:
                     pass  # look again: the load may have grown meanwhile
                 continue
-            want = max(self.consumer_config.prefetch, room)
+            want = max(self.cc.prefetch, room)
             self._claimed += want
             try:
                 held = await self._receive(want)
@@ -291,7 +291,7 @@ class ConsumerActor:
             queue, order = await self._route(name)
             places.extend((queue, sq) for sq in order)
         if not places:
-            await asyncio.sleep(self.consumer_config.poll_wait_s)
+            await asyncio.sleep(self.cc.poll_wait_s)
             return []
         start = next(self._rotation) % len(places)
         places = places[start:] + places[:start]
@@ -302,8 +302,7 @@ class ConsumerActor:
         queue, first = places[0]  # one parked call for that queue's subqueues on its shard
         index = queue.subqueue(first).shard
         together = [sq for q, sq in places if q is queue and q.subqueue(sq).shard == index]
-        return await self._receive_from(queue, together, want,
-                                        wait_s=self.consumer_config.poll_wait_s)
+        return await self._receive_from(queue, together, want, wait_s=self.cc.poll_wait_s)
 
     async def _receive_from(self, queue: QueueInfo, sq: int | list[int], want: int,
                             wait_s: float) -> list[_Held]:
@@ -318,10 +317,10 @@ class ConsumerActor:
         got = []
         if order:  # the plan's order first; keys it does not know yet come after
             got = decode_delivered(await unwrap(shard.receive.remote(
-                sq, want, self.consumer_config.visibility_timeout_s, keys=order, **options)))
+                sq, want, self.cc.visibility_timeout_s, keys=order, **options)))
         if not got:
             got = decode_delivered(await unwrap(shard.receive.remote(
-                sq, want, self.consumer_config.visibility_timeout_s, wait_s=wait_s,
+                sq, want, self.cc.visibility_timeout_s, wait_s=wait_s,
                 exclude=sorted(exclude) or None, **options)))
         return [_Held(m, queue, shard, self._ends[index], m.receipt) for m in got]
 
@@ -336,13 +335,13 @@ class ConsumerActor:
         if cause is not None:
             await self._defer(held, cause)
             if cause is DeferralCause.HOST_PRESSURE:
-                await asyncio.sleep(self.consumer_config.defer_s)  # back off: the host needs a rest
+                await asyncio.sleep(self.cc.defer_s)  # back off: the host needs a rest
             return
         spec, fn, _ = handler
         lease = f"{self.index}:{m.id}:{m.dequeue_count}"
         if spec.concurrency and not await unwrap(self.manager.acquire.remote(
-                m.type, lease, spec.concurrency, self.consumer_config.visibility_timeout_s)):
-            self._saturated[m.type] = time.monotonic() + self.consumer_config.defer_s
+                m.type, lease, spec.concurrency, self.cc.visibility_timeout_s)):
+            self._saturated[m.type] = time.monotonic() + self.cc.defer_s
             await self._defer(held, DeferralCause.CONCURRENCY)
             return
         self._running += 1
@@ -376,7 +375,7 @@ class ConsumerActor:
             await heartbeat  # let an extension in flight land, so our receipt stays current
 
     async def _heartbeat(self, held: _Held, spec: TaskSpec, lease: str, done: asyncio.Event):
-        interval = self.consumer_config.visibility_timeout_s / 3
+        interval = self.cc.visibility_timeout_s / 3
         while not done.is_set():
             try:
                 await asyncio.wait_for(done.wait(), interval)
@@ -385,10 +384,10 @@ class ConsumerActor:
                 pass
             try:
                 held.receipt = await unwrap(held.shard.change_visibility.remote(
-                    held.receipt, self.consumer_config.visibility_timeout_s))
+                    held.receipt, self.cc.visibility_timeout_s))
                 if spec.concurrency:
                     await self.manager.renew.remote(held.message.type, lease,
-                                                    self.consumer_config.visibility_timeout_s)
+                                                    self.cc.visibility_timeout_s)
             except (RayqError, ray.exceptions.RayError):
                 return  # lost the task (or its shard): whoever holds it now finishes it
 
@@ -407,8 +406,7 @@ class ConsumerActor:
                 shard = queue.subqueue(m.subqueue).shard
                 await held.ends.call("finish", held.receipt, outcome, queue.dead_letter_on(shard))
                 return Outcome.DEAD
-            backoff = min(self.consumer_config.retry_backoff_s * 2 ** (m.dequeue_count - 1),
-                          self.consumer_config.max_backoff_s)
+            backoff = min(self.cc.retry_backoff_s * 2 ** (m.dequeue_count - 1), self.cc.max_backoff_s)
             await held.ends.call("change_visibility", held.receipt, backoff)
             return Outcome.FAILED
         except ReceiptInvalid:
@@ -428,7 +426,7 @@ class ConsumerActor:
     async def _defer(self, held: _Held, cause: DeferralCause) -> None:
         """Put a task back unrun; it counts as a deferral of its key, with its cause."""
         self._deferrals += 1
-        await self._put_back(held, self.consumer_config.defer_s)
+        await self._put_back(held, self.cc.defer_s)
         self._report(held, 0.0, Outcome.DEFERRED, time.time() - held.message.enqueued_at, cause)
 
     async def _put_back(self, held: _Held, delay_s: float) -> None:

@@ -39,10 +39,10 @@ log = logging.getLogger("rayq.coordinator")
 
 class FairnessCoordinator:
     def __init__(self, data_dir: str, config: Config):
-        self.config, self.fairness_config = config, config.fairness
+        self.config, self.fc = config, config.fairness
         self.kv = LmdbKV(os.path.join(data_dir, "coordinator"), map_size=64 << 20)
         self.rules = SuspensionRules(self.kv)
-        self.usage = UsageWindows(self.fairness_config.window_s, self.fairness_config.windows)
+        self.usage = UsageWindows(self.fc.window_s, self.fc.windows)
         self.tally = Tally()  # every finished delivery since the coordinator started
         self.metrics = CoordinatorMetrics()
         self.failures = BackgroundFailures("coordinator")
@@ -53,7 +53,7 @@ class FairnessCoordinator:
         self.decision: Decision | None = None
         self.pending: dict[str, KeyState] = {}
         self.intervening_since: float | None = None
-        self.history = EventHistory(self.kv, self.fairness_config.history)
+        self.history = EventHistory(self.kv, self.fc.history)
         self._version = 0
         self._regular = config.consumers.count
         self._rng = random.Random()
@@ -116,10 +116,10 @@ class FairnessCoordinator:
         self._regular = await unwrap(self.manager.consumer_count.remote())
         threads = max(1, self._regular * self.config.consumers.max_load)
         now = time.time()
-        if not self.fairness_config.enabled:  # plain FIFO dispatch; suspensions still hold
+        if not self.fc.enabled:  # plain FIFO dispatch; suspensions still hold
             self._version += 1
             return None
-        decision = evaluate(self.usage.table(now), self.pending, now, self.fairness_config, threads,
+        decision = evaluate(self.usage.table(now), self.pending, now, self.fc, threads,
                             self.rules.suspended(),
                             was_intervening=bool(self.decision and self.decision.intervening))
         started = decision.intervening and not (self.decision and self.decision.intervening)
@@ -180,7 +180,7 @@ class FairnessCoordinator:
         """Permits become booster consumers: one per max_load permits, bounded."""
         permits = sum(decision.permits.values())
         per = self.config.consumers.max_load
-        extra = min(self.fairness_config.max_boost_consumers, -(-permits // per))
+        extra = min(self.fc.max_boost_consumers, -(-permits // per))
         await unwrap(self.manager.set_boost.remote(extra))
 
     def _publish(self, event: dict) -> None:
@@ -197,7 +197,7 @@ class FairnessCoordinator:
 
     async def _evaluate_forever(self) -> None:
         while True:
-            await asyncio.sleep(self.fairness_config.interval_s)
+            await asyncio.sleep(self.fc.interval_s)
             try:
                 await self.evaluate_once()
             except (RayqError, ray.exceptions.RayError) as err:  # a shard or the manager

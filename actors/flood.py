@@ -48,7 +48,7 @@ MAX_SWEEP_BATCHES = 500   # per flooder and shard in one run: the next run goes 
 
 class FloodDetector:
     def __init__(self, data_dir: str, config: Config):
-        self.config, self.flood_config = config, config.flood
+        self.config, self.fc = config, config.flood
         self.kv = LmdbKV(os.path.join(data_dir, "flood"), map_size=64 << 20)
         self.history = EventHistory(self.kv, 1000)
         self.metrics = FloodMetrics()
@@ -78,7 +78,7 @@ class FloodDetector:
         view = build_view(layout, [s["tenant_counts"] for s in snapshots],
                           [s["enqueues"] for s in snapshots])
         now = time.time()
-        changes = detect(view, self.flooders, self.flood_config, now)
+        changes = detect(view, self.flooders, self.fc, now)
         for flooder in changes.added:
             self._event("detected", flooder, depth=flooder.depth)
             await self._isolate(flooder, queues)
@@ -154,7 +154,7 @@ class FloodDetector:
         handle = self.shards[shard]
         while await handle.spill_left.remote(flooder.type, flooder.tenant):
             moved = await unwrap(handle.sweep.remote(flooder.type, flooder.tenant, target,
-                                                     self.flood_config.sweep_batch))
+                                                     self.fc.sweep_batch))
             self._event("swept", flooder, shard=shard, moved=moved)
 
     async def _sweep(self, queues: dict[str, QueueInfo], snapshots: list[dict]) -> set:
@@ -181,15 +181,14 @@ class FloodDetector:
         while True:
             # the target queue's depth, checked before every batch
             depth, under_pressure = await handle.health.remote(target)
-            step = sweep_step(depth, under_pressure, spilled, batches, self.flood_config,
-                              MAX_SWEEP_BATCHES)
+            step = sweep_step(depth, under_pressure, spilled, batches, self.fc, MAX_SWEEP_BATCHES)
             if step == "pause":
                 self._event("sweep paused", flooder, shard=shard, depth=depth,
                             under_pressure=under_pressure)
             if step != "sweep":
                 return step == "done"
             moved = await unwrap(handle.sweep.remote(flooder.type, flooder.tenant, target,
-                                                     self.flood_config.sweep_batch))
+                                                     self.fc.sweep_batch))
             batches += 1
             spilled = spilled - moved if moved else 0  # nothing moved: the rest had expired
             self._event("swept", flooder, shard=shard, moved=moved)
@@ -213,8 +212,8 @@ class FloodDetector:
 
     async def _detect_forever(self) -> None:
         while True:
-            await asyncio.sleep(self.flood_config.interval_s)
-            if not self.flood_config.enabled:
+            await asyncio.sleep(self.fc.interval_s)
+            if not self.fc.enabled:
                 continue
             try:
                 await self.detect_once()
