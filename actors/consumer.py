@@ -1,4 +1,5 @@
-"""ConsumerActor: runs task handlers, balancing its own polling by hit rate (seed 002).
+"""ConsumerActor: runs task handlers, balancing its own polling by hit rate
+(docs/consumer-balancing.md).
 
 A consumer runs ``load`` pollers at once, each receiving a task (long poll),
 running its handler on a worker thread and ending it. The load follows the

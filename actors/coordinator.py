@@ -1,4 +1,4 @@
-"""FairnessCoordinator: usage in, listen plan out (seed 000).
+"""FairnessCoordinator: usage in, listen plan out (docs/fairness-coordinator.md).
 
 Every interval it pulls the usage reports consumers buffered, the per-key
 latency snapshot of the task queues from the shards, evaluates the rules of

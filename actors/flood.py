@@ -1,4 +1,5 @@
-"""FloodDetector: the flooder list, isolation, spill routing and the sweeper (seed 001).
+"""FloodDetector: the flooder list, isolation, spill routing and the sweeper
+(docs/flood-detection.md).
 
 Every interval it reads each shard's counts (kept locally by the shards as
 enqueues happen: no enqueue waits on the network for them), applies the
@@ -159,7 +160,8 @@ class FloodDetector:
     async def _sweep(self, queues: dict[str, QueueInfo], snapshots: list[dict]) -> set:
         """Move what was spilled when this run began back, batch by batch, while each
         target queue stays healthy (what spills meanwhile waits for the next run).
-        Returns the flooders whose spill this emptied (seed 001: "completely swept")."""
+        Returns the flooders whose spill this emptied (docs/flood-detection.md:
+        "completely swept")."""
         emptied = set()
         for flooder in self.flooders:
             done = []

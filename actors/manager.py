@@ -318,7 +318,8 @@ class QueueManager:
             await self._apply(queue, decision, now)
 
     def _quiet_for(self, loads: list[SubqueueLoad], now: float) -> dict[int, float]:
-        """How long each subqueue has been quiet (seed 003: small, fast, seldom throttled)."""
+        """How long each subqueue has been quiet (docs/autoscaling.md: small, fast,
+        seldom throttled)."""
         out = {}
         for load in loads:
             if is_quiet(load, self.config.scaling):

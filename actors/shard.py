@@ -356,7 +356,8 @@ class ShardActor:
 
     async def health(self, subqueue: int) -> tuple[int, bool]:
         """(messages in ``subqueue``, under memory pressure): what the sweeper checks
-        before each batch it moves into ``subqueue`` (seed 001: the target queue's depth)."""
+        before each batch it moves into ``subqueue`` (docs/flood-detection.md: the
+        target's depth)."""
         return await self._read(lambda: (self.store.count(subqueue),
                                          self.store.cache.stats().under_pressure))
 

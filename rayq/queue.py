@@ -3,7 +3,7 @@
 The data path goes straight from the client to the shard actors; the manager
 is asked only for routing (cached by the transport for a moment). A client is
 one producer session: its puts to a queue stick to one subqueue (enqueuer
-affinity, seed 004) so they stay in order.
+affinity, docs/shards-and-storage.md) so they stay in order.
 """
 
 from __future__ import annotations
