@@ -1,4 +1,5 @@
-"""ConsumerActor: runs task handlers, balancing its own polling by hit rate (seed 002).
+"""ConsumerActor: runs task handlers, balancing its own polling by hit rate
+(docs/consumer-balancing.md).
 
 A consumer runs ``load`` pollers at once, each receiving a task (long poll),
 running its handler on a worker thread and ending it. The load follows the
@@ -26,12 +27,14 @@ from ray import cloudpickle
 
 from actors import COORDINATOR, MANAGER, NAMESPACE, consumer_name, shard_name
 from actors.metrics import BackgroundFailures
+from rayq.channel import ShardLink
 from rayq.config import Config
 from rayq.core.balancer import BalancerState, HostReading, host_pressed
 from rayq.core.clock import Clock, SystemClock
 from rayq.core.consuming import (PlanFollower, Saturation, decide_end, effective_load,
                                  excluded_keys, held_back, long_poll_group, poll_places,
-                                 pause_after, receive_size, refreshed_handlers, slots_to_start)
+                                 pause_after, receive_requests, receive_size,
+                                 refreshed_handlers, slots_to_start)
 from rayq.core.managing import indexes_by_name
 from rayq.core.model import StoredMessage
 from rayq.core.registry import QueueInfo
@@ -127,7 +130,8 @@ class ConsumerActor:
         self.index, self.config, self.cc = index, config, config.consumers
         self.clock = clock or SystemClock()
         self.manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
-        self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
+        self.shards = [ShardLink(ray.get_actor(shard_name(i), namespace=NAMESPACE),
+                                 config.store.local_channel)
                        for i in range(config.store.shards)]
         self.balancer = BalancerState.initial(self.cc)
         self._threads = ThreadPoolExecutor(max_workers=self.cc.max_load,
@@ -286,15 +290,12 @@ class ConsumerActor:
                                 self._saturated.saturated(self.clock.monotonic()),
                                 self.config.fairness.key)
         options = dict(max_receives=queue.max_receives, dead_letter=queue.dead_letter_on(index))
-        order = self._plan.order(exclude) if wait_s == 0 else None
-        got = []
-        if order:  # the plan's order first; keys it does not know yet come after
+        order = self._plan.order(exclude) if wait_s == 0 else None  # long polls: no plan
+        for request in receive_requests(order, exclude, wait_s):
             got = decode_delivered(await call_async(lambda: shard.receive.remote(
-                sq, want, self.cc.visibility_timeout_s, keys=order, **options)))
-        if not got:
-            got = decode_delivered(await call_async(lambda: shard.receive.remote(
-                sq, want, self.cc.visibility_timeout_s, wait_s=wait_s,
-                exclude=sorted(exclude) or None, **options)))
+                sq, want, self.cc.visibility_timeout_s, **request, **options)))
+            if got:
+                break
         return [_Held(m, queue, shard, self._ends[index], m.receipt) for m in got]
 
     # -- running -------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""FairnessCoordinator: usage in, listen plan out (seed 000).
+"""FairnessCoordinator: usage in, listen plan out (docs/fairness-coordinator.md).
 
 Every interval it pulls the usage reports consumers buffered, the per-key
 latency snapshot of the task queues from the shards, evaluates the rules of
@@ -33,7 +33,7 @@ from rayq.core.history import EventHistory
 from rayq.core.kv import LmdbKV
 from rayq.core.rules import SuspensionRule, SuspensionRules
 from rayq.core.tasks import Outcome, Tally, TallyRow, UsageReport
-from rayq.remote import answers, call_all, call_async
+from rayq.remote import answers, call_all_async, call_async
 
 
 class FairnessCoordinator:
@@ -145,7 +145,7 @@ class FairnessCoordinator:
     async def _pending(self, subqueues: dict[int, list[int]],
                        concurrency: dict[str, int]) -> dict[str, KeyState]:
         """Per key over the task queues: the longest wait and the oldest enqueue."""
-        parts = await call_all((lambda i=i: self.shards[i].depths.remote()) for i in sorted(subqueues))
+        parts = await call_all_async((lambda i=i: self.shards[i].depths.remote()) for i in sorted(subqueues))
         wanted = {sq for ids in subqueues.values() for sq in ids}
         return pending_keys((d for part in parts for d in part), wanted, concurrency)
 

@@ -1,4 +1,5 @@
-"""FloodDetector: the flooder list, isolation, spill routing and the sweeper (seed 001).
+"""FloodDetector: the flooder list, isolation, spill routing and the sweeper
+(docs/flood-detection.md).
 
 Every interval it reads each shard's counts (kept locally by the shards as
 enqueues happen: no enqueue waits on the network for them), applies the
@@ -40,7 +41,7 @@ from rayq.core.isolation import (dedicated_by_shard, dedicated_to, diverts, full
 from rayq.core.kv import LmdbKV
 from rayq.core.model import pack, unpack
 from rayq.core.registry import QueueInfo
-from rayq.remote import call_all, call_async
+from rayq.remote import call_all_async, call_async
 
 MOVE_ROWS_PER_CALL = 5_000
 MAX_SWEEP_BATCHES = 500   # per flooder and shard in one run: the next run goes on
@@ -75,7 +76,7 @@ class FloodDetector:
     # -- one run ---------------------------------------------------------------------
     async def detect_once(self) -> list[Flooder]:
         queues: dict[str, QueueInfo] = await call_async(lambda: self.manager.flood_layout.remote())
-        snapshots = await call_all((lambda s=s: s.flood_snapshot.remote()) for s in self.shards)
+        snapshots = await call_all_async((lambda s=s: s.flood_snapshot.remote()) for s in self.shards)
         view = build_view(subqueue_layout(queues), [s["tenant_counts"] for s in snapshots],
                           [s["enqueues"] for s in snapshots])
         changes = detect(view, self.flooders, self.fc, self.clock.now())
@@ -126,7 +127,7 @@ class FloodDetector:
 
     async def _route(self, queues: dict[str, QueueInfo], flooders: list[Flooder]) -> None:
         """Tell each shard which flooders' puts to its subqueues to spill."""
-        await call_all((lambda s=s, d=d: s.set_diverts.remote(d))
+        await call_all_async((lambda s=s, d=d: s.set_diverts.remote(d))
                        for s, d in zip(self.shards, diverts(queues, flooders, len(self.shards))))
 
     async def _release(self, flooder: Flooder, queues: dict[str, QueueInfo]) -> None:
@@ -150,7 +151,8 @@ class FloodDetector:
     async def _sweep(self, queues: dict[str, QueueInfo], snapshots: list[dict]) -> set:
         """Move what was spilled when this run began back, batch by batch, while each
         target queue stays healthy (what spills meanwhile waits for the next run).
-        Returns the flooders whose spill this emptied (seed 001: "completely swept")."""
+        Returns the flooders whose spill this emptied (docs/flood-detection.md:
+        "completely swept")."""
         # queues.get: None when the queue was deleted since this run began
         return fully_swept({f.combination: [
             await self._sweep_into(f, sq.shard, sq.id,

@@ -32,7 +32,7 @@ from rayq.core.registry import (QueueInfo, QueueRegistry, check_queue_ref, put_t
 from rayq.core.scaling import OpRates, QuietTracker, decide, loads_of
 from rayq.core.tasks import TaskRegistry, TaskSpec
 from rayq.errors import RayqError
-from rayq.remote import NO_RETRY, call_all, call_async, running
+from rayq.remote import NO_RETRY, call_all_async, call_async, running
 
 MAX_CONSUMERS = 1000
 FORGET_TIMEOUT_S = 10.0
@@ -259,9 +259,9 @@ class QueueManager:
 
     async def refresh(self) -> None:
         """Read counts and per-subqueue operation counters from every shard."""
-        stats = await call_all((lambda s=s: s.stats.remote()) for s in self.shards)
+        stats = await call_all_async((lambda s=s: s.stats.remote()) for s in self.shards)
         by_shard = ids_by_shard(sq for queue in self.registry.all() for sq in queue.subqueues)
-        counts = await call_all((lambda i=i, ids=ids: self.shards[i].counts.remote(ids))
+        counts = await call_all_async((lambda i=i, ids=ids: self.shards[i].counts.remote(ids))
                                 for i, ids in by_shard.items())
         self._counts = {sq: n for part in counts for sq, n in part.items()}
         now = self.clock.monotonic()

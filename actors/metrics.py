@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 import ray
 from ray.util.metrics import Counter, Gauge
 
-from rayq.core.metrics import per_key, top_keys
+from rayq.core.metrics import failure_text, per_key, top_keys
 from rayq.errors import RayqError
 
 
@@ -113,6 +113,5 @@ class BackgroundFailures:
     def record(self, loop: str, err: BaseException) -> None:
         self.counts[loop] += 1
         self.metric.inc(tags={"loop": loop})
-        cause = err.__cause__ or err.__context__
-        self.log.warning("%s: %s failed (%d so far), retrying next round: %r%s", self.name, loop,
-                         self.counts[loop], err, f" caused by {cause!r}" if cause else "")
+        self.log.warning("%s: %s failed (%d so far), retrying next round: %s", self.name, loop,
+                         self.counts[loop], failure_text(err))

@@ -24,10 +24,12 @@ from typing import Any
 import psutil
 import ray
 
+from actors.channel import ChannelServer
 from actors.gate import manager_directory
 from rayq.core import nonces
 from actors.metrics import BackgroundFailures, ShardMetrics
 from rayq.analytics.eventlog import open_event_log
+from rayq.channel import CHANNEL_METHODS
 from rayq.config import Config
 from rayq.core.auth import ADMIN, Signature, check_admin
 from rayq.core.clock import Clock, SystemClock
@@ -90,6 +92,7 @@ class ShardActor:
         self._commits = self._calls = 0
         self._waiters = OutcomeWaiters()
         self.metrics = ShardMetrics(index)
+        self._channel = ChannelServer(self, CHANNEL_METHODS, f"shard-{index}")
         self.failures = BackgroundFailures("shard", index)
         self._housekeeping = self._loop.create_task(
             self.failures.every(EXPIRY_INTERVAL_S, "housekeeping", self._collect_expired))
@@ -324,7 +327,8 @@ class ShardActor:
 
     async def health(self, subqueue: int) -> tuple[int, bool]:
         """(messages in ``subqueue``, under memory pressure): what the sweeper checks
-        before each batch it moves into ``subqueue`` (seed 001: the target queue's depth)."""
+        before each batch it moves into ``subqueue`` (docs/flood-detection.md: the
+        target's depth)."""
         return await self._read(lambda: (self.store.count(subqueue),
                                          self.store.cache.stats().under_pressure))
 
@@ -412,6 +416,10 @@ class ShardActor:
         await self._remember(auth)
         await self._collect_events()
         return await asyncio.to_thread(self.events.flush)
+
+    async def channel(self) -> tuple[str, str]:
+        """(host id, socket path) of this shard's local channel (rayq.channel)."""
+        return await self._channel.address()
 
     async def ping(self) -> int:
         return self.index

@@ -132,7 +132,8 @@ def main() -> None:
         admin.create_queue("plain", max_receives=None)
         signed.create_queue("signed", max_receives=None)
         for client, queue in ((admin, "plain"), (signed, "signed")):  # warm-up, not measured
-            single_sends(client, queue, 1.0), counts(client, queue, 20)
+            single_sends(client, queue, 1.0)
+            counts(client, queue, 20)
         sides = [("unsigned", admin, "plain"), ("signed", signed, "signed")]
         runs: dict[str, list] = {name: [] for name, _, _ in sides}
         for r in range(2):  # two rounds; each side goes first once, the mean is reported

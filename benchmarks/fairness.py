@@ -1,4 +1,5 @@
-"""Fair dispatch: quiet tenants during a noisy burst, weighted shares, seed 000's intervention.
+"""Fair dispatch: quiet tenants during a noisy burst, weighted shares, the coordinator's
+intervention (docs/fair-dispatch.md, docs/fairness-coordinator.md).
 
     python benchmarks/fairness.py [--scale 1.0] [--only burst,weights,intervention,overhead]
 
@@ -11,7 +12,7 @@
    p99 alone + one noisy handler (0.2 s); noisy throughput >= 0.9x FIFO's.
 2. Weights: tenants gold (weight 4) and free (weight 1) both backlogged with 50 ms
    tasks; gold's share of handler time while both are backlogged (target 0.8 +- 10 %).
-3. Intervention (seed 000, scaled: 2 s windows, 0.5 s interval, 1 s latency
+3. Intervention (docs/fairness-coordinator.md, scaled: 2 s windows, 0.5 s interval, 1 s latency
    threshold): three job types backlogged together, "heavy" (0.2 s) flooding first.
    Jain's index of usage share among backlogged keys, from two windows after the
    intervention starts, beside FIFO (no coordinator, FIFO dispatch) over the same

@@ -24,9 +24,10 @@ from rayq.core.fairness import FairnessReport
 from rayq.core.flood import Flooder
 from rayq.core.rules import SuspensionRule
 from rayq.core.tasks import TaskFunction, task
-from rayq.errors import (AuthError, InvalidMessage, MessageTooLarge, Overloaded, QueueDisabled,
-                         QueueExists, QueueNotFound, RayqError, ReceiptInvalid, RuntimeFailure,
-                         StoreError, TaskError, UsageError)
+from rayq.errors import (AuthError, ConfigError, InvalidMessage, MessageTooLarge, NoEvents,
+                         Overloaded, QueueDisabled, QueueExists, QueueNotFound, RayqError,
+                         ReceiptInvalid, RuntimeFailure, StoreBug, StoreError, TaskError,
+                         UsageError)
 
 # Names that need Ray live in modules loaded on first use, so that importing
 # rayq.core (or rayq.config, rayq.errors) never loads Ray or the actors.
@@ -40,9 +41,9 @@ __all__ = [
     "Config", "ConsumerConfig", "FairnessConfig", "FloodConfig", "ScalingConfig", "StoreConfig",
     "Outgoing", "Received", "task", "TaskFunction", "FairnessReport", "SuspensionRule",
     "Flooder",
-    "AuthError", "InvalidMessage", "MessageTooLarge", "Overloaded", "QueueDisabled",
-    "QueueExists", "QueueNotFound", "RayqError", "ReceiptInvalid", "RuntimeFailure",
-    "StoreError", "TaskError", "UsageError",
+    "AuthError", "ConfigError", "InvalidMessage", "MessageTooLarge", "NoEvents", "Overloaded",
+    "QueueDisabled", "QueueExists", "QueueNotFound", "RayqError", "ReceiptInvalid",
+    "RuntimeFailure", "StoreBug", "StoreError", "TaskError", "UsageError",
 ]
 
 

@@ -1,16 +1,18 @@
 """The one exception tree of rayq.
 
 Every error a caller can see derives from :class:`RayqError`. Errors caused by
-the caller's input ("you did it") derive from :class:`UsageError`; errors of the
-runtime itself ("it broke") derive from :class:`RuntimeFailure`, so callers can
-retry the latter and fix the former.
+the caller's input or request ("you did it") derive from :class:`UsageError`;
+errors of the runtime itself ("it broke", or "not now": a routing change, load
+shedding) derive from :class:`RuntimeFailure`, so callers can retry the latter and
+fix the former. :class:`TaskError` stands apart: it carries the exception of a
+task's own handler, which is neither the caller's input nor rayq's runtime.
 """
 
 from __future__ import annotations
 
 
 class RayqError(Exception):
-    """Raised for every rayq failure; catch this to catch them all."""
+    """Raised when anything in rayq fails; catch this to catch them all."""
 
 
 class UsageError(RayqError):
@@ -29,8 +31,12 @@ class QueueExists(UsageError):
     """Raised when a queue is created with settings that conflict with an existing one."""
 
 
-class QueueDisabled(UsageError):
-    """Raised when a queue (or all its subqueues) no longer accepts the operation."""
+class ConfigError(UsageError):
+    """Raised when a configuration value, section or file is invalid.
+
+    A :class:`UsageError` and not an :class:`InvalidMessage`: the settings are
+    wrong, not a message or a call's argument.
+    """
 
 
 class InvalidMessage(UsageError):
@@ -64,8 +70,31 @@ class StoreError(RuntimeFailure):
     """Raised when the storage engine fails underneath a valid request."""
 
 
+class StoreBug(StoreError):
+    """Raised when the store's own code failed on a valid request (a bug in rayq).
+
+    The write transaction was aborted, so nothing it did is stored; ``__cause__``
+    holds the exception the store raised.
+    """
+
+
+class QueueDisabled(RuntimeFailure):
+    """Raised when a subqueue (or a whole queue) stopped taking the operation since
+    the caller routed to it: it is being drained, retired or removed.
+
+    A routing event, not the caller's mistake: the client routes anew and retries.
+    """
+
+
+class NoEvents(UsageError):
+    """Raised when a report is asked for while the event log holds no events yet.
+
+    Nothing broke: run some work (or flush the event log) and ask again.
+    """
+
+
 class TaskError(RayqError):
-    """Raised by ``ray.get`` on a submitted task whose handler raised.
+    """Raised when ``ray.get`` waits on a submitted task whose handler raised.
 
     ``error_type`` and ``error_message`` carry the handler's exception.
     """

@@ -3,7 +3,7 @@
 The data path goes straight from the client to the shard actors; the manager
 is asked only for routing (cached by the transport for a moment). A client is
 one producer session: its puts to a queue stick to one subqueue (enqueuer
-affinity, seed 004) so they stay in order.
+affinity, docs/shards-and-storage.md) so they stay in order.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from rayq.core.model import (DLQ_SUFFIX, Outgoing, Receipt, Received, check_coun
 from rayq.core.wire import Attrs, Entry, decode_received, encode_put
 from rayq.core.registry import QueueInfo
 from rayq.errors import InvalidMessage, QueueDisabled, RayqError, ReceiptInvalid
-from rayq.remote import call
+from rayq.remote import call_all
 
 if TYPE_CHECKING:
     from rayq.transport import Transport
@@ -213,10 +213,11 @@ class Queue:
                 invalid.append(receipt)
             else:
                 by_shard[info.shard].append(receipt)
-        refs = [self._transport.request(self._transport.shards[shard].delete, self.name, "delete",
-                                        batch) for shard, batch in by_shard.items()]
-        for ref in refs:
-            invalid.extend(call(lambda ref=ref: ref))
+        for stale in call_all([
+                lambda shard=shard, batch=batch: self._transport.request(
+                    self._transport.shards[shard].delete, self.name, "delete", batch)
+                for shard, batch in by_shard.items()]):
+            invalid.extend(stale)
         if invalid:
             raise ReceiptInvalid(f"{len(invalid)} of {len(receipts)} receipts were invalid",
                                  tuple(invalid))
@@ -233,10 +234,10 @@ class Queue:
         by_shard = defaultdict(list)
         for sq in queue.subqueues:
             by_shard[sq.shard].append(sq.id)
-        refs = [self._transport.request(getattr(self._transport.shards[shard], operation),
-                                        self.name, operation, ids)
-                for shard, ids in by_shard.items()]
-        return {sq: n for ref in refs for sq, n in call(lambda ref=ref: ref).items()}
+        parts = call_all([lambda shard=shard, ids=ids: self._transport.request(
+            getattr(self._transport.shards[shard], operation), self.name, operation, ids)
+            for shard, ids in by_shard.items()])
+        return {sq: n for part in parts for sq, n in part.items()}
 
     def count(self) -> int:
         """Messages in the queue (visible, in flight and delayed): one call per shard. The

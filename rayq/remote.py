@@ -1,39 +1,61 @@
 """Calling runtime actors, from a client or from another actor: one way for both.
 
 rayq errors a runtime actor raised come back as themselves, any other failure of
-the call as RuntimeFailure, and a call that meets a restarting actor is issued
-again on :class:`rayq.core.retry.RetrySchedule` (shards, the manager, the
-coordinator and the flood detector restart by themselves and lose nothing they
-acknowledged). :func:`call` blocks (clients); :func:`call_async` awaits (actors).
+the call as RuntimeFailure, and a call that meets a restarting actor (or a broken
+local channel, :mod:`rayq.channel`) is issued again on a
+:class:`rayq.core.retry.RetrySchedule`: shards, the manager, the coordinator and
+the flood detector restart by themselves and lose nothing they acknowledged.
+:func:`call` and :func:`call_all` block (clients); :func:`call_async`,
+:func:`call_all_async` and :func:`answers` await (actors).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import ray
 
 from actors import NAMESPACE
+from rayq.channel import ChannelLost
 from rayq.core.clock import Clock, SystemClock
 from rayq.core.retry import RetrySchedule
 from rayq.errors import RayqError, RuntimeFailure
 
-RETRY = RetrySchedule()
+RETRY = RetrySchedule()  # clients: up to a minute, while a shard restarts
+# Calls between runtime actors: long enough for a peer's restart, short enough that a
+# peer gone for good shows up as a failed round of a background loop within seconds
+# (the next round asks again; a lost task end means the task runs again).
+IN_RUNTIME = RetrySchedule(give_up_after_s=5.0)
 NO_RETRY = RetrySchedule(give_up_after_s=0.0)  # best-effort calls: the next round asks again
 _CLOCK = SystemClock()
 
 
+def resolve(pending: Any) -> Any:
+    """The result of a call in flight: a local channel's future or a Ray ObjectRef."""
+    if isinstance(pending, Future):
+        return pending.result()
+    return ray.get(pending)
+
+
+async def resolve_async(pending: Any) -> Any:
+    """:func:`resolve` without blocking the event loop."""
+    if isinstance(pending, Future):
+        return await asyncio.wrap_future(pending)
+    return await pending
+
+
 def call(make_ref: Callable[[], Any], schedule: RetrySchedule = RETRY,
          clock: Clock = _CLOCK) -> Any:
-    """``ray.get`` a remote call made by ``make_ref``, issued again while its actor
-    restarts. Raises the RayqError the actor raised, or RuntimeFailure."""
+    """The result of the remote call ``make_ref`` makes (:func:`resolve`), issued again
+    while its actor restarts. Raises the RayqError the actor raised, or RuntimeFailure."""
     started, attempt = clock.monotonic(), 0
     while True:
         try:
-            return ray.get(make_ref())
+            return resolve(make_ref())
         except ray.exceptions.RayTaskError as err:
             raise _failure(err) from _chained(err)
         except _restarting() as err:
@@ -42,13 +64,21 @@ def call(make_ref: Callable[[], Any], schedule: RetrySchedule = RETRY,
             time.sleep(schedule.wait_s(attempt))
 
 
-async def call_async(make_ref: Callable[[], Any], schedule: RetrySchedule = RETRY,
+def call_all(makers: Sequence[Callable[[], Any]]) -> list:
+    """Issue every call at once, then :func:`call` each: the ones in flight are
+    resolved, and any that met a restart is issued again by its maker."""
+    sent = [[make()] for make in makers]
+    return [call(lambda first=first, make=make: first.pop() if first else make())
+            for first, make in zip(sent, makers)]
+
+
+async def call_async(make_ref: Callable[[], Any], schedule: RetrySchedule = IN_RUNTIME,
                      clock: Clock = _CLOCK) -> Any:
     """:func:`call` for actors: awaits the call instead of blocking the event loop."""
     started, attempt = clock.monotonic(), 0
     while True:
         try:
-            return await make_ref()
+            return await resolve_async(make_ref())
         except ray.exceptions.RayTaskError as err:
             raise _failure(err) from _chained(err)
         except _restarting() as err:
@@ -57,7 +87,7 @@ async def call_async(make_ref: Callable[[], Any], schedule: RetrySchedule = RETR
             await asyncio.sleep(schedule.wait_s(attempt))
 
 
-async def call_all(make_refs: Iterable[Callable[[], Any]]) -> list:
+async def call_all_async(make_refs: Iterable[Callable[[], Any]]) -> list:
     """:func:`call_async` of many calls at once; their answers in order (the first
     failure is raised)."""
     return list(await asyncio.gather(*(call_async(make) for make in make_refs)))
@@ -73,8 +103,8 @@ async def answers(make_refs: Iterable[Callable[[], Any]]) -> list:
 
 def _restarting() -> tuple[type[BaseException], ...]:
     """What a call meets while its actor restarts (read when raised: importing this
-    module touches nothing of Ray's, so unit tests can import the actors)."""
-    return ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError
+    module touches nothing of Ray's)."""
+    return ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ChannelLost
 
 
 def _failure(err: ray.exceptions.RayTaskError) -> RayqError:

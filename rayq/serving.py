@@ -25,7 +25,8 @@ def serve_sqs(host: str = "127.0.0.1", port: int = 9324, replicas: int = 1) -> s
     returns that URL. ``replicas`` HTTP actors per node share the port (SO_REUSEPORT);
     on a cluster each alive node runs that many. Idempotent; stopped by ``rayq.shutdown()``.
     Raises RuntimeFailure when no runtime runs or the port cannot be bound."""
-    check_count(port, "port", 1, 65535), check_count(replicas, "replicas", 1, 64)
+    check_count(port, "port", 1, 65535)
+    check_count(replicas, "replicas", 1, 64)
     if not ray.is_initialized():
         ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), namespace=NAMESPACE,
                  log_to_driver=False)

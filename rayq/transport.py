@@ -21,6 +21,7 @@ from rayq.core.auth import ADMIN, ReplayedRequest, Signature, Signer
 from rayq.core.model import NewMessage, SubqueueState
 from rayq.core.registry import QueueInfo
 from rayq.remote import call
+from rayq.channel import ShardLink
 from rayq.sending import SendCoalescer
 
 ROUTE_TTL_S = 2.0
@@ -33,7 +34,9 @@ class Transport:
 
     def __init__(self, manager, shards: Sequence, config: Config, signer: Signer | None = None):
         self.manager = manager
-        self.shards = tuple(shards)
+        # hot calls to a shard on this host go over its local channel (rayq.channel)
+        self.shards = tuple(s if isinstance(s, ShardLink) else ShardLink(s, config.store.local_channel)
+                            for s in shards)
         self.config = config
         self._signer = signer
         self._routes: dict[str, tuple[float, QueueInfo, list[int], int]] = {}

@@ -132,8 +132,8 @@ def intervention_timeline(events: DataFrame) -> DataFrame:
 def suggested_thresholds(events: DataFrame, lookback_s: float = LOOKBACK_S) -> DataFrame:
     """Thresholds from what was observed, each with how it was derived."""
     wait_p99 = completed(events).agg(F.expr("percentile(wait_s, 0.99)")).first()[0] or 0.0
-    enq = windowed(events.filter(F.col("kind") == "enqueue"), lookback_s)
-    per_window = enq.groupBy("window_start", "type", "tenant").count()
+    enqueues = windowed(events.filter(F.col("kind") == "enqueue"), lookback_s)
+    per_window = enqueues.groupBy("window_start", "type", "tenant").count()
     enqueue_p99 = per_window.agg(F.expr("percentile(count, 0.99)")).first()[0] or 0.0
     step = (F.when(F.col("kind") == "enqueue", 1)
             .when((F.col("kind") == "completion") & F.col("outcome").isin("succeeded", "dead"), -1)

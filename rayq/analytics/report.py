@@ -17,16 +17,12 @@ from dataclasses import dataclass, field
 from rayq.analytics import page
 from rayq.analytics.schema import TABLES
 from rayq.config import AnalyticsConfig, Config
-from rayq.errors import RayqError, RuntimeFailure
+from rayq.errors import NoEvents, RayqError, RuntimeFailure  # NoEvents: re-exported here too
 
 PLOTTED = ("usage_share_by_window", "wait_by_window", "fairness_index_by_window")
 SMALL_ROWS = 200  # tables up to this size are collected for the page
 # progress() calls of run_report: start Spark, one per table, plot, write the page.
 STEPS = len(TABLES) + 3
-
-
-class NoEvents(RayqError):
-    """Raised when the event log holds no events yet to report on."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Accounts and HMAC-SHA256 request signing (seed 003's shared-key scheme), pure.
+"""Accounts and HMAC-SHA256 request signing (docs/tenancy-and-auth.md), pure.
 
 Each account has two 256-bit secrets, as Azure storage accounts do, so a key can
 be rotated while clients still holding the other one keep working. A client
@@ -178,7 +178,7 @@ class Accounts:
 
 
 class SignatureMismatch(AuthError):
-    """The MAC matches none of the account's keys."""
+    """Raised when the MAC matches none of the account's keys."""
 
 
 class ReplayedRequest(AuthError):

@@ -1,4 +1,4 @@
-"""Hit-rate load balancing for consumers (seed 002).
+"""Hit-rate load balancing for consumers (docs/consumer-balancing.md).
 
 Each consumer has a *load* in ``[min_load, max_load]`` (here: how many pollers
 it runs at once) and keeps a moving average of its polling hit rate (receives
@@ -80,6 +80,7 @@ class HostReading:
 
 def host_pressed(reading: HostReading, config: ConsumerConfig) -> bool:
     """The host is over a limit: the consumer backs off and defers what it received
-    (seed 000's "lazy message queue" events count as deferrals of the key)."""
+    (docs/fairness-coordinator.md: its source's "lazy message queue" events count as
+    deferrals of the key)."""
     return (reading.memory_percent > config.max_host_memory_percent
             or reading.cpu_percent > config.max_host_cpu_percent)

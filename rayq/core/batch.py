@@ -10,6 +10,7 @@ bytes and never decode a body.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import os
 import struct
@@ -97,7 +98,9 @@ class WriteBatch(PickOps, SpillOps, OutcomeOps):
 
     # -- transaction plumbing ----------------------------------------------
     def isolated(self, fn, *args, **kwargs) -> Any:
-        """Run one call in a nested transaction; a RayqError undoes it alone and is returned."""
+        """Run one call in a nested transaction; a RayqError (or arguments that do not fit
+        ``fn``: InvalidMessage) undoes it alone and is returned. Any other exception is a
+        bug of the store and propagates, aborting the whole transaction."""
         parent = self.txn
         lists = (self.new_keys, self.cached, self.uncached, self.enqueued, self.outcomes,
                  self.flights)
@@ -108,9 +111,14 @@ class WriteBatch(PickOps, SpillOps, OutcomeOps):
             with parent.nested() as child:
                 self.txn = child
                 return fn(*args, **kwargs)
-        except (RayqError, TypeError, ValueError) as err:  # the caller's fault: undo this call alone
+        except (RayqError, TypeError) as err:
             if not isinstance(err, RayqError):
-                err = InvalidMessage(f"bad arguments to {getattr(fn, '__name__', fn)}: {err}")
+                # A TypeError is the caller's only when the arguments do not fit the
+                # signature; one raised inside the operation is a store bug: it goes up
+                # and aborts the whole transaction (ShardStore turns it into StoreBug).
+                err = _misfit_arguments(fn, args, kwargs)
+                if err is None:
+                    raise
             for items, mark in zip(lists, marks):
                 del items[mark:]
             self.count_deltas = defaultdict(int, saved[0])
@@ -467,6 +475,15 @@ class _Group:
         self.attrs, self.kid, self.visible_us, self.expires_us = attrs, kid, visible_us, expires_us
         self.prefix, self.blob_prefix, self.spill = prefix, blob_prefix, spill
         self.seqs: list[int] = []
+
+
+def _misfit_arguments(fn, args: tuple, kwargs: dict) -> InvalidMessage | None:
+    """InvalidMessage when ``args``/``kwargs`` do not fit ``fn``'s signature, else None."""
+    try:
+        inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError as err:
+        return InvalidMessage(f"bad arguments to {getattr(fn, '__name__', fn)}: {err}")
+    return None
 
 
 def _check_keys(keys: Any) -> None:

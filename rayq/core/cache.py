@@ -1,4 +1,4 @@
-"""The memory-pressure-aware message cache of a shard (seed 004).
+"""The memory-pressure-aware message cache of a shard (docs/shards-and-storage.md).
 
 Every message is written to LMDB first; while there is no memory pressure it is
 also kept here so that receive need not read and decode it again. Under

@@ -28,10 +28,12 @@ END_CALLS = ("finish", "defer", "change_visibility")  # the shard methods that e
 
 
 def check_end_calls(calls: Any) -> list[ShardCall]:
-    """``calls`` if it is a list of (name, args) with each name in END_CALLS and args a
-    tuple; InvalidMessage otherwise (the batch is refused whole)."""
+    """``calls`` if it is a list of (name, args) pairs with each name in END_CALLS and
+    args a sequence (tuples through Ray, lists through the local channel's frames);
+    InvalidMessage otherwise (the batch is refused whole)."""
     if not isinstance(calls, list) or not all(
-            isinstance(c, tuple) and len(c) == 2 and c[0] in END_CALLS for c in calls):
+            isinstance(c, (tuple, list)) and len(c) == 2 and c[0] in END_CALLS
+            and isinstance(c[1], (tuple, list)) for c in calls):
         raise InvalidMessage(f"end_many takes a list of (name, args), name in {END_CALLS}")
     return calls
 
@@ -143,6 +145,15 @@ def receive_size(load: int, held: int, claimed: int, prefetch: int) -> int:
     ``claimed`` by receives under way fill the load; else the room, at least ``prefetch``."""
     room = load - held - claimed
     return max(prefetch, room) if room > 0 else 0
+
+
+def receive_requests(order: Sequence[str] | None, exclude: Collection[str],
+                     wait_s: float) -> list[dict[str, Any]]:
+    """The receives to try in turn until one returns tasks (their keyword arguments):
+    the plan's ``order`` first when there is one (keys it does not know yet come after,
+    in the second); the last leaves out ``exclude`` and waits up to ``wait_s``."""
+    listen = [dict(keys=list(order))] if order else []
+    return listen + [dict(wait_s=wait_s, exclude=sorted(exclude) or None)]
 
 
 def poll_places(routes: Sequence[tuple[QueueInfo, Sequence[int]]], turn: int

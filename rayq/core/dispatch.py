@@ -1,6 +1,7 @@
 """Shard-local fair dispatch: which fairness key a receive serves next.
 
-The first of rayq's two fairness layers; seed 000's coordinator intervenes on top
+The first of rayq's two fairness layers (docs/fair-dispatch.md); the coordinator
+(docs/fairness-coordinator.md) intervenes on top
 of it with a listen order of its own (see :mod:`rayq.core.fairness`). It follows
 how Amazon SQS fair queues work ("How Amazon SQS fair queues work", the SQS
 developer guide):

@@ -1,4 +1,6 @@
-"""Equitable thread time for fairness keys (seed 000): usage, victims, listen order.
+"""Equitable thread time for fairness keys: usage, victims, listen order.
+
+The rules and their source text: docs/fairness-coordinator.md.
 
 Usage (handler wall time) is summed per key in a fixed circular array of
 windows. A key's *time span of interest* starts when its oldest queued
@@ -10,7 +12,7 @@ over its span. Keys without pending messages take no part, so they never make
 others look greedy, and the shares follow capacity because they are shares
 of what was actually used.
 
-- latency victims: the oldest message waited at least the threshold (seed 000's
+- latency victims: the oldest message waited at least the threshold (the source's
   example intervenes at exactly 20:00; scaled up by threads / limit for
   concurrency-limited keys);
 - usage victims: actual < (1 - band) x expected; offenders: actual >
@@ -149,7 +151,7 @@ def deferral_scale(key: str, table: UsageTable) -> list[float]:
 
 def revised_expected(shares: list[float], actual_s: float, scale: list[float]) -> float:
     """A usage victim's expected usage after its deferrals: each window's share scaled
-    by processed / dequeued, but never below what it used (seed 000: the revision
+    by processed / dequeued, but never below what it used (the source text: the revision
     never turns a victim into an offender)."""
     return max(sum(share * f for share, f in zip(shares, scale)), actual_s)
 

@@ -1,4 +1,4 @@
-"""Flood detection and removal (seed 001), pure functions of depths and counts.
+"""Flood detection and removal (docs/flood-detection.md), pure functions of depths and counts.
 
 A *flooder* is a (queue, type, tenant) combination, or (queue, type, "*") for a
 whole job type. Its existing messages move to a dedicated subqueue, its new
@@ -103,7 +103,8 @@ def type_depths(view: FloodView) -> dict[tuple[str, str], int]:
 def tenant_flooders(view: FloodView, config: FloodConfig) -> set[tuple[str, str, str]]:
     """Tenants that enqueued too much of a type whose queue is too deep, and tenants
     whose own dedicated subqueue is too deep."""
-    flooding = {qt for qt, depth in type_depths(view).items() if depth > config.depth_threshold}
+    flooding = {queue_type for queue_type, depth in type_depths(view).items()
+                if depth > config.depth_threshold}
     heavy = {combo for combo, n in view.enqueued.items()
              if combo[:2] in flooding and n > config.enqueue_threshold}
     alone = {combo for combo, n in view.dedicated_depth.items()

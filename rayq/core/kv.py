@@ -115,6 +115,9 @@ class LmdbKV:
             except lmdb.MapFullError:
                 txn.abort()
                 self._grow()
+            except lmdb.Error as err:  # the engine failed (disk, corruption): not a bug of ours
+                txn.abort()
+                raise StoreError(f"LMDB transaction failed: {err}") from err
             except BaseException:
                 txn.abort()
                 raise

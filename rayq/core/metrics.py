@@ -21,6 +21,13 @@ def top_keys(values: Mapping[str, float], limit: int = TOP_KEYS) -> dict[str, fl
     return out
 
 
+def failure_text(err: BaseException) -> str:
+    """How a background failure reads in a log line: the error, and what caused it
+    (its chained or context exception) when there is one."""
+    cause = err.__cause__ or err.__context__
+    return f"{err!r} caused by {cause!r}" if cause else repr(err)
+
+
 def per_key(depths: Iterable[Any]) -> tuple[dict[str, float], dict[str, float]]:
     """(messages per key, the longest wait per key) over a shard's per-subqueue key
     depths (:class:`rayq.core.store.KeyDepth`)."""

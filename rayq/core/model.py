@@ -192,7 +192,8 @@ class Received:
 
 
 class SubqueueState(Enum):
-    """What a subqueue accepts (seed 003): everything, no new puts (draining), nothing."""
+    """What a subqueue accepts (docs/shards-and-storage.md): everything, no new puts
+    (draining), nothing."""
 
     ALL = "all"
     NO_PUT = "no_put"

@@ -106,7 +106,8 @@ class _KeyRows:
     def __init__(self, batch: "WriteBatch", sq: int, kid: int, now_us: int,
                  max_receives: int | None, skipped: list):
         self.batch, self.now_us, self.max_receives = batch, now_us, max_receives
-        # keys only: a cached row's value comes from memory (seed 004), others one get each
+        # keys only: a cached row's value comes from memory (docs/shards-and-storage.md),
+        # others one get each
         self.rows = batch.txn.scan_keys("rows", PREFIX.pack(sq, kid), PREFIX.pack(sq, kid + 1))
         self.skipped, self.taken = skipped, 0
 

@@ -1,4 +1,5 @@
-"""Removing cleared and deleted subqueues in the background (seed 003's ClearQueue).
+"""Removing cleared and deleted subqueues in the background
+(docs/visibility-and-receipts.md).
 
 Clearing a queue marks its subqueues "to be deleted" and starts fresh ones; a
 background collector then removes the old rows. Here a shard keeps the marked
@@ -6,7 +7,7 @@ subqueues in its ``meta`` table (``purge:<id>``), so a restarted shard goes on
 where it stopped. A marked subqueue is ``DISABLED`` in the same transaction:
 nothing of it is delivered, peeked or counted again, and nothing new lands in
 it. The collector then removes its rows, and the spilled messages it sent to
-the spill store (seed 001), a bounded number per transaction, so other calls
+the spill store (docs/flood-detection.md), a bounded number per transaction, so other calls
 on the shard never wait behind a long one.
 """
 

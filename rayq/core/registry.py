@@ -1,4 +1,5 @@
-"""The persisted queue registry: virtual queues made of subqueues on shards (seed 003).
+"""The persisted queue registry: virtual queues made of subqueues on shards
+(docs/shards-and-storage.md).
 
 Pure: the :class:`~actors.manager.QueueManager` actor wraps it and feeds it the
 counts it reads from shards.
@@ -260,7 +261,8 @@ class QueueRegistry:
         self._save(queue)
         return queue
 
-    # -- clearing (seed 003: mark the subqueues to be deleted, start fresh ones) ---------
+    # -- clearing (docs/visibility-and-receipts.md: mark the subqueues to be deleted,
+    # start fresh ones) ------------------------------------------------------------
     def renew(self, name: str) -> list[SubqueueInfo]:
         """Give queue ``name`` fresh, empty subqueues in place of its subqueues (same
         shards; a flooder's dedicated subqueue stays dedicated; draining ones are not

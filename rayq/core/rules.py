@@ -1,4 +1,4 @@
-"""Suspension rules: a suspended fairness key is not dispatched (seed 000).
+"""Suspension rules: a suspended fairness key is not dispatched (docs/fairness-coordinator.md).
 
 A rule records who suspended the key, when and why; lifting it records who
 lifted it and when. Rules are never deleted, so their history stays.

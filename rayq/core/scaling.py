@@ -1,7 +1,7 @@
-"""Subqueue scaling decisions (seed 003), a pure function of observed load.
+"""Subqueue scaling decisions (docs/autoscaling.md), a pure function of observed load.
 
 Scale up when a subqueue that takes puts is busy or throttled. Scale down per
-subqueue, as the seed does: a subqueue is *quiet* when it is seldom throttled
+subqueue, as the source text does: a subqueue is *quiet* when it is seldom throttled
 and small (few messages) or fast (its operation rate is far below what one
 subqueue takes, or under ``idle_ops_per_s``). Once every open subqueue has been
 quiet for ``idle_s`` and the others have room for its load, the quietest is
@@ -48,7 +48,7 @@ def least_loaded_shard(shard_depths: Mapping[int, int]) -> int:
 
 
 def is_quiet(load: SubqueueLoad, config: ScalingConfig) -> bool:
-    """Seldom throttled, and small or fast (seed 003's three scale-down signals)."""
+    """Seldom throttled, and small or fast (docs/autoscaling.md: the three scale-down signals)."""
     if load.throttled_per_s >= config.seldom_throttled_per_s:
         return False
     small = load.count < config.small_count

@@ -1,4 +1,4 @@
-"""The spill store of a shard, and moving a flooder's messages (seed 001).
+"""The spill store of a shard, and moving a flooder's messages (docs/flood-detection.md).
 
 A flooder's new messages go to the ``spill`` table instead of the live queue:
 durable like every write, but never cached and invisible to receives, so a
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 from rayq.core import rows
 from rayq.core.flood import ALL_TENANTS
-from rayq.core.model import PREFIX, ROW_KEY, Ending, check_count, check_name
-from rayq.errors import QueueDisabled
+from rayq.core.model import MAX_SUBQUEUE, PREFIX, ROW_KEY, Ending, check_count, check_name
+from rayq.errors import InvalidMessage, QueueDisabled
 
 if TYPE_CHECKING:
     from rayq.core.batch import WriteBatch, _Group
@@ -62,8 +62,10 @@ class SpillOps:
         """Move up to ``limit`` spilled messages of (type, tenant) into subqueue ``target``;
         expired ones, and those of a cleared or deleted subqueue, are dropped instead.
         Returns how many moved. Raises QueueDisabled when ``target`` is being removed."""
-        check_name(type_, "type"), check_name(tenant, "tenant")
-        check_count(target, "target", 0, 2**32 - 2), check_count(limit, "limit", 1, 100_000)
+        check_name(type_, "type")
+        check_name(tenant, "tenant")
+        check_count(target, "target", 0, MAX_SUBQUEUE)
+        check_count(limit, "limit", 1, 100_000)
         self.check_target(target)
         spill_kid = self.key_id(spill_name(type_, tenant), create=False)
         if spill_kid is None:
@@ -95,9 +97,13 @@ class SpillOps:
         """Move the visible messages of (type, tenant) from ``source`` to ``target``,
         looking at up to ``limit`` rows after ``after``. Returns (moved, where to go on
         from, or None when done). Hidden rows stay: their receivers hold receipts."""
-        check_name(type_, "type"), check_name(tenant, "tenant")
-        check_count(source, "source", 0, 2**32 - 2), check_count(target, "target", 0, 2**32 - 2)
+        check_name(type_, "type")
+        check_name(tenant, "tenant")
+        check_count(source, "source", 0, MAX_SUBQUEUE)
+        check_count(target, "target", 0, MAX_SUBQUEUE)
         check_count(limit, "limit", 1, 100_000)
+        if after is not None and (not isinstance(after, bytes) or len(after) != ROW_KEY.size):
+            raise InvalidMessage("after must be None or a row key that move_matching returned")
         self.check_target(target)
         if source in self.store.purging:  # cleared since the caller looked: nothing to save
             return 0, None

@@ -5,12 +5,12 @@ Tables (LMDB named sub-databases):
 - ``rows``: (subqueue, key id, visible_at µs, seq) -> row. Hidden and delayed
   rows sort after every visible row of their prefix, deleted rows are gone, so
   the oldest visible message of a (subqueue, fairness key) is the first row of
-  its prefix: one cursor seek, whatever the depth (seed 003's DequeueHead,
+  its prefix: one cursor seek, whatever the depth (the DequeueHead of docs/shards-and-storage.md,
   kept implicitly by the key order).
 - ``expiry``: (expires_at µs, seq) -> row key, so expired rows are collected
   in bounded batches without scanning the queue.
 - ``blobs``: (blob id, chunk) -> bytes for bodies over the blob threshold.
-- ``counts``: (subqueue, key id) -> message count (seed 003's MessageCount).
+- ``counts``: (subqueue, key id) -> message count (docs/shards-and-storage.md).
 - ``keys``: fairness key name <-> key id; ``meta``: sequence and store id.
 
 Every public method is one write transaction (one commit, one fsync);
@@ -39,7 +39,7 @@ from rayq.core.model import (PREFIX, ROW_KEY, US, Ending, NewMessage, StoredMess
                              check_count, check_name, check_subqueue, to_us)
 from rayq.core.wire import decode_delivered, encode_messages
 from rayq.core.windows import WindowedSums
-from rayq.errors import InvalidMessage
+from rayq.errors import InvalidMessage, RayqError, StoreBug, StoreError
 
 
 
@@ -158,13 +158,27 @@ class ShardStore:
 
     # -- transactions ------------------------------------------------------
     def _run(self, fn: Callable[[WriteBatch], Any]) -> Any:
+        """Run ``fn`` in one write transaction, then publish what it changed.
+
+        A RayqError passes through. Any other exception aborts the transaction (nothing
+        of it is stored, the in-memory state is untouched) and surfaces with its cause
+        chained: an OSError as StoreError (the machine failed), anything else as
+        StoreBug (the store's own code failed: never the caller's fault).
+        """
         def body(txn: Txn):
             batch = WriteBatch(self, txn)
             result = fn(batch)
             batch.seal()
             return batch, result
 
-        batch, result = self.kv.transact(body)
+        try:
+            batch, result = self.kv.transact(body)
+        except RayqError:
+            raise
+        except OSError as err:  # the machine failed underneath (disk, memory map)
+            raise StoreError(f"the storage failed: {err!r}") from err
+        except Exception as err:
+            raise StoreBug(f"the store failed on a valid request: {err!r}") from err
         self._apply(batch)
         return result
 

@@ -32,7 +32,8 @@ class Outcome(Enum):
 
 class DeferralCause(Enum):
     """Why a consumer put a received task back unrun. Each counts as a deferral of
-    the task's key (seed 000: so a key held back is not taken for a usage victim)."""
+    the task's key (docs/fairness-coordinator.md: so a key held back is not taken for a
+    usage victim)."""
 
     CONCURRENCY = "concurrency"      # its type was at its concurrency limit
     HOST_PRESSURE = "host_pressure"  # the consumer's host was over its memory or CPU limit

@@ -108,7 +108,9 @@ def _check_attrs(raw: Any, max_delay_s: float, max_ttl_s: float) -> Attrs:
     if not isinstance(raw, list) or len(raw) != 6:
         raise InvalidMessage("malformed put batch: an attribute entry")
     tenant, type_, key, delay_us, ttl_us, task = raw
-    check_name(tenant, "tenant"), check_name(type_, "type"), check_key(key)
+    check_name(tenant, "tenant")
+    check_name(type_, "type")
+    check_key(key)
     if type(delay_us) is not int or not 0 <= delay_us <= to_us(max_delay_s):
         raise InvalidMessage(f"delay_s must be within [0, {max_delay_s}] seconds")
     if ttl_us is not None and (type(ttl_us) is not int or not 1000 <= ttl_us <= to_us(max_ttl_s)):

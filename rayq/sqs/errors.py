@@ -9,8 +9,8 @@ boto3 picks the exception class (``client.exceptions.QueueDoesNotExist``) from
 from __future__ import annotations
 
 from rayq.core.auth import SignatureMismatch
-from rayq.errors import (AuthError, InvalidMessage, MessageTooLarge, Overloaded, QueueNotFound,
-                         RayqError, ReceiptInvalid, RuntimeFailure, UsageError)
+from rayq.errors import (AuthError, InvalidMessage, MessageTooLarge, Overloaded, QueueDisabled,
+                         QueueNotFound, RayqError, ReceiptInvalid, RuntimeFailure, UsageError)
 
 # Codes whose legacy (Query protocol) name differs from the JSON shape name.
 _LEGACY = {
@@ -69,7 +69,7 @@ def from_rayq(err: RayqError) -> SqsError:
         return SqsError("AccessDenied", f"Access to the resource is denied: {text}", status=403)
     if isinstance(err, (InvalidMessage, UsageError)):
         return invalid(text)
-    if isinstance(err, Overloaded):
+    if isinstance(err, (Overloaded, QueueDisabled)):  # not now: SDKs retry a 503
         return SqsError("ServiceUnavailable", text, status=503, sender=False)
     if isinstance(err, RuntimeFailure):
         return SqsError("InternalFailure", text, status=500, sender=False)

@@ -1,4 +1,5 @@
-"""The queue rules of design.md section 3, checked against every store."""
+"""The queue rules of docs/shards-and-storage.md and docs/visibility-and-receipts.md,
+checked against every store."""
 
 import pytest
 

@@ -1,5 +1,5 @@
 """Clearing and deleting take every message with them, spilled ones too, and the
-removal runs in bounded background transactions (seed 003's ClearQueue), checked
+removal runs in bounded background transactions (docs/visibility-and-receipts.md), checked
 against every store."""
 
 import dataclasses

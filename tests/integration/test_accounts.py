@@ -34,7 +34,7 @@ def accounts(client):
 
 
 def _put_target(client, queue_name):
-    """(shard handle, subqueue) a client puts to: for calling the shard directly, as a
+    """(shard link, subqueue) a client puts to: for calling the shard directly, as a
     hand-rolled client would."""
     queue, _, target = client.transport.route(queue_name, refresh=True)
     return client.transport.shard_of(queue, target), target
@@ -304,7 +304,7 @@ def test_requests_replayed_after_a_shard_restart_are_refused(client, accounts):
     counted = rayq.remote.call(lambda: shard.counts.remote([target], auth=read))
     before = rayq.remote.call(lambda: shard.process.remote())["pid"]
 
-    ray.kill(shard, no_restart=False)  # a real kill; Ray restarts the shard
+    ray.kill(shard.handle, no_restart=False)  # a real kill; Ray restarts the shard
     deadline = time.monotonic() + 60
     while rayq.remote.call(lambda: shard.process.remote())["pid"] == before:
         assert time.monotonic() < deadline, "the shard did not restart"

@@ -19,8 +19,9 @@ from tests.integration.probe import probe, record_span
 
 CONSUMERS = ConsumerConfig(count=2, max_load=2, visibility_timeout_s=5.0, poll_wait_s=0.3,
                            adjust_interval_s=0.1, defer_s=0.05)
-# Seed 000 on its own: the shards dispatch FIFO here, so the coordinator has skew to
-# correct (tests/integration/test_fair_dispatch.py covers the shards' fair dispatch).
+# The coordinator on its own (docs/fairness-coordinator.md): the shards dispatch FIFO
+# here, so the coordinator has skew to correct (tests/integration/test_fair_dispatch.py
+# covers the shards' fair dispatch).
 FAIRNESS = FairnessConfig(window_s=1.0, windows=6, latency_threshold_s=0.5, interval_s=0.25,
                           dispatch="fifo")
 # 4 threads run 8 flood tasks a second; each trickle submits 5 a second, more than the

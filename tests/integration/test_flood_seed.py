@@ -1,5 +1,5 @@
-"""Seed 001's flood rules on real Ray with scaled thresholds (type queue depth 300,
-enqueues 50, exit 50): a flood spread over several tenants of one type, a flooder
+"""The flood rules of docs/flood-detection.md on real Ray with scaled thresholds (type
+queue depth 300, enqueues 50, exit 50): a flood spread over several tenants of one type, a flooder
 back to a trickle, and clear() in the middle of a flood. Nothing here asserts a
 timing: each step polls what the runtime shows, with a deadline."""
 

@@ -6,6 +6,7 @@ import pytest
 import ray
 
 import rayq
+from rayq.remote import call
 from rayq.config import Config, ConsumerConfig
 from tests.integration.conftest import start_runtime
 from tests.integration.probe import enter, leave, probe
@@ -151,10 +152,12 @@ def test_scale_consumers_adds_and_removes_consumer_actors(client):
     client.scale_consumers(3)
 
 
-def test_a_malformed_batch_of_task_ends_is_refused_whole(client):
-    shard = client.transport.shards[0]
+@pytest.mark.parametrize("path", ["local channel", "ray"])
+def test_a_malformed_batch_of_task_ends_is_refused_whole(client, path):
+    link = client.transport.shards[0]
+    end_many = link.end_many if path == "local channel" else link.handle.end_many
     for bad in ["finish", [("delete", ())], [("finish",)]]:
         with pytest.raises(rayq.InvalidMessage):
-            ray.get(shard.end_many.remote(bad))
-    [stale] = ray.get(shard.end_many.remote([("finish", ("A" * 64, b"x", None))]))
+            call(lambda: end_many.remote(bad))
+    [stale] = call(lambda: end_many.remote([("finish", ("A" * 64, b"x", None))]))
     assert isinstance(stale, rayq.ReceiptInvalid)

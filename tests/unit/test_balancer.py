@@ -1,4 +1,4 @@
-"""The hit-rate balancer of seed 002: target mapping, load steps, convergence."""
+"""The hit-rate balancer of docs/consumer-balancing.md: target mapping, load steps, convergence."""
 
 import pytest
 

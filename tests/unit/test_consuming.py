@@ -9,7 +9,8 @@ from rayq.config import ConsumerConfig
 from rayq.core.consuming import (DeadLetter, Finish, PlanFollower, Retry, Saturation,
                                  check_end_calls, decide_end, effective_load, excluded_keys,
                                  held_back, is_last_try, long_poll_group, pause_after,
-                                 poll_places, receive_size, refreshed_handlers, slots_to_start)
+                                 poll_places, receive_requests, receive_size, refreshed_handlers,
+                                 slots_to_start)
 from rayq.core.fairness import Decision, ListenPlan
 from rayq.core.model import Ending
 from rayq.core.tasks import DeferralCause, Outcome, TaskSpec
@@ -209,7 +210,7 @@ def test_a_poller_rests_after_a_deferral_only_when_its_host_is_pressed(cause, pa
 
 
 @pytest.mark.parametrize("calls", [
-    "not a list", [("finish",)], [["finish", ()]], [("delete", ("r",))],
+    "not a list", [("finish",)], [("delete", ("r",))], [("finish", "r")],
     [("finish", ("r", b"x", None)), ("drop_all", ())],
 ])
 def test_a_malformed_batch_of_task_ends_is_refused_whole(calls):
@@ -219,5 +220,15 @@ def test_a_malformed_batch_of_task_ends_is_refused_whole(calls):
 
 def test_a_batch_of_task_ends_names_only_the_ending_calls():
     calls = [Finish().shard_call("r", b"x", None), Retry(1.0).shard_call("s", b"", None),
-             ("defer", ("t", 0.5))]
+             ["defer", ["t", 0.5]]]   # lists: as the local channel's frames carry them
     assert check_end_calls(calls) == calls
+
+
+@pytest.mark.parametrize("order, exclude, wait_s, requests", [
+    (["b", "a"], {"x"}, 0.0, [dict(keys=["b", "a"]), dict(wait_s=0.0, exclude=["x"])]),
+    (None, {"y", "x"}, 0.0, [dict(wait_s=0.0, exclude=["x", "y"])]),
+    ([], set(), 2.0, [dict(wait_s=2.0, exclude=None)]),
+])
+def test_a_receive_tries_the_plans_order_first_then_any_key_but_the_excluded(order, exclude,
+                                                                             wait_s, requests):
+    assert receive_requests(order, exclude, wait_s) == requests

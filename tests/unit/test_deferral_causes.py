@@ -1,6 +1,7 @@
 """Every reason a consumer puts a task back unrun is a deferral of its key, with its
-cause, in task_stats and in the event log (seed 000: concurrency limits, resource
-filters such as a pressed host, suspension rules, messages that cannot run)."""
+cause, in task_stats and in the event log (docs/fairness-coordinator.md: concurrency
+limits, resource filters such as a pressed host, suspension rules, messages that
+cannot run)."""
 
 import pytest
 

@@ -1,6 +1,7 @@
-"""The fairness rules of seed 000, with its worked examples as table rows.
+"""The fairness rules of docs/fairness-coordinator.md, with its source's worked examples
+as table rows.
 
-Windows are the seed's: 5 minutes, 6 of look-back, latency threshold 20
+Windows are the source's: 5 minutes, 6 of look-back, latency threshold 20
 minutes, band 50 %. Usage is in seconds of thread time per window.
 """
 
@@ -55,7 +56,7 @@ def test_two_types_over_their_share_together_deprive_a_third_who_is_the_victim()
                "M3": waiting("M3", 900.0, now), "M4": waiting("M4", 900.0, now)}
     d = evaluate(table(now, usage), pending, now, CONFIG, threads=4)
     assert d.expected_s["M1"] == pytest.approx(525) and d.actual_s["M1"] == pytest.approx(750)
-    assert d.starvation["M1"] == pytest.approx(-0.43, abs=0.01)  # the seed's "-43 %"
+    assert d.starvation["M1"] == pytest.approx(-0.43, abs=0.01)  # the source's "-43 %"
     assert d.latency_victims == {"M1", "M2"} and d.usage_victims == {"M2"}
     assert d.fair_users == {"M1", "M3", "M4"} and not d.offenders
     assert d.intervening and d.victims == {"M2"}
@@ -66,7 +67,7 @@ def test_two_types_over_their_share_together_deprive_a_third_who_is_the_victim()
 
 # -- concurrency-limited keys ---------------------------------------------------------------
 @pytest.mark.parametrize("concurrency, threads, expected_s", [
-    (8, 16, 600.0),     # the seed: 5 minutes x 16 threads / limit 8
+    (8, 16, 600.0),     # the source: 5 minutes x 16 threads / limit 8
     (None, 16, 300.0),  # no limit: unchanged
     (16, 16, 300.0),    # a limit equal to the threads: unchanged
     (32, 16, 300.0),    # a limit above the threads never binds
@@ -96,7 +97,7 @@ def test_a_key_that_defers_its_own_messages_is_expected_to_use_less():
                              deferred={"L": [0, 0, 0, 0, 8, 8]}), pending, now, CONFIG, threads=8)
     assert "L" in plain.usage_victims  # without the deferrals it looks starved
     # 300 x 0.2 = 60 is under the 80 it used: revised up to 80, a fair user, and the
-    # other key's share is untouched (seed 000: "without adversely effecting other types")
+    # other key's share is untouched (the source: "without adversely effecting other types")
     assert limited.expected_s["L"] == pytest.approx(80) and limited.starvation["L"] == 0
     assert limited.expected_s["M"] == pytest.approx(plain.expected_s["M"])
     assert "L" in limited.fair_users

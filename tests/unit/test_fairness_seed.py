@@ -1,7 +1,8 @@
-"""Seed 000's own figures for the rules issue 16 changed: the deferral revision
-(10 dequeued / 2 processed) and intervention at exactly the latency threshold.
+"""The source's own figures (docs/fairness-coordinator.md) for the rules issue 16
+changed: the deferral revision (10 dequeued / 2 processed) and intervention at exactly
+the latency threshold.
 
-Windows are the seed's: 5 minutes, 6 of look-back, threshold 20 minutes, band 50 %.
+Windows are the source's: 5 minutes, 6 of look-back, threshold 20 minutes, band 50 %.
 """
 
 import pytest
@@ -25,7 +26,7 @@ def waiting(key, since, now=NOW):
 
 # Two keys wait over the two last windows, sharing 600 s of thread time: each is
 # expected to use 300 s. "Mi" is concurrency limited: of 10 messages dequeued per
-# window it ran 2 and deferred 8 (seed 000's example, "fraction ... to 0.2").
+# window it ran 2 and deferred 8 (the source's example, "fraction ... to 0.2").
 @pytest.mark.parametrize("used_s, deferrals, expected_s, starvation, group", [
     # a usage victim: 100 of 300; revised to 300 x 0.2 = 60 < 100, so up to what it
     # used: a fair user, never an offender (the issue's -1.0 before the fix)
@@ -53,7 +54,7 @@ def test_ten_dequeued_two_processed_revises_only_a_victim_and_never_into_an_offe
 
 # M1 floods at 0; M2 sends one message every few minutes and never waits. At the
 # 20-minute mark M1 used 2 minutes and M2 18: both are expected to use 10, which
-# "triggers intervention" (seed 000). M1's oldest message has then waited exactly 20:00.
+# "triggers intervention" (the source). M1's oldest message has then waited exactly 20:00.
 @pytest.mark.parametrize("now, intervening", [(1200.0, True), (1199.0, False)])
 def test_the_seed_example_intervenes_at_exactly_twenty_minutes(now, intervening):
     usage = {"M1": [0, 30, 30, 30, 30, 0], "M2": [0, 270, 270, 270, 270, 0]}

@@ -1,11 +1,12 @@
-"""Weights in seed 000's fair expected usage: a key of weight w is entitled to w
+"""Weights in the fair expected usage of docs/fairness-coordinator.md: a key of weight w
+is entitled to w
 times the thread time of a key of weight 1 over the windows they both waited."""
 
 import pytest
 
 from rayq.config import Config, FairnessConfig
 from rayq.core.fairness import KeyState, UsageTable, evaluate
-from rayq.errors import InvalidMessage
+from rayq.errors import ConfigError
 
 
 def both_waiting_all_along(now: float) -> dict[str, KeyState]:
@@ -31,10 +32,10 @@ def test_an_even_split_is_fair_only_without_weights():
 
 @pytest.mark.parametrize("weights", [{"k": 0}, {"k": -1}, {"k": "2"}, {"k": True}])
 def test_weights_must_be_positive_numbers(weights):
-    with pytest.raises(InvalidMessage):
+    with pytest.raises(ConfigError):
         Config(fairness=FairnessConfig(weights=weights))
 
 
 def test_dispatch_takes_fair_or_fifo_only():
-    with pytest.raises(InvalidMessage):
+    with pytest.raises(ConfigError):
         Config(fairness=FairnessConfig(dispatch="lifo"))

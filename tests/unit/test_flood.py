@@ -1,4 +1,4 @@
-"""Flood rules of seed 001 with scaled-down thresholds (depth 100, enqueues 50,
+"""Flood rules of docs/flood-detection.md with scaled-down thresholds (depth 100, enqueues 50,
 type depth 200, exits 5 dedicated / 50 shared, healthy depth 500)."""
 
 import pytest

@@ -1,6 +1,7 @@
-"""Seed 001's rules with its own thresholds (depth 100 000, enqueues 10 000, type
-depth 200 000, exits 5 000 dedicated / 50 000 shared): detection by the depth of
-a message type's queue, and a flooder that leaves once it is back to normal."""
+"""The rules of docs/flood-detection.md with its source's thresholds (depth 100 000,
+enqueues 10 000, type depth 200 000, exits 5 000 dedicated / 50 000 shared):
+detection by the depth of a message type's queue, and a flooder that leaves once it
+is back to normal."""
 
 from dataclasses import replace
 
@@ -9,7 +10,7 @@ import pytest
 from rayq.config import FloodConfig
 from rayq.core.flood import Flooder, FloodView, detect, may_leave, sweep_step, type_depths
 
-SEED = FloodConfig()
+DEFAULTS = FloodConfig()  # the source's own thresholds
 
 
 def view(depth=None, dedicated=None, enqueued=None, spilled=None):
@@ -38,7 +39,7 @@ def flood(*tenants_and_counts, type_="report", others=()):
         ("email", "beta", 50_000)]), set()),
 ])
 def test_a_type_queue_deeper_than_the_threshold_flags_every_heavy_tenant_of_it(name, v, flagged):
-    added = detect(v, [], SEED, now=1.0).added
+    added = detect(v, [], DEFAULTS, now=1.0).added
     assert {f.tenant for f in added} == flagged, name
     assert {f.type for f in added} <= {"report"}
 
@@ -48,14 +49,14 @@ def test_the_type_queue_counts_live_and_dedicated_subqueues_of_every_tenant():
              dedicated={("q", "report", "acme"): 60_000},
              enqueued={("q", "report", "beta"): 50_000})
     assert type_depths(v) == {("q", "report"): 110_000}
-    assert [f.tenant for f in detect(v, [], SEED, 0.0).added] == ["beta"]
+    assert [f.tenant for f in detect(v, [], DEFAULTS, 0.0).added] == ["beta"]
 
 
 def test_the_type_level_rule_still_works_on_top():
     v = view(dedicated={("q", "report", "acme"): 150_000, ("q", "report", "beta"): 60_000},
              enqueued={("q", "report", "acme"): 20_000, ("q", "report", "beta"): 20_000})
     known = [Flooder("q", "report", "acme", 0.0), Flooder("q", "report", "beta", 0.0)]
-    added = detect(v, known, SEED, 1.0).added
+    added = detect(v, known, DEFAULTS, 1.0).added
     assert [(f.tenant, f.type_level) for f in added] == [("*", True)]
 
 
@@ -75,27 +76,27 @@ def test_a_tenant_flooder_leaves_when_its_last_sweep_emptied_spill_and_little_is
     flooder = Flooder(*ACME, since=0.0, swept_empty=swept_empty)
     v = view(dedicated={ACME: depth}, spilled={ACME: spilled_since},
              enqueued={ACME: 200_000})  # its look-back still shows the flood
-    changes = detect(v, [flooder], SEED, 9.0)
+    changes = detect(v, [flooder], DEFAULTS, 9.0)
     assert bool(changes.removed) is leaves
-    assert may_leave(flooder, v, SEED) is leaves
+    assert may_leave(flooder, v, DEFAULTS) is leaves
 
 
 def test_a_type_level_flooder_leaves_under_the_shared_threshold():
     flooder = Flooder("q", "report", "*", 0.0, swept_empty=True)
     v = view(depth={("q", "report", "a"): 30_000}, spilled={("q", "report", "b"): 19_999})
-    assert may_leave(flooder, v, SEED)
-    assert not may_leave(flooder, replace(v, spilled={("q", "report", "b"): 20_000}), SEED)
+    assert may_leave(flooder, v, DEFAULTS)
+    assert not may_leave(flooder, replace(v, spilled={("q", "report", "b"): 20_000}), DEFAULTS)
 
 
 def test_a_flooder_still_flooding_stays_whatever_its_spill():
     flooder = Flooder(*ACME, since=0.0, swept_empty=True)
     v = view(depth={("q", "report", "beta"): 99_000}, dedicated={ACME: 2_000},
              enqueued={ACME: 50_000})
-    assert not detect(v, [flooder], SEED, 9.0).removed  # type depth 101 000, acme heavy
+    assert not detect(v, [flooder], DEFAULTS, 9.0).removed  # type depth 101 000, acme heavy
 
 
 @pytest.mark.parametrize("target_depth, pressure, step", [
     (49_999, False, "sweep"), (50_000, False, "pause"), (0, True, "pause")])
 def test_the_sweeper_looks_at_the_queue_it_sweeps_into(target_depth, pressure, step):
     # the shard may hold millions for other queues: only the target's depth is passed
-    assert sweep_step(target_depth, pressure, 500, 0, SEED, 10) == step
+    assert sweep_step(target_depth, pressure, 500, 0, DEFAULTS, 10) == step

@@ -1,4 +1,4 @@
-"""The dependency rule of the design: rayq.core never reaches ray or the actors."""
+"""The dependency rule of docs/design.md: rayq.core never reaches ray or the actors."""
 
 import ast
 import pathlib

@@ -1,6 +1,6 @@
 """Metric labels stay bounded whatever the number of keys."""
 
-from rayq.core.metrics import OTHER, per_key, top_keys
+from rayq.core.metrics import OTHER, failure_text, per_key, top_keys
 from rayq.core.store import KeyDepth
 
 
@@ -20,3 +20,13 @@ def test_depths_sum_per_key_and_the_longest_wait_wins():
               KeyDepth(1, "b", 1, 0.0, None)]
     assert per_key(depths) == ({"a": 7.0, "b": 1.0}, {"a": 9.0, "b": 0.0})
     assert per_key([]) == ({}, {})
+
+
+def test_a_failure_reads_with_its_cause_when_it_has_one():
+    try:
+        raise RuntimeError("commit failed") from OSError(28, "No space left on device")
+    except RuntimeError as err:
+        chained = err
+    assert failure_text(chained) == ("RuntimeError('commit failed') caused by "
+                                     "OSError(28, 'No space left on device')")
+    assert failure_text(ValueError("x")) == "ValueError('x')"

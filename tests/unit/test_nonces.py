@@ -13,7 +13,7 @@ from rayq.core.kv import LmdbKV
 from rayq.core.model import NewMessage, encode_body
 from rayq.core.store import ShardStore
 from rayq.core.wire import encode_messages
-from rayq.errors import AuthError
+from rayq.errors import AuthError, StoreError
 from rayq.testing import FakeClock, MemoryKV, plenty_of_memory
 
 NOW = 1_800_000_000.0
@@ -74,8 +74,9 @@ def test_a_group_commit_writes_its_nonces_in_the_same_transaction(accounts):
         txn.put(nonces.TABLE, b"n" * 16, b"")
         raise OSError("disk gone")
 
-    with pytest.raises(OSError):
+    with pytest.raises(StoreError) as raised:
         store.group([("put", (1, encode_messages([message])), {})], also=broken)
+    assert isinstance(raised.value.__cause__, OSError)  # the engine failed, chained
     assert store.count(1) == 1 and _seen_nonces(store.kv) == [key]  # neither was written
 
 

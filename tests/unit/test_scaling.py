@@ -1,4 +1,4 @@
-"""Scale-down per subqueue (seed 003): small, fast or seldom-throttled subqueues."""
+"""Scale-down per subqueue (docs/autoscaling.md): small, fast or seldom-throttled subqueues."""
 
 import pytest
 

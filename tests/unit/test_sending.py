@@ -78,3 +78,47 @@ def test_a_coalescer_does_not_keep_its_owner_alive():
     del owner
     gc.collect()
     assert gone() is None and coalescer.send(["n"], Owner().flush) == ["id-n"]
+
+
+def test_a_sender_answered_in_a_loop_joins_the_next_flush_whole():
+    """Eight threads sending in a loop: each flush after the first carries (nearly) all
+    of them, not the one that arrived during the previous flush and then the rest."""
+    owner, coalescer = Owner(), SendCoalescer(max_in_flight=1)
+
+    def slow_flush(messages):
+        time.sleep(0.002)  # a put's round trip
+        return owner.flush(messages)
+
+    def loop(n):
+        for i in range(20):
+            assert coalescer.send([(n, i)], slow_flush) == [f"id-{(n, i)}"]
+
+    threads = [threading.Thread(target=loop, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    sizes = [len(f) for f in owner.flushes]
+    assert sum(sizes) == 160
+    assert sorted(sizes)[len(sizes) // 2] >= 6  # median flush: most of the eight senders
+
+
+def test_many_leaders_never_lose_the_lead():
+    """With several flushes in flight, a sender handed the lead after another leader
+    took its messages still leads (or gives the lead back): nobody waits forever."""
+    owner, coalescer = Owner(), SendCoalescer(max_in_flight=3)
+    done = []
+
+    def loop(n):
+        for i in range(50):
+            coalescer.send([(n, i)], owner.flush)
+        done.append(n)
+
+    threads = [threading.Thread(target=loop, args=(n,)) for n in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(done) == list(range(12))
+    assert coalescer._leaders == 0
+    assert sum(len(f) for f in owner.flushes) == 600

@@ -120,7 +120,8 @@ def _run_child_until(path, batches: int) -> int:
         child.wait()
     tail = child.stdout.read().split("\n")
     complete = [int(n) for n in tail[:-1] if n]  # a line cut by the kill does not count
-    child.stdout.close(), child.stderr.close()
+    child.stdout.close()
+    child.stderr.close()
     return max([reported, *complete])
 
 

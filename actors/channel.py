@@ -1,0 +1,99 @@
+"""The shard's end of the local channel (:mod:`rayq.core.frames`): a Unix socket
+server on the actor's own event loop.
+
+Each request runs the same async method a Ray call would run (the gate's checks
+included), as its own task, so a parked long poll does not hold up the requests
+behind it. The socket lives in a fresh 0700 directory: only the user that runs
+Ray can connect, as only it can reach the LMDB files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from rayq.channel import host_id
+from rayq.core.frames import (HEADER, MAX_FRAME_BYTES, FrameError, decode_request,
+                              encode_failure, encode_reply)
+from rayq.errors import InvalidMessage, RayqError, RuntimeFailure
+
+log = logging.getLogger("rayq.channel")
+
+
+class ChannelServer:
+    """Serves ``methods`` of ``target`` (async methods taking ``auth=``) on a Unix socket."""
+
+    def __init__(self, target: Any, methods: frozenset[str], name: str):
+        self._target, self._name = target, name
+        self._methods = {m: inspect.signature(getattr(target, m)) for m in methods}
+        self._server: asyncio.base_events.Server | None = None
+        self._dir: str | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    async def address(self) -> tuple[str, str]:
+        """(host id, socket path), starting the server on first use."""
+        if self._server is None:
+            self._dir = tempfile.mkdtemp(prefix=f"rayq-{self._name}-")  # mode 0700
+            path = os.path.join(self._dir, "s")
+            self._server = await asyncio.start_unix_server(self._serve, path,
+                                                           limit=1 << 20)
+        return host_id(), os.path.join(self._dir, "s")
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                (size,) = HEADER.unpack(await reader.readexactly(HEADER.size))
+                if size > MAX_FRAME_BYTES:
+                    raise FrameError(f"a frame of {size} bytes")
+                body = await reader.readexactly(size)
+                task = asyncio.create_task(self._answer(body, writer))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the client went away; its unanswered calls are its to retry
+        except FrameError as err:
+            log.warning("%s channel: dropping a connection: %s", self._name, err)
+        finally:
+            writer.close()
+
+    def _check(self, method: str, args: list, kwargs: dict) -> None:
+        """Refuse a method the channel does not serve, or arguments it does not take."""
+        signature = self._methods.get(method)
+        if signature is None or "auth" in kwargs:
+            raise InvalidMessage(f"{method!r} is not served on the local channel")
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as err:
+            raise InvalidMessage(f"{method}: {err}") from None
+
+    async def _answer(self, body: bytes, writer: asyncio.StreamWriter) -> None:
+        try:
+            call_id, method, args, kwargs, auth = decode_request(body)
+        except FrameError as err:
+            log.warning("%s channel: %s", self._name, err)
+            writer.close()
+            return
+        try:
+            self._check(method, args, kwargs)
+            if auth is not None:
+                kwargs["auth"] = auth
+            reply = encode_reply(call_id, await getattr(self._target, method)(*args, **kwargs))
+        except RayqError as err:
+            reply = encode_failure(call_id, err)
+        except Exception as err:  # the shard's own failure, as a Ray call would report it
+            log.exception("%s channel: %s failed", self._name, method)
+            reply = encode_failure(call_id, RuntimeFailure(f"runtime call failed: {err!r}"))
+        if not writer.is_closing():
+            writer.write(reply)
+            await writer.drain()

@@ -1,0 +1,219 @@
+"""The client's end of the local channel (:mod:`rayq.core.frames`).
+
+A :class:`ShardLink` stands where a shard's actor handle stood. Its hot methods
+(:data:`CHANNEL_METHODS`) go over the shard's Unix socket when the shard runs on
+this host, and through Ray otherwise; every other method is the handle's own.
+``link.put.remote(...)`` returns a :class:`concurrent.futures.Future` on the
+channel and an ``ObjectRef`` through Ray: :func:`rayq.remote.call` and
+:func:`rayq.remote.resolve` take either.
+
+One :class:`Channel` per shard and process, shared by every thread and client:
+callers write frames under a lock, and one reader thread hands each reply to its
+caller's future. When the socket breaks (the shard restarted or moved), every
+unanswered call fails with :class:`ChannelLost`, which callers retry like a Ray
+call that met a restart; the next call asks the shard (through Ray) where it
+listens now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+import threading
+import time
+import concurrent.futures
+from concurrent.futures import Future
+from typing import Any
+
+from rayq.core.frames import HEADER, decode_reply, encode_request
+from rayq.errors import RuntimeFailure
+
+# The calls worth a socket: the ones every message makes. Ray carries the rest.
+CHANNEL_METHODS = frozenset({"put", "receive", "delete", "change_visibility", "end_many"})
+RETRY_CONNECT_S = 5.0  # after a failed connect, use Ray this long before trying again
+
+
+def host_id() -> str:
+    """This host, as one string: a client uses a shard's socket only on the same host."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+class ChannelLost(RuntimeFailure):
+    """Raised when the socket to a shard broke before the call was answered: whether
+    the shard acted on it is unknown, as for a Ray call that met a restart."""
+
+
+class Channel:
+    """One Unix socket to one shard, shared by the threads of this process."""
+
+    def __init__(self, path: str):
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.connect(path)
+        self._lock = threading.Lock()
+        self._waiting: dict[int, Future] = {}
+        self._ids = itertools.count()
+        self.closed = False
+        threading.Thread(target=self._read_forever, name="rayq-channel", daemon=True).start()
+
+    def request(self, method: str, args: tuple, kwargs: dict) -> Future:
+        """Send one call; its future holds the result or the error the shard raised."""
+        auth = kwargs.pop("auth", None)
+        future: Future = Future()
+        call_id = next(self._ids)
+        frame = encode_request(call_id, method, args, kwargs, auth)
+        with self._lock:
+            if self.closed:
+                raise ChannelLost("the channel to the shard is closed")
+            self._waiting[call_id] = future
+            try:
+                self._sock.sendall(frame)
+            except OSError as err:
+                self._waiting.pop(call_id, None)
+                self._close_locked()
+                raise ChannelLost(f"the channel to the shard broke: {err}") from err
+        return future
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        if not self.closed:
+            self.closed = True
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _read_forever(self) -> None:
+        buffer = bytearray()
+        try:
+            while True:
+                chunk = self._sock.recv(1 << 20)
+                if not chunk:
+                    break
+                buffer += chunk
+                while len(buffer) >= HEADER.size:
+                    (size,) = HEADER.unpack_from(buffer)
+                    end = HEADER.size + size
+                    if len(buffer) < end:
+                        break
+                    call_id, ok, value = decode_reply(bytes(buffer[HEADER.size:end]))
+                    del buffer[:end]
+                    with self._lock:
+                        future = self._waiting.pop(call_id, None)
+                    if future is not None:
+                        (future.set_result if ok else future.set_exception)(value)
+                    # an error raised from the future keeps the caller's frames in its
+                    # traceback: hold nothing of it past this reply
+                    del future, value
+        except OSError:
+            pass
+        finally:
+            with self._lock:
+                self._close_locked()
+                waiting, self._waiting = self._waiting, {}
+            for future in waiting.values():
+                future.set_exception(ChannelLost("the shard closed the channel before answering"))
+            self._sock.close()
+
+
+_channels: dict[str, Channel] = {}  # socket path -> this process's channel to it
+_channels_lock = threading.Lock()
+
+
+def _connect(path: str) -> Channel:
+    with _channels_lock:
+        channel = _channels.get(path)
+        if channel is None or channel.closed:
+            channel = _channels[path] = Channel(path)
+        return channel
+
+
+class _Method:
+    __slots__ = ("_link", "_name")
+
+    def __init__(self, link: "ShardLink", name: str):
+        self._link, self._name = link, name
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        return self._link.request(self._name, args, kwargs)
+
+
+class ShardLink:
+    """A shard's actor handle, with its hot calls over the local channel when it is on
+    this host (``use_channel``); pickles as a plain link that connects again."""
+
+    def __init__(self, handle: Any, use_channel: bool = True):
+        self.handle = handle
+        self._use_channel = use_channel
+        self._path: str | None = None
+        self._asking: Future | None = None  # the shard's answer to "where do you listen?"
+        self._retry_at = 0.0
+
+    def __reduce__(self):
+        return ShardLink, (self.handle, self._use_channel)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in CHANNEL_METHODS:
+            return _Method(self, name)
+        if name.startswith("_") or name == "handle":
+            raise AttributeError(name)
+        return getattr(self.handle, name)
+
+    def request(self, method: str, args: tuple, kwargs: dict) -> Any:
+        """The call's future over the channel, or its ObjectRef through Ray."""
+        channel = self._channel()
+        if channel is not None:
+            return channel.request(method, args, kwargs)
+        return getattr(self.handle, method).remote(*args, **kwargs)
+
+    def _channel(self) -> Channel | None:
+        if not self._use_channel or time.monotonic() < self._retry_at:
+            return None
+        if self._path is None or (self._path in _channels and _channels[self._path].closed):
+            if self._asking is not None or not self._ask():
+                return None  # Ray carries this call; the address comes in the background
+        try:
+            return _connect(self._path)
+        except OSError:
+            self._path, self._retry_at = None, time.monotonic() + RETRY_CONNECT_S
+            return None
+
+    def _ask(self) -> bool:
+        """Ask the shard where its channel listens. Outside an event loop, wait for the
+        answer (True once known); inside one (a consumer) never block the loop: the
+        answer arrives in the background and later calls use it."""
+        self._path = None
+        asking = self._asking = self.handle.channel.remote().future()
+        if _in_event_loop():
+            asking.add_done_callback(self._answered)
+            return False
+        concurrent.futures.wait([asking])
+        self._answered(asking)
+        return self._path is not None
+
+    def _answered(self, future: Future) -> None:
+        try:
+            host, path = future.result()
+            if host == host_id():
+                self._path = path
+            else:
+                self._use_channel = False  # another host: Ray carries every call
+        except Exception:
+            self._retry_at = time.monotonic() + RETRY_CONNECT_S
+        self._asking = None
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        return False
