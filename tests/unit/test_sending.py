@@ -40,7 +40,7 @@ def test_senders_waiting_behind_a_flush_share_the_next_one_and_get_their_own_ids
     for t in followers:
         t.start()
     deadline = time.monotonic() + 10
-    while len(coalescer._pending) < 3 and time.monotonic() < deadline:  # followers queued
+    while len(coalescer) < 3 and time.monotonic() < deadline:  # followers queued
         time.sleep(0.001)
     release.set()
     for t in [leader, *followers]:
