@@ -17,6 +17,7 @@ import logging
 import random
 import time
 from collections import deque
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -27,8 +28,10 @@ from ray import cloudpickle
 
 from actors import COORDINATOR, MANAGER, NAMESPACE, consumer_name, shard_name
 from actors.metrics import BackgroundFailures
+from rayq.batching import AsyncBatcher
 from rayq.config import Config
 from rayq.core.balancer import BalancerState, HostReading, host_pressed
+from rayq.core.batcher import Batcher
 from rayq.core.fairness import ListenPlan, listen_order
 from rayq.core.model import StoredMessage
 from rayq.core.wire import decode_delivered
@@ -76,35 +79,12 @@ class _Ends:
     MAX_CALLS = 500
 
     def __init__(self, shard):
-        self.shard = shard
-        self._pending: list[tuple[tuple, asyncio.Future]] = []
-        self._flushing = False
+        calls = Batcher(max_items=self.MAX_CALLS, name="task ends")
+        self._batcher = AsyncBatcher(calls, lambda batch: unwrap(shard.end_many.remote(batch)))
 
-    async def call(self, name: str, *args) -> Any:
-        future = asyncio.get_running_loop().create_future()
-        self._pending.append(((name, args), future))
-        if not self._flushing:
-            self._flushing = True
-            asyncio.get_running_loop().create_task(self._flush())
-        result = await future
-        if isinstance(result, BaseException):
-            raise result
-        return result
-
-    async def _flush(self) -> None:
-        try:
-            while self._pending:
-                batch = self._pending[:self.MAX_CALLS]
-                del self._pending[:self.MAX_CALLS]
-                try:
-                    results = await unwrap(self.shard.end_many.remote([c for c, _ in batch]))
-                except (RayqError, ray.exceptions.RayError) as err:
-                    results = [err] * len(batch)
-                for (_, future), result in zip(batch, results):
-                    if not future.done():
-                        future.set_result(result)
-        finally:
-            self._flushing = False
+    def call(self, name: str, *args) -> Awaitable[Any]:
+        """The result of shard call ``name(*args)``, or its error raised."""
+        return self._batcher.call((name, args))
 
 
 @dataclass
