@@ -32,17 +32,18 @@ from rayq.batching import AsyncBatcher
 from rayq.config import Config
 from rayq.core.balancer import BalancerState, HostReading, host_pressed
 from rayq.core.batcher import Batcher
+from rayq.core.clock import SystemClock
 from rayq.core.fairness import ListenPlan, listen_order
 from rayq.core.model import StoredMessage
 from rayq.core.wire import decode_delivered
 from rayq.core.registry import QueueInfo
+from rayq.core.routes import RouteCache
 from rayq.core.tasks import (DeferralCause, Outcome, TaskSpec, UsageReport, decode_call,
                              encode_result, error_of)
 from rayq.errors import RayqError, ReceiptInvalid
 
 log = logging.getLogger("rayq.consumer")
 MAX_REPORTS = 100_000   # reports kept for the coordinator between two drains
-ROUTE_TTL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ class ConsumerActor:
                                            thread_name_prefix=f"consumer-{index}")
         self._handlers: dict[str, tuple[TaskSpec, Any, bytes]] = {}  # type -> (spec, fn, pickled)
         self._tasks_version: int | None = None
-        self._routes: dict[str, tuple[float, QueueInfo, list[int]]] = {}
+        self._routes = RouteCache(SystemClock())
         self._rotation = itertools.count()
         self._saturated: dict[str, float] = {}   # type -> monotonic time it may run again
         self._pollers: dict[int, asyncio.Task] = {}
@@ -253,13 +254,11 @@ class ConsumerActor:
 
     # -- receiving -----------------------------------------------------------------
     async def _route(self, name: str) -> tuple[QueueInfo, list[int]]:
-        cached = self._routes.get(name)
-        now = time.monotonic()
-        if cached and now - cached[0] < ROUTE_TTL_S:
-            return cached[1], cached[2]
-        queue, order = await self.manager.receive_routing.remote(name)
-        self._routes[name] = (now, queue, order)
-        return queue, order
+        route = self._routes.get(name)
+        if route is None:
+            queue, order = await self.manager.receive_routing.remote(name)
+            route = self._routes.put(name, queue, order)
+        return route.queue, route.order
 
     async def _receive(self, want: int) -> list[_Held]:
         """Up to ``want`` tasks: a pass over every task subqueue without waiting, then one
