@@ -82,8 +82,9 @@ class Transport:
 
     # -- routing -------------------------------------------------------------------
     def route(self, name: str, refresh: bool = False) -> Route:
-        """(queue, receive order, this session's put subqueue), kept ROUTE_TTL_S; a
-        refreshed route keeps our put subqueue while it takes puts (enqueuer affinity)."""
+        """(queue, receive order, this session's put subqueue), kept for
+        rayq.core.routes.ROUTE_TTL_S; a refreshed route keeps our put subqueue while it
+        takes puts (enqueuer affinity)."""
         kept = None if refresh else self._routes.get(name)
         if kept is not None:
             return kept
