@@ -18,6 +18,7 @@ import logging
 import random
 import time
 from collections import deque
+from collections.abc import Awaitable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -28,20 +29,23 @@ from ray import cloudpickle
 
 from actors import COORDINATOR, MANAGER, NAMESPACE, consumer_name, shard_name
 from actors.metrics import BackgroundFailures
+from rayq.batching import AsyncBatcher
 from rayq.channel import ShardLink
 from rayq.config import Config
 from rayq.core.balancer import BalancerState, HostReading, host_pressed
+from rayq.core.batcher import Batcher
+from rayq.core.clock import SystemClock
 from rayq.core.fairness import ListenPlan, listen_order
 from rayq.core.model import StoredMessage
 from rayq.core.wire import decode_delivered
 from rayq.core.registry import QueueInfo
+from rayq.core.routes import RouteCache
 from rayq.core.tasks import (DeferralCause, Outcome, TaskSpec, UsageReport, decode_call,
                              encode_result, error_of)
 from rayq.errors import RayqError, ReceiptInvalid
 
 log = logging.getLogger("rayq.consumer")
 MAX_REPORTS = 100_000   # reports kept for the coordinator between two drains
-ROUTE_TTL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -78,35 +82,12 @@ class _Ends:
     MAX_CALLS = 500
 
     def __init__(self, shard):
-        self.shard = shard
-        self._pending: list[tuple[tuple, asyncio.Future]] = []
-        self._flushing = False
+        calls = Batcher(max_items=self.MAX_CALLS, name="task ends")
+        self._batcher = AsyncBatcher(calls, lambda batch: unwrap(shard.end_many.remote(batch)))
 
-    async def call(self, name: str, *args) -> Any:
-        future = asyncio.get_running_loop().create_future()
-        self._pending.append(((name, args), future))
-        if not self._flushing:
-            self._flushing = True
-            asyncio.get_running_loop().create_task(self._flush())
-        result = await future
-        if isinstance(result, BaseException):
-            raise result
-        return result
-
-    async def _flush(self) -> None:
-        try:
-            while self._pending:
-                batch = self._pending[:self.MAX_CALLS]
-                del self._pending[:self.MAX_CALLS]
-                try:
-                    results = await unwrap(self.shard.end_many.remote([c for c, _ in batch]))
-                except (RayqError, ray.exceptions.RayError) as err:
-                    results = [err] * len(batch)
-                for (_, future), result in zip(batch, results):
-                    if not future.done():
-                        future.set_result(result)
-        finally:
-            self._flushing = False
+    def call(self, name: str, *args) -> Awaitable[Any]:
+        """The result of shard call ``name(*args)``, or its error raised."""
+        return self._batcher.call((name, args))
 
 
 @dataclass
@@ -132,7 +113,7 @@ class ConsumerActor:
                                            thread_name_prefix=f"consumer-{index}")
         self._handlers: dict[str, tuple[TaskSpec, Any, bytes]] = {}  # type -> (spec, fn, pickled)
         self._tasks_version: int | None = None
-        self._routes: dict[str, tuple[float, QueueInfo, list[int]]] = {}
+        self._routes = RouteCache(SystemClock())
         self._rotation = itertools.count()
         self._saturated: dict[str, float] = {}   # type -> monotonic time it may run again
         self._pollers: dict[int, asyncio.Task] = {}
@@ -276,13 +257,11 @@ class ConsumerActor:
 
     # -- receiving -----------------------------------------------------------------
     async def _route(self, name: str) -> tuple[QueueInfo, list[int]]:
-        cached = self._routes.get(name)
-        now = time.monotonic()
-        if cached and now - cached[0] < ROUTE_TTL_S:
-            return cached[1], cached[2]
-        queue, order = await self.manager.receive_routing.remote(name)
-        self._routes[name] = (now, queue, order)
-        return queue, order
+        route = self._routes.get(name)
+        if route is None:
+            queue, order = await self.manager.receive_routing.remote(name)
+            route = self._routes.put(name, queue, order)
+        return route.queue, route.order
 
     async def _receive(self, want: int) -> list[_Held]:
         """Up to ``want`` tasks: a pass over every task subqueue without waiting, then one

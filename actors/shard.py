@@ -31,9 +31,11 @@ from actors.gate import Gate, manager_directory, named_subqueues, receipt_subque
 from rayq.core import nonces
 from actors.metrics import BackgroundFailures, ShardMetrics
 from rayq.analytics.eventlog import open_event_log
+from rayq.batching import AsyncBatcher
 from rayq.channel import CHANNEL_METHODS
 from rayq.config import Config
 from rayq.core.auth import ADMIN, Signature, check_admin
+from rayq.core.batcher import Batcher
 from rayq.core.dispatch import DispatchPolicy, NoisyKey
 from rayq.core.wire import delivered_count
 from rayq.core.model import Ending, SubqueueState
@@ -85,9 +87,9 @@ class ShardActor:
                                 dispatch=DispatchPolicy.of(config.fairness))
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard-{index}")
         self._loop = asyncio.get_running_loop()
-        # (store call or None for a nonce alone, args, kwargs, future, nonce key or None)
-        self._pending: list[tuple[str | None, tuple, dict, asyncio.Future, bytes | None]] = []
-        self._committing = False
+        # group commit of (store call or None for a nonce alone, args, kwargs, nonce key or None)
+        commits = Batcher(max_pending=MAX_PENDING_CALLS, name=f"shard {index}")
+        self._group_commit = AsyncBatcher(commits, self._commit)
         # parked long polls per subqueue, oldest first: a put of n messages wakes n of them
         self._parked: dict[int, deque[asyncio.Future]] = defaultdict(deque)
         self._ops: Counter[int] = Counter()
@@ -126,44 +128,36 @@ class ShardActor:
     def _enqueue(self, subqueue: int | None, name: str | None, *args,
                  signed: Signature | None = None, **kwargs) -> asyncio.Future:
         """Queue one store call for the next group commit; its future holds the result
-        or the RayqError it raised."""
-        if len(self._pending) >= MAX_PENDING_CALLS:
+        or the RayqError it raised. Raises Overloaded when MAX_PENDING_CALLS wait."""
+        nonce = nonces.nonce_key(signed) if signed is not None else None
+        try:
+            return self._group_commit.submit((name, args, kwargs, nonce))
+        except Overloaded:
             if subqueue is not None:
                 self._throttled[subqueue] += 1
-            raise Overloaded(f"shard {self.index} has {len(self._pending)} calls waiting")
-        future = self._loop.create_future()
-        nonce = nonces.nonce_key(signed) if signed is not None else None
-        self._pending.append((name, args, kwargs, future, nonce))
-        if not self._committing:
-            self._committing = True
-            self._loop.create_task(self._commit_pending())
-        return future
+            raise
 
-    async def _commit_pending(self) -> None:
+    async def _commit(self, calls: list) -> list:
+        """One group commit of ``calls``: a result per call, the value or the RayqError it
+        raised (a failed transaction fails every call: nothing of it was committed).
+        Wakes the polls parked on the subqueues the puts filled."""
         try:
-            while self._pending:
-                calls, self._pending = self._pending, []
-                try:
-                    results, finished = await self._loop.run_in_executor(
-                        self._thread, self._group, calls)
-                    self._notify(finished)
-                except RayqError as err:
-                    results = [err] * len(calls)
-                except Exception as err:  # the transaction failed as a whole: nothing committed
-                    results = [StoreError(f"shard {self.index} transaction failed: {err!r}")] * len(calls)
-                self._commits += 1
-                self._calls += len(calls)
-                for (name, args, _, future, _), result in zip(calls, results):
-                    if name == "put" and not isinstance(result, BaseException):
-                        self._wake(args[0], len(result))
-                    if not future.done():
-                        future.set_result(result)
-        finally:
-            self._committing = False
+            results, finished = await self._loop.run_in_executor(self._thread, self._group, calls)
+            self._notify(finished)
+        except RayqError as err:
+            results = [err] * len(calls)
+        except Exception as err:
+            results = [StoreError(f"shard {self.index} transaction failed: {err!r}")] * len(calls)
+        self._commits += 1
+        self._calls += len(calls)
+        for (name, args, _, _), result in zip(calls, results):
+            if name == "put" and not isinstance(result, BaseException):
+                self._wake(args[0], len(result))
+        return results
 
     def _group(self, calls: list) -> tuple[list, list]:
         """One transaction: the store calls, and the nonces of the requests they serve."""
-        keys = [c[4] for c in calls if c[4] is not None]
+        keys = [c[3] for c in calls if c[3] is not None]
         also = (lambda txn: nonces.remember(txn, keys, time.time())) if keys else None
         done = iter(self.store.group([c[:3] for c in calls if c[0] is not None], also))
         results = [next(done) if c[0] is not None else None for c in calls]
