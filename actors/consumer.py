@@ -192,7 +192,9 @@ class ConsumerActor:
                 continue
             self._room.clear()  # before looking: a task ending from here on sets it again
             room = self._load() - self._held - self._claimed
-            if room <= 0:
+            if room <= 0 or (self._held and room < (self._load() + 1) // 2):
+                # while tasks run, wait until half the load is free: receiving each
+                # slot as it frees made receives of one task (a commit each)
                 try:
                     await asyncio.wait_for(self._room.wait(), self.cc.poll_wait_s)
                 except asyncio.TimeoutError:

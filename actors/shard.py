@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 import time
 from collections import Counter, defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor
@@ -25,10 +24,12 @@ from typing import Any
 
 import psutil
 import ray
+from ray.exceptions import RayTaskError
 
 from actors.channel import ChannelServer
 from actors.gate import Gate, manager_directory, named_subqueues, receipt_subqueues
 from rayq.core import nonces
+from actors.outcomes import OutcomeWaiters
 from actors.metrics import BackgroundFailures, ShardMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.batching import AsyncBatcher
@@ -95,8 +96,10 @@ class ShardActor:
         self._ops: Counter[int] = Counter()
         self._throttled: Counter[int] = Counter()
         self._commits = self._calls = 0
-        self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future]]] = {}
-        self._waiters_lock = threading.Lock()
+        self.outcomes = OutcomeWaiters(
+            lambda ids: asyncio.get_running_loop().run_in_executor(  # the waiter's loop
+                self._thread, lambda: [self.store.outcome(mid) for mid in ids]),
+            OUTCOME_RECHECK_S)
         self._housekeeping = self._loop.create_task(self._collect_expired_forever())
         self._reviewing = self._loop.create_task(self._review_dispatch_forever())
         self._purging = self._loop.create_task(self._purge_forever())
@@ -143,7 +146,7 @@ class ShardActor:
         Wakes the polls parked on the subqueues the puts filled."""
         try:
             results, finished = await self._loop.run_in_executor(self._thread, self._group, calls)
-            self._notify(finished)
+            self.outcomes.notify(finished)
         except RayqError as err:
             results = [err] * len(calls)
         except Exception as err:
@@ -269,40 +272,22 @@ class ShardActor:
         own concurrency group, and a shard restart re-runs it against the
         durable outcomes table, so the ref resolves exactly once.
         """
-        loop = asyncio.get_running_loop()
-        found = None
-        while found is None:
-            future = loop.create_future()
-            with self._waiters_lock:  # register before reading: no wake-up is missed
-                self._waiters.setdefault(message_id, []).append((loop, future))
+        [found] = await self.outcomes.wait([message_id])
+        return _outcome_value(found)
+
+    @ray.method(concurrency_group=OUTCOME_GROUP)
+    async def wait_outcomes(self, message_ids: list[str]) -> tuple:
+        """``wait_outcome`` of many tasks in one call, made with ``num_returns`` = their
+        number (``client.submit_many``): one return each, in order, all once the last
+        has ended. A task that failed returns a RayTaskError, the value Ray itself
+        stores for a raising task, so ``ray.get`` of that one ref alone raises."""
+        out = []
+        for found in await self.outcomes.wait(message_ids):
             try:
-                found = await loop.run_in_executor(self._thread, self.store.outcome, message_id)
-                if found is None:
-                    await asyncio.wait([future], timeout=OUTCOME_RECHECK_S)
-                    found = future.result() if future.done() else None
-            finally:
-                self._forget(message_id, future)
-        ending, payload = found
-        if ending is Ending.RESULT:
-            return decode_outcome(payload)
-        raise TaskError(*_ENDINGS[ending])
-
-    def _notify(self, finished: list[tuple[str, Ending, bytes]]) -> None:
-        """Hand each recorded outcome to the calls waiting for it (on their own loop)."""
-        for message_id, ending, payload in finished:
-            with self._waiters_lock:
-                waiters = self._waiters.pop(message_id, [])
-            for loop, future in waiters:
-                loop.call_soon_threadsafe(_settle, future, (ending, payload))
-
-    def _forget(self, message_id: str, future: asyncio.Future) -> None:
-        with self._waiters_lock:
-            waiters = self._waiters.get(message_id)
-            if waiters is None:
-                return
-            waiters[:] = [w for w in waiters if w[1] is not future]
-            if not waiters:
-                del self._waiters[message_id]
+                out.append(_outcome_value(found))
+            except TaskError as err:
+                out.append(RayTaskError("wait_outcome", "", err))
+        return tuple(out) if len(out) > 1 else out[0]
 
     async def clear(self, subqueue: int, auth: Signature | None = None) -> int:
         await self.gate.allow(auth, "clear", self.index, [subqueue], subqueue)
@@ -373,7 +358,7 @@ class ShardActor:
                 continue
             try:
                 finished = await self._read(self._purge_step)
-                self._notify(finished)
+                self.outcomes.notify(finished)
             except Exception:  # keep going: the marks persist, the next step retries
                 log.exception("shard %d background removal failed", self.index)
 
@@ -494,6 +479,9 @@ class ShardActor:
                 log.exception("shard %d housekeeping failed", self.index)
 
 
-def _settle(future: asyncio.Future, value: Any) -> None:
-    if not future.done():
-        future.set_result(value)
+def _outcome_value(found: tuple[Ending, bytes]) -> Any:
+    """A task's value from how it ended; raises TaskError for one that failed."""
+    ending, payload = found
+    if ending is Ending.RESULT:
+        return decode_outcome(payload)
+    raise TaskError(*_ENDINGS[ending])
