@@ -17,6 +17,7 @@ import itertools
 import logging
 import random
 from collections import deque
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -27,9 +28,11 @@ from ray import cloudpickle
 
 from actors import COORDINATOR, MANAGER, NAMESPACE, consumer_name, shard_name
 from actors.metrics import BackgroundFailures
+from rayq.batching import AsyncBatcher
 from rayq.channel import ShardLink
 from rayq.config import Config
 from rayq.core.balancer import BalancerState, HostReading, host_pressed
+from rayq.core.batcher import Batcher
 from rayq.core.clock import Clock, SystemClock
 from rayq.core.consuming import (PlanFollower, Saturation, decide_end, effective_load,
                                  excluded_keys, held_back, long_poll_group, poll_places,
@@ -38,6 +41,7 @@ from rayq.core.consuming import (PlanFollower, Saturation, decide_end, effective
 from rayq.core.managing import indexes_by_name
 from rayq.core.model import StoredMessage
 from rayq.core.registry import QueueInfo
+from rayq.core.routes import RouteCache
 from rayq.core.tasks import (DeferralCause, Outcome, TaskSpec, UsageReport, decode_call,
                              encode_result, error_of)
 from rayq.core.wire import decode_delivered
@@ -46,7 +50,6 @@ from rayq.remote import actor_names, call_async, running
 
 log = logging.getLogger("rayq.consumer")
 MAX_REPORTS = 100_000   # reports kept for the coordinator between two drains
-ROUTE_TTL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -83,35 +86,13 @@ class _Ends:
     MAX_CALLS = 500
 
     def __init__(self, shard):
-        self.shard = shard
-        self._pending: list[tuple[tuple, asyncio.Future]] = []
-        self._flushing = False
+        calls = Batcher(max_items=self.MAX_CALLS, name="task ends")
+        self._batcher = AsyncBatcher(
+            calls, lambda batch: call_async(lambda: shard.end_many.remote(batch)))
 
-    async def call(self, name: str, *args) -> Any:
-        future = asyncio.get_running_loop().create_future()
-        self._pending.append(((name, args), future))
-        if not self._flushing:
-            self._flushing = True
-            asyncio.get_running_loop().create_task(self._flush())
-        result = await future
-        if isinstance(result, BaseException):
-            raise result
-        return result
-
-    async def _flush(self) -> None:
-        try:
-            while self._pending:
-                batch = self._pending[:self.MAX_CALLS]
-                del self._pending[:self.MAX_CALLS]
-                try:
-                    results = await call_async(lambda: self.shard.end_many.remote([c for c, _ in batch]))
-                except (RayqError, ray.exceptions.RayError) as err:
-                    results = [err] * len(batch)
-                for (_, future), result in zip(batch, results):
-                    if not future.done():
-                        future.set_result(result)
-        finally:
-            self._flushing = False
+    def call(self, name: str, *args) -> Awaitable[Any]:
+        """The result of shard call ``name(*args)``, or its error raised."""
+        return self._batcher.call((name, args))
 
 
 @dataclass
@@ -138,7 +119,7 @@ class ConsumerActor:
                                            thread_name_prefix=f"consumer-{index}")
         self._handlers: dict[str, tuple[TaskSpec, Any, bytes]] = {}  # type -> (spec, fn, pickled)
         self._tasks_version: int | None = None
-        self._routes: dict[str, tuple[float, QueueInfo, list[int]]] = {}
+        self._routes = RouteCache(self.clock)
         self._rotation = itertools.count()
         self._saturated = Saturation(self.cc.defer_s)  # on the monotonic clock
         self._pollers: dict[int, asyncio.Task] = {}
@@ -258,13 +239,11 @@ class ConsumerActor:
 
     # -- receiving -----------------------------------------------------------------
     async def _route(self, name: str) -> tuple[QueueInfo, list[int]]:
-        cached = self._routes.get(name)
-        now = self.clock.monotonic()
-        if cached and now - cached[0] < ROUTE_TTL_S:
-            return cached[1], cached[2]
-        queue, order = await call_async(lambda: self.manager.receive_routing.remote(name))
-        self._routes[name] = (now, queue, order)
-        return queue, order
+        route = self._routes.get(name)
+        if route is None:
+            queue, order = await call_async(lambda: self.manager.receive_routing.remote(name))
+            route = self._routes.put(name, queue, order)
+        return route.queue, route.order
 
     async def _receive(self, want: int) -> list[_Held]:
         """Up to ``want`` tasks: a pass over every task subqueue without waiting, then one

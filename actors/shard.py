@@ -23,15 +23,18 @@ from typing import Any
 
 import psutil
 import ray
+from ray.exceptions import RayTaskError
 
 from actors.channel import ChannelServer
 from actors.gate import manager_directory
 from rayq.core import nonces
 from actors.metrics import BackgroundFailures, ShardMetrics
 from rayq.analytics.eventlog import open_event_log
+from rayq.batching import AsyncBatcher
 from rayq.channel import CHANNEL_METHODS
 from rayq.config import Config
 from rayq.core.auth import ADMIN, Signature, check_admin
+from rayq.core.batcher import Batcher
 from rayq.core.clock import Clock, SystemClock
 from rayq.core.dispatch import DispatchPolicy, NoisyKey
 from rayq.core.consuming import check_end_calls
@@ -41,7 +44,7 @@ from rayq.core.wire import delivered_count
 from rayq.core.model import SubqueueState
 from rayq.core.store import KeyDepth, StoreStats, open_store
 from rayq.core.waiters import OutcomeWaiters, outcome_value
-from rayq.errors import Overloaded, RayqError, StoreError
+from rayq.errors import Overloaded, RayqError, StoreError, TaskError
 
 log = logging.getLogger("rayq.shard")
 MAX_PENDING_CALLS = 10_000
@@ -82,15 +85,18 @@ class ShardActor:
                                 dispatch=DispatchPolicy.of(config.fairness))
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard-{index}")
         self._loop = asyncio.get_running_loop()
-        # (store call or None for a nonce alone, args, kwargs, future, nonce key or None)
-        self._pending: list[tuple[str | None, tuple, dict, asyncio.Future, bytes | None]] = []
-        self._committing = False
+        # group commit of (store call or None for a nonce alone, args, kwargs, nonce key or None)
+        commits = Batcher(max_pending=MAX_PENDING_CALLS, name=f"shard {index}")
+        self._group_commit = AsyncBatcher(commits, self._commit)
         # parked long polls per subqueue, oldest first: a put of n messages wakes n of them
         self._parked: dict[int, deque[asyncio.Future]] = defaultdict(deque)
         self._ops: Counter[int] = Counter()
         self._throttled: Counter[int] = Counter()
         self._commits = self._calls = 0
-        self._waiters = OutcomeWaiters()
+        self.outcomes = OutcomeWaiters(
+            lambda ids: asyncio.get_running_loop().run_in_executor(  # the waiter's loop
+                self._thread, lambda: [self.store.outcome(mid) for mid in ids]),
+            OUTCOME_RECHECK_S)
         self.metrics = ShardMetrics(index)
         self._channel = ChannelServer(self, CHANNEL_METHODS, f"shard-{index}")
         self.failures = BackgroundFailures("shard", index)
@@ -125,44 +131,36 @@ class ShardActor:
     def _enqueue(self, subqueue: int | None, name: str | None, *args,
                  signed: Signature | None = None, **kwargs) -> asyncio.Future:
         """Queue one store call for the next group commit; its future holds the result
-        or the RayqError it raised."""
-        if len(self._pending) >= MAX_PENDING_CALLS:
+        or the RayqError it raised. Raises Overloaded when MAX_PENDING_CALLS wait."""
+        nonce = nonces.nonce_key(signed) if signed is not None else None
+        try:
+            return self._group_commit.submit((name, args, kwargs, nonce))
+        except Overloaded:
             if subqueue is not None:
                 self._throttled[subqueue] += 1
-            raise Overloaded(f"shard {self.index} has {len(self._pending)} calls waiting")
-        future = self._loop.create_future()
-        nonce = nonces.nonce_key(signed) if signed is not None else None
-        self._pending.append((name, args, kwargs, future, nonce))
-        if not self._committing:
-            self._committing = True
-            self._loop.create_task(self._commit_pending())
-        return future
+            raise
 
-    async def _commit_pending(self) -> None:
+    async def _commit(self, calls: list) -> list:
+        """One group commit of ``calls``: a result per call, the value or the RayqError it
+        raised (a failed transaction fails every call: nothing of it was committed).
+        Wakes the polls parked on the subqueues the puts filled."""
         try:
-            while self._pending:
-                calls, self._pending = self._pending, []
-                try:
-                    results, finished = await self._loop.run_in_executor(
-                        self._thread, self._group, calls)
-                    self._waiters.notify(finished)
-                except RayqError as err:
-                    results = [err] * len(calls)
-                except Exception as err:  # the transaction failed as a whole: nothing committed
-                    results = [StoreError(f"shard {self.index} transaction failed: {err!r}")] * len(calls)
-                self._commits += 1
-                self._calls += len(calls)
-                for (name, args, _, future, _), result in zip(calls, results):
-                    if name == "put" and not isinstance(result, BaseException):
-                        self._wake(args[0], len(result))
-                    if not future.done():
-                        future.set_result(result)
-        finally:
-            self._committing = False
+            results, finished = await self._loop.run_in_executor(self._thread, self._group, calls)
+            self.outcomes.notify(finished)
+        except RayqError as err:
+            results = [err] * len(calls)
+        except Exception as err:
+            results = [StoreError(f"shard {self.index} transaction failed: {err!r}")] * len(calls)
+        self._commits += 1
+        self._calls += len(calls)
+        for (name, args, _, _), result in zip(calls, results):
+            if name == "put" and not isinstance(result, BaseException):
+                self._wake(args[0], len(result))
+        return results
 
     def _group(self, calls: list) -> tuple[list, list]:
         """One transaction: the store calls, and the nonces of the requests they serve."""
-        keys = [c[4] for c in calls if c[4] is not None]
+        keys = [c[3] for c in calls if c[3] is not None]
         also = (lambda txn: nonces.remember(txn, keys, self.clock.now())) if keys else None
         done = iter(self.store.group([c[:3] for c in calls if c[0] is not None], also))
         results = [next(done) if c[0] is not None else None for c in calls]
@@ -270,16 +268,22 @@ class ShardActor:
         own concurrency group, and a shard restart re-runs it against the
         durable outcomes table, so the ref resolves exactly once.
         """
-        loop = asyncio.get_running_loop()  # this concurrency group's, not self._loop
-        found = None
-        while found is None:
-            future = self._waiters.register(message_id)  # before reading: no wake-up is missed
-            try:
-                found = (await loop.run_in_executor(self._thread, self.store.outcome, message_id)
-                         or await self._waiters.wait(future, OUTCOME_RECHECK_S))
-            finally:
-                self._waiters.forget(message_id, future)
+        [found] = await self.outcomes.wait([message_id])
         return outcome_value(*found)
+
+    @ray.method(concurrency_group=OUTCOME_GROUP)
+    async def wait_outcomes(self, message_ids: list[str]) -> tuple:
+        """``wait_outcome`` of many tasks in one call, made with ``num_returns`` = their
+        number (``client.submit_many``): one return each, in order, all once the last
+        has ended. A task that failed returns a RayTaskError, the value Ray itself
+        stores for a raising task, so ``ray.get`` of that one ref alone raises."""
+        out = []
+        for found in await self.outcomes.wait(message_ids):
+            try:
+                out.append(outcome_value(*found))
+            except TaskError as err:
+                out.append(RayTaskError("wait_outcome", "", err))
+        return tuple(out) if len(out) > 1 else out[0]
 
     async def clear(self, subqueue: int, auth: Signature | None = None) -> int:
         await self.gate.allow(auth, "clear", self.index, [subqueue], subqueue)
@@ -350,7 +354,7 @@ class ShardActor:
                 continue
             try:
                 finished = await self._read(self._purge_step)
-                self._waiters.notify(finished)
+                self.outcomes.notify(finished)
             except Exception:  # keep going: the marks persist, the next step retries
                 log.exception("shard %d background removal failed", self.index)
 

@@ -10,7 +10,6 @@ coalescers with it.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,15 +17,13 @@ import ray
 
 from rayq.config import Config
 from rayq.core.auth import ADMIN, ReplayedRequest, Signature, Signer
-from rayq.core.model import NewMessage, SubqueueState
+from rayq.core.clock import SystemClock
+from rayq.core.model import NewMessage
 from rayq.core.registry import QueueInfo
+from rayq.core.routes import Route, RouteCache
 from rayq.remote import call
 from rayq.channel import ShardLink
 from rayq.sending import SendCoalescer
-
-ROUTE_TTL_S = 2.0
-
-Route = tuple[QueueInfo, list[int], int]
 
 
 class Transport:
@@ -39,7 +36,7 @@ class Transport:
                             for s in shards)
         self.config = config
         self._signer = signer
-        self._routes: dict[str, tuple[float, QueueInfo, list[int], int]] = {}
+        self._routes = RouteCache(SystemClock())
         self._senders: dict[str, SendCoalescer] = {}
         self._senders_lock = threading.Lock()
 
@@ -88,21 +85,17 @@ class Transport:
 
     # -- routing -------------------------------------------------------------------
     def route(self, name: str, refresh: bool = False) -> Route:
-        """(queue, receive order, this session's put subqueue), cached for ROUTE_TTL_S."""
-        cached = self._routes.get(name)
-        now = time.monotonic()
-        if cached and not refresh and now - cached[0] < ROUTE_TTL_S:
-            return cached[1:]
+        """(queue, receive order, this session's put subqueue), kept for
+        rayq.core.routes.ROUTE_TTL_S; a refreshed route keeps our put subqueue while it
+        takes puts (enqueuer affinity)."""
+        kept = None if refresh else self._routes.get(name)
+        if kept is not None:
+            return kept
         queue, order, target = self.call(self.manager.routing, name, "routing", name)
-        if cached:  # enqueuer affinity: keep our subqueue while it takes puts
-            mine = queue.subqueue(cached[3])
-            if mine is not None and mine.state is SubqueueState.ALL:
-                target = mine.id
-        self._routes[name] = (now, queue, order, target)
-        return queue, order, target
+        return self._routes.put(name, queue, order, target)
 
     def forget_route(self, name: str) -> None:
-        self._routes.pop(name, None)
+        self._routes.forget(name)
 
     # -- sending ---------------------------------------------------------------------
     def send(self, name: str, messages: list[NewMessage],

@@ -141,10 +141,14 @@ def slots_to_start(load: int, running: Collection[int]) -> list[int]:
 
 
 def receive_size(load: int, held: int, claimed: int, prefetch: int) -> int:
-    """How many tasks the next receive asks for: 0 when the ``held`` tasks and those
-    ``claimed`` by receives under way fill the load; else the room, at least ``prefetch``."""
+    """How many tasks the next receive asks for: the room the ``held`` tasks and those
+    ``claimed`` by receives under way leave in the load, at least ``prefetch``; 0 (wait
+    for tasks to end) when there is none, or, while tasks run, less than half the load
+    (receiving each slot as it frees made receives of one task, a commit each)."""
     room = load - held - claimed
-    return max(prefetch, room) if room > 0 else 0
+    if room <= 0 or (held and room < (load + 1) // 2):
+        return 0
+    return max(prefetch, room)
 
 
 def receive_requests(order: Sequence[str] | None, exclude: Collection[str],

@@ -108,6 +108,22 @@ def test_a_poison_task_is_retried_then_dead_lettered_and_ray_get_raises_its_erro
     assert ray.get(watcher.report.remote())["attempts"]["p1"] == 3
 
 
+def test_submit_many_gives_a_ref_per_call_in_order_and_a_failed_one_raises_alone(client):
+    args = [(i, 100) for i in range(40)]
+    refs = client.submit_many(add, args)
+    assert ray.get(refs, timeout=60) == [i + 100 for i in range(40)]
+    mixed = client.submit_many(echo, [(1,), (2,)]) + client.submit_many(boom, [("m1",)])
+    assert ray.get(mixed[:2], timeout=60) == [{"args": [1], "kwargs": {}},
+                                              {"args": [2], "kwargs": {}}]
+    poisoned = client.submit_many(add, [(1, 1), ("x", 1), (3, 1)])  # "x" + 1 raises
+    assert ray.get(poisoned[0], timeout=60) == 2 and ray.get(poisoned[2]) == 4
+    with pytest.raises(rayq.TaskError) as err:
+        ray.get(poisoned[1])
+    assert err.value.error_type == "TypeError"
+    with pytest.raises(rayq.TaskError):
+        ray.get(mixed[2], timeout=60)
+
+
 def test_a_consumer_killed_mid_handler_loses_nothing_and_the_ref_resolves_once(client):
     watcher = probe()
     ref = client.submit(slow, "k1", 30)

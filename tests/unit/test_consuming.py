@@ -113,9 +113,11 @@ def test_a_receive_leaves_out_suspended_keys_and_saturated_types_when_keys_are_t
 
 
 @pytest.mark.parametrize("load, held, claimed, prefetch, size", [
-    (4, 0, 0, 1, 4), (4, 3, 0, 1, 1), (4, 2, 2, 1, 0), (4, 5, 0, 1, 0), (4, 3, 0, 2, 2),
+    (4, 0, 0, 1, 4), (4, 2, 0, 1, 2), (4, 2, 2, 1, 0), (4, 5, 0, 1, 0), (4, 0, 3, 2, 2),
+    (4, 3, 0, 1, 0),     # tasks run and under half the load is free: wait for more room
+    (5, 2, 0, 1, 3), (5, 3, 0, 1, 0), (1, 0, 0, 3, 3),
 ])
-def test_a_receive_asks_for_the_room_the_load_leaves_at_least_prefetch(load, held, claimed,
+def test_a_receive_asks_for_the_room_the_load_leaves_at_least_prefetch_half_the_load_at_once(load, held, claimed,
                                                                        prefetch, size):
     assert receive_size(load, held, claimed, prefetch) == size
 

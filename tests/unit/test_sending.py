@@ -40,7 +40,7 @@ def test_senders_waiting_behind_a_flush_share_the_next_one_and_get_their_own_ids
     for t in followers:
         t.start()
     deadline = time.monotonic() + 10
-    while len(coalescer._pending) < 3 and time.monotonic() < deadline:  # followers queued
+    while len(coalescer) < 3 and time.monotonic() < deadline:  # followers queued
         time.sleep(0.001)
     release.set()
     for t in [leader, *followers]:
@@ -120,5 +120,5 @@ def test_many_leaders_never_lose_the_lead():
     for t in threads:
         t.join(30)
     assert sorted(done) == list(range(12))
-    assert coalescer._leaders == 0
+    assert coalescer._batcher.in_flight == 0
     assert sum(len(f) for f in owner.flushes) == 600

@@ -11,38 +11,56 @@ from rayq.core.waiters import OutcomeWaiters, outcome_value
 from rayq.errors import TaskError
 
 
-def test_an_outcome_recorded_on_another_thread_wakes_every_waiter_of_that_message():
-    waiters = OutcomeWaiters()
+class Table:
+    """The outcomes table as the store holds it; counts its reads."""
+
+    def __init__(self, ended=None):
+        self.ended, self.reads = dict(ended or {}), 0
+
+    async def read(self, ids):
+        self.reads += 1
+        return [self.ended.get(mid) for mid in ids]
+
+
+def test_ended_tasks_are_answered_from_one_read_of_the_table():
+    table = Table({"a": (Ending.RESULT, b"1"), "b": (Ending.DEAD, b"")})
+    waiters = OutcomeWaiters(table.read, recheck_s=30)
+    assert asyncio.run(waiters.wait(["a", "b"])) == [(Ending.RESULT, b"1"), (Ending.DEAD, b"")]
+    assert table.reads == 1
+
+
+def test_an_end_recorded_on_another_thread_wakes_the_waiters_of_that_message():
+    table = Table({"a": (Ending.RESULT, b"1")})
+    waiters = OutcomeWaiters(table.read, recheck_s=30)
 
     async def scenario():
-        first, second = waiters.register("m1"), waiters.register("m1")
-        other = waiters.register("m2")
-        recorder = threading.Thread(target=waiters.notify, args=([("m1", Ending.RESULT, b"x")],))
+        waiting = asyncio.ensure_future(waiters.wait(["a", "b"]))
+        while table.reads == 0:               # registered and read: now end "b"
+            await asyncio.sleep(0)
+        recorder = threading.Thread(target=waiters.notify,
+                                    args=([("b", Ending.RESULT, b"2"), ("z", Ending.DEAD, b"")],))
         recorder.start()
-        got = await asyncio.gather(waiters.wait(first, 30), waiters.wait(second, 30))
+        got = await asyncio.wait_for(waiting, 30)
         recorder.join()
-        return got, await waiters.wait(other, 0.01)
+        return got
 
-    got, nothing = asyncio.run(scenario())
-    assert got == [(Ending.RESULT, b"x")] * 2
-    assert nothing is None                      # m2 has no outcome yet
-    assert len(waiters) == 1                    # m2 still waits; m1's waiters are gone
+    assert asyncio.run(scenario()) == [(Ending.RESULT, b"1"), (Ending.RESULT, b"2")]
+    assert table.reads == 1                   # woken, not re-read
 
 
-def test_a_forgotten_waiter_is_not_woken_and_the_others_still_are():
-    waiters = OutcomeWaiters()
+def test_a_waiter_that_was_told_nothing_reads_the_table_again():
+    table = Table()
+    waiters = OutcomeWaiters(table.read, recheck_s=0.01)
 
     async def scenario():
-        gone, kept = waiters.register("m"), waiters.register("m")
-        waiters.forget("m", gone)
-        waiters.notify([("m", Ending.DEAD, b"")])
-        return gone.done(), await waiters.wait(kept, 30)
+        waiting = asyncio.ensure_future(waiters.wait(["a"]))
+        while table.reads == 0:
+            await asyncio.sleep(0)
+        table.ended["a"] = (Ending.EXPIRED, b"")   # recorded without a wake-up
+        return await asyncio.wait_for(waiting, 30)
 
-    gone_done, kept_got = asyncio.run(scenario())
-    assert not gone_done and kept_got == (Ending.DEAD, b"")
-    waiters.forget("never", None)               # nothing to forget: no error
-    waiters.notify([("nobody", Ending.RESULT, b"")])
-    assert len(waiters) == 0
+    assert asyncio.run(scenario()) == [(Ending.EXPIRED, b"")]
+    assert table.reads >= 2
 
 
 def test_a_ref_resolves_to_the_handlers_value_or_raises_why_it_has_none():

@@ -1,0 +1,140 @@
+"""The waiting half of group commit: a :class:`~rayq.core.batcher.Batcher` (the policy)
+driven from threads or from one asyncio event loop.
+
+A call's result is handed back as a value; an exception is a value too (a store call
+that raised, or the flush's failure) and the waiting caller raises it. No Ray here:
+the flush is handed in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from rayq.core.batcher import Batch, Batcher
+
+
+MAX_LINGER_S = 0.001  # a thread leader waits at most this long for callers just answered
+
+
+class _Slot:
+    __slots__ = ("wake", "lead", "done", "result")
+
+    def __init__(self):
+        self.wake = threading.Event()
+        self.lead = self.done = False
+        self.result: Any = None
+
+
+class ThreadBatcher:
+    """Callers on any thread; the first that may lead a flush runs it on its own thread
+    (no thread of ours), the others wait on an Event. After its flush a leader passes
+    the lead to the oldest waiting caller and returns; the new leader lingers for the
+    callers the last flush answered (:meth:`Batcher.linger`)."""
+
+    def __init__(self, batcher: Batcher):
+        self._batcher = batcher
+        self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)
+
+    def __len__(self) -> int:
+        """Calls waiting for a flush."""
+        with self._lock:
+            return len(self._batcher)
+
+    def call(self, item: Any, flush: Callable[[list], list]) -> Any:
+        """Flush ``item`` with whatever else is pending; return its result or raise its
+        error. ``flush`` takes the items and returns their results. Every caller of one
+        batcher passes an equivalent ``flush``: whoever leads uses its own, and none is
+        kept, so a batcher holds no reference back to its owner."""
+        slot = _Slot()
+        with self._lock:
+            slot.lead = self._batcher.add(item, slot)
+            self._arrived.notify()
+        while True:  # flags are read after each wake-up is cleared: none is lost
+            if slot.lead:  # also when another leader already flushed this slot's call
+                slot.lead = False
+                self._lead(flush)
+            elif slot.done:
+                break
+            else:
+                slot.wake.wait()
+                slot.wake.clear()
+        if isinstance(slot.result, BaseException):
+            raise slot.result
+        return slot.result
+
+    def _lead(self, flush: Callable[[list], list]) -> None:
+        """One flush, then the lead passes on."""
+        with self._lock:
+            linger = self._batcher.linger(MAX_LINGER_S)
+            if linger is not None:
+                callers, seconds = linger
+                self._arrived.wait_for(lambda: len(self._batcher) >= callers, seconds)
+            batch = self._batcher.take()
+        if batch is None:
+            return
+        started = time.monotonic()
+        try:
+            results = batch.results(flush(batch.items))
+        except BaseException as err:  # every caller of this flush learns of the failure
+            results = batch.failed(err)
+        with self._lock:
+            self._batcher.flushed(batch, time.monotonic() - started)
+            for slot, result in zip(batch.waiters, results):
+                slot.result, slot.done = result, True
+                slot.wake.set()
+            successor = self._batcher.pass_lead()
+            if successor is not None:
+                successor.lead = True
+                successor.wake.set()
+
+
+class AsyncBatcher:
+    """Callers on one event loop; a leader is a task of that loop, the callers await
+    Futures. Build it on the loop it serves."""
+
+    def __init__(self, batcher: Batcher, flush: Callable[[list], Awaitable[list]]):
+        self._batcher, self._flush = batcher, flush
+        self._loop = asyncio.get_running_loop()
+
+    def __len__(self) -> int:
+        """Calls waiting for a flush."""
+        return len(self._batcher)
+
+    def submit(self, item: Any) -> asyncio.Future:
+        """Queue ``item`` for the next flush; the Future holds its result or error (as a
+        value, not raised). Raises Overloaded when the batcher's pending calls are full."""
+        future = self._loop.create_future()
+        if self._batcher.add(item, future):
+            self._loop.create_task(self._lead())
+        return future
+
+    async def call(self, item: Any) -> Any:
+        """``item``'s result, or its error raised."""
+        result = await self.submit(item)
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    async def _lead(self) -> None:
+        while (batch := self._batcher.take()) is not None:
+            try:
+                results = batch.results(await self._flush(batch.items))
+            except Exception as err:  # every caller of this flush learns of the failure
+                results = batch.failed(err)
+            except BaseException:  # cancelled (the loop is closing): callers stop waiting
+                _cancel(batch)
+                self._batcher.leave()
+                raise
+            for future, result in zip(batch.waiters, results):
+                if not future.done():
+                    future.set_result(result)
+
+
+def _cancel(batch: Batch) -> None:
+    for future in batch.waiters:
+        future.cancel()
