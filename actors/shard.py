@@ -423,9 +423,9 @@ class ShardActor:
         return {"pid": os.getpid(), "rss_bytes": info.rss, "private_bytes": info.rss - info.shared}
 
     async def _collect_events(self) -> None:
-        for at, sq, type_, tenant, message_id, key in await self._read(self.store.take_enqueued):
-            self.events.append("enqueue", at, subqueue=sq, type=type_, tenant=tenant,
-                               message_id=message_id, key=key)
+        id_prefix, groups = await self._read(self.store.take_enqueued)
+        if groups:  # the columns are built off the event loop
+            await asyncio.to_thread(self.events.append_enqueues, id_prefix, groups)
 
     async def flush_events(self, auth: Signature | None = None) -> int:
         """Write buffered events now (``client.report`` does this first)."""
