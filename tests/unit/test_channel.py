@@ -465,3 +465,21 @@ def test_encode_request_of_the_client_matches_what_the_server_reads(served):
         sock.connect(served[2])
         sock.sendall(encode_request(11, "echo", ("raw",), {}, None))
         assert read_reply(sock) == [11, 0, ["raw", None, None]]
+
+
+def test_an_answer_that_does_not_decode_fails_the_pending_calls_with_channel_lost(
+        tmp_path, monkeypatch):
+    died = []
+    monkeypatch.setattr(threading, "excepthook", died.append)
+    path = str(tmp_path / "s")
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(path)
+        listener.listen()
+        channel = Channel(path)
+        peer, _ = listener.accept()
+        with peer:
+            pending = channel.request("echo", (1,), {})
+            peer.sendall(HEADER.pack(1) + b"\xc1")  # never msgpack
+            with pytest.raises(ChannelLost):
+                pending.result(ANSWER_S)
+    assert channel.closed and died == []  # the reader ended the channel, not by a crash
