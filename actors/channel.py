@@ -108,14 +108,23 @@ class ChannelServer:
         try:
             kwargs = self._bind(method, args, kwargs, auth)
             reply = encode_reply(call_id, await getattr(self._target, method)(*args, **kwargs))
-        except RayqError as err:
-            reply = encode_failure(call_id, err)
-        except Exception as err:  # the shard's own failure, as a Ray call would report it
-            log.exception("%s channel: %s failed", self._name, method)
-            reply = encode_failure(call_id, RuntimeFailure(f"runtime call failed: {err!r}"))
+        except Exception as err:
+            reply = self._failure(call_id, method, err)
         if not writer.is_closing():
             writer.write(reply)
             try:
                 await writer.drain()
             except ConnectionError:
                 pass  # the client went away while its answer was on the way
+
+    def _failure(self, call_id: int, method: str, err: Exception) -> bytes:
+        """The reply for a call that raised: a RayqError as itself, anything else (or a
+        RayqError that cannot be pickled: the caller must hear something, never
+        nothing) as RuntimeFailure, as a Ray call would report it."""
+        if isinstance(err, RayqError):
+            try:
+                return encode_failure(call_id, err)
+            except Exception:
+                pass
+        log.exception("%s channel: %s failed", self._name, method)
+        return encode_failure(call_id, RuntimeFailure(f"runtime call failed: {err!r}"))

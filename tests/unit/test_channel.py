@@ -57,6 +57,11 @@ class FakeShard:
     async def crash(self, auth=None):
         raise KeyError("the shard's own bug")
 
+    async def unpicklable(self, auth=None):
+        error = QueueDisabled("holds a lock")
+        error.lock = threading.Lock()
+        raise error
+
     async def results(self, auth=None):  # as end_many: a value or a RayqError per call
         return [None, "receipt", QueueDisabled("retired")]
 
@@ -67,7 +72,8 @@ class FakeShard:
         self.ran.append("hidden")
 
 
-SERVED = frozenset({"echo", "put", "park", "refuse", "crash", "results", "unsigned"})
+SERVED = frozenset({"echo", "put", "park", "refuse", "crash", "unpicklable", "results",
+                    "unsigned"})
 
 
 def wait_until(observe, what: str):
@@ -214,6 +220,11 @@ def test_a_failure_of_the_target_itself_raises_runtime_failure(channel):
     with pytest.raises(RuntimeFailure, match="the shard's own bug"):
         ask(channel, "crash")
     assert ask(channel, "echo", "still serving")[0] == "still serving"
+
+
+def test_a_rayq_error_that_cannot_be_pickled_still_answers_as_runtime_failure(channel):
+    with pytest.raises(RuntimeFailure, match="holds a lock"):
+        ask(channel, "unpicklable")
 
 
 def test_a_call_that_cannot_travel_raises_invalid_message_before_it_is_sent(channel):
