@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import socket
 import threading
 import time
@@ -135,6 +136,17 @@ class Channel:
 
 _channels: dict[str, Channel] = {}  # socket path -> this process's channel to it
 _channels_lock = threading.Lock()
+
+
+def _forget_channels_after_fork() -> None:
+    """A forked child has the parent's sockets but not their reader threads: its answers
+    would reach the parent's reader (a call id the parent also uses gets the child's
+    answer). The child opens channels of its own; the parent's copies are just closed."""
+    global _channels, _channels_lock
+    _channels, _channels_lock = {}, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_channels_after_fork)
 
 
 def _connect(path: str) -> Channel:

@@ -494,3 +494,21 @@ def test_an_answer_that_does_not_decode_fails_the_pending_calls_with_channel_los
             with pytest.raises(ChannelLost):
                 pending.result(ANSWER_S)
     assert channel.closed and died == []  # the reader ended the channel, not by a crash
+
+
+def test_a_forked_child_opens_a_channel_of_its_own(served):
+    from rayq import channel as module
+    parent = module._connect(served[2])
+    assert ask(parent, "echo", "parent")[0] == "parent"
+    pid = os.fork()
+    if pid == 0:  # the child: any failure is its exit status
+        code = 1
+        try:
+            mine = module._connect(served[2])
+            if mine is not parent and ask(mine, "echo", "child")[0] == "child":
+                code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child did not get its own answer"
+    assert not parent.closed and ask(parent, "echo", "parent again")[0] == "parent again"
