@@ -28,7 +28,7 @@ import concurrent.futures
 from concurrent.futures import Future
 from typing import Any
 
-from rayq.core.frames import HEADER, decode_reply, encode_request
+from rayq.core.frames import HEADER, FrameTooLarge, decode_reply, encode_request
 from rayq.errors import RuntimeFailure
 
 log = logging.getLogger("rayq.channel")
@@ -71,7 +71,8 @@ class Channel:
 
     def request(self, method: str, args: tuple, kwargs: dict) -> Future:
         """Send one call; its future holds the result or the error the shard raised."""
-        auth = kwargs.pop("auth", None)
+        auth = kwargs.get("auth")  # the caller's kwargs stay whole: Ray may carry them yet
+        kwargs = {k: v for k, v in kwargs.items() if k != "auth"}
         future: Future = Future()
         call_id = next(self._ids)
         frame = encode_request(call_id, method, args, kwargs, auth)
@@ -192,7 +193,10 @@ class ShardLink:
         """The call's future over the channel, or its ObjectRef through Ray."""
         channel = self._channel()
         if channel is not None:
-            return channel.request(method, args, kwargs)
+            try:
+                return channel.request(method, args, kwargs)
+            except FrameTooLarge:
+                pass  # too large for a frame: Ray carries it
         return getattr(self.handle, method).remote(*args, **kwargs)
 
     def _channel(self) -> Channel | None:

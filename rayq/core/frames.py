@@ -37,6 +37,12 @@ class FrameError(ValueError):
     """A frame that is not a channel request or reply (a stranger on the socket)."""
 
 
+class FrameTooLarge(FrameError):
+    """Raised by encode_request for a request over MAX_FRAME_BYTES (a send_batch of
+    large bodies): the shard would drop the connection, and every call on it. Ray,
+    whose object store takes large arguments, carries it instead."""
+
+
 def _default(value: Any) -> Any:
     if isinstance(value, BaseException):
         return msgpack.ExtType(_ERROR_EXT, pickle.dumps(value))
@@ -79,10 +85,13 @@ def _frame(payload: list, default=_default) -> bytes:
 def encode_request(call_id: int, method: str, args: tuple, kwargs: dict,
                    auth: Signature | None) -> bytes:
     """Raises InvalidMessage for an argument that is not plain msgpack (an object, an
-    exception): the shard takes no pickles."""
+    exception): the shard takes no pickles; FrameTooLarge past MAX_FRAME_BYTES."""
     signed = None if auth is None else [auth.account, auth.queue, auth.operation,
                                         auth.timestamp, auth.nonce, auth.mac]
-    return _frame([call_id, method, list(args), kwargs, signed], default=_plain)
+    frame = _frame([call_id, method, list(args), kwargs, signed], default=_plain)
+    if len(frame) - HEADER.size > MAX_FRAME_BYTES:
+        raise FrameTooLarge(f"a {method} request of {len(frame)} bytes")
+    return frame
 
 
 def decode_request(body: bytes) -> tuple[int, str, list, dict, Signature | None]:

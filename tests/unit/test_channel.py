@@ -21,6 +21,7 @@ import pytest
 from actors.channel import ChannelServer
 from rayq.channel import RETRY_CONNECT_S, Channel, ChannelLost, ShardLink, _channels, host_id
 from rayq.core.auth import Signature
+from rayq.core import frames
 from rayq.core.frames import HEADER, MAX_FRAME_BYTES, encode_request
 from rayq.errors import InvalidMessage, QueueDisabled, ReceiptInvalid, RuntimeFailure
 
@@ -387,7 +388,7 @@ class FakeMethod:
         if self.name == "channel":
             self.handle.asked += 1
             return FakeRef(self.handle.address)
-        self.handle.ray_calls.append((self.name, args))
+        self.handle.ray_calls.append((self.name, args, kwargs))
         return ("through ray", self.name, args)
 
 
@@ -512,3 +513,21 @@ def test_a_forked_child_opens_a_channel_of_its_own(served):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, "the child did not get its own answer"
     assert not parent.closed and ask(parent, "echo", "parent again")[0] == "parent again"
+
+
+def test_a_request_too_large_for_a_frame_goes_through_ray_and_spares_the_channel(
+        loop, served, monkeypatch):
+    target, _, path = served
+    monkeypatch.setattr(frames, "MAX_FRAME_BYTES", 4096)
+    monkeypatch.setattr("actors.channel.MAX_FRAME_BYTES", 4096)  # the shard's limit too
+    handle = FakeHandle((host_id(), path))
+    link = ShardLink(handle)
+    assert link.put.remote(1, b"small", auth=SIGNED).result(ANSWER_S) == ["1:5"]
+    parked = _channels[path].request("park", ("poll",), {})  # another caller's call
+    wait_until(lambda: "poll" in target.parked, "the call to park")
+
+    assert link.put.remote(2, b"x" * 8192, auth=SIGNED) == ("through ray", "put", (2, b"x" * 8192))
+    assert handle.ray_calls == [("put", (2, b"x" * 8192), {"auth": SIGNED})]  # signed still
+    assert link.put.remote(3, b"small").result(ANSWER_S) == ["3:5"]
+    loop.call_soon_threadsafe(target.release, "poll")
+    assert parked.result(ANSWER_S) == "poll"  # the channel stayed up for everyone on it

@@ -8,7 +8,8 @@ import msgpack
 import pytest
 
 from rayq.core.auth import Signature
-from rayq.core.frames import (HEADER, FrameError, decode_reply, decode_request, encode_failure,
+from rayq.core import frames
+from rayq.core.frames import (HEADER, FrameError, FrameTooLarge, decode_reply, decode_request, encode_failure,
                               encode_reply, encode_request)
 import rayq.channel  # noqa: F401  (its ChannelLost is one of the errors that travel)
 import rayq.core.auth  # noqa: F401  (SignatureMismatch, ReplayedRequest)
@@ -113,6 +114,13 @@ def test_a_malformed_request_raises_frame_error(payload):
 def test_a_frame_error_is_a_value_error_not_a_rayq_error():
     # it never reaches a caller: the shard drops the connection it came on
     assert issubclass(FrameError, ValueError)
+
+
+def test_a_request_over_the_frame_limit_raises_frame_too_large(monkeypatch):
+    monkeypatch.setattr(frames, "MAX_FRAME_BYTES", 1000)
+    decode_request(body(encode_request(1, "put", (1, b"x" * 900), {}, None)))
+    with pytest.raises(FrameTooLarge):
+        encode_request(1, "put", (1, b"x" * 1000), {}, None)
 
 
 # -- replies ----------------------------------------------------------------------------
