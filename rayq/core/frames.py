@@ -28,7 +28,8 @@ from rayq.core.auth import Signature
 from rayq.errors import InvalidMessage
 
 HEADER = struct.Struct(">I")
-MAX_FRAME_BYTES = 256 << 20  # a put of 1000 messages of 16 MiB is a blob reference each
+# bodies travel whole (a blob is only how the store keeps one): larger requests go through Ray
+MAX_FRAME_BYTES = 256 << 20
 OK, FAILED = 0, 1
 _ERROR_EXT = 1
 

@@ -5,7 +5,6 @@ with ``StoreConfig(local_channel=False)`` the same calls go through Ray, same re
 import dataclasses
 import itertools
 import threading
-import time
 from concurrent.futures import Future
 
 import pytest
@@ -107,7 +106,8 @@ def test_acknowledged_sends_survive_a_shard_kill_over_the_channel(client):
     old_path, old_pid = link._path, _pid(link)
 
     with Traffic(queue) as traffic:
-        wait_until(lambda: traffic.counts()[0] >= 20 or traffic.errors, what="sends before the kill")
+        wait_until(lambda: traffic.counts()[0] >= 20 or traffic.errors,
+                   what="sends before the kill")
         ray.kill(link.handle, no_restart=False)  # a real kill; Ray restarts the shard
         wait_until(lambda: first.closed, what="the channel to the killed shard to break")
         wait_until(lambda: _pid(link) != old_pid, what="the shard to restart")

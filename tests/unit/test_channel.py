@@ -141,8 +141,8 @@ def ask(channel, method, *args, **kwargs):
 
 # -- answers ------------------------------------------------------------------------------
 def test_a_call_returns_the_targets_result(channel):
-    assert ask(channel, "echo", b"\x00bytes", extra=[1, [2, None]]) == [b"\x00bytes", [1, [2, None]],
-                                                                       None]
+    answer = ask(channel, "echo", b"\x00bytes", extra=[1, [2, None]])
+    assert answer == [b"\x00bytes", [1, [2, None]], None]
 
 
 def test_a_signature_reaches_the_target_as_auth(channel):

@@ -9,8 +9,8 @@ import pytest
 
 from rayq.core.auth import Signature
 from rayq.core import frames
-from rayq.core.frames import (HEADER, FrameError, FrameTooLarge, decode_reply, decode_request, encode_failure,
-                              encode_reply, encode_request)
+from rayq.core.frames import (HEADER, FrameError, FrameTooLarge, decode_reply, decode_request,
+                              encode_failure, encode_reply, encode_request)
 import rayq.channel  # noqa: F401  (its ChannelLost is one of the errors that travel)
 import rayq.core.auth  # noqa: F401  (SignatureMismatch, ReplayedRequest)
 from rayq.errors import (InvalidMessage, MessageTooLarge, Overloaded, QueueDisabled,
