@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import os
 import pickle
+import shutil
 import socket
 import stat
 import subprocess
@@ -330,6 +331,7 @@ def child():
     process.kill()
     process.wait()
     process.stdout.close()
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)  # a killed server cannot
 
 
 def test_a_killed_server_fails_every_pending_call_with_channel_lost(child):
