@@ -10,10 +10,12 @@ Ray can connect, as only it can reach the LMDB files.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from typing import Any
 
@@ -29,8 +31,12 @@ log = logging.getLogger("rayq.channel")
 class ChannelServer:
     """Serves ``methods`` of ``target`` (async methods taking ``auth=``) on a Unix socket."""
 
-    def __init__(self, target: Any, methods: frozenset[str], name: str):
+    def __init__(self, target: Any, methods: frozenset[str], name: str, home: str | None = None):
+        """``home``: the data directory this server's shard keeps, which names its socket
+        folder (None: a fresh folder each start)."""
         self._target, self._name = target, name
+        self._key = None if home is None else hashlib.blake2b(
+            os.path.abspath(home).encode(), digest_size=6).hexdigest()
         self._methods = {m: inspect.signature(getattr(target, m)) for m in methods}
         self._server: asyncio.base_events.Server | None = None
         self._dir: str | None = None
@@ -42,15 +48,31 @@ class ChannelServer:
         """(host id, socket path), starting the server on first use."""
         async with self._starting:  # starting yields to the loop: others wait, not start
             if self._server is None:
-                directory = tempfile.mkdtemp(prefix=f"rayq-{self._name}-")  # mode 0700
-                try:
-                    self._server = await asyncio.start_unix_server(
-                        self._serve, os.path.join(directory, "s"), limit=1 << 20)
-                except BaseException:
-                    shutil.rmtree(directory, ignore_errors=True)
-                    raise
+                directory = self._directory()
+                path = os.path.join(directory, "s")
+                if os.path.exists(path):
+                    os.unlink(path)  # our previous incarnation's socket
+                self._server = await asyncio.start_unix_server(self._serve, path,
+                                                               limit=1 << 20)
                 self._dir = directory
         return host_id(), os.path.join(self._dir, "s")
+
+    def _directory(self) -> str:
+        """The socket's folder: one per shard and data directory, mode 0700, kept across
+        restarts (a restarted shard binds in it again, so restarts leave nothing
+        behind); a fresh one if that folder is not ours alone."""
+        name = f"rayq-{os.getuid()}-{self._key}-{self._name}"
+        if self._key is None:
+            return tempfile.mkdtemp(prefix=name + "-")
+        directory = os.path.join(tempfile.gettempdir(), name)
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            info = os.lstat(directory)
+            if not (stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+                    and stat.S_IMODE(info.st_mode) == 0o700):
+                return tempfile.mkdtemp(prefix=name + "-")  # someone else's: not used
+        return directory
 
     def close(self) -> None:
         """Stop listening and drop every connection: their unanswered calls fail with

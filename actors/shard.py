@@ -104,7 +104,7 @@ class ShardActor:
         self._reviewing = self._loop.create_task(self._review_dispatch_forever())
         self._purging = self._loop.create_task(self._purge_forever())
         self.metrics = ShardMetrics(index)
-        self._channel = ChannelServer(self, CHANNEL_METHODS, f"shard-{index}")
+        self._channel = ChannelServer(self, CHANNEL_METHODS, f"shard-{index}", path)
         self.failures = BackgroundFailures("shard", index)
         # enqueues go to the event log, in batches
         self.events = open_event_log(os.path.dirname(path), f"shard-{index}", config.analytics,

@@ -533,3 +533,24 @@ def test_a_request_too_large_for_a_frame_goes_through_ray_and_spares_the_channel
     assert link.put.remote(3, b"small").result(ANSWER_S) == ["3:5"]
     loop.call_soon_threadsafe(target.release, "poll")
     assert parked.result(ANSWER_S) == "poll"  # the channel stayed up for everyone on it
+
+
+def test_a_restarted_server_binds_in_the_same_folder_and_leaves_nothing_behind(tmp_path):
+    """A shard's socket folder is named by its data directory: a restart (a new server
+    for the same shard, the old one killed without closing) reuses it."""
+    async def start():
+        server = ChannelServer(FakeShard(), SERVED, "restart", str(tmp_path))
+        _, path = await server.address()
+        return server, path
+
+    async def both():
+        first, path = await start()  # never closed: as a killed shard leaves it
+        second, again = await start()
+        assert again == path and os.path.exists(path)
+        assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+        second.close()
+        first.close()
+        return path
+
+    path = asyncio.run(both())
+    assert not os.path.exists(os.path.dirname(path))
