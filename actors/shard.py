@@ -14,6 +14,7 @@ before it answers: a replayed read would show the replayer the queue as it is no
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
 import time
@@ -473,6 +474,7 @@ class ShardActor:
                 await self._write(None, "collect_expired", 10_000)
                 stats, depths = await self._read(lambda: (self.store.stats(), self.store.depths()))
                 self.metrics.update(stats, depths)
+                await self._read(trim_heap)
             except RayqError as err:  # overloaded: try again next round
                 self.failures.record("housekeeping", err)
             except Exception:  # metrics must never stop housekeeping
@@ -485,3 +487,17 @@ def _outcome_value(found: tuple[Ending, bytes]) -> Any:
     if ending is Ending.RESULT:
         return decode_outcome(payload)
     raise TaskError(*_ENDINGS[ending])
+
+
+try:
+    _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+except (OSError, AttributeError):  # not glibc: the heap stays as the allocator keeps it
+    _malloc_trim = None
+
+
+def trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc keeps them otherwise):
+    after a burst of puts the shard's freed message buffers stay resident, about
+    80 MiB of private memory after 1 000 000 messages went through."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
