@@ -10,14 +10,17 @@ Ray can connect, as only it can reach the LMDB files.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from typing import Any
 
 from rayq.channel import host_id
+from rayq.core.auth import Signature
 from rayq.core.frames import (HEADER, MAX_FRAME_BYTES, FrameError, decode_request,
                               encode_failure, encode_reply)
 from rayq.errors import InvalidMessage, RayqError, RuntimeFailure
@@ -28,29 +31,61 @@ log = logging.getLogger("rayq.channel")
 class ChannelServer:
     """Serves ``methods`` of ``target`` (async methods taking ``auth=``) on a Unix socket."""
 
-    def __init__(self, target: Any, methods: frozenset[str], name: str):
+    def __init__(self, target: Any, methods: frozenset[str], name: str, home: str | None = None):
+        """``home``: the data directory this server's shard keeps, which names its socket
+        folder (None: a fresh folder each start)."""
         self._target, self._name = target, name
+        self._key = None if home is None else hashlib.blake2b(
+            os.path.abspath(home).encode(), digest_size=6).hexdigest()
         self._methods = {m: inspect.signature(getattr(target, m)) for m in methods}
         self._server: asyncio.base_events.Server | None = None
         self._dir: str | None = None
+        self._starting = asyncio.Lock()  # concurrent first asks start one server
         self._tasks: set[asyncio.Task] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
 
     async def address(self) -> tuple[str, str]:
         """(host id, socket path), starting the server on first use."""
-        if self._server is None:
-            self._dir = tempfile.mkdtemp(prefix=f"rayq-{self._name}-")  # mode 0700
-            path = os.path.join(self._dir, "s")
-            self._server = await asyncio.start_unix_server(self._serve, path,
-                                                           limit=1 << 20)
+        async with self._starting:  # starting yields to the loop: others wait, not start
+            if self._server is None:
+                directory = self._directory()
+                path = os.path.join(directory, "s")
+                if os.path.exists(path):
+                    os.unlink(path)  # our previous incarnation's socket
+                self._server = await asyncio.start_unix_server(self._serve, path,
+                                                               limit=1 << 20)
+                self._dir = directory
         return host_id(), os.path.join(self._dir, "s")
 
+    def _directory(self) -> str:
+        """The socket's folder: one per shard and data directory, mode 0700, kept across
+        restarts (a restarted shard binds in it again, so restarts leave nothing
+        behind); a fresh one if that folder is not ours alone."""
+        name = f"rayq-{os.getuid()}-{self._key}-{self._name}"
+        if self._key is None:
+            return tempfile.mkdtemp(prefix=name + "-")
+        directory = os.path.join(tempfile.gettempdir(), name)
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            info = os.lstat(directory)
+            if not (stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+                    and stat.S_IMODE(info.st_mode) == 0o700):
+                return tempfile.mkdtemp(prefix=name + "-")  # someone else's: not used
+        return directory
+
     def close(self) -> None:
+        """Stop listening and drop every connection: their unanswered calls fail with
+        ChannelLost at the client, as when the shard dies."""
         if self._server is not None:
             self._server.close()
+        for writer in list(self._writers):
+            writer.close()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
         try:
             while True:
                 (size,) = HEADER.unpack(await reader.readexactly(HEADER.size))
@@ -65,17 +100,25 @@ class ChannelServer:
         except FrameError as err:
             log.warning("%s channel: dropping a connection: %s", self._name, err)
         finally:
+            self._writers.discard(writer)
             writer.close()
 
-    def _check(self, method: str, args: list, kwargs: dict) -> None:
-        """Refuse a method the channel does not serve, or arguments it does not take."""
+    def _bind(self, method: str, args: list, kwargs: dict, auth: Signature | None) -> dict:
+        """The call's keyword arguments, ``auth`` included; refuses a method the channel
+        does not serve, arguments it does not take, and auth anywhere but the frame's
+        own field (where frames.decode_request checked it is a Signature)."""
         signature = self._methods.get(method)
         if signature is None or "auth" in kwargs:
             raise InvalidMessage(f"{method!r} is not served on the local channel")
+        if auth is not None:
+            kwargs = {**kwargs, "auth": auth}
         try:
-            signature.bind(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
         except TypeError as err:
             raise InvalidMessage(f"{method}: {err}") from None
+        if bound.arguments.get("auth") is not auth:  # a positional argument in auth's place
+            raise InvalidMessage(f"{method}: auth travels in the frame, not as an argument")
+        return kwargs
 
     async def _answer(self, body: bytes, writer: asyncio.StreamWriter) -> None:
         try:
@@ -85,15 +128,25 @@ class ChannelServer:
             writer.close()
             return
         try:
-            self._check(method, args, kwargs)
-            if auth is not None:
-                kwargs["auth"] = auth
+            kwargs = self._bind(method, args, kwargs, auth)
             reply = encode_reply(call_id, await getattr(self._target, method)(*args, **kwargs))
-        except RayqError as err:
-            reply = encode_failure(call_id, err)
-        except Exception as err:  # the shard's own failure, as a Ray call would report it
-            log.exception("%s channel: %s failed", self._name, method)
-            reply = encode_failure(call_id, RuntimeFailure(f"runtime call failed: {err!r}"))
+        except Exception as err:
+            reply = self._failure(call_id, method, err)
         if not writer.is_closing():
             writer.write(reply)
-            await writer.drain()
+            try:
+                await writer.drain()
+            except ConnectionError:
+                pass  # the client went away while its answer was on the way
+
+    def _failure(self, call_id: int, method: str, err: Exception) -> bytes:
+        """The reply for a call that raised: a RayqError as itself, anything else (or a
+        RayqError that cannot be pickled: the caller must hear something, never
+        nothing) as RuntimeFailure, as a Ray call would report it."""
+        if isinstance(err, RayqError):
+            try:
+                return encode_failure(call_id, err)
+            except Exception:
+                pass
+        log.exception("%s channel: %s failed", self._name, method)
+        return encode_failure(call_id, RuntimeFailure(f"runtime call failed: {err!r}"))

@@ -14,6 +14,7 @@ before it answers: a replayed read would show the replayer the queue as it is no
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
 from collections import Counter, defaultdict, deque
@@ -98,7 +99,7 @@ class ShardActor:
                 self._thread, lambda: [self.store.outcome(mid) for mid in ids]),
             OUTCOME_RECHECK_S)
         self.metrics = ShardMetrics(index)
-        self._channel = ChannelServer(self, CHANNEL_METHODS, f"shard-{index}")
+        self._channel = ChannelServer(self, CHANNEL_METHODS, f"shard-{index}", path)
         self.failures = BackgroundFailures("shard", index)
         self._housekeeping = self._loop.create_task(
             self.failures.every(EXPIRY_INTERVAL_S, "housekeeping", self._collect_expired))
@@ -410,9 +411,9 @@ class ShardActor:
         return {"pid": os.getpid(), "rss_bytes": info.rss, "private_bytes": info.rss - info.shared}
 
     async def _collect_events(self) -> None:
-        for at, sq, type_, tenant, message_id, key in await self._read(self.store.take_enqueued):
-            self.events.append("enqueue", at, subqueue=sq, type=type_, tenant=tenant,
-                               message_id=message_id, key=key)
+        id_prefix, groups = await self._read(self.store.take_enqueued)
+        if groups:  # the columns are built off the event loop
+            await asyncio.to_thread(self.events.append_enqueues, id_prefix, groups)
 
     async def flush_events(self, auth: Signature | None = None) -> int:
         """Write buffered events now (``client.report`` does this first)."""
@@ -442,9 +443,23 @@ class ShardActor:
                                key=change.key, detail=change.reason, outcome=change.state)
 
     async def _collect_expired(self) -> None:
-        """Housekeeping: collect expired messages, then refresh the metrics (overloaded:
-        the next round tries again)."""
+        """Housekeeping: collect expired messages, refresh the metrics, give the C heap's
+        free pages back (overloaded: the next round tries again)."""
         await self._write(None, "collect_expired", 10_000)
         stats, depths = await self._read(lambda: (self.store.stats(), self.store.depths()))
         self.metrics.update(stats, depths)
+        await self._read(trim_heap)
 
+
+try:
+    _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+except (OSError, AttributeError):  # not glibc: the heap stays as the allocator keeps it
+    _malloc_trim = None
+
+
+def trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc keeps them otherwise):
+    after a burst of puts the shard's freed message buffers stay resident, about
+    80 MiB of private memory after 1 000 000 messages went through."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)

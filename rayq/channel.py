@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
+import os
 import socket
 import threading
 import time
@@ -26,8 +28,10 @@ import concurrent.futures
 from concurrent.futures import Future
 from typing import Any
 
-from rayq.core.frames import HEADER, decode_reply, encode_request
+from rayq.core.frames import HEADER, FrameTooLarge, decode_reply, encode_request
 from rayq.errors import RuntimeFailure
+
+log = logging.getLogger("rayq.channel")
 
 # The calls worth a socket: the ones every message makes. Ray carries the rest.
 CHANNEL_METHODS = frozenset({"put", "receive", "delete", "change_visibility", "end_many"})
@@ -54,7 +58,11 @@ class Channel:
 
     def __init__(self, path: str):
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.connect(path)
+        try:
+            self._sock.connect(path)
+        except OSError:
+            self._sock.close()
+            raise
         self._lock = threading.Lock()
         self._waiting: dict[int, Future] = {}
         self._ids = itertools.count()
@@ -63,7 +71,8 @@ class Channel:
 
     def request(self, method: str, args: tuple, kwargs: dict) -> Future:
         """Send one call; its future holds the result or the error the shard raised."""
-        auth = kwargs.pop("auth", None)
+        auth = kwargs.get("auth")  # the caller's kwargs stay whole: Ray may carry them yet
+        kwargs = {k: v for k, v in kwargs.items() if k != "auth"}
         future: Future = Future()
         call_id = next(self._ids)
         frame = encode_request(call_id, method, args, kwargs, auth)
@@ -114,7 +123,9 @@ class Channel:
                     # traceback: hold nothing of it past this reply
                     del future, value
         except OSError:
-            pass
+            pass  # the socket broke, or close() shut it down
+        except Exception:  # an answer that does not decode: nothing after it can be trusted
+            log.exception("dropping a local channel over an answer it cannot read")
         finally:
             with self._lock:
                 self._close_locked()
@@ -126,6 +137,17 @@ class Channel:
 
 _channels: dict[str, Channel] = {}  # socket path -> this process's channel to it
 _channels_lock = threading.Lock()
+
+
+def _forget_channels_after_fork() -> None:
+    """A forked child has the parent's sockets but not their reader threads: its answers
+    would reach the parent's reader (a call id the parent also uses gets the child's
+    answer). The child opens channels of its own; the parent's copies are just closed."""
+    global _channels, _channels_lock
+    _channels, _channels_lock = {}, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_channels_after_fork)
 
 
 def _connect(path: str) -> Channel:
@@ -171,44 +193,56 @@ class ShardLink:
         """The call's future over the channel, or its ObjectRef through Ray."""
         channel = self._channel()
         if channel is not None:
-            return channel.request(method, args, kwargs)
+            try:
+                return channel.request(method, args, kwargs)
+            except FrameTooLarge:
+                pass  # too large for a frame: Ray carries it
         return getattr(self.handle, method).remote(*args, **kwargs)
 
     def _channel(self) -> Channel | None:
         if not self._use_channel or time.monotonic() < self._retry_at:
             return None
-        if self._path is None or (self._path in _channels and _channels[self._path].closed):
-            if self._asking is not None or not self._ask():
+        path = self._path  # read once: another thread asking anew sets it to None
+        if path is None or _lost(path):
+            path = None if self._asking is not None else self._ask()
+            if path is None:
                 return None  # Ray carries this call; the address comes in the background
         try:
-            return _connect(self._path)
+            return _connect(path)
         except OSError:
             self._path, self._retry_at = None, time.monotonic() + RETRY_CONNECT_S
             return None
 
-    def _ask(self) -> bool:
+    def _ask(self) -> str | None:
         """Ask the shard where its channel listens. Outside an event loop, wait for the
-        answer (True once known); inside one (a consumer) never block the loop: the
-        answer arrives in the background and later calls use it."""
+        answer (the path, None if not usable); inside one (a consumer) never block the
+        loop: the answer arrives in the background and later calls use it."""
         self._path = None
         asking = self._asking = self.handle.channel.remote().future()
         if _in_event_loop():
             asking.add_done_callback(self._answered)
-            return False
+            return None
         concurrent.futures.wait([asking])
-        self._answered(asking)
-        return self._path is not None
+        return self._answered(asking)
 
-    def _answered(self, future: Future) -> None:
+    def _answered(self, future: Future) -> str | None:
+        path = None
         try:
-            host, path = future.result()
+            host, found = future.result()
             if host == host_id():
-                self._path = path
+                path = self._path = found
             else:
                 self._use_channel = False  # another host: Ray carries every call
         except Exception:
             self._retry_at = time.monotonic() + RETRY_CONNECT_S
         self._asking = None
+        return path
+
+
+def _lost(path: str) -> bool:
+    """Whether this process's channel to ``path`` broke (the shard restarted or moved)."""
+    channel = _channels.get(path)
+    return channel is not None and channel.closed
 
 
 def _in_event_loop() -> bool:

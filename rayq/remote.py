@@ -67,7 +67,7 @@ def call(make_ref: Callable[[], Any], schedule: RetrySchedule = RETRY,
 def call_all(makers: Sequence[Callable[[], Any]]) -> list:
     """Issue every call at once, then :func:`call` each: the ones in flight are
     resolved, and any that met a restart is issued again by its maker."""
-    sent = [[make()] for make in makers]
+    sent = [_issue(make) for make in makers]
     return [call(lambda first=first, make=make: first.pop() if first else make())
             for first, make in zip(sent, makers)]
 
@@ -141,6 +141,16 @@ def running(names: Iterable[str]) -> dict[str, Any]:
         except ValueError:
             pass
     return out
+
+
+def _issue(make: Callable[[], Any]) -> list:
+    """[the call in flight], or [] when issuing it already met a restart (a local
+    channel raises ChannelLost at once when its socket broke): :func:`call` issues
+    it again."""
+    try:
+        return [make()]
+    except _restarting():
+        return []
 
 
 def named(name: str):

@@ -1,7 +1,9 @@
 """Append-only event log: buffered records written as Arrow record batches to
 Parquet files under ``<root>/date=YYYY-MM-DD/hour=HH/``.
 
-Appending only adds a dict to a list: the hot path never touches the disk.
+Appending only adds a dict to a list: the hot path never touches the disk. Enqueues,
+one event per message, come in groups (a put's messages of the same attributes) and
+are kept as Arrow columns: no dict per message, in memory or in CPU.
 ``flush()`` (called by the owning actor every few seconds, off its event loop)
 writes one file per (date, hour) and writer, atomically (write, then rename).
 """
@@ -9,11 +11,13 @@ writes one file per (date, hour) and writer, atomically (write, then rename).
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import os
 import threading
 import uuid
 from collections import defaultdict
+from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -31,6 +35,8 @@ class EventLog:
     def __init__(self, root: str | os.PathLike, writer: str):
         self.root, self.writer = os.fspath(root), writer
         self._rows: list[dict] = []
+        self._tables: list[tuple[str, pa.Table]] = []  # (partition, events as columns)
+        self._buffered = 0
         self._lock = threading.Lock()
         self.written = 0
 
@@ -44,34 +50,89 @@ class EventLog:
         row = {"schema_version": SCHEMA_VERSION, "kind": kind, "ts": ts, **fields}
         with self._lock:
             self._rows.append(row)
-            full = len(self._rows) >= MAX_BUFFERED
+            self._buffered += 1
+            full = self._buffered >= MAX_BUFFERED
+        if full:
+            self.flush()
+
+    def append_enqueues(self, id_prefix: str, groups: Sequence) -> None:
+        """Buffer one ``enqueue`` event per message of ``groups`` (``Enqueued``: at,
+        subqueue, type, tenant, key, first_seq, count; ids ``id_prefix`` + seq in hex),
+        as columns."""
+        by_hour: dict[str, list] = defaultdict(list)
+        for group in groups:
+            by_hour[_partition(_moment(group.at))].append(group)
+        tables = [(partition, _enqueue_table(id_prefix, part)) for partition, part in by_hour.items()]
+        with self._lock:
+            self._tables.extend(tables)
+            self._buffered += sum(t.num_rows for _, t in tables)
+            full = self._buffered >= MAX_BUFFERED
         if full:
             self.flush()
 
     def pending(self) -> int:
-        return len(self._rows)
+        return self._buffered
 
     def flush(self) -> int:
         """Write what is buffered; returns how many events were written."""
         with self._lock:
             rows, self._rows = self._rows, []
-        if not rows:
+            tables, self._tables = self._tables, []
+            self._buffered = 0
+        if not rows and not tables:
             return 0
-        by_hour: dict[str, list[dict]] = defaultdict(list)
+        by_hour: dict[str, list[pa.Table]] = defaultdict(list)
+        for partition, table in tables:
+            by_hour[partition].append(table)
+        dicts: dict[str, list[dict]] = defaultdict(list)
         for row in rows:
-            moment = dt.datetime.fromtimestamp(row["ts"], dt.timezone.utc)
-            row["ts"] = moment
-            by_hour[moment.strftime("date=%Y-%m-%d/hour=%H")].append(row)
-        for partition, part in by_hour.items():
+            row["ts"] = _moment(row["ts"])
+            dicts[_partition(row["ts"])].append(row)
+        for partition, part in dicts.items():
+            by_hour[partition].append(pa.Table.from_pylist(part, schema=EVENT_SCHEMA))
+        written = 0
+        for partition, parts in by_hour.items():
             folder = os.path.join(self.root, partition)
             os.makedirs(folder, exist_ok=True)
             name = f"part-{self.writer}-{uuid.uuid4().hex[:12]}.parquet"
-            table = pa.Table.from_pylist(part, schema=EVENT_SCHEMA)
+            table = pa.concat_tables(parts)
             tmp = os.path.join(folder, "." + name + ".tmp")
             pq.write_table(table, tmp)
             os.replace(tmp, os.path.join(folder, name))  # readers never see a half file
-        self.written += len(rows)
-        return len(rows)
+            written += table.num_rows
+        self.written += written
+        return written
+
+
+def _moment(ts: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc)
+
+
+def _partition(moment: dt.datetime) -> str:
+    return moment.strftime("date=%Y-%m-%d/hour=%H")
+
+
+def _enqueue_table(id_prefix: str, groups: list) -> pa.Table:
+    """One row per message of ``groups``, in EVENT_SCHEMA: each group's fields repeated
+    ``count`` times (C-level list repetition), the ids built from the seqs."""
+    def repeated(field):
+        return list(itertools.chain.from_iterable([field(g)] * g.count for g in groups))
+
+    total = sum(g.count for g in groups)
+    columns = {
+        "schema_version": pa.array([SCHEMA_VERSION] * total, pa.int16()),
+        "ts": pa.array(repeated(lambda g: _moment(g.at)), pa.timestamp("us", tz="UTC")),
+        "kind": pa.array(["enqueue"] * total, pa.string()),
+        "subqueue": pa.array(repeated(lambda g: g.subqueue), pa.int64()),
+        "tenant": pa.array(repeated(lambda g: g.tenant), pa.string()),
+        "type": pa.array(repeated(lambda g: g.type), pa.string()),
+        "key": pa.array(repeated(lambda g: g.key), pa.string()),
+        "message_id": pa.array([f"{id_prefix}{seq:x}" for g in groups
+                                for seq in range(g.first_seq, g.first_seq + g.count)],
+                               pa.string()),
+    }
+    return pa.table([columns.get(f.name, pa.nulls(total, f.type)) for f in EVENT_SCHEMA],
+                    schema=EVENT_SCHEMA)
 
 
 class NoEventLog:

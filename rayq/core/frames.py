@@ -25,15 +25,23 @@ from typing import Any
 import msgpack
 
 from rayq.core.auth import Signature
+from rayq.errors import InvalidMessage
 
 HEADER = struct.Struct(">I")
-MAX_FRAME_BYTES = 256 << 20  # a put of 1000 messages of 16 MiB is a blob reference each
+# bodies travel whole (a blob is only how the store keeps one): larger requests go through Ray
+MAX_FRAME_BYTES = 256 << 20
 OK, FAILED = 0, 1
 _ERROR_EXT = 1
 
 
 class FrameError(ValueError):
     """A frame that is not a channel request or reply (a stranger on the socket)."""
+
+
+class FrameTooLarge(FrameError):
+    """Raised by encode_request for a request over MAX_FRAME_BYTES (a send_batch of
+    large bodies): the shard would drop the connection, and every call on it. Ray,
+    whose object store takes large arguments, carries it instead."""
 
 
 def _default(value: Any) -> Any:
@@ -44,30 +52,58 @@ def _default(value: Any) -> Any:
     raise TypeError(f"cannot send {type(value).__name__} over the channel")
 
 
+def _plain(value: Any) -> Any:
+    """A request holds msgpack's own types only: nothing the shard would unpickle."""
+    raise InvalidMessage(f"cannot send {type(value).__name__} over the channel")
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise FrameError(f"a request may not carry extension type {code}")
+
+
+def _signature(signed: Any) -> Signature | None:
+    """The request's Signature, its fields of the types the gate reads (or nil)."""
+    if signed is None:
+        return None
+    if not (isinstance(signed, list) and len(signed) == 6
+            and all(isinstance(signed[i], str) for i in (0, 1, 2, 4, 5))
+            and isinstance(signed[3], (int, float)) and not isinstance(signed[3], bool)):
+        raise FrameError("a request's auth is not the six fields of a Signature")
+    return Signature(*signed)
+
+
 def _ext(code: int, data: bytes) -> Any:
     if code == _ERROR_EXT:
         return pickle.loads(data)
     return msgpack.ExtType(code, data)
 
 
-def _frame(payload: list) -> bytes:
-    body = msgpack.packb(payload, default=_default, use_bin_type=True)
+def _frame(payload: list, default=_default) -> bytes:
+    body = msgpack.packb(payload, default=default, use_bin_type=True)
     return HEADER.pack(len(body)) + body
 
 
 def encode_request(call_id: int, method: str, args: tuple, kwargs: dict,
                    auth: Signature | None) -> bytes:
+    """Raises InvalidMessage for an argument that is not plain msgpack (an object, an
+    exception): the shard takes no pickles; FrameTooLarge past MAX_FRAME_BYTES."""
     signed = None if auth is None else [auth.account, auth.queue, auth.operation,
                                         auth.timestamp, auth.nonce, auth.mac]
-    return _frame([call_id, method, list(args), kwargs, signed])
+    frame = _frame([call_id, method, list(args), kwargs, signed], default=_plain)
+    if len(frame) - HEADER.size > MAX_FRAME_BYTES:
+        raise FrameTooLarge(f"a {method} request of {len(frame)} bytes")
+    return frame
 
 
 def decode_request(body: bytes) -> tuple[int, str, list, dict, Signature | None]:
-    """(id, method, args, kwargs, auth). No extension types are accepted from clients."""
+    """(id, method, args, kwargs, auth). No extension types are accepted from clients:
+    one raises FrameError unopened."""
     try:
         call_id, method, args, kwargs, signed = msgpack.unpackb(
-            body, raw=False, strict_map_key=True)
-        auth = None if signed is None else Signature(*signed)
+            body, raw=False, strict_map_key=True, ext_hook=_refuse_ext)
+        auth = _signature(signed)
+    except FrameError:
+        raise
     except Exception as err:  # any malformed frame is the sender's
         raise FrameError(f"not a channel request: {err}") from err
     if not (isinstance(call_id, int) and isinstance(method, str) and isinstance(args, list)

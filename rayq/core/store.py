@@ -27,8 +27,8 @@ from typing import Any
 
 from rayq.config import StoreConfig
 from rayq.core.dispatch import DispatchPolicy, FairDispatch, NoisyChange, NoisyKey
-from rayq.core.batch import (BATCH_OPS, CHUNK as U32, I64, MAX_BATCH, STAT_NAMES, U64, WriteBatch,
-                             first_row_at)
+from rayq.core.batch import (BATCH_OPS, CHUNK as U32, I64, MAX_BATCH, STAT_NAMES, U64, Enqueued,
+                             WriteBatch, first_row_at)
 from rayq.core.cache import CacheStats, MessageCache, PressureMonitor, psutil_probe
 from rayq.core import purge, spill
 from rayq.core.clock import Clock, SystemClock
@@ -284,12 +284,12 @@ class ShardStore:
             return None
         return Ending(value[8]), bytes(value[9:])
 
-    def take_enqueued(self) -> list[tuple[float, int, str, str, str, str]]:
-        """(at, subqueue, type, tenant, message id, key) of every put since the last call,
-        when ``keep_enqueued`` is on (for the event log)."""
+    def take_enqueued(self) -> tuple[str, list[Enqueued]]:
+        """(message id prefix, the groups of messages put since the last call), when
+        ``keep_enqueued`` is on (for the event log): one group per put and attributes,
+        its ids the prefix and ``count`` seqs from ``first_seq`` in hex."""
         groups, self._enqueued = self._enqueued, []
-        return [(g.at, g.subqueue, g.type, g.tenant, f"{self.store_hex}-{seq:x}", g.key)
-                for g in groups for seq in range(g.first_seq, g.first_seq + g.count)]
+        return f"{self.store_hex}-", groups
 
     def take_finished(self) -> list[tuple[str, Ending, bytes]]:
         """(message id, ending, payload) of every outcome recorded since the last call."""

@@ -1,0 +1,556 @@
+"""The local channel without Ray: a ChannelServer for a small async target on an event
+loop in a background thread (as a shard's loop), and real rayq.channel Channels and
+ShardLinks talking to its Unix socket."""
+
+import asyncio
+import concurrent.futures
+import os
+import pickle
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from actors.channel import ChannelServer
+from rayq.channel import RETRY_CONNECT_S, Channel, ChannelLost, ShardLink, _channels, host_id
+from rayq.core.auth import Signature
+from rayq.core import frames
+from rayq.core.frames import HEADER, MAX_FRAME_BYTES, encode_request
+from rayq.errors import InvalidMessage, QueueDisabled, ReceiptInvalid, RuntimeFailure
+
+ROOT = Path(__file__).resolve().parents[2]
+ANSWER_S = 10.0  # bounds a hang only: every call here answers at once or is released
+SIGNED = Signature("acme", "orders", "put", 1_700_000_000.0, "ab" * 16, "cd" * 32)
+
+
+class FakeShard:
+    """A target with the shapes of a shard's served methods: async, ``auth=`` last."""
+
+    def __init__(self):
+        self.parked: dict[str, asyncio.Event] = {}
+        self.ran: list[str] = []
+
+    async def echo(self, value, extra=None, auth=None):
+        self.ran.append("echo")
+        return [value, extra, None if auth is None else [auth.account, auth.mac]]
+
+    async def put(self, subqueue, batch, auth=None):  # one of CHANNEL_METHODS, for links
+        return [f"{subqueue}:{len(batch)}"]
+
+    async def park(self, key, auth=None):
+        """Answers once the test releases ``key``: a long poll."""
+        await self.parked.setdefault(key, asyncio.Event()).wait()
+        return key
+
+    def release(self, key):
+        self.parked.setdefault(key, asyncio.Event()).set()
+
+    async def refuse(self, receipts, auth=None):
+        raise ReceiptInvalid(f"{len(receipts)} stale", tuple(receipts))
+
+    async def crash(self, auth=None):
+        raise KeyError("the shard's own bug")
+
+    async def unpicklable(self, auth=None):
+        error = QueueDisabled("holds a lock")
+        error.lock = threading.Lock()
+        raise error
+
+    async def results(self, auth=None):  # as end_many: a value or a RayqError per call
+        return [None, "receipt", QueueDisabled("retired")]
+
+    async def unsigned(self, value):  # no auth parameter, as end_many
+        return value
+
+    async def hidden(self, auth=None):  # a method the channel does not serve
+        self.ran.append("hidden")
+
+
+SERVED = frozenset({"echo", "put", "park", "refuse", "crash", "unpicklable", "results",
+                    "unsigned"})
+
+
+def wait_until(observe, what: str):
+    """Poll ``observe()`` until truthy; the deadline only bounds a hang."""
+    deadline = time.monotonic() + ANSWER_S
+    while not (seen := observe()):
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.005)
+    return seen
+
+
+@pytest.fixture
+def loop():
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="shard-loop", daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(ANSWER_S)
+    loop.close()
+
+
+def on_loop(loop, coro):
+    return asyncio.run_coroutine_threadsafe(coro, loop).result(ANSWER_S)
+
+
+async def _close(server):
+    server.close()
+
+
+@pytest.fixture
+def serve(loop):
+    """serve() -> (target, server, socket path): a fresh server (a fresh directory)."""
+    started = []
+
+    def start():
+        target = FakeShard()
+        server = ChannelServer(target, SERVED, "test")
+        host, path = on_loop(loop, server.address())
+        assert host == host_id()
+        started.append(server)
+        return target, server, path
+
+    yield start
+    for server in started:
+        on_loop(loop, _close(server))
+
+
+@pytest.fixture
+def served(serve):
+    return serve()
+
+
+@pytest.fixture
+def channel(served):
+    channel = Channel(served[2])
+    yield channel
+    channel.close()
+
+
+def ask(channel, method, *args, **kwargs):
+    return channel.request(method, args, kwargs).result(ANSWER_S)
+
+
+# -- answers ------------------------------------------------------------------------------
+def test_a_call_returns_the_targets_result(channel):
+    answer = ask(channel, "echo", b"\x00bytes", extra=[1, [2, None]])
+    assert answer == [b"\x00bytes", [1, [2, None]], None]
+
+
+def test_a_signature_reaches_the_target_as_auth(channel):
+    assert ask(channel, "echo", "v", auth=SIGNED) == ["v", None, ["acme", SIGNED.mac]]
+
+
+def test_concurrent_calls_from_many_threads_each_get_their_own_answer(channel):
+    def caller(thread: int) -> list:
+        return [ask(channel, "echo", [thread, i], extra=f"{thread}/{i}") for i in range(40)]
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(caller, range(8)))
+    assert answers == [[[[t, i], f"{t}/{i}", None] for i in range(40)] for t in range(8)]
+
+
+def test_a_parked_call_does_not_hold_up_the_calls_behind_it(loop, served, channel):
+    target = served[0]
+    parked = channel.request("park", ("long poll",), {})
+    wait_until(lambda: "long poll" in target.parked, "the call to park")
+    assert ask(channel, "echo", "behind") == ["behind", None, None]
+    assert not parked.done()
+    loop.call_soon_threadsafe(target.release, "long poll")
+    assert parked.result(ANSWER_S) == "long poll"
+
+
+def test_a_rayq_error_comes_back_as_itself(channel):
+    with pytest.raises(ReceiptInvalid) as raised:
+        ask(channel, "refuse", ["r1", "r2"])
+    assert raised.value.receipts == ("r1", "r2")
+
+
+def test_rayq_errors_inside_a_result_come_back_as_themselves(channel):
+    none, receipt, error = ask(channel, "results")
+    assert (none, receipt) == (None, "receipt")
+    assert isinstance(error, QueueDisabled) and str(error) == "retired"
+
+
+@pytest.mark.parametrize("method, args, kwargs", [
+    ("hidden", (), {}),                  # the target has it; the channel does not serve it
+    ("__init__", (), {}),
+    ("nothing", (), {}),
+    ("echo", (), {}),                    # a required argument missing
+    ("echo", (1, 2, 3, 4), {}),          # too many
+    ("echo", (1,), {"colour": "red"}),   # an unknown keyword
+    ("echo", (1, None, ["acme", "q"]), {}),  # auth passed as an argument, not the frame's
+])
+def test_an_unserved_method_or_bad_arguments_raise_invalid_message(served, channel, method,
+                                                                   args, kwargs):
+    with pytest.raises(InvalidMessage):
+        ask(channel, method, *args, **kwargs)
+    assert served[0].ran == []
+
+
+def test_a_signature_for_a_method_without_auth_raises_invalid_message(channel):
+    with pytest.raises(InvalidMessage):
+        ask(channel, "unsigned", 1, auth=SIGNED)
+    assert ask(channel, "unsigned", 1) == 1
+
+
+def test_auth_given_twice_raises_invalid_message(served, channel):
+    with pytest.raises(InvalidMessage):
+        ask(channel, "echo", 1, None, "forged", auth=SIGNED)
+    assert served[0].ran == []
+
+
+def test_auth_as_a_keyword_argument_is_refused(served):
+    # Channel.request moves auth= to the frame's auth field; a stranger writes frames
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(served[2])
+        sock.sendall(raw_request([7, "echo", [1], {"auth": "admin"}, None]))
+        reply = read_reply(sock)
+    assert reply[:2] == [7, 1] and isinstance(pickle.loads(reply[2]), InvalidMessage)
+
+
+def test_a_failure_of_the_target_itself_raises_runtime_failure(channel):
+    with pytest.raises(RuntimeFailure, match="the shard's own bug"):
+        ask(channel, "crash")
+    assert ask(channel, "echo", "still serving")[0] == "still serving"
+
+
+def test_a_rayq_error_that_cannot_be_pickled_still_answers_as_runtime_failure(channel):
+    with pytest.raises(RuntimeFailure, match="holds a lock"):
+        ask(channel, "unpicklable")
+
+
+def test_a_call_that_cannot_travel_raises_invalid_message_before_it_is_sent(channel):
+    with pytest.raises(InvalidMessage):
+        channel.request("echo", (object(),), {})
+    assert ask(channel, "echo", 1)[0] == 1
+
+
+# -- the socket ------------------------------------------------------------------------------
+def test_the_socket_lives_in_a_directory_only_its_user_can_enter(served):
+    directory = os.path.dirname(served[2])
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    assert os.stat(directory).st_uid == os.getuid()
+    assert stat.S_ISSOCK(os.stat(served[2]).st_mode)
+
+
+def test_concurrent_first_asks_start_one_server_and_close_removes_it(loop, monkeypatch, tmp_path):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    server = ChannelServer(FakeShard(), SERVED, "race")
+
+    async def ask_three_at_once():
+        return await asyncio.gather(*(server.address() for _ in range(3)))
+
+    addresses = on_loop(loop, ask_three_at_once())
+    assert len(set(addresses)) == 1
+    assert len(list(tmp_path.iterdir())) == 1
+    on_loop(loop, _close(server))
+    assert list(tmp_path.iterdir()) == []
+
+
+def raw_request(payload) -> bytes:
+    body = msgpack.packb(payload, use_bin_type=True)
+    return HEADER.pack(len(body)) + body
+
+
+def read_reply(sock) -> list:
+    header = recv_exactly(sock, HEADER.size)
+    return msgpack.unpackb(recv_exactly(sock, HEADER.unpack(header)[0]), raw=False,
+                           strict_map_key=False)
+
+
+def recv_exactly(sock, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        assert chunk, "the server closed the connection"
+        data += chunk
+    return data
+
+
+class Exploit:
+    """Unpickling this in the server would record it: what a stranger would try."""
+
+    unpickled = []
+
+    def __reduce__(self):
+        return Exploit.unpickled.append, ("unpickled",)
+
+
+@pytest.mark.parametrize("frame", [
+    HEADER.pack(40) + pickle.dumps(Exploit()).ljust(40, b"."),   # a pickle, not msgpack
+    raw_request([1, "echo", [msgpack.ExtType(1, pickle.dumps(Exploit()))], {}, None]),
+    raw_request([1, "echo", [1], {"extra": msgpack.ExtType(1, pickle.dumps(Exploit()))}, None]),
+    raw_request([1, "echo", [1], {}, ["acme", "q", "put", 1.0, "n", msgpack.ExtType(1, b"")]]),
+    HEADER.pack(MAX_FRAME_BYTES + 1),                             # larger than any frame
+], ids=["pickle", "ext-in-args", "ext-in-kwargs", "ext-in-auth", "oversized"])
+def test_a_strangers_frame_is_dropped_unopened_and_others_are_served(served, channel, frame):
+    Exploit.unpickled.clear()
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(served[2])
+        sock.sendall(frame)
+        sock.settimeout(ANSWER_S)
+        assert sock.recv(1) == b""  # dropped, no answer
+    assert Exploit.unpickled == [] and served[0].ran == []
+    assert ask(channel, "echo", "others")[0] == "others"
+
+
+# -- the server going away ----------------------------------------------------------------------
+CHILD = """
+import asyncio
+from actors.channel import ChannelServer
+from tests.unit.test_channel import SERVED, FakeShard
+
+async def main():
+    _, path = await ChannelServer(FakeShard(), SERVED, "child").address()
+    print(path, flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+@pytest.fixture
+def child():
+    """A server in its own process, to kill for real: (process, socket path)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    process = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, env=env,
+                               cwd=ROOT, text=True)
+    path = process.stdout.readline().strip()
+    assert path, "the child server did not start"
+    yield process, path
+    process.kill()
+    process.wait()
+    process.stdout.close()
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)  # a killed server cannot
+
+
+def test_a_killed_server_fails_every_pending_call_with_channel_lost(child):
+    process, path = child
+    channel = Channel(path)
+    assert ask(channel, "echo", 1)[0] == 1
+    pending = [channel.request("park", (f"poll {i}",), {}) for i in range(5)]
+    process.kill()
+    process.wait()
+    for future in pending:
+        with pytest.raises(ChannelLost):
+            future.result(ANSWER_S)
+    assert channel.closed
+    with pytest.raises(ChannelLost):
+        channel.request("echo", (2,), {})
+
+
+def test_a_closed_channel_refuses_requests_with_channel_lost(channel):
+    channel.close()
+    with pytest.raises(ChannelLost):
+        channel.request("echo", (1,), {})
+
+
+def test_closing_the_server_fails_the_pending_calls_with_channel_lost(loop, served, channel):
+    target, server, _ = served
+    pending = channel.request("park", ("poll",), {})
+    wait_until(lambda: "poll" in target.parked, "the call to park")
+    on_loop(loop, _close(server))
+    with pytest.raises(ChannelLost):
+        pending.result(ANSWER_S)
+
+
+def test_channel_lost_is_a_runtime_failure_callers_retry():
+    assert issubclass(ChannelLost, RuntimeFailure)
+
+
+# -- links -----------------------------------------------------------------------------------
+class FakeHandle:
+    """Stands where a shard's Ray actor handle stands: ``channel.remote()`` answers with
+    ``address``; any other call records that Ray carried it."""
+
+    def __init__(self, address):
+        self.address, self.asked, self.ray_calls = address, 0, []
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return FakeMethod(self, name)
+
+
+class FakeMethod:
+    def __init__(self, handle, name):
+        self.handle, self.name = handle, name
+
+    def remote(self, *args, **kwargs):
+        if self.name == "channel":
+            self.handle.asked += 1
+            return FakeRef(self.handle.address)
+        self.handle.ray_calls.append((self.name, args, kwargs))
+        return ("through ray", self.name, args)
+
+
+class FakeRef:
+    def __init__(self, value):
+        self.value = value
+
+    def future(self):
+        future = concurrent.futures.Future()
+        future.set_result(self.value)
+        return future
+
+
+def test_a_link_sends_hot_calls_over_the_channel_of_a_shard_on_this_host(served):
+    handle = FakeHandle((host_id(), served[2]))
+    link = ShardLink(handle)
+    assert link.put.remote(3, b"abc").result(ANSWER_S) == ["3:3"]
+    assert link.put.remote(4, b"").result(ANSWER_S) == ["4:0"]
+    assert handle.ray_calls == [] and handle.asked == 1
+    assert served[2] in _channels
+    assert link.stats.remote() == ("through ray", "stats", ())  # not a hot call
+
+
+def test_a_link_with_the_channel_off_sends_everything_through_ray(served):
+    handle = FakeHandle((host_id(), served[2]))
+    link = ShardLink(handle, use_channel=False)
+    assert link.put.remote(3, b"abc") == ("through ray", "put", (3, b"abc"))
+    assert handle.asked == 0 and served[2] not in _channels
+
+
+def test_a_link_to_a_shard_on_another_host_sends_everything_through_ray(served):
+    handle = FakeHandle(("another-host/boot", served[2]))
+    link = ShardLink(handle)
+    for subqueue in range(3):
+        assert link.put.remote(subqueue, b"x") == ("through ray", "put", (subqueue, b"x"))
+    assert handle.asked == 1 and served[2] not in _channels
+
+
+def test_a_link_that_cannot_connect_uses_ray_for_a_while(tmp_path):
+    handle = FakeHandle((host_id(), str(tmp_path / "no-socket")))
+    link = ShardLink(handle)
+    assert link.put.remote(1, b"x") == ("through ray", "put", (1, b"x"))
+    assert link.put.remote(1, b"y") == ("through ray", "put", (1, b"y"))
+    assert handle.asked == 1  # not asked again within RETRY_CONNECT_S
+    assert RETRY_CONNECT_S > 0
+
+
+def test_a_link_follows_its_shard_to_a_new_socket(loop, serve):
+    _, first, first_path = serve()
+    handle = FakeHandle((host_id(), first_path))
+    link = ShardLink(handle)
+    assert link.put.remote(1, b"x").result(ANSWER_S) == ["1:1"]
+    _, _, second_path = serve()  # the restarted shard listens elsewhere
+    handle.address = (host_id(), second_path)
+    on_loop(loop, _close(first))
+    wait_until(lambda: _channels[first_path].closed, "the first channel to close")
+    assert link.put.remote(2, b"yy").result(ANSWER_S) == ["2:2"]
+    assert handle.asked == 2 and not _channels[second_path].closed
+    assert handle.ray_calls == []
+
+
+def test_a_link_inside_an_event_loop_never_waits_for_the_address(served):
+    handle = FakeHandle((host_id(), served[2]))
+    link = ShardLink(handle)
+
+    async def two_calls():
+        return link.put.remote(1, b"x"), link.put.remote(2, b"x")
+
+    first, second = asyncio.run(two_calls())
+    assert first == ("through ray", "put", (1, b"x"))  # the address was still being asked
+    assert second.result(ANSWER_S) == ["2:1"]
+
+
+def test_a_link_pickles_as_a_link_that_asks_again(served):
+    link = ShardLink(FakeHandle((host_id(), served[2])))
+    assert link.put.remote(1, b"x").result(ANSWER_S) == ["1:1"]
+    copy = pickle.loads(pickle.dumps(link))
+    assert copy.handle.address == link.handle.address and copy.handle.asked == 1
+    assert copy.put.remote(5, b"").result(ANSWER_S) == ["5:0"]
+    assert copy.handle.asked == 2
+
+
+def test_encode_request_of_the_client_matches_what_the_server_reads(served):
+    # the one frame encoder both the Channel and this test's raw frames agree with
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(served[2])
+        sock.sendall(encode_request(11, "echo", ("raw",), {}, None))
+        assert read_reply(sock) == [11, 0, ["raw", None, None]]
+
+
+def test_an_answer_that_does_not_decode_fails_the_pending_calls_with_channel_lost(
+        tmp_path, monkeypatch):
+    died = []
+    monkeypatch.setattr(threading, "excepthook", died.append)
+    path = str(tmp_path / "s")
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(path)
+        listener.listen()
+        channel = Channel(path)
+        peer, _ = listener.accept()
+        with peer:
+            pending = channel.request("echo", (1,), {})
+            peer.sendall(HEADER.pack(1) + b"\xc1")  # never msgpack
+            with pytest.raises(ChannelLost):
+                pending.result(ANSWER_S)
+    assert channel.closed and died == []  # the reader ended the channel, not by a crash
+
+
+def test_a_forked_child_opens_a_channel_of_its_own(served):
+    from rayq import channel as module
+    parent = module._connect(served[2])
+    assert ask(parent, "echo", "parent")[0] == "parent"
+    pid = os.fork()
+    if pid == 0:  # the child: any failure is its exit status
+        code = 1
+        try:
+            mine = module._connect(served[2])
+            if mine is not parent and ask(mine, "echo", "child")[0] == "child":
+                code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child did not get its own answer"
+    assert not parent.closed and ask(parent, "echo", "parent again")[0] == "parent again"
+
+
+def test_a_request_too_large_for_a_frame_goes_through_ray_and_spares_the_channel(
+        loop, served, monkeypatch):
+    target, _, path = served
+    monkeypatch.setattr(frames, "MAX_FRAME_BYTES", 4096)
+    monkeypatch.setattr("actors.channel.MAX_FRAME_BYTES", 4096)  # the shard's limit too
+    handle = FakeHandle((host_id(), path))
+    link = ShardLink(handle)
+    assert link.put.remote(1, b"small", auth=SIGNED).result(ANSWER_S) == ["1:5"]
+    parked = _channels[path].request("park", ("poll",), {})  # another caller's call
+    wait_until(lambda: "poll" in target.parked, "the call to park")
+
+    assert link.put.remote(2, b"x" * 8192, auth=SIGNED) == ("through ray", "put", (2, b"x" * 8192))
+    assert handle.ray_calls == [("put", (2, b"x" * 8192), {"auth": SIGNED})]  # signed still
+    assert link.put.remote(3, b"small").result(ANSWER_S) == ["3:5"]
+    loop.call_soon_threadsafe(target.release, "poll")
+    assert parked.result(ANSWER_S) == "poll"  # the channel stayed up for everyone on it
+
+
+def test_a_restarted_server_binds_in_the_same_folder_and_leaves_nothing_behind(tmp_path):
+    """A shard's socket folder is named by its data directory: a restart (a new server
+    for the same shard, the old one killed without closing) reuses it."""
+    async def start():
+        server = ChannelServer(FakeShard(), SERVED, "restart", str(tmp_path))
+        _, path = await server.address()
+        return server, path
+
+    async def both():
+        first, path = await start()  # never closed: as a killed shard leaves it
+        second, again = await start()
+        assert again == path and os.path.exists(path)
+        assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+        second.close()
+        first.close()
+        return path
+
+    path = asyncio.run(both())
+    assert not os.path.exists(os.path.dirname(path))
