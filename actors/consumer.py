@@ -228,7 +228,8 @@ class ConsumerActor:
         await self._refresh_plan()
 
     async def _refresh_handlers(self) -> None:
-        version, table = await call_async(lambda: self.manager.task_table.remote(self._tasks_version))
+        version, table = await call_async(
+            lambda: self.manager.task_table.remote(self._tasks_version))
         if table is not None:  # None: unchanged since our version
             self._handlers = refreshed_handlers(self._handlers, table, cloudpickle.loads)
             self._tasks_version = version
@@ -361,7 +362,8 @@ class ConsumerActor:
         """Put a task back unrun; it counts as a deferral of its key, with its cause."""
         self._deferrals += 1
         await self._put_back(held, self.cc.defer_s)
-        self._report(held, 0.0, Outcome.DEFERRED, self.clock.now() - held.message.enqueued_at, cause)
+        waited_s = self.clock.now() - held.message.enqueued_at
+        self._report(held, 0.0, Outcome.DEFERRED, waited_s, cause)
 
     async def _put_back(self, held: _Held, delay_s: float) -> None:
         """Hide a task we will not run for ``delay_s``; the delivery is not counted."""

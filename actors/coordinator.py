@@ -145,7 +145,8 @@ class FairnessCoordinator:
     async def _pending(self, subqueues: dict[int, list[int]],
                        concurrency: dict[str, int]) -> dict[str, KeyState]:
         """Per key over the task queues: the longest wait and the oldest enqueue."""
-        parts = await call_all_async((lambda i=i: self.shards[i].depths.remote()) for i in sorted(subqueues))
+        parts = await call_all_async((lambda i=i: self.shards[i].depths.remote())
+                                     for i in sorted(subqueues))
         wanted = {sq for ids in subqueues.values() for sq in ids}
         return pending_keys((d for part in parts for d in part), wanted, concurrency)
 

@@ -76,7 +76,8 @@ class FloodDetector:
     # -- one run ---------------------------------------------------------------------
     async def detect_once(self) -> list[Flooder]:
         queues: dict[str, QueueInfo] = await call_async(lambda: self.manager.flood_layout.remote())
-        snapshots = await call_all_async((lambda s=s: s.flood_snapshot.remote()) for s in self.shards)
+        snapshots = await call_all_async((lambda s=s: s.flood_snapshot.remote())
+                                         for s in self.shards)
         view = build_view(subqueue_layout(queues), [s["tenant_counts"] for s in snapshots],
                           [s["enqueues"] for s in snapshots])
         changes = detect(view, self.flooders, self.fc, self.clock.now())
@@ -86,7 +87,8 @@ class FloodDetector:
         flooders = listed(changes, queues)
         for flooder in flooders:  # subqueues added since (scaling) get a dedicated twin
             await self._dedicated(flooder, queues[flooder.queue])
-        queues = await call_async(lambda: self.manager.flood_layout.remote())  # with the new subqueues
+        # with the new subqueues
+        queues = await call_async(lambda: self.manager.flood_layout.remote())
         await self._route(queues, flooders)
         self.flooders = flooders  # published once the shards divert their puts
         for flooder in changes.removed:
@@ -144,8 +146,8 @@ class FloodDetector:
     async def _sweep_rest(self, flooder: Flooder, shard: int, target: int) -> None:
         handle = self.shards[shard]
         while await call_async(lambda: handle.spill_left.remote(flooder.type, flooder.tenant)):
-            moved = await call_async(lambda: handle.sweep.remote(flooder.type, flooder.tenant, target,
-                                                     self.fc.sweep_batch))
+            moved = await call_async(lambda: handle.sweep.remote(
+                flooder.type, flooder.tenant, target, self.fc.sweep_batch))
             self._event("swept", flooder, shard=shard, moved=moved)
 
     async def _sweep(self, queues: dict[str, QueueInfo], snapshots: list[dict]) -> set:
@@ -172,8 +174,8 @@ class FloodDetector:
                             under_pressure=under_pressure)
             if step != "sweep":
                 return step == "done"
-            moved = await call_async(lambda: handle.sweep.remote(flooder.type, flooder.tenant, target,
-                                                     self.fc.sweep_batch))
+            moved = await call_async(lambda: handle.sweep.remote(
+                flooder.type, flooder.tenant, target, self.fc.sweep_batch))
             batches += 1
             spilled = left_to_sweep(spilled, moved)
             self._event("swept", flooder, shard=shard, moved=moved)

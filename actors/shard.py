@@ -402,7 +402,8 @@ class ShardActor:
         except (ValueError, ray.exceptions.RayError):
             return {}
         mine = queues_on(places, self.index)
-        return per_queue(mine, await self._read(lambda: {sq: self.store.count(sq) for sq in mine}))
+        counts = await self._read(lambda: {sq: self.store.count(sq) for sq in mine})
+        return per_queue(mine, counts)
 
     async def process(self) -> dict:
         """The shard process's pid and memory: resident in all, and private (anonymous)

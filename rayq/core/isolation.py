@@ -1,6 +1,6 @@
-"""Where the flood detector moves a flooder's messages (docs/flood-detection.md), as functions of the
-queue layout: its dedicated subqueues, the moves that isolate it, which puts each
-shard diverts to its spill store, and what a sweep has left to move. The detector
+"""Where the flood detector moves a flooder's messages (docs/flood-detection.md), as
+functions of the queue layout: its dedicated subqueues, the moves that isolate it, which
+puts each shard diverts to its spill store, and what a sweep has left to move. The detector
 actor only asks the manager and the shards to carry these out."""
 
 from __future__ import annotations

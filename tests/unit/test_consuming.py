@@ -36,7 +36,8 @@ DLQ = 99
     (False, 2, None, Retry(2.0)),         # a queue without a limit: the task's
     (False, 6, None, DeadLetter()),       # past the last try (a consumer died meanwhile)
 ])
-def test_a_delivery_ends_by_its_outcome_its_attempt_and_the_limits(ok, attempt, queue_max, expected):
+def test_a_delivery_ends_by_its_outcome_its_attempt_and_the_limits(ok, attempt, queue_max,
+                                                                    expected):
     assert decide_end(ok, attempt, SPEC, queue_max, CONFIG) == expected
 
 
@@ -117,8 +118,8 @@ def test_a_receive_leaves_out_suspended_keys_and_saturated_types_when_keys_are_t
     (4, 3, 0, 1, 0),     # tasks run and under half the load is free: wait for more room
     (5, 2, 0, 1, 3), (5, 3, 0, 1, 0), (1, 0, 0, 3, 3),
 ])
-def test_a_receive_asks_for_the_room_the_load_leaves_at_least_prefetch_half_the_load_at_once(load, held, claimed,
-                                                                       prefetch, size):
+def test_a_receive_asks_for_the_free_load_at_least_prefetch_and_half_the_load_at_once(
+        load, held, claimed, prefetch, size):
     assert receive_size(load, held, claimed, prefetch) == size
 
 
