@@ -108,20 +108,20 @@ class _Held:
 
 class ConsumerActor:
     def __init__(self, index: int, config: Config, clock: Clock | None = None):
-        self.index, self.config, self.cc = index, config, config.consumers
+        self.index, self.config, self.consumer_config = index, config, config.consumers
         self.clock = clock or SystemClock()
         self.manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
         self.shards = [ShardLink(ray.get_actor(shard_name(i), namespace=NAMESPACE),
                                  config.store.local_channel)
                        for i in range(config.store.shards)]
-        self.balancer = BalancerState.initial(self.cc)
-        self._threads = ThreadPoolExecutor(max_workers=self.cc.max_load,
+        self.balancer = BalancerState.initial(self.consumer_config)
+        self._threads = ThreadPoolExecutor(max_workers=self.consumer_config.max_load,
                                            thread_name_prefix=f"consumer-{index}")
         self._handlers: dict[str, tuple[TaskSpec, Any, bytes]] = {}  # type -> (spec, fn, pickled)
         self._tasks_version: int | None = None
         self._routes = RouteCache(self.clock)
         self._rotation = itertools.count()
-        self._saturated = Saturation(self.cc.defer_s)  # on the monotonic clock
+        self._saturated = Saturation(self.consumer_config.defer_s)  # on the monotonic clock
         self._pollers: dict[int, asyncio.Task] = {}
         self._ends = [_Ends(shard) for shard in self.shards]
         self._reports: deque[UsageReport] = deque(maxlen=MAX_REPORTS)
@@ -170,12 +170,12 @@ class ConsumerActor:
         while not self._stopping:
             # a failed refresh keeps the plan and handlers we have
             await self.failures.guarded("refresh", self._refresh, also=(ValueError,))
-            self.balancer = self.balancer.adjusted(self.cc)
-            self._pressed = host_pressed(read_host(), self.cc)
+            self.balancer = self.balancer.adjusted(self.consumer_config)
+            self._pressed = host_pressed(read_host(), self.consumer_config)
             running = {slot for slot, poller in self._pollers.items() if not poller.done()}
             for slot in slots_to_start(self._load(), running):
                 self._pollers[slot] = asyncio.get_running_loop().create_task(self._poll(slot))
-            await asyncio.sleep(self.cc.adjust_interval_s)
+            await asyncio.sleep(self.consumer_config.adjust_interval_s)
 
     def _load(self) -> int:
         return effective_load(self._fixed, self.balancer.load)
@@ -188,13 +188,14 @@ class ConsumerActor:
         poller that finds no room waits for a task to end instead of polling."""
         while not self._stopping and slot < self._load():
             if not self._handlers:
-                await asyncio.sleep(self.cc.poll_wait_s)
+                await asyncio.sleep(self.consumer_config.poll_wait_s)
                 continue
             self._room.clear()  # before looking: a task ending from here on sets it again
-            want = receive_size(self._load(), self._held, self._claimed, self.cc.prefetch)
+            want = receive_size(self._load(), self._held, self._claimed,
+                                self.consumer_config.prefetch)
             if not want:
                 try:
-                    await asyncio.wait_for(self._room.wait(), self.cc.poll_wait_s)
+                    await asyncio.wait_for(self._room.wait(), self.consumer_config.poll_wait_s)
                 except asyncio.TimeoutError:
                     pass  # look again: the load may have grown meanwhile
                 continue
@@ -252,14 +253,15 @@ class ConsumerActor:
         names = sorted({spec.queue for spec, *_ in self._handlers.values()})
         places = poll_places([await self._route(name) for name in names], next(self._rotation))
         if not places:
-            await asyncio.sleep(self.cc.poll_wait_s)
+            await asyncio.sleep(self.consumer_config.poll_wait_s)
             return []
         for queue, sq in places:
             got = await self._receive_from(queue, [sq], want, wait_s=0.0)
             if got or self._stopping:
                 return got
         queue, together = long_poll_group(places)
-        return await self._receive_from(queue, together, want, wait_s=self.cc.poll_wait_s)
+        return await self._receive_from(queue, together, want,
+                                        wait_s=self.consumer_config.poll_wait_s)
 
     async def _receive_from(self, queue: QueueInfo, sq: list[int], want: int,
                             wait_s: float) -> list[_Held]:
@@ -273,7 +275,7 @@ class ConsumerActor:
         order = self._plan.order(exclude) if wait_s == 0 else None  # long polls: no plan
         for request in receive_requests(order, exclude, wait_s):
             got = decode_delivered(await call_async(lambda: shard.receive.remote(
-                sq, want, self.cc.visibility_timeout_s, **request, **options)))
+                sq, want, self.consumer_config.visibility_timeout_s, **request, **options)))
             if got:
                 break
         return [_Held(m, queue, shard, self._ends[index], m.receipt) for m in got]
@@ -288,12 +290,12 @@ class ConsumerActor:
         cause = held_back(handler is not None, m.key, self._plan.suspended, self._pressed)
         if cause is not None:
             await self._defer(held, cause)
-            await asyncio.sleep(pause_after(cause, self.cc.defer_s))
+            await asyncio.sleep(pause_after(cause, self.consumer_config.defer_s))
             return
         spec, fn, _ = handler
         lease = f"{self.index}:{m.id}:{m.dequeue_count}"
         if spec.concurrency and not await call_async(lambda: self.manager.acquire.remote(
-                m.type, lease, spec.concurrency, self.cc.visibility_timeout_s)):
+                m.type, lease, spec.concurrency, self.consumer_config.visibility_timeout_s)):
             self._saturated.saturate(m.type, self.clock.monotonic())
             await self._defer(held, DeferralCause.CONCURRENCY)
             return
@@ -328,7 +330,7 @@ class ConsumerActor:
             await heartbeat  # let an extension in flight land, so our receipt stays current
 
     async def _heartbeat(self, held: _Held, spec: TaskSpec, lease: str, done: asyncio.Event):
-        interval = self.cc.visibility_timeout_s / 3
+        interval = self.consumer_config.visibility_timeout_s / 3
         while not done.is_set():
             try:
                 await asyncio.wait_for(done.wait(), interval)
@@ -337,10 +339,10 @@ class ConsumerActor:
                 pass
             try:
                 held.receipt = await call_async(lambda: held.shard.change_visibility.remote(
-                    held.receipt, self.cc.visibility_timeout_s))
+                    held.receipt, self.consumer_config.visibility_timeout_s))
                 if spec.concurrency:
                     await call_async(lambda: self.manager.renew.remote(
-                        held.message.type, lease, self.cc.visibility_timeout_s))
+                        held.message.type, lease, self.consumer_config.visibility_timeout_s))
             except (RayqError, ray.exceptions.RayError):
                 return  # lost the task (or its shard): whoever holds it now finishes it
 
@@ -348,7 +350,7 @@ class ConsumerActor:
         """Delete a finished task, retry a failed one later, dead-letter a failed last
         try (:func:`rayq.core.consuming.decide_end` decides which)."""
         m, queue = held.message, held.queue
-        end = decide_end(ok, m.dequeue_count, spec, queue.max_receives, self.cc)
+        end = decide_end(ok, m.dequeue_count, spec, queue.max_receives, self.consumer_config)
         dead_letter = queue.dead_letter_on(queue.subqueue(m.subqueue).shard)
         name, args = end.shard_call(held.receipt, outcome, dead_letter)
         try:
@@ -361,7 +363,7 @@ class ConsumerActor:
     async def _defer(self, held: _Held, cause: DeferralCause) -> None:
         """Put a task back unrun; it counts as a deferral of its key, with its cause."""
         self._deferrals += 1
-        await self._put_back(held, self.cc.defer_s)
+        await self._put_back(held, self.consumer_config.defer_s)
         waited_s = self.clock.now() - held.message.enqueued_at
         self._report(held, 0.0, Outcome.DEFERRED, waited_s, cause)
 

@@ -38,11 +38,11 @@ from rayq.remote import answers, call_all_async, call_async
 
 class FairnessCoordinator:
     def __init__(self, data_dir: str, config: Config, clock: Clock | None = None):
-        self.config, self.fc = config, config.fairness
+        self.config, self.fairness_config = config, config.fairness
         self.clock = clock or SystemClock()
         self.kv = LmdbKV(os.path.join(data_dir, "coordinator"), map_size=64 << 20)
         self.rules = SuspensionRules(self.kv)
-        self.usage = UsageWindows(self.fc.window_s, self.fc.windows)
+        self.usage = UsageWindows(self.fairness_config.window_s, self.fairness_config.windows)
         self.tally = Tally()  # every finished delivery since the coordinator started
         self.metrics = CoordinatorMetrics()
         self.failures = BackgroundFailures("coordinator")
@@ -53,13 +53,13 @@ class FairnessCoordinator:
         self.decision: Decision | None = None
         self.pending: dict[str, KeyState] = {}
         self.intervening_since: float | None = None
-        self.history = EventHistory(self.kv, self.fc.history)
+        self.history = EventHistory(self.kv, self.fairness_config.history)
         self._version = 0
         self._regular = config.consumers.count
         self._rng = random.Random()
         self.gate = durable_gate(manager_directory, self.kv, self.clock)
         asyncio.get_running_loop().create_task(
-            self.failures.every(self.fc.interval_s, "evaluation", self.evaluate_once))
+            self.failures.every(self.fairness_config.interval_s, "evaluation", self.evaluate_once))
 
     # -- consumers and clients -------------------------------------------------------
     def plan(self, known_version: int | None = None) -> ListenPlan | None:
@@ -105,11 +105,11 @@ class FairnessCoordinator:
         self._regular = await call_async(lambda: self.manager.consumer_count.remote())
         threads = max(1, self._regular * self.config.consumers.max_load)
         now = self.clock.now()
-        if not self.fc.enabled:  # plain FIFO dispatch; suspensions still hold
+        if not self.fairness_config.enabled:  # plain FIFO dispatch; suspensions still hold
             self._version += 1
             return None
         was_intervening = is_intervening(self.decision)
-        decision = evaluate(self.usage.table(now), self.pending, now, self.fc, threads,
+        decision = evaluate(self.usage.table(now), self.pending, now, self.fairness_config, threads,
                             self.rules.suspended(), was_intervening=was_intervening)
         self.intervening_since = intervening_since(self.decision, decision,
                                                    self.intervening_since, now)
@@ -153,7 +153,7 @@ class FairnessCoordinator:
     async def _boost(self, decision: Decision) -> None:
         """Permits become booster consumers: one per max_load permits, bounded."""
         extra = booster_consumers(decision.permits, self.config.consumers.max_load,
-                                  self.fc.max_boost_consumers)
+                                  self.fairness_config.max_boost_consumers)
         await call_async(lambda: self.manager.set_boost.remote(extra))
 
     def _publish(self, event: dict) -> None:

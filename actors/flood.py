@@ -49,7 +49,7 @@ MAX_SWEEP_BATCHES = 500   # per flooder and shard in one run: the next run goes 
 
 class FloodDetector:
     def __init__(self, data_dir: str, config: Config, clock: Clock | None = None):
-        self.config, self.fc = config, config.flood
+        self.config, self.flood_config = config, config.flood
         self.clock = clock or SystemClock()
         self.kv = LmdbKV(os.path.join(data_dir, "flood"), map_size=64 << 20)
         self.history = EventHistory(self.kv, 1000)
@@ -63,7 +63,7 @@ class FloodDetector:
                        for i in range(config.store.shards)]
         self.gate = durable_gate(manager_directory, self.kv, self.clock)
         asyncio.get_running_loop().create_task(
-            self.failures.every(self.fc.interval_s, "detection", self._detect_round))
+            self.failures.every(self.flood_config.interval_s, "detection", self._detect_round))
 
     async def flooders_now(self, auth: Signature | None = None) -> list[Flooder]:
         await self.gate.admin(auth, "flooders")
@@ -80,7 +80,7 @@ class FloodDetector:
                                          for s in self.shards)
         view = build_view(subqueue_layout(queues), [s["tenant_counts"] for s in snapshots],
                           [s["enqueues"] for s in snapshots])
-        changes = detect(view, self.flooders, self.fc, self.clock.now())
+        changes = detect(view, self.flooders, self.flood_config, self.clock.now())
         for flooder in changes.added:
             self._event("detected", flooder, depth=flooder.depth)
             await self._isolate(flooder, queues)
@@ -147,7 +147,7 @@ class FloodDetector:
         handle = self.shards[shard]
         while await call_async(lambda: handle.spill_left.remote(flooder.type, flooder.tenant)):
             moved = await call_async(lambda: handle.sweep.remote(
-                flooder.type, flooder.tenant, target, self.fc.sweep_batch))
+                flooder.type, flooder.tenant, target, self.flood_config.sweep_batch))
             self._event("swept", flooder, shard=shard, moved=moved)
 
     async def _sweep(self, queues: dict[str, QueueInfo], snapshots: list[dict]) -> set:
@@ -168,14 +168,15 @@ class FloodDetector:
         while True:
             # the target queue's depth, checked before every batch
             depth, under_pressure = await call_async(lambda: handle.health.remote(target))
-            step = sweep_step(depth, under_pressure, spilled, batches, self.fc, MAX_SWEEP_BATCHES)
+            step = sweep_step(depth, under_pressure, spilled, batches, self.flood_config,
+                              MAX_SWEEP_BATCHES)
             if step == "pause":
                 self._event("sweep paused", flooder, shard=shard, depth=depth,
                             under_pressure=under_pressure)
             if step != "sweep":
                 return step == "done"
             moved = await call_async(lambda: handle.sweep.remote(
-                flooder.type, flooder.tenant, target, self.fc.sweep_batch))
+                flooder.type, flooder.tenant, target, self.flood_config.sweep_batch))
             batches += 1
             spilled = left_to_sweep(spilled, moved)
             self._event("swept", flooder, shard=shard, moved=moved)
@@ -192,7 +193,7 @@ class FloodDetector:
         return await asyncio.to_thread(self.events.flush)
 
     async def _detect_round(self) -> None:
-        if self.fc.enabled:
+        if self.flood_config.enabled:
             await self.detect_once()
 
     async def background_failures(self) -> dict[str, int]:
