@@ -37,7 +37,7 @@ from rayq.core.clock import Clock, SystemClock
 from rayq.core.consuming import (PlanFollower, Saturation, decide_end, effective_load,
                                  excluded_keys, held_back, long_poll_group, poll_places,
                                  pause_after, receive_requests, receive_size,
-                                 refreshed_handlers, slots_to_start)
+                                 recent_task_s, refreshed_handlers, slots_to_start)
 from rayq.core.managing import indexes_by_name
 from rayq.core.model import StoredMessage
 from rayq.core.registry import QueueInfo
@@ -128,6 +128,7 @@ class ConsumerActor:
         self._polls = self._hits = self._deferrals = self._lost = self._running = 0
         self._held = 0      # tasks received and not yet ended
         self._claimed = 0   # tasks asked for by receives under way
+        self._task_s: float | None = None  # recent mean handler time
         self._room = asyncio.Event()  # set when a held task ends
         self._stopping = False
         self._fixed: int | None = None
@@ -192,7 +193,7 @@ class ConsumerActor:
                 continue
             self._room.clear()  # before looking: a task ending from here on sets it again
             want = receive_size(self._load(), self._held, self._claimed,
-                                self.consumer_config.prefetch)
+                                self.consumer_config.prefetch, self._task_s)
             if not want:
                 try:
                     await asyncio.wait_for(self._room.wait(), self.consumer_config.poll_wait_s)
@@ -308,6 +309,7 @@ class ConsumerActor:
             if spec.concurrency:
                 await call_async(lambda: self.manager.release.remote(m.type, lease))
         usage_s = self.clock.now() - started
+        self._task_s = recent_task_s(self._task_s, usage_s)
         ending = await self._end(held, spec, ok, outcome)
         self._report(held, usage_s, ending, started - m.enqueued_at)
 

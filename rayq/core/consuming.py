@@ -140,13 +140,39 @@ def slots_to_start(load: int, running: Collection[int]) -> list[int]:
     return [slot for slot in range(load) if slot not in running]
 
 
-def receive_size(load: int, held: int, claimed: int, prefetch: int) -> int:
-    """How many tasks the next receive asks for: the room the ``held`` tasks and those
-    ``claimed`` by receives under way leave in the load, at least ``prefetch``; 0 (wait
-    for tasks to end) when there is none, or, while tasks run, less than half the load
-    (receiving each slot as it frees made receives of one task, a commit each)."""
+SHORT_TASK_S = 0.02  # handlers this quick are batched by receives (see receive_size)
+
+
+TASK_TIME_WEIGHT = 0.2  # weight of the newest handler time in the recent mean
+
+
+def recent_task_s(mean_s: float | None, latest_s: float) -> float:
+    """The recent mean handler time, moved towards ``latest_s`` (the first one as is)."""
+    if mean_s is None:
+        return latest_s
+    return mean_s + TASK_TIME_WEIGHT * (latest_s - mean_s)
+
+
+def receive_size(load: int, held: int, claimed: int, prefetch: int,
+                 recent_task_s: float | None = None) -> int:
+    """How many tasks the next receive asks for; 0: wait for tasks to end.
+
+    With short handlers (``recent_task_s``, their recent mean, under SHORT_TASK_S) a
+    receive takes all the room the ``held`` tasks and those ``claimed`` by receives
+    under way leave in the load, and, while tasks run, waits until half the load is
+    free: receiving each slot as it frees made receives of one task, a commit each,
+    which cost more than the tasks. Longer handlers (or none seen yet) are received
+    ``prefetch`` at a time as soon as a slot frees: there a receive is cheap beside
+    the task, and a batch would start (and end) its tasks together, so a quiet
+    tenant's task arriving meanwhile waits for the whole batch (fair dispatch's
+    first-second promise: measured, quiet dwell p50 0.072 s with batches of the free
+    load against 0.022 s one at a time, beside 200 ms noisy tasks)."""
     room = load - held - claimed
-    if room <= 0 or (held and room < (load + 1) // 2):
+    if room <= 0:
+        return 0
+    if recent_task_s is None or recent_task_s >= SHORT_TASK_S:
+        return min(room, prefetch)
+    if held and room < (load + 1) // 2:
         return 0
     return max(prefetch, room)
 

@@ -9,8 +9,8 @@ from rayq.config import ConsumerConfig
 from rayq.core.consuming import (DeadLetter, Finish, PlanFollower, Retry, Saturation,
                                  check_end_calls, decide_end, effective_load, excluded_keys,
                                  held_back, is_last_try, long_poll_group, pause_after,
-                                 poll_places, receive_requests, receive_size, refreshed_handlers,
-                                 slots_to_start)
+                                 poll_places, receive_requests, receive_size, recent_task_s,
+                                 refreshed_handlers, slots_to_start)
 from rayq.core.fairness import Decision, ListenPlan
 from rayq.core.model import Ending
 from rayq.core.tasks import DeferralCause, Outcome, TaskSpec
@@ -115,12 +115,26 @@ def test_a_receive_leaves_out_suspended_keys_and_saturated_types_when_keys_are_t
 
 @pytest.mark.parametrize("load, held, claimed, prefetch, size", [
     (4, 0, 0, 1, 4), (4, 2, 0, 1, 2), (4, 2, 2, 1, 0), (4, 5, 0, 1, 0), (4, 0, 3, 2, 2),
-    (4, 3, 0, 1, 0),     # tasks run and under half the load is free: wait for more room
+    (4, 3, 0, 1, 0),     # short tasks run and under half the load is free: wait for room
     (5, 2, 0, 1, 3), (5, 3, 0, 1, 0), (1, 0, 0, 3, 3),
 ])
-def test_a_receive_asks_for_the_free_load_at_least_prefetch_and_half_the_load_at_once(
+def test_with_short_tasks_a_receive_asks_for_the_free_load_and_half_the_load_at_once(
         load, held, claimed, prefetch, size):
-    assert receive_size(load, held, claimed, prefetch) == size
+    assert receive_size(load, held, claimed, prefetch, recent_task_s=0.001) == size
+
+
+@pytest.mark.parametrize("held, prefetch, recent_task_s, size", [
+    (3, 1, None, 1),    # nothing ran yet: one at a time
+    (3, 1, 0.2, 1),     # long handlers: the freed slot is received at once
+    (0, 1, 0.2, 1),     # ... one at a time, however much room
+    (0, 2, 0.2, 2),     # ... or prefetch at a time
+    (3, 2, 0.2, 1),     # ... within the room
+    (3, 1, 0.019, 0),   # short ones: wait until half the load is free
+    (0, 1, 0.019, 4),   # ... then take it all
+])
+def test_with_long_tasks_a_receive_takes_each_slot_as_it_frees(held, prefetch, recent_task_s,
+                                                                size):
+    assert receive_size(4, held, 0, prefetch, recent_task_s) == size
 
 
 @pytest.mark.parametrize("fixed, balanced, load", [(None, 3, 3), (7, 3, 7), (0, 3, 0)])
@@ -235,3 +249,8 @@ def test_a_batch_of_task_ends_names_only_the_ending_calls():
 def test_a_receive_tries_the_plans_order_first_then_any_key_but_the_excluded(order, exclude,
                                                                              wait_s, requests):
     assert receive_requests(order, exclude, wait_s) == requests
+
+
+def test_the_recent_task_time_starts_at_the_first_and_moves_a_fifth_of_the_way():
+    assert recent_task_s(None, 0.5) == 0.5
+    assert recent_task_s(0.5, 1.5) == pytest.approx(0.7)
