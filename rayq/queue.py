@@ -65,7 +65,8 @@ class Queue:
         """(attributes, encoded body): a message checked and encoded once, here."""
         store = self._transport.config.store
         tenant = self._transport.account if tenant is None else tenant
-        check_name(tenant, "tenant"), check_name(type, "type")
+        check_name(tenant, "tenant")
+        check_name(type, "type")
         check_seconds(delay_s, "delay_s", 0, store.max_delay_s)
         if ttl_s is not None:
             check_seconds(ttl_s, "ttl_s", 0.001, store.max_ttl_s)
