@@ -136,8 +136,7 @@ class QueueManager:
     async def delete_queue(self, name: str, auth: Signature | None = None) -> None:
         account = await self.gate.account(auth, name, "delete_queue", name)
         queue = self._visible(account, name, owned=True)
-        removed = self.registry.delete(queue.ref)
-        self.registry.note_purges(removed)
+        removed = self.registry.delete(queue.ref)  # and recorded for purging
         await self._purge(removed)
 
     async def clear_queue(self, name: str, auth: Signature | None = None) -> None:
@@ -269,8 +268,8 @@ class QueueManager:
             self._rates.observe(shard_stats.ops, shard_stats.throttled, now)
 
     async def scale_once(self) -> None:
-        await self.refresh()
-        depths = await self._shard_depths()
+        await self.refresh()  # once: a second read would measure rates over milliseconds
+        depths = shard_depths(self.registry.all(), self._counts, len(self.shards))
         now = self.clock.now()
         for queue in self.registry.all():
             loads = loads_of(queue, self._counts, self._rates)

@@ -97,7 +97,7 @@ class ShardActor:
         self._commits = self._calls = 0
         self.outcomes = OutcomeWaiters(
             lambda ids: asyncio.get_running_loop().run_in_executor(  # the waiter's loop
-                self._thread, lambda: [self.store.outcome(mid) for mid in ids]),
+                self._thread, self.store.outcomes, ids),
             OUTCOME_RECHECK_S)
         self.metrics = ShardMetrics(index)
         self._channel = ChannelServer(self, CHANNEL_METHODS, f"shard-{index}", path)

@@ -142,8 +142,12 @@ _channels_lock = threading.Lock()
 def _forget_channels_after_fork() -> None:
     """A forked child has the parent's sockets but not their reader threads: its answers
     would reach the parent's reader (a call id the parent also uses gets the child's
-    answer). The child opens channels of its own; the parent's copies are just closed."""
+    answer). The child opens channels of its own; the parent's copies are only marked
+    closed (links holding one then connect anew), never shut down: the socket is the
+    parent's too."""
     global _channels, _channels_lock
+    for channel in _channels.values():
+        channel.closed = True
     _channels, _channels_lock = {}, threading.Lock()
 
 
@@ -177,6 +181,7 @@ class ShardLink:
         self._use_channel = use_channel
         self._path: str | None = None
         self._asking: Future | None = None  # the shard's answer to "where do you listen?"
+        self._open: Channel | None = None
         self._retry_at = 0.0
 
     def __reduce__(self):
@@ -200,6 +205,9 @@ class ShardLink:
         return getattr(self.handle, method).remote(*args, **kwargs)
 
     def _channel(self) -> Channel | None:
+        channel = self._open  # the hot path: the channel this link used last, still up
+        if channel is not None and not channel.closed:
+            return channel
         if not self._use_channel or time.monotonic() < self._retry_at:
             return None
         path = self._path  # read once: another thread asking anew sets it to None
@@ -208,7 +216,8 @@ class ShardLink:
             if path is None:
                 return None  # Ray carries this call; the address comes in the background
         try:
-            return _connect(path)
+            self._open = _connect(path)
+            return self._open
         except OSError:
             self._path, self._retry_at = None, time.monotonic() + RETRY_CONNECT_S
             return None

@@ -17,8 +17,7 @@ from actors import COORDINATOR, FLOOD_DETECTOR
 from rayq.analytics.report import Report
 from rayq.config import Config
 from rayq.core.auth import ADMIN, QUEUE_SEP, Signer
-from rayq.core.model import check_count, check_name, check_seconds, fairness_key, to_us
-from rayq.core.wire import Attrs
+from rayq.core.model import check_count
 from rayq.core.fairness import FairnessReport
 from rayq.core.flood import Flooder
 from rayq.core.registry import check_queue_ref
@@ -138,18 +137,16 @@ class Client:
         self.register(fn)
         if not isinstance(args_list, (list, tuple)) or not 1 <= len(args_list) <= 1000:
             raise InvalidMessage("submit_many takes a list of 1 to 1000 argument tuples")
-        spec, store = fn.spec, self.config.store
-        tenant = self.account if tenant is None else tenant
-        check_name(tenant, "tenant")
-        check_seconds(delay_s, "delay_s", 0, store.max_delay_s)
-        attrs = Attrs(tenant, spec.type, fairness_key(tenant, spec.type, self.config.fairness.key),
-                      to_us(delay_s), None, True)
+        spec = fn.spec
+        # Task queues are the default account's: named so from every account.
+        queue = Queue(self.transport, ADMIN + QUEUE_SEP + spec.queue)
+        attrs = queue._attrs(tenant, spec.type, delay_s, None, task=True)
         if not all(isinstance(args, (list, tuple)) for args in args_list):
             raise InvalidMessage("submit_many takes a list of argument tuples")
         entries = [(attrs, encode_call(spec.type, tuple(args), kwargs or {},
-                                       store.max_message_bytes)) for args in args_list]
-        # Task queues are the default account's: named so from every account.
-        placed = Queue(self.transport, ADMIN + QUEUE_SEP + spec.queue)._put(entries)
+                                       self.config.store.max_message_bytes))
+                   for args in args_list]
+        placed = queue._put(entries)
         return self._outcome_refs(placed)
 
     def _outcome_refs(self, placed: list[tuple[str, int]]) -> list[ray.ObjectRef]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rayq.core.auth import ADMIN
-from rayq.core.model import (DLQ_SUFFIX, Outgoing, Receipt, Received, check_count, check_name,
+from rayq.core.model import (DLQ_SUFFIX, Outgoing, Received, check_count, check_name,
                              check_seconds, encode_body, fairness_key, receipt_subqueue, to_us)
 from rayq.core.wire import Attrs, Entry, decode_received, encode_put
 from rayq.core.registry import QueueInfo
@@ -60,9 +60,9 @@ class Queue:
         return f"Queue({self.name!r})"
 
     # -- sending -------------------------------------------------------------------
-    def _message(self, body: Any, tenant: str | None, type: str, delay_s: float,
-                 ttl_s: float | None, task: bool = False) -> Entry:
-        """(attributes, encoded body): a message checked and encoded once, here."""
+    def _attrs(self, tenant: str | None, type: str, delay_s: float, ttl_s: float | None,
+               task: bool = False) -> Attrs:
+        """A message's attributes, checked once, here (sends and task submissions)."""
         store = self._transport.config.store
         tenant = self._transport.account if tenant is None else tenant
         check_name(tenant, "tenant")
@@ -71,9 +71,14 @@ class Queue:
         if ttl_s is not None:
             check_seconds(ttl_s, "ttl_s", 0.001, store.max_ttl_s)
         key = fairness_key(tenant, type, self._transport.config.fairness.key)
-        attrs = Attrs(tenant, type, key, to_us(delay_s), None if ttl_s is None else to_us(ttl_s),
-                      task)
-        return attrs, encode_body(body, store.max_message_bytes)
+        return Attrs(tenant, type, key, to_us(delay_s), None if ttl_s is None else to_us(ttl_s),
+                     task)
+
+    def _message(self, body: Any, tenant: str | None, type: str, delay_s: float,
+                 ttl_s: float | None) -> Entry:
+        """(attributes, encoded body): a message checked and encoded once, here."""
+        return (self._attrs(tenant, type, delay_s, ttl_s),
+                encode_body(body, self._transport.config.store.max_message_bytes))
 
     def send(self, body: Any, tenant: str | None = None, type: str = "default",
              delay_s: float = 0, ttl_s: float | None = None) -> str:
@@ -178,18 +183,27 @@ class Queue:
         return out
 
     # -- receipts ------------------------------------------------------------------------
-    def _locate(self, receipt: Any) -> tuple[Any, str]:
-        sq = Receipt.decode(receipt).subqueue
-        queue, _, _ = self._transport.route(self.name)
-        if queue.subqueue(sq) is None:
+    def _shard_of_receipt(self, receipt: Any, queue: QueueInfo) -> tuple[int | None, QueueInfo]:
+        """(index of the shard that holds the subqueue ``receipt`` names, or None when no
+        subqueue of this queue does; the route, refreshed when the subqueue was not in
+        it). Only the subqueue is read here: the shard checks the rest.
+        Raises ReceiptInvalid when ``receipt`` is not shaped like one."""
+        sq = receipt_subqueue(receipt)
+        if queue.subqueue(sq) is None:  # a subqueue made since we routed, or a stranger
             queue, _, _ = self._transport.route(self.name, refresh=True)
-        if queue.subqueue(sq) is None:
+        info = queue.subqueue(sq)
+        return (None if info is None else info.shard), queue
+
+    def _locate(self, receipt: Any) -> Any:
+        """The link of the shard a receipt of this queue points into."""
+        shard, _ = self._shard_of_receipt(receipt, self._transport.route(self.name)[0])
+        if shard is None:
             raise ReceiptInvalid(f"receipt does not belong to queue {self.name!r}")
-        return self._transport.shard_of(queue, sq), receipt
+        return self._transport.shards[shard]
 
     def delete(self, receipt: str) -> None:
         """Delete a received message. Raises ReceiptInvalid when the receipt is stale."""
-        shard, receipt = self._locate(receipt)
+        shard = self._locate(receipt)
         if self._transport.call(shard.delete, self.name, "delete", [receipt]):
             raise ReceiptInvalid("pop receipt is stale: the message was deleted, received "
                                  "again or had its visibility changed", (receipt,))
@@ -203,17 +217,13 @@ class Queue:
         queue, _, _ = self._transport.route(self.name)
         for receipt in receipts:  # routed by the subqueue the receipt names; checked there
             try:
-                sq = receipt_subqueue(receipt)
+                shard, queue = self._shard_of_receipt(receipt, queue)
             except ReceiptInvalid:
-                invalid.append(receipt)
-                continue
-            if queue.subqueue(sq) is None:  # a subqueue made since we routed, or a stranger
-                queue, _, _ = self._transport.route(self.name, refresh=True)
-            info = queue.subqueue(sq)
-            if info is None:
+                shard = None
+            if shard is None:
                 invalid.append(receipt)
             else:
-                by_shard[info.shard].append(receipt)
+                by_shard[shard].append(receipt)
         for stale in call_all([
                 lambda shard=shard, batch=batch: self._transport.request(
                     self._transport.shards[shard].delete, self.name, "delete", batch)
@@ -226,7 +236,7 @@ class Queue:
     def change_visibility(self, receipt: str, timeout_s: float) -> str:
         """Hide a received message for ``timeout_s`` from now; returns the new receipt
         (the old one is invalid from then on)."""
-        shard, receipt = self._locate(receipt)
+        shard = self._locate(receipt)
         return self._transport.call(shard.change_visibility, self.name, "change_visibility",
                                     receipt, timeout_s)
 

@@ -217,7 +217,9 @@ class QueueRegistry:
         return main, dlq
 
     def delete(self, name: str) -> list[SubqueueInfo]:
-        """Remove a queue (and its DLQ); returns the subqueues whose messages must go."""
+        """Remove a queue (and its DLQ) and record its subqueues for removal by their
+        shards, in one transaction (a crash between the two would strand their rows);
+        returns those subqueues."""
         queue = self.get(name)
         removed = [queue.ref]
         subqueues = list(queue.subqueues)
@@ -225,7 +227,7 @@ class QueueRegistry:
         if dlq is not None and not queue.is_dlq:
             removed.append(dlq.ref)
             subqueues += dlq.subqueues
-        self._save(removed=tuple(removed))
+        self._save(removed=tuple(removed), purges=tuple(subqueues))
         return subqueues
 
     def add_subqueue(self, name: str, shard: int) -> SubqueueInfo:
@@ -276,10 +278,6 @@ class QueueRegistry:
         renewed = replace(queue, subqueues=fresh)
         self._save(renewed, purges=queue.subqueues)
         return list(queue.subqueues)
-
-    def note_purges(self, subqueues: list[SubqueueInfo]) -> None:
-        """Record subqueues whose messages shards must remove (a deleted queue's)."""
-        self._save(purges=tuple(subqueues))
 
     def pending_purges(self) -> list[SubqueueInfo]:
         """Subqueues recorded for removal that no shard has acknowledged yet."""

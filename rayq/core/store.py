@@ -277,12 +277,18 @@ class ShardStore:
 
     def outcome(self, message_id: str) -> tuple[Ending, bytes] | None:
         """How a task message ended, or None while it has not (or its outcome expired)."""
-        if not isinstance(message_id, str) or not 0 < len(message_id) <= 64:
-            raise InvalidMessage(f"not a message id: {message_id!r:.80}")
-        value = self.kv.read(lambda txn: txn.get("outcomes", message_id.encode()))
-        if value is None:
-            return None
-        return Ending(value[8]), bytes(value[9:])
+        [found] = self.outcomes([message_id])
+        return found
+
+    def outcomes(self, message_ids: Sequence[str]) -> list[tuple[Ending, bytes] | None]:
+        """:meth:`outcome` of each id, read in one transaction."""
+        for message_id in message_ids:
+            if not isinstance(message_id, str) or not 0 < len(message_id) <= 64:
+                raise InvalidMessage(f"not a message id: {message_id!r:.80}")
+        values = self.kv.read(lambda txn: [txn.get("outcomes", mid.encode())
+                                           for mid in message_ids])
+        return [None if value is None else (Ending(value[8]), bytes(value[9:]))
+                for value in values]
 
     def take_enqueued(self) -> tuple[str, list[Enqueued]]:
         """(message id prefix, the groups of messages put since the last call), when

@@ -503,12 +503,15 @@ def test_a_forked_child_opens_a_channel_of_its_own(served):
     from rayq import channel as module
     parent = module._connect(served[2])
     assert ask(parent, "echo", "parent")[0] == "parent"
+    link = ShardLink(FakeHandle((host_id(), served[2])))
+    assert link._channel() is parent  # the link keeps the channel it used
     pid = os.fork()
     if pid == 0:  # the child: any failure is its exit status
         code = 1
         try:
             mine = module._connect(served[2])
-            if mine is not parent and ask(mine, "echo", "child")[0] == "child":
+            if (mine is not parent and ask(mine, "echo", "child")[0] == "child"
+                    and link._channel() is mine):  # the link let the parent's go
                 code = 0
         finally:
             os._exit(code)

@@ -76,9 +76,15 @@ def test_two_accounts_each_have_their_own_queue_of_one_name(tmp_path):
     ids = [s.id for q in (a, b, mine) for s in q.subqueues]
     assert len(ids) == len(set(ids)) == 4  # subqueue ids stay global
     assert registry.get("globex/orders-dlq").owner == "globex"  # DLQs follow their account
-    assert {d for _, d in a.dead_letter} == {s.id for s in registry.get("acme/orders-dlq").subqueues}
-    registry.delete("acme/orders")
+    registry_dlq = registry.get("acme/orders-dlq")
+    assert {d for _, d in a.dead_letter} == {s.id for s in registry_dlq.subqueues}
+    removed = registry.delete("acme/orders")
     assert registry.names() == ["globex/orders", "globex/orders-dlq", "orders", "orders-dlq"]
+    # the deleted queue's subqueues (its DLQ's too) are recorded for purging with it
+    assert sorted(s.id for s in removed) == sorted(
+        s.id for q in (a, registry_dlq) for s in q.subqueues)
+    assert sorted(s.id for s in open_registry(registry.kv).pending_purges()) == sorted(
+        s.id for s in removed)
     reopened = open_registry(registry.kv)
     assert reopened.get("globex/orders").max_receives == 5
 
