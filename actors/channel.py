@@ -1,4 +1,4 @@
-"""The shard's end of the local channel (:mod:`rayq.core.frames`): a Unix socket
+"""The shard's end of the local channel (:mod:`rayq.core.codec.frames`): a Unix socket
 server on the actor's own event loop.
 
 Each request runs the same async method a Ray call would run (the gate's checks
@@ -20,8 +20,8 @@ import tempfile
 from typing import Any
 
 from rayq.channel import host_id
-from rayq.core.auth import Signature
-from rayq.core.frames import (HEADER, MAX_FRAME_BYTES, FrameError, decode_request,
+from rayq.core.auth.accounts import Signature
+from rayq.core.codec.frames import (HEADER, MAX_FRAME_BYTES, FrameError, decode_request,
                               encode_failure, encode_reply)
 from rayq.errors import InvalidMessage, RayqError, RuntimeFailure
 

@@ -3,7 +3,7 @@
 
 A consumer runs ``load`` pollers at once, each receiving a task (long poll),
 running its handler on a worker thread and ending it. The load follows the
-hit rate the consumer observes (:mod:`rayq.core.balancer`); consumers never
+hit rate the consumer observes (:mod:`rayq.core.control.balancer`); consumers never
 talk to each other. Delivery is at-least-once: a message is deleted only
 after its handler returned, and a consumer that dies mid-handler stops
 extending the message's visibility, so it reappears for someone else.
@@ -31,20 +31,20 @@ from actors.metrics import BackgroundFailures
 from rayq.batching import AsyncBatcher
 from rayq.channel import ShardLink
 from rayq.config import Config
-from rayq.core.balancer import BalancerState, HostReading, host_pressed
-from rayq.core.batcher import Batcher
-from rayq.core.clock import Clock, SystemClock
-from rayq.core.consuming import (PlanFollower, Saturation, decide_end, effective_load,
+from rayq.core.control.balancer import BalancerState, HostReading, host_pressed
+from rayq.core.kit.batcher import Batcher
+from rayq.core.kit.clock import Clock, SystemClock
+from rayq.core.control.consuming import (PlanFollower, Saturation, decide_end, effective_load,
                                  excluded_keys, held_back, long_poll_group, poll_places,
                                  pause_after, receive_requests, receive_size,
                                  recent_task_s, refreshed_handlers, slots_to_start)
-from rayq.core.managing import indexes_by_name
-from rayq.core.model import StoredMessage
-from rayq.core.registry import QueueInfo
-from rayq.core.routes import RouteCache
-from rayq.core.tasks import (DeferralCause, Outcome, TaskSpec, UsageReport, decode_call,
+from rayq.core.control.managing import indexes_by_name
+from rayq.core.codec.model import StoredMessage
+from rayq.core.control.registry import QueueInfo
+from rayq.core.control.routes import RouteCache
+from rayq.core.codec.tasks import (DeferralCause, Outcome, TaskSpec, UsageReport, decode_call,
                              encode_result, error_of)
-from rayq.core.wire import decode_delivered
+from rayq.core.codec.wire import decode_delivered
 from rayq.errors import RayqError, ReceiptInvalid
 from rayq.remote import actor_names, call_async, running
 
@@ -350,7 +350,7 @@ class ConsumerActor:
 
     async def _end(self, held: _Held, spec: TaskSpec, ok: bool, outcome: bytes) -> Outcome:
         """Delete a finished task, retry a failed one later, dead-letter a failed last
-        try (:func:`rayq.core.consuming.decide_end` decides which)."""
+        try (:func:`rayq.core.control.consuming.decide_end` decides which)."""
         m, queue = held.message, held.queue
         end = decide_end(ok, m.dequeue_count, spec, queue.max_receives, self.consumer_config)
         dead_letter = queue.dead_letter_on(queue.subqueue(m.subqueue).shard)

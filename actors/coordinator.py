@@ -2,7 +2,7 @@
 
 Every interval it pulls the usage reports consumers buffered, the per-key
 latency snapshot of the task queues from the shards, evaluates the rules of
-:mod:`rayq.core.fairness` and publishes a :class:`ListenPlan` that consumers
+:mod:`rayq.core.fairness.policy` and publishes a :class:`ListenPlan` that consumers
 fetch and apply when they choose which keys to receive from. Booster permits
 become extra consumers (the manager starts them; on a cluster it also asks
 the autoscaler). Suspension rules and every decision are persisted.
@@ -22,17 +22,17 @@ from actors.gate import manager_directory
 from actors.metrics import BackgroundFailures, CoordinatorMetrics
 from rayq.analytics.eventlog import log_decision, log_report, open_event_log
 from rayq.config import Config
-from rayq.core.auth import Signature
-from rayq.core.clock import Clock, SystemClock
-from rayq.core.coordinating import (booster_consumers, fairness_report, intervening_since,
+from rayq.core.auth.accounts import Signature
+from rayq.core.kit.clock import Clock, SystemClock
+from rayq.core.fairness.coordinating import (booster_consumers, fairness_report, intervening_since,
                                     is_intervening, pending_keys)
-from rayq.core.fairness import (Decision, FairnessReport, KeyState, ListenPlan, UsageWindows,
+from rayq.core.fairness.policy import (Decision, FairnessReport, KeyState, ListenPlan, UsageWindows,
                                 decision_event, evaluate, listen_order)
-from rayq.core.gate import durable_gate
-from rayq.core.history import EventHistory
-from rayq.core.kv import LmdbKV
-from rayq.core.rules import SuspensionRule, SuspensionRules
-from rayq.core.tasks import Outcome, Tally, TallyRow, UsageReport
+from rayq.core.auth.gate import durable_gate
+from rayq.core.kit.history import EventHistory
+from rayq.core.kit.kv import LmdbKV
+from rayq.core.fairness.rules import SuspensionRule, SuspensionRules
+from rayq.core.codec.tasks import Outcome, Tally, TallyRow, UsageReport
 from rayq.remote import answers, call_all_async, call_async
 
 

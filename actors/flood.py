@@ -3,7 +3,7 @@
 
 Every interval it reads each shard's counts (kept locally by the shards as
 enqueues happen: no enqueue waits on the network for them), applies the
-rules of :mod:`rayq.core.flood`, and then:
+rules of :mod:`rayq.core.flood.detection`, and then:
 
 - isolates a new flooder: a dedicated subqueue on every shard its queue uses,
   and its visible messages moved there;
@@ -29,18 +29,18 @@ from actors.gate import manager_directory
 from actors.metrics import BackgroundFailures, FloodMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
-from rayq.core.auth import Signature
-from rayq.core.clock import Clock, SystemClock
-from rayq.core.flood import Flooder, build_view, detect, sweep_step
-from rayq.core.gate import durable_gate
-from rayq.core.history import EventHistory
-from rayq.core.isolation import (dedicated_by_shard, dedicated_to, diverts, fully_swept,
+from rayq.core.auth.accounts import Signature
+from rayq.core.kit.clock import Clock, SystemClock
+from rayq.core.flood.detection import Flooder, build_view, detect, sweep_step
+from rayq.core.auth.gate import durable_gate
+from rayq.core.kit.history import EventHistory
+from rayq.core.flood.isolation import (dedicated_by_shard, dedicated_to, diverts, fully_swept,
                                  isolation_moves, left_to_sweep, listed,
                                  shards_lacking_dedicated, spilled_on, subqueue_layout,
                                  with_sweeps)
-from rayq.core.kv import LmdbKV
-from rayq.core.model import pack, unpack
-from rayq.core.registry import QueueInfo
+from rayq.core.kit.kv import LmdbKV
+from rayq.core.codec.model import pack, unpack
+from rayq.core.control.registry import QueueInfo
 from rayq.remote import call_all_async, call_async
 
 MOVE_ROWS_PER_CALL = 5_000

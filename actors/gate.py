@@ -1,12 +1,12 @@
 """Where actors other than the manager fetch the directory their gates
-(:mod:`rayq.core.gate`) verify signed requests with."""
+(:mod:`rayq.core.auth.gate`) verify signed requests with."""
 
 from __future__ import annotations
 
 import ray
 
 from actors import MANAGER, NAMESPACE
-from rayq.core.gate import Directory
+from rayq.core.auth.gate import Directory
 from rayq.remote import call_async
 
 

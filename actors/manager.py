@@ -2,7 +2,7 @@
 
 Clients ask it where to put and where to receive; the data path goes straight
 to the shards. A background loop reads subqueue counts and load from the
-shards and applies the scaling policy of :mod:`rayq.core.scaling`, and keeps
+shards and applies the scaling policy of :mod:`rayq.core.control.scaling`, and keeps
 the wanted number of consumer actors alive. It also holds the cluster-wide
 concurrency leases of limited job types.
 """
@@ -18,19 +18,19 @@ from actors import COORDINATOR, FLOOD_DETECTOR, NAMESPACE, consumer_name, shard_
 from actors.consumer import ConsumerRemote, named_consumers
 from actors.metrics import BackgroundFailures
 from rayq.config import Config
-from rayq.core.auth import Accounts, Place, Signature, queue_ref, resolve_ref, split_ref
-from rayq.core.clock import Clock, SystemClock
-from rayq.core.gate import Directory, durable_gate
-from rayq.core.kv import LmdbKV
-from rayq.core.leases import ConcurrencyLeases
-from rayq.core.managing import (check_may_create, check_task_spec, check_visible,
+from rayq.core.auth.accounts import Accounts, Place, Signature, queue_ref, resolve_ref, split_ref
+from rayq.core.kit.clock import Clock, SystemClock
+from rayq.core.auth.gate import Directory, durable_gate
+from rayq.core.kit.kv import LmdbKV
+from rayq.core.fairness.leases import ConcurrencyLeases
+from rayq.core.control.managing import (check_may_create, check_task_spec, check_visible,
                                 concurrency_limits, consumers_to_change, ids_by_shard,
                                 is_registration, shard_depths, visible_names)
-from rayq.core.model import SubqueueState, check_count
-from rayq.core.registry import (QueueInfo, QueueRegistry, check_queue_ref, put_target,
+from rayq.core.codec.model import SubqueueState, check_count
+from rayq.core.control.registry import (QueueInfo, QueueRegistry, check_queue_ref, put_target,
                                 receive_order)
-from rayq.core.scaling import OpRates, QuietTracker, decide, loads_of
-from rayq.core.tasks import TaskRegistry, TaskSpec
+from rayq.core.control.scaling import OpRates, QuietTracker, decide, loads_of
+from rayq.core.codec.tasks import TaskRegistry, TaskSpec
 from rayq.errors import RayqError
 from rayq.remote import NO_RETRY, call_all_async, call_async, running
 

@@ -1,7 +1,7 @@
 """Ray metrics (``ray.util.metrics``, exported by Ray's metrics agent) of the runtime.
 
 Tags are bounded: shard index, and at most TOP_KEYS fairness keys or tenants
-per metric with the rest summed under "other" (:func:`rayq.core.metrics.top_keys`).
+per metric with the rest summed under "other" (:func:`rayq.core.kit.metrics.top_keys`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 import ray
 from ray.util.metrics import Counter, Gauge
 
-from rayq.core.metrics import failure_text, per_key, top_keys
+from rayq.core.kit.metrics import failure_text, per_key, top_keys
 from rayq.errors import RayqError
 
 

@@ -13,7 +13,7 @@ from actors.flood import FloodRemote
 from actors.manager import QueueManager
 from actors.shard import CONCURRENCY_GROUPS, ShardActor
 from rayq.config import Config
-from rayq.core.clock import Clock, SystemClock
+from rayq.core.kit.clock import Clock, SystemClock
 from rayq.errors import RuntimeFailure
 from rayq.remote import NO_RETRY, actor_names, call, running
 

@@ -29,23 +29,23 @@ from ray.exceptions import RayTaskError
 
 from actors.channel import ChannelServer
 from actors.gate import manager_directory
-from rayq.core import nonces
+from rayq.core.auth import nonces
 from actors.metrics import BackgroundFailures, ShardMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.batching import AsyncBatcher
 from rayq.channel import CHANNEL_METHODS
 from rayq.config import Config
-from rayq.core.auth import ADMIN, Signature, check_admin
-from rayq.core.batcher import Batcher
-from rayq.core.clock import Clock, SystemClock
-from rayq.core.dispatch import DispatchPolicy, NoisyKey
-from rayq.core.consuming import check_end_calls
-from rayq.core.gate import (Gate, check_reads_own, named_subqueues, of_subqueues, per_queue,
+from rayq.core.auth.accounts import ADMIN, Signature, check_admin
+from rayq.core.kit.batcher import Batcher
+from rayq.core.kit.clock import Clock, SystemClock
+from rayq.core.storage.dispatch import DispatchPolicy, NoisyKey
+from rayq.core.control.consuming import check_end_calls
+from rayq.core.auth.gate import (Gate, check_reads_own, named_subqueues, of_subqueues, per_queue,
                             queues_on, receipt_subqueues)
-from rayq.core.wire import delivered_count
-from rayq.core.model import SubqueueState
-from rayq.core.store import KeyDepth, StoreStats, open_store
-from rayq.core.waiters import OutcomeWaiters, outcome_value
+from rayq.core.codec.wire import delivered_count
+from rayq.core.codec.model import SubqueueState
+from rayq.core.storage.store import KeyDepth, StoreStats, open_store
+from rayq.core.storage.waiters import OutcomeWaiters, outcome_value
 from rayq.errors import Overloaded, RayqError, StoreError, TaskError
 
 log = logging.getLogger("rayq.shard")
@@ -201,7 +201,7 @@ class ShardActor:
 
     # -- queue operations ------------------------------------------------------
     async def put(self, subqueue: int, batch: bytes, auth: Signature | None = None) -> list[str]:
-        """Store a put buffer (:mod:`rayq.core.wire`) durably; the ids in order."""
+        """Store a put buffer (:mod:`rayq.core.codec.wire`) durably; the ids in order."""
         account = await self.gate.allow(auth, "put", self.index, [subqueue], subqueue, batch)
         sender = None if account == ADMIN else (account, self.key_mode)
         ids = await self._write(subqueue, "put", subqueue, batch, sender=sender, signed=auth)
@@ -215,7 +215,7 @@ class ShardActor:
         """Receive from one subqueue, or from the first of several (this shard's
         subqueues of one queue, in receive order) that has messages. With ``wait_s``
         the call parks until a put wakes it: one parked call, however many subqueues.
-        The answer is one buffer (:func:`rayq.core.wire.decode_delivered` reads it)."""
+        The answer is one buffer (:func:`rayq.core.codec.wire.decode_delivered` reads it)."""
         subqueues = subqueue if isinstance(subqueue, list) else [subqueue]
         await self.gate.allow(auth, "receive", self.index,
                               subqueues + ([dead_letter] if dead_letter is not None else []),

@@ -25,10 +25,10 @@ from aiohttp import web
 
 from rayq.client import Client
 from rayq.config import Config
-from rayq.core.auth import Signer
-from rayq.core.clock import Clock, SystemClock
-from rayq.core.kv import LmdbKV
-from rayq.core.model import pack, unpack
+from rayq.core.auth.accounts import Signer
+from rayq.core.kit.clock import Clock, SystemClock
+from rayq.core.kit.kv import LmdbKV
+from rayq.core.codec.model import pack, unpack
 from rayq.remote import call, call_async, named
 from rayq.sqs.api import SqsApi
 from rayq.sqs.attributes import Settings

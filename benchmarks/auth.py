@@ -32,11 +32,11 @@ from _report import Timer, report, run_threads  # noqa: E402
 
 import rayq  # noqa: E402
 from rayq.config import StoreConfig  # noqa: E402
-from rayq.core import nonces  # noqa: E402
-from rayq.core.auth import Accounts, Signer, Verifier, request_body  # noqa: E402
-from rayq.core.wire import encode_messages  # noqa: E402
-from rayq.core.model import NewMessage, encode_body  # noqa: E402
-from rayq.core.store import open_store  # noqa: E402
+from rayq.core.auth import nonces  # noqa: E402
+from rayq.core.auth.accounts import Accounts, Signer, Verifier, request_body  # noqa: E402
+from rayq.core.codec.wire import encode_messages  # noqa: E402
+from rayq.core.codec.model import NewMessage, encode_body  # noqa: E402
+from rayq.core.storage.store import open_store  # noqa: E402
 from rayq.testing import MemoryKV  # noqa: E402
 
 BATCH = 500

@@ -20,8 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _report import Timer, report  # noqa: E402
 
 from rayq.config import StoreConfig  # noqa: E402
-from rayq.core.model import NewMessage, encode_body  # noqa: E402
-from rayq.core.store import open_store  # noqa: E402
+from rayq.core.codec.model import NewMessage, encode_body  # noqa: E402
+from rayq.core.storage.store import open_store  # noqa: E402
 
 
 def filled(path: str, messages: int):

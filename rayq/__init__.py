@@ -19,11 +19,11 @@ import importlib
 
 from rayq.config import (Config, ConsumerConfig, FairnessConfig, FloodConfig, ScalingConfig,
                          StoreConfig)
-from rayq.core.model import Outgoing, Received
-from rayq.core.fairness import FairnessReport
-from rayq.core.flood import Flooder
-from rayq.core.rules import SuspensionRule
-from rayq.core.tasks import TaskFunction, task
+from rayq.core.codec.model import Outgoing, Received
+from rayq.core.fairness.policy import FairnessReport
+from rayq.core.flood.detection import Flooder
+from rayq.core.fairness.rules import SuspensionRule
+from rayq.core.codec.tasks import TaskFunction, task
 from rayq.errors import (AuthError, ConfigError, InvalidMessage, MessageTooLarge, NoEvents,
                          Overloaded, QueueDisabled, QueueExists, QueueNotFound, RayqError,
                          ReceiptInvalid, RuntimeFailure, StoreBug, StoreError, TaskError,
@@ -31,10 +31,10 @@ from rayq.errors import (AuthError, ConfigError, InvalidMessage, MessageTooLarge
 
 # Names that need Ray live in modules loaded on first use, so that importing
 # rayq.core (or rayq.config, rayq.errors) never loads Ray or the actors.
-_LAZY = {"start": "rayq.session", "connect": "rayq.session", "shutdown": "rayq.session",
+_LAZY = {"start": "rayq.runtime.session", "connect": "rayq.runtime.session", "shutdown": "rayq.runtime.session",
          "Client": "rayq.client", "Queue": "rayq.queue", "QueueStats": "rayq.queue",
          "KeyStats": "rayq.queue", "Report": "rayq.analytics.report",
-         "serve_sqs": "rayq.serving"}
+         "serve_sqs": "rayq.runtime.serving"}
 
 __all__ = [
     "start", "connect", "shutdown", "serve_sqs", "Client", "Queue", "QueueStats", "KeyStats", "Report",

@@ -1,4 +1,4 @@
-"""The waiting half of group commit: a :class:`~rayq.core.batcher.Batcher` (the policy)
+"""The waiting half of group commit: a :class:`~rayq.core.kit.batcher.Batcher` (the policy)
 driven from threads or from one asyncio event loop.
 
 A call's result is handed back as a value; an exception is a value too (a store call
@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from rayq.core.batcher import Batch, Batcher
+from rayq.core.kit.batcher import Batch, Batcher
 
 
 MAX_LINGER_S = 0.001  # a thread leader waits at most this long for callers just answered

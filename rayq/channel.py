@@ -1,4 +1,4 @@
-"""The client's end of the local channel (:mod:`rayq.core.frames`).
+"""The client's end of the local channel (:mod:`rayq.core.codec.frames`).
 
 A :class:`ShardLink` stands where a shard's actor handle stood. Its hot methods
 (:data:`CHANNEL_METHODS`) go over the shard's Unix socket when the shard runs on
@@ -28,7 +28,7 @@ import concurrent.futures
 from concurrent.futures import Future
 from typing import Any
 
-from rayq.core.frames import HEADER, FrameTooLarge, decode_reply, encode_request
+from rayq.core.codec.frames import HEADER, FrameTooLarge, decode_reply, encode_request
 from rayq.errors import RuntimeFailure
 
 log = logging.getLogger("rayq.channel")

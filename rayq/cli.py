@@ -57,7 +57,7 @@ def start(data_dir: str | None, consumers: int | None, port: int, dashboard: boo
     import ray
 
     from rayq import local
-    from rayq.session import local_cluster
+    from rayq.runtime.session import local_cluster
 
     address = local_cluster(None)
     if address is None:
@@ -261,7 +261,7 @@ def account_rotate(name: str, slot: int) -> None:
 def serve(data_dir: str | None, host: str, port: int, replicas: int) -> None:
     """Serve the Amazon SQS API (JSON protocol, SigV4) until interrupted. Starts the
     embedded runtime unless RAY_ADDRESS names a cluster whose runtime it then uses."""
-    from rayq.serving import stop_sqs
+    from rayq.runtime.serving import stop_sqs
 
     rayq.start(data_dir=data_dir)
     url = rayq.serve_sqs(host=host, port=port, replicas=replicas)

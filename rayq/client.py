@@ -16,13 +16,13 @@ from actors import COORDINATOR, FLOOD_DETECTOR
 
 from rayq.analytics.report import Report
 from rayq.config import Config
-from rayq.core.auth import ADMIN, QUEUE_SEP, Signer
-from rayq.core.model import check_count
-from rayq.core.fairness import FairnessReport
-from rayq.core.flood import Flooder
-from rayq.core.registry import check_queue_ref
-from rayq.core.rules import SuspensionRule
-from rayq.core.tasks import TallyRow, TaskFunction, encode_call
+from rayq.core.auth.accounts import ADMIN, QUEUE_SEP, Signer
+from rayq.core.codec.model import check_count
+from rayq.core.fairness.policy import FairnessReport
+from rayq.core.flood.detection import Flooder
+from rayq.core.control.registry import check_queue_ref
+from rayq.core.fairness.rules import SuspensionRule
+from rayq.core.codec.tasks import TallyRow, TaskFunction, encode_call
 from rayq.errors import InvalidMessage, RuntimeFailure
 from rayq.queue import Queue
 from rayq.remote import call, named

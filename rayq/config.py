@@ -72,7 +72,7 @@ class FairnessConfig:
     max_boost_consumers: int = 2   # consumers added at most for booster permits
     history: int = 1000            # decisions kept for client.fairness() and the event log
     # Shard-local fair dispatch, the first layer (SQS fair queues' rule, see
-    # rayq.core.dispatch): "fair", or "fifo" for oldest-first across keys.
+    # rayq.core.storage.dispatch): "fair", or "fifo" for oldest-first across keys.
     dispatch: str = "fair"
     # Thread-time entitlement per fairness key (both layers): a key of weight 2 is
     # entitled to twice the handler time of a key of weight 1.

@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rayq.core.auth import ADMIN
-from rayq.core.model import (DLQ_SUFFIX, Outgoing, Received, check_count, check_name,
+from rayq.core.auth.accounts import ADMIN
+from rayq.core.codec.model import (DLQ_SUFFIX, Outgoing, Received, check_count, check_name,
                              check_seconds, encode_body, fairness_key, receipt_subqueue, to_us)
-from rayq.core.wire import Attrs, Entry, decode_received, encode_put
-from rayq.core.registry import QueueInfo
+from rayq.core.codec.wire import Attrs, Entry, decode_received, encode_put
+from rayq.core.control.registry import QueueInfo
 from rayq.errors import InvalidMessage, QueueDisabled, RayqError, ReceiptInvalid
 from rayq.remote import call_all
 

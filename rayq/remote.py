@@ -3,7 +3,7 @@
 rayq errors a runtime actor raised come back as themselves, any other failure of
 the call as RuntimeFailure, and a call that meets a restarting actor (or a broken
 local channel, :mod:`rayq.channel`) is issued again on a
-:class:`rayq.core.retry.RetrySchedule`: shards, the manager, the coordinator and
+:class:`rayq.core.kit.retry.RetrySchedule`: shards, the manager, the coordinator and
 the flood detector restart by themselves and lose nothing they acknowledged.
 :func:`call` and :func:`call_all` block (clients); :func:`call_async`,
 :func:`call_all_async` and :func:`answers` await (actors).
@@ -21,8 +21,8 @@ import ray
 
 from actors import NAMESPACE
 from rayq.channel import ChannelLost
-from rayq.core.clock import Clock, SystemClock
-from rayq.core.retry import RetrySchedule
+from rayq.core.kit.clock import Clock, SystemClock
+from rayq.core.kit.retry import RetrySchedule
 from rayq.errors import RayqError, RuntimeFailure
 
 RETRY = RetrySchedule()  # clients: up to a minute, while a shard restarts

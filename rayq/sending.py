@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rayq.batching import ThreadBatcher
-from rayq.core.batcher import Batcher
-from rayq.core.model import NewMessage
+from rayq.core.kit.batcher import Batcher
+from rayq.core.codec.model import NewMessage
 
 
 class SendCoalescer(ThreadBatcher):

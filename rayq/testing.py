@@ -1,6 +1,6 @@
 """Fakes that ship with rayq: an in-memory store, a fake clock, simulated consumers.
 
-``memory_store()`` builds a :class:`~rayq.core.store.ShardStore` over
+``memory_store()`` builds a :class:`~rayq.core.storage.store.ShardStore` over
 :class:`MemoryKV`, an ordered in-memory key-value store with the transaction
 semantics of LMDB (abort undoes everything, nested transactions), so the same
 queue logic runs without disk and the same contract tests run against both.
@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from rayq.config import ConsumerConfig, StoreConfig
-from rayq.core.balancer import BalancerState
-from rayq.core.cache import MemoryReading
-from rayq.core.clock import FakeClock
-from rayq.core.kv import DATABASES
-from rayq.core.dispatch import DispatchPolicy
-from rayq.core.store import ShardStore
+from rayq.core.control.balancer import BalancerState
+from rayq.core.storage.cache import MemoryReading
+from rayq.core.kit.clock import FakeClock
+from rayq.core.kit.kv import DATABASES
+from rayq.core.storage.dispatch import DispatchPolicy
+from rayq.core.storage.store import ShardStore
 
 T = TypeVar("T")
 _MISSING = object()

@@ -16,11 +16,11 @@ from typing import Any
 import ray
 
 from rayq.config import Config
-from rayq.core.auth import ADMIN, ReplayedRequest, Signature, Signer
-from rayq.core.clock import SystemClock
-from rayq.core.model import NewMessage
-from rayq.core.registry import QueueInfo
-from rayq.core.routes import Route, RouteCache
+from rayq.core.auth.accounts import ADMIN, ReplayedRequest, Signature, Signer
+from rayq.core.kit.clock import SystemClock
+from rayq.core.codec.model import NewMessage
+from rayq.core.control.registry import QueueInfo
+from rayq.core.control.routes import Route, RouteCache
 from rayq.remote import call
 from rayq.channel import ShardLink
 from rayq.sending import SendCoalescer
@@ -86,7 +86,7 @@ class Transport:
     # -- routing -------------------------------------------------------------------
     def route(self, name: str, refresh: bool = False) -> Route:
         """(queue, receive order, this session's put subqueue), kept for
-        rayq.core.routes.ROUTE_TTL_S; a refreshed route keeps our put subqueue while it
+        rayq.core.control.routes.ROUTE_TTL_S; a refreshed route keeps our put subqueue while it
         takes puts (enqueuer affinity)."""
         kept = None if refresh else self._routes.get(name)
         if kept is not None:

@@ -38,30 +38,30 @@ class Mutation:
 
 
 MUTATIONS = (
-    Mutation("dequeue count not incremented", "rayq/core/batch.py",
+    Mutation("dequeue count not incremented", "rayq/core/storage/batch.py",
              "new_value = rows.redelivered(value, meta.dequeue_count + 1, nonce)",
              "new_value = rows.redelivered(value, meta.dequeue_count, nonce)"),
-    Mutation("receipt nonce not compared on delete", "rayq/core/batch.py",
+    Mutation("receipt nonce not compared on delete", "rayq/core/storage/batch.py",
              "if value is None or rows.nonce_of(value) != nonce or nonce == rows.NO_NONCE:",
              "if value is None or nonce == rows.NO_NONCE:"),
-    Mutation("visibility timeout ignored", "rayq/core/batch.py",
+    Mutation("visibility timeout ignored", "rayq/core/storage/batch.py",
              "delivered = self._deliver(found, to_us(visibility_timeout_s))",
              "delivered = self._deliver(found, 0)"),
-    Mutation("usage-victim comparison flipped", "rayq/core/fairness.py",
+    Mutation("usage-victim comparison flipped", "rayq/core/fairness/policy.py",
              "usage_victims = frozenset(k for k, s in starvation.items() if s > config.band)",
              "usage_victims = frozenset(k for k, s in starvation.items() if s < config.band)"),
-    Mutation("balancer moves load the wrong way", "rayq/core/balancer.py",
+    Mutation("balancer moves load the wrong way", "rayq/core/control/balancer.py",
              "        return min(load + 1, config.max_load)\n    if hit_rate < target:\n"
              "        return max(load - 1, config.min_load)",
              "        return max(load - 1, config.min_load)\n    if hit_rate < target:\n"
              "        return min(load + 1, config.max_load)"),
-    Mutation("flood enqueue threshold dropped", "rayq/core/flood.py",
+    Mutation("flood enqueue threshold dropped", "rayq/core/flood/detection.py",
              "if combo[:2] in flooding and n > config.enqueue_threshold}",
              "if combo[:2] in flooding}"),
-    Mutation("put_target chooses the fullest subqueue", "rayq/core/registry.py",
+    Mutation("put_target chooses the fullest subqueue", "rayq/core/control/registry.py",
              "return min(open_, key=lambda s: (counts.get(s.id, 0), s.version))",
              "return max(open_, key=lambda s: (counts.get(s.id, 0), s.version))"),
-    Mutation("scaling never adds a subqueue", "rayq/core/scaling.py",
+    Mutation("scaling never adds a subqueue", "rayq/core/control/scaling.py",
              "if busy and live < config.max_subqueues:", "if False:"),
 )
 

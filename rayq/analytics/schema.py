@@ -5,7 +5,7 @@ One row per event. ``kind`` says which columns matter:
 - ``completion``: tenant, type, key, message_id, queue, usage_s, wait_s,
   outcome (succeeded, failed, dead), attempt;
 - ``deferral``: as completion, usage 0, detail = the cause (concurrency,
-  host_pressure, suspended or cannot_run: see ``rayq.core.tasks.DeferralCause``);
+  host_pressure, suspended or cannot_run: see ``rayq.core.codec.tasks.DeferralCause``);
 - ``redelivery``: a delivery with attempt > 1 (also logged as its completion);
 - ``dead_letter``: a task that ended in the dead-letter queue;
 - ``fairness``: outcome "intervening" or "fair", detail = the decision as JSON;

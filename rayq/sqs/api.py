@@ -20,8 +20,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from rayq.core.auth import ADMIN
-from rayq.core.model import Outgoing
+from rayq.core.auth.accounts import ADMIN
+from rayq.core.codec.model import Outgoing
 from rayq.errors import QueueNotFound, RayqError, ReceiptInvalid
 from rayq.queue import Queue
 from rayq.sqs import attributes as attrs

@@ -8,7 +8,7 @@ boto3 picks the exception class (``client.exceptions.QueueDoesNotExist``) from
 
 from __future__ import annotations
 
-from rayq.core.auth import SignatureMismatch
+from rayq.core.auth.accounts import SignatureMismatch
 from rayq.errors import (AuthError, InvalidMessage, MessageTooLarge, Overloaded, QueueDisabled,
                          QueueNotFound, RayqError, ReceiptInvalid, RuntimeFailure, UsageError)
 

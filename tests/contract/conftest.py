@@ -3,9 +3,9 @@
 import pytest
 
 from rayq.config import StoreConfig
-from rayq.core.dispatch import DispatchPolicy
-from rayq.core.kv import LmdbKV
-from rayq.core.store import ShardStore
+from rayq.core.storage.dispatch import DispatchPolicy
+from rayq.core.kit.kv import LmdbKV
+from rayq.core.storage.store import ShardStore
 from rayq.testing import FakeClock, memory_store, plenty_of_memory
 
 

@@ -1,8 +1,8 @@
 """Small builders shared by the contract tests."""
 
-from rayq.core.cache import MemoryReading
-from rayq.core.model import NewMessage, decode_body, encode_body
-from rayq.core.wire import Attrs, attrs_of, encode_put
+from rayq.core.storage.cache import MemoryReading
+from rayq.core.codec.model import NewMessage, decode_body, encode_body
+from rayq.core.codec.wire import Attrs, attrs_of, encode_put
 
 
 def batch(*messages: NewMessage, **bad_attrs) -> bytes:

@@ -3,9 +3,9 @@ checked against every store."""
 
 import pytest
 
-from rayq.core.dispatch import DispatchPolicy
+from rayq.core.storage.dispatch import DispatchPolicy
 from rayq.config import StoreConfig
-from rayq.core.model import Receipt, decode_body
+from rayq.core.codec.model import Receipt, decode_body
 from rayq.errors import ReceiptInvalid
 from tests.contract.helpers import message, values
 

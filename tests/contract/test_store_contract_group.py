@@ -3,9 +3,9 @@
 import pytest
 
 from rayq.config import StoreConfig
-from rayq.core.store import KeyDepth
+from rayq.core.storage.store import KeyDepth
 from rayq.errors import InvalidMessage, ReceiptInvalid, StoreError
-from rayq.core.wire import decode_delivered
+from rayq.core.codec.wire import decode_delivered
 from tests.contract.helpers import batch, message, starved_of_memory, values
 
 

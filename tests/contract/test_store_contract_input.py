@@ -3,7 +3,7 @@
 import pytest
 
 from rayq.config import StoreConfig
-from rayq.core.model import NewMessage
+from rayq.core.codec.model import NewMessage
 from rayq.errors import InvalidMessage, MessageTooLarge, ReceiptInvalid, UsageError
 from tests.contract.helpers import message, starved_of_memory, values
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from rayq.core.model import Ending
+from rayq.core.codec.model import Ending
 from rayq.errors import QueueDisabled
 from tests.contract.helpers import everything, message
 

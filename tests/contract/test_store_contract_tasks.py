@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from rayq.config import StoreConfig
-from rayq.core.model import Ending
+from rayq.core.codec.model import Ending
 from rayq.errors import InvalidMessage, ReceiptInvalid
 from tests.contract.helpers import message
 

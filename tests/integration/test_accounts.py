@@ -11,9 +11,9 @@ import ray
 
 import rayq
 import rayq.remote
-from rayq.core.auth import Signer, Verifier, request_body
-from rayq.core.model import NewMessage, encode_body
-from rayq.core.wire import decode_delivered, encode_messages
+from rayq.core.auth.accounts import Signer, Verifier, request_body
+from rayq.core.codec.model import NewMessage, encode_body
+from rayq.core.codec.wire import decode_delivered, encode_messages
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ import rayq
 import rayq.channel
 from rayq.channel import ChannelLost
 from rayq.client import Client
-from rayq.core.auth import Signer
+from rayq.core.auth.accounts import Signer
 from rayq.remote import call, call_all
 from tests.integration.conftest import wait_until
 

@@ -1,8 +1,8 @@
 """Queue layouts for unit tests of the actors' decisions (no registry needed)."""
 
-from rayq.core.auth import ADMIN
-from rayq.core.model import SubqueueState
-from rayq.core.registry import QueueInfo, SubqueueInfo
+from rayq.core.auth.accounts import ADMIN
+from rayq.core.codec.model import SubqueueState
+from rayq.core.control.registry import QueueInfo, SubqueueInfo
 
 
 def queue_info(name: str, placement: dict[int, int], *, owner: str = ADMIN,

@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from rayq.core.auth import Accounts, Verifier, sign
-from rayq.core.kv import LmdbKV
+from rayq.core.auth.accounts import Accounts, Verifier, sign
+from rayq.core.kit.kv import LmdbKV
 from rayq.errors import AuthError, InvalidMessage
 from rayq.testing import MemoryKV
 
@@ -95,8 +95,8 @@ def test_the_default_account_always_exists_and_cannot_be_made_again(accounts):
 
 
 def test_a_signer_signs_the_arguments_themselves(accounts):
-    from rayq.core.auth import Signer, request_body
-    from rayq.core.model import NewMessage
+    from rayq.core.auth.accounts import Signer, request_body
+    from rayq.core.codec.model import NewMessage
 
     key = accounts.create("acme")
     message = NewMessage(b"\x01hi", "acme", "report", "report")
@@ -112,7 +112,7 @@ def test_a_signer_signs_the_arguments_themselves(accounts):
 
 
 def test_malformed_credentials_and_signatures_are_auth_errors(accounts):
-    from rayq.core.auth import Signer
+    from rayq.core.auth.accounts import Signer
 
     with pytest.raises(AuthError):
         Signer("acme", "too-short")
@@ -167,7 +167,7 @@ def test_huge_or_odd_timestamps_and_macs_are_auth_errors(accounts):
 ])
 def test_access_rules_compare_the_account_qualified_queue(account, queue, place, operation,
                                                           allowed):
-    from rayq.core.auth import Place, check_access
+    from rayq.core.auth.accounts import Place, check_access
 
     place = Place(*place) if place else None
     if allowed:
@@ -183,7 +183,7 @@ def test_access_rules_compare_the_account_qualified_queue(account, queue, place,
     ("globex", "acme/orders", "acme/orders"),
 ])
 def test_a_queue_name_means_a_queue_of_the_speakers_namespace(account, name, ref):
-    from rayq.core.auth import resolve_ref
+    from rayq.core.auth.accounts import resolve_ref
 
     assert resolve_ref(account, name) == ref
 
@@ -199,8 +199,8 @@ def test_account_names_cannot_hold_a_namespace_separator_or_odd_chars(accounts, 
     ("acme", "anything", False),                              # a key of its own choosing
 ])
 def test_an_account_sends_as_itself_keyed_as_the_runtime_keys(tenant, key, allowed):
-    from rayq.core.auth import check_senders
-    from rayq.core.model import NewMessage
+    from rayq.core.auth.accounts import check_senders
+    from rayq.core.codec.model import NewMessage
 
     messages = [NewMessage(b"\x01", "acme", "report", "report"),
                 NewMessage(b"\x01", tenant, "report", key)]

@@ -1,4 +1,4 @@
-"""Group commit's policy (rayq.core.batcher) and its asyncio adapter: who leads a flush,
+"""Group commit's policy (rayq.core.kit.batcher) and its asyncio adapter: who leads a flush,
 what the next flush takes, the caps, and how results and errors reach each caller.
 The thread adapter is exercised through the send coalescer in test_sending.py."""
 
@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from rayq.batching import AsyncBatcher
-from rayq.core.batcher import Batcher
+from rayq.core.kit.batcher import Batcher
 from rayq.errors import Overloaded, RuntimeFailure
 
 

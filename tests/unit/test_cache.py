@@ -3,9 +3,9 @@
 import pytest
 
 from rayq.config import StoreConfig
-from rayq.core import rows
-from rayq.core.cache import ENTRY_OVERHEAD_BYTES, MemoryReading, MessageCache, PressureMonitor
-from rayq.core.model import NewMessage, decode_body, encode_body
+from rayq.core.storage import layout as rows
+from rayq.core.storage.cache import ENTRY_OVERHEAD_BYTES, MemoryReading, MessageCache, PressureMonitor
+from rayq.core.codec.model import NewMessage, decode_body, encode_body
 from rayq.testing import FakeClock, memory_store
 
 MiB = 1 << 20

@@ -21,9 +21,9 @@ import pytest
 
 from actors.channel import ChannelServer
 from rayq.channel import RETRY_CONNECT_S, Channel, ChannelLost, ShardLink, _channels, host_id
-from rayq.core.auth import Signature
-from rayq.core import frames
-from rayq.core.frames import HEADER, MAX_FRAME_BYTES, encode_request
+from rayq.core.auth.accounts import Signature
+from rayq.core.codec import frames
+from rayq.core.codec.frames import HEADER, MAX_FRAME_BYTES, encode_request
 from rayq.errors import InvalidMessage, QueueDisabled, ReceiptInvalid, RuntimeFailure
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""A consumer's decisions (rayq.core.consuming) on tables of cases and a fake clock."""
+"""A consumer's decisions (rayq.core.control.consuming) on tables of cases and a fake clock."""
 
 import dataclasses
 import random
@@ -6,14 +6,14 @@ import random
 import pytest
 
 from rayq.config import ConsumerConfig
-from rayq.core.consuming import (DeadLetter, Finish, PlanFollower, Retry, Saturation,
+from rayq.core.control.consuming import (DeadLetter, Finish, PlanFollower, Retry, Saturation,
                                  check_end_calls, decide_end, effective_load, excluded_keys,
                                  held_back, is_last_try, long_poll_group, pause_after,
                                  poll_places, receive_requests, receive_size, recent_task_s,
                                  refreshed_handlers, slots_to_start)
-from rayq.core.fairness import Decision, ListenPlan
-from rayq.core.model import Ending
-from rayq.core.tasks import DeferralCause, Outcome, TaskSpec
+from rayq.core.fairness.policy import Decision, ListenPlan
+from rayq.core.codec.model import Ending
+from rayq.core.codec.tasks import DeferralCause, Outcome, TaskSpec
 from rayq.errors import InvalidMessage
 from rayq.testing import FakeClock, memory_store
 from tests.contract.helpers import message

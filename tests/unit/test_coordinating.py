@@ -1,15 +1,15 @@
-"""The fairness coordinator's decisions around evaluate() (rayq.core.coordinating), and
-the retry schedule of calls between actors (rayq.core.retry), on a fake clock."""
+"""The fairness coordinator's decisions around evaluate() (rayq.core.fairness.coordinating), and
+the retry schedule of calls between actors (rayq.core.kit.retry), on a fake clock."""
 
 import random
 
 import pytest
 
-from rayq.core.coordinating import (booster_consumers, fairness_report, intervening_since,
+from rayq.core.fairness.coordinating import (booster_consumers, fairness_report, intervening_since,
                                     pending_keys)
-from rayq.core.fairness import Decision, KeyState
-from rayq.core.retry import RetrySchedule, backoff_s
-from rayq.core.store import KeyDepth
+from rayq.core.fairness.policy import Decision, KeyState
+from rayq.core.kit.retry import RetrySchedule, backoff_s
+from rayq.core.storage.store import KeyDepth
 from rayq.testing import FakeClock
 
 

@@ -1,4 +1,4 @@
-"""Shard-local fair dispatch (rayq.core.dispatch) through the store, on a fake clock.
+"""Shard-local fair dispatch (rayq.core.storage.dispatch) through the store, on a fake clock.
 
 The rules come from "How Amazon SQS fair queues work": quiet keys first; a key is
 noisy over 10 % of in-flight messages (and at least 30) or of recent processing
@@ -10,11 +10,11 @@ from collections import Counter
 
 import pytest
 
-from rayq.core.dispatch import DispatchPolicy
-from rayq.core.kv import LmdbKV
-from rayq.core.model import NewMessage
-from rayq.core.store import ShardStore
-from rayq.core.wire import decode_delivered
+from rayq.core.storage.dispatch import DispatchPolicy
+from rayq.core.kit.kv import LmdbKV
+from rayq.core.codec.model import NewMessage
+from rayq.core.storage.store import ShardStore
+from rayq.core.codec.wire import decode_delivered
 from rayq.testing import FakeClock, memory_store, plenty_of_memory
 
 SQ = 0

@@ -8,11 +8,11 @@ import pytest
 import rayq
 from rayq import errors
 from rayq.config import Config, ConsumerConfig, FairnessConfig, StoreConfig, from_dict, load
-from rayq.core import rows
-from rayq.core.kv import LmdbKV
-from rayq.core.model import NewMessage, encode_body
-from rayq.core.store import ShardStore
-from rayq.core.wire import encode_messages
+from rayq.core.storage import layout as rows
+from rayq.core.kit.kv import LmdbKV
+from rayq.core.codec.model import NewMessage, encode_body
+from rayq.core.storage.store import ShardStore
+from rayq.core.codec.wire import encode_messages
 from rayq.errors import (ConfigError, InvalidMessage, RuntimeFailure, StoreBug, StoreError,
                          UsageError)
 from rayq.testing import FakeClock, memory_store, plenty_of_memory
@@ -50,10 +50,10 @@ def all_subclasses(cls: type) -> set[type]:
 
 
 def test_every_error_class_says_when_it_is_raised():
-    import rayq.core.auth  # noqa: F401  (its AuthError subclasses join the tree)
+    import rayq.core.auth.accounts  # noqa: F401  (its AuthError subclasses join the tree)
     import rayq.sqs.errors  # noqa: F401
     classes = {cls for cls in all_subclasses(errors.RayqError) if cls.__module__.startswith("rayq")}
-    assert set(error_classes()) <= classes and rayq.core.auth.SignatureMismatch in classes
+    assert set(error_classes()) <= classes and rayq.core.auth.accounts.SignatureMismatch in classes
     for cls in classes:
         assert (cls.__doc__ or "").startswith("Raised when "), cls.__name__
 

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from rayq.config import FairnessConfig
-from rayq.core.fairness import (KeyState, UsageTable, UsageWindows, evaluate, latency_threshold,
+from rayq.core.fairness.policy import (KeyState, UsageTable, UsageWindows, evaluate, latency_threshold,
                                 listen_order)
 
 CONFIG = FairnessConfig(window_s=300, windows=6, latency_threshold_s=1200, band=0.5)

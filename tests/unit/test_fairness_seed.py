@@ -8,7 +8,7 @@ Windows are the source's: 5 minutes, 6 of look-back, threshold 20 minutes, band 
 import pytest
 
 from rayq.config import FairnessConfig
-from rayq.core.fairness import KeyState, UsageTable, evaluate
+from rayq.core.fairness.policy import KeyState, UsageTable, evaluate
 
 CONFIG = FairnessConfig(window_s=300, windows=6, latency_threshold_s=1200, band=0.5)
 MIN = 60.0

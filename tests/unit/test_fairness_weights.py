@@ -5,7 +5,7 @@ times the thread time of a key of weight 1 over the windows they both waited."""
 import pytest
 
 from rayq.config import Config, FairnessConfig
-from rayq.core.fairness import KeyState, UsageTable, evaluate
+from rayq.core.fairness.policy import KeyState, UsageTable, evaluate
 from rayq.errors import ConfigError
 
 

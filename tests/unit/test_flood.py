@@ -4,7 +4,7 @@ type depth 200, exits 5 dedicated / 50 shared, healthy depth 500)."""
 import pytest
 
 from rayq.config import FloodConfig
-from rayq.core.flood import Flooder, FloodView, detect, may_leave, shard_healthy
+from rayq.core.flood.detection import Flooder, FloodView, detect, may_leave, shard_healthy
 
 CONFIG = FloodConfig(depth_threshold=100, enqueue_threshold=50, type_depth_threshold=200,
                      healthy_depth=500, exit_dedicated=5, exit_shared=50)
@@ -79,7 +79,7 @@ def test_the_sweeper_only_works_on_a_healthy_shard(depth, pressure, healthy):
 
 
 def test_the_view_sums_shards_and_keeps_dedicated_spilled_and_dead_letter_apart():
-    from rayq.core.flood import build_view
+    from rayq.core.flood.detection import build_view
 
     layout = {1: ("q", False), 2: ("q", True), 3: ("q", False)}  # 9 is a DLQ: not listed
     shard_a = {("L", 1, "t", "acme"): 10, ("L", 2, "t", "acme"): 5, ("S", 1, "t", "acme"): 7,
@@ -94,7 +94,7 @@ def test_the_view_sums_shards_and_keeps_dedicated_spilled_and_dead_letter_apart(
 
 
 def test_a_shard_that_turns_unhealthy_mid_sweep_stops_the_sweeper_at_once():
-    from rayq.core.flood import sweep_step
+    from rayq.core.flood.detection import sweep_step
 
     depth, spilled, batches, steps = 0, 1000, 0, []
     pressure_after = 4  # memory pressure arrives after the fourth batch
@@ -114,7 +114,7 @@ def test_a_shard_that_turns_unhealthy_mid_sweep_stops_the_sweeper_at_once():
                                                         (10, 3, "sweep")])
 def test_the_sweeper_ends_when_nothing_is_spilled_and_yields_after_its_share(
         spilled, batches, expected):
-    from rayq.core.flood import sweep_step
+    from rayq.core.flood.detection import sweep_step
 
     assert sweep_step(0, False, spilled, batches, CONFIG, 50) == expected
 
@@ -122,7 +122,7 @@ def test_the_sweeper_ends_when_nothing_is_spilled_and_yields_after_its_share(
 def test_two_accounts_queues_of_one_name_are_judged_apart():
     """The detector's layout names queues account-qualified (the manager's flood_layout):
     acme's deep orders make acme a flooder of acme/orders, not of globex's orders."""
-    from rayq.core.flood import build_view
+    from rayq.core.flood.detection import build_view
 
     layout = {1: ("acme/orders", False), 2: ("globex/orders", False)}
     counts = {("L", 1, "t", "acme"): 80, ("L", 2, "t", "acme"): 80}

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from rayq.config import FloodConfig
-from rayq.core.flood import Flooder, FloodView, detect, may_leave, sweep_step, type_depths
+from rayq.core.flood.detection import Flooder, FloodView, detect, may_leave, sweep_step, type_depths
 
 DEFAULTS = FloodConfig()  # the source's own thresholds
 

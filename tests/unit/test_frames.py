@@ -1,4 +1,4 @@
-"""The local channel's wire format (rayq.core.frames): what a client's request and a
+"""The local channel's wire format (rayq.core.codec.frames): what a client's request and a
 shard's reply carry across the socket, and what a stranger's bytes cannot do."""
 
 import inspect
@@ -7,12 +7,12 @@ import pickle
 import msgpack
 import pytest
 
-from rayq.core.auth import Signature
-from rayq.core import frames
-from rayq.core.frames import (HEADER, FrameError, FrameTooLarge, decode_reply, decode_request,
+from rayq.core.auth.accounts import Signature
+from rayq.core.codec import frames
+from rayq.core.codec.frames import (HEADER, FrameError, FrameTooLarge, decode_reply, decode_request,
                               encode_failure, encode_reply, encode_request)
 import rayq.channel  # noqa: F401  (its ChannelLost is one of the errors that travel)
-import rayq.core.auth  # noqa: F401  (SignatureMismatch, ReplayedRequest)
+import rayq.core.auth.accounts  # noqa: F401  (SignatureMismatch, ReplayedRequest)
 from rayq.errors import (InvalidMessage, MessageTooLarge, Overloaded, QueueDisabled,
                          RayqError, ReceiptInvalid, RuntimeFailure, TaskError)
 

@@ -5,10 +5,10 @@ import asyncio
 
 import pytest
 
-from rayq.core import gate as gate_module
-from rayq.core.gate import Gate, check_reads_own, of_subqueues, per_queue, queues_on
-from rayq.core.store import KeyDepth
-from rayq.core.auth import ADMIN, Accounts, Place, Signer
+from rayq.core.auth import gate as gate_module
+from rayq.core.auth.gate import Gate, check_reads_own, of_subqueues, per_queue, queues_on
+from rayq.core.storage.store import KeyDepth
+from rayq.core.auth.accounts import ADMIN, Accounts, Place, Signer
 from rayq.errors import AuthError
 from rayq.testing import MemoryKV
 

@@ -1,11 +1,11 @@
-"""Where the flood detector moves a flooder's messages (rayq.core.isolation)."""
+"""Where the flood detector moves a flooder's messages (rayq.core.flood.isolation)."""
 
-from rayq.core.flood import ALL_TENANTS, FloodChanges, Flooder
-from rayq.core.isolation import (dedicated_by_shard, dedicated_to, diverts, fully_swept,
+from rayq.core.flood.detection import ALL_TENANTS, FloodChanges, Flooder
+from rayq.core.flood.isolation import (dedicated_by_shard, dedicated_to, diverts, fully_swept,
                                  isolation_moves,
                                  left_to_sweep, listed, shards_lacking_dedicated, spilled_on,
                                  subqueue_layout, with_sweeps)
-from rayq.core.model import SubqueueState
+from rayq.core.codec.model import SubqueueState
 from tests.unit.layouts import queue_info
 
 ACME = Flooder("q", "report", "acme", since=0.0)

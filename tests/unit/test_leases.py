@@ -1,6 +1,6 @@
 """Concurrency leases: a limited type never has more than `limit` live leases."""
 
-from rayq.core.leases import ConcurrencyLeases
+from rayq.core.fairness.leases import ConcurrencyLeases
 
 
 def test_a_type_at_its_limit_refuses_more_leases_until_one_is_released():

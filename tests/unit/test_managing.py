@@ -1,17 +1,17 @@
-"""The queue manager's rules (rayq.core.managing, rayq.core.scaling) on tables of cases
+"""The queue manager's rules (rayq.core.control.managing, rayq.core.control.scaling) on tables of cases
 and a fake clock."""
 
 import pytest
 
 from rayq.config import ScalingConfig
-from rayq.core.auth import ADMIN
-from rayq.core.managing import (check_may_create, check_task_spec, check_visible,
+from rayq.core.auth.accounts import ADMIN
+from rayq.core.control.managing import (check_may_create, check_task_spec, check_visible,
                                 concurrency_limits, consumers_to_change, ids_by_shard,
                                 indexes_by_name, is_registration, may_see, shard_depths,
                                 visible_names)
-from rayq.core.model import SubqueueState
-from rayq.core.scaling import OpRates, QuietTracker, SubqueueLoad, loads_of
-from rayq.core.tasks import TaskSpec
+from rayq.core.codec.model import SubqueueState
+from rayq.core.control.scaling import OpRates, QuietTracker, SubqueueLoad, loads_of
+from rayq.core.codec.tasks import TaskSpec
 from rayq.errors import AuthError, InvalidMessage, QueueNotFound
 from rayq.testing import FakeClock
 from tests.unit.layouts import queue_info

@@ -1,4 +1,4 @@
-"""The codec, receipts, rows and argument checks of rayq.core.model."""
+"""The codec, receipts, rows and argument checks of rayq.core.codec.model."""
 
 import math
 
@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rayq.core import rows
-from rayq.core.migrate import v2_value
-from rayq.core.model import (ROW_KEY, US, Receipt, Received, StoredMessage, check_count,
+from rayq.core.storage import layout as rows
+from rayq.core.storage.migrate import v2_value
+from rayq.core.codec.model import (ROW_KEY, US, Receipt, Received, StoredMessage, check_count,
                              check_name, check_seconds, decode_body, encode_body, fairness_key,
                              to_us)
 from rayq.errors import InvalidMessage, MessageTooLarge, ReceiptInvalid

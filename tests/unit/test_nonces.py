@@ -6,13 +6,13 @@ import asyncio
 
 import pytest
 
-from rayq.core.gate import durable_gate
-from rayq.core import nonces
-from rayq.core.auth import MAX_SKEW_S, Accounts, Signer, Verifier, sign
-from rayq.core.kv import LmdbKV
-from rayq.core.model import NewMessage, encode_body
-from rayq.core.store import ShardStore
-from rayq.core.wire import encode_messages
+from rayq.core.auth.gate import durable_gate
+from rayq.core.auth import nonces
+from rayq.core.auth.accounts import MAX_SKEW_S, Accounts, Signer, Verifier, sign
+from rayq.core.kit.kv import LmdbKV
+from rayq.core.codec.model import NewMessage, encode_body
+from rayq.core.storage.store import ShardStore
+from rayq.core.codec.wire import encode_messages
 from rayq.errors import AuthError, StoreError
 from rayq.testing import FakeClock, MemoryKV, plenty_of_memory
 

@@ -1,10 +1,10 @@
-"""Placement policies of rayq.core.registry: where producers put, where consumers receive
+"""Placement policies of rayq.core.control.registry: where producers put, where consumers receive
 (table rows; the namespace and migration tests are in test_registry.py)."""
 
 import pytest
 
-from rayq.core.model import SubqueueState
-from rayq.core.registry import QueueInfo, SubqueueInfo, put_target, receive_order
+from rayq.core.codec.model import SubqueueState
+from rayq.core.control.registry import QueueInfo, SubqueueInfo, put_target, receive_order
 from rayq.errors import QueueDisabled
 
 ALL, NO_PUT, DISABLED = SubqueueState.ALL, SubqueueState.NO_PUT, SubqueueState.DISABLED

@@ -3,9 +3,9 @@ restart, and none of the cleared messages is ever delivered again."""
 
 import pytest
 
-from rayq.core.kv import LmdbKV
-from rayq.core.model import NewMessage, encode_body
-from rayq.core.store import ShardStore
+from rayq.core.kit.kv import LmdbKV
+from rayq.core.codec.model import NewMessage, encode_body
+from rayq.core.storage.store import ShardStore
 from rayq.errors import QueueDisabled
 from rayq.testing import FakeClock, plenty_of_memory
 

@@ -3,10 +3,10 @@ namespaces opening with their queues where their accounts can still reach them."
 
 import pytest
 
-from rayq.core.clock import FakeClock
-from rayq.core.kv import LmdbKV
-from rayq.core.model import pack
-from rayq.core.registry import QueueRegistry, check_queue_ref
+from rayq.core.kit.clock import FakeClock
+from rayq.core.kit.kv import LmdbKV
+from rayq.core.codec.model import pack
+from rayq.core.control.registry import QueueRegistry, check_queue_ref
 from rayq.errors import InvalidMessage, QueueNotFound
 
 

@@ -1,8 +1,8 @@
 """Clearing a queue swaps in fresh subqueues and records the old ones for removal."""
 
-from rayq.core.kv import LmdbKV
-from rayq.core.model import SubqueueState
-from rayq.core.registry import QueueRegistry
+from rayq.core.kit.kv import LmdbKV
+from rayq.core.codec.model import SubqueueState
+from rayq.core.control.registry import QueueRegistry
 from rayq.testing import FakeClock
 
 

@@ -4,10 +4,10 @@ that subqueue takes puts; forgetting a queue drops that affinity."""
 
 import pytest
 
-from rayq.core.clock import FakeClock
-from rayq.core.model import SubqueueState
-from rayq.core.registry import QueueInfo, SubqueueInfo
-from rayq.core.routes import ROUTE_TTL_S, Route, RouteCache
+from rayq.core.kit.clock import FakeClock
+from rayq.core.codec.model import SubqueueState
+from rayq.core.control.registry import QueueInfo, SubqueueInfo
+from rayq.core.control.routes import ROUTE_TTL_S, Route, RouteCache
 
 ALL, NO_PUT, DISABLED = SubqueueState.ALL, SubqueueState.NO_PUT, SubqueueState.DISABLED
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from rayq.core.kv import LmdbKV
-from rayq.core.rules import SuspensionRules
+from rayq.core.kit.kv import LmdbKV
+from rayq.core.fairness.rules import SuspensionRules
 from rayq.errors import InvalidMessage
 
 

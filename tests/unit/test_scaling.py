@@ -3,8 +3,8 @@
 import pytest
 
 from rayq.config import ScalingConfig
-from rayq.core.model import SubqueueState
-from rayq.core.scaling import SubqueueLoad, decide, is_quiet
+from rayq.core.codec.model import SubqueueState
+from rayq.core.control.scaling import SubqueueLoad, decide, is_quiet
 
 CONFIG = ScalingConfig(scale_up_ops_per_s=5_000, idle_s=60, small_count=1_000,
                        fast_ops_fraction=0.25, seldom_throttled_per_s=0.1)

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from rayq.config import StoreConfig
-from rayq.core.kv import LmdbKV
-from rayq.core.wire import encode_messages
-from rayq.core.model import NewMessage, decode_body, encode_body
-from rayq.core.store import ShardStore
+from rayq.core.kit.kv import LmdbKV
+from rayq.core.codec.wire import encode_messages
+from rayq.core.codec.model import NewMessage, decode_body, encode_body
+from rayq.core.storage.store import ShardStore
 from rayq.testing import FakeClock, plenty_of_memory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,9 +89,9 @@ def test_the_map_grows_instead_of_failing_when_it_is_full(tmp_path):
 # -- crash --------------------------------------------------------------------------
 CHILD = textwrap.dedent("""
     import sys
-    from rayq.core.kv import LmdbKV
-    from rayq.core.model import NewMessage, encode_body
-    from rayq.core.store import ShardStore
+    from rayq.core.kit.kv import LmdbKV
+    from rayq.core.codec.model import NewMessage, encode_body
+    from rayq.core.storage.store import ShardStore
     from rayq.testing import FakeClock, plenty_of_memory
 
     store = ShardStore(LmdbKV(sys.argv[1]), clock=FakeClock(), memory_probe=plenty_of_memory)

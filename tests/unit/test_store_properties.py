@@ -13,8 +13,8 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from rayq.core.dispatch import DispatchPolicy
-from rayq.core.model import NewMessage, encode_body, to_us
+from rayq.core.storage.dispatch import DispatchPolicy
+from rayq.core.codec.model import NewMessage, encode_body, to_us
 from rayq.errors import ReceiptInvalid
 from rayq.testing import FakeClock, memory_store
 

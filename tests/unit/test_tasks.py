@@ -2,8 +2,8 @@
 
 import pytest
 
-from rayq.core.kv import LmdbKV
-from rayq.core.tasks import (Outcome, Tally, TaskFunction, TaskRegistry, TaskSpec, UsageReport,
+from rayq.core.kit.kv import LmdbKV
+from rayq.core.codec.tasks import (Outcome, Tally, TaskFunction, TaskRegistry, TaskSpec, UsageReport,
                              decode_call, decode_outcome, encode_call, encode_error,
                              encode_result, percentile, task)
 from rayq.errors import InvalidMessage, MessageTooLarge, TaskError

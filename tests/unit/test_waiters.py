@@ -1,13 +1,13 @@
-"""Calls waiting for task outcomes (rayq.core.waiters), across threads and loops."""
+"""Calls waiting for task outcomes (rayq.core.storage.waiters), across threads and loops."""
 
 import asyncio
 import threading
 
 import pytest
 
-from rayq.core.model import Ending
-from rayq.core.tasks import encode_error, encode_result
-from rayq.core.waiters import OutcomeWaiters, outcome_value
+from rayq.core.codec.model import Ending
+from rayq.core.codec.tasks import encode_error, encode_result
+from rayq.core.storage.waiters import OutcomeWaiters, outcome_value
 from rayq.errors import TaskError
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rayq.core.windows import WindowedSums
+from rayq.core.kit.windows import WindowedSums
 
 # Windows of 10 s, 3 of them: epoch = now // 10, the look-back is the last 30 s.
 

@@ -23,7 +23,7 @@ def echo(x):
 
 def session_processes(session_dir: str) -> list[psutil.Process]:
     """This process (the driver, and Spark's JVM if any) and every process of its Ray."""
-    from rayq.local import session_processes as of_session
+    from rayq.runtime.local import session_processes as of_session
 
     me = psutil.Process()
     found = {p.pid: p for p in [me, *me.children(recursive=True), *of_session(session_dir)]}

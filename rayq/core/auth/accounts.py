@@ -1,0 +1,329 @@
+"""Accounts and HMAC-SHA256 request signing (docs/tenancy-and-auth.md), pure.
+
+Each account has two 256-bit secrets, as Azure storage accounts do, so a key can
+be rotated while clients still holding the other one keep working. A client
+signs each request over a canonical string of account, queue, operation,
+timestamp, nonce and the SHA-256 digest of the request's arguments; the
+runtime recomputes it with ``hmac.compare_digest``, refuses timestamps more
+than ``skew_s`` away, and refuses a nonce it has seen (a replay).
+
+The account ``default`` is the runtime's own: it always exists, it owns the
+queues of unsigned (embedded) clients and it administers the runtime.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import enum
+import hashlib
+import hmac
+import math
+import os
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from rayq.core.kit.kv import KV
+from rayq.core.codec.model import DLQ_SUFFIX, check_name, fairness_key, pack, unpack
+from rayq.errors import AuthError, InvalidMessage, Overloaded
+
+ADMIN = "default"
+SECRET_BYTES = 32
+MAX_SKEW_S = 900.0
+MAX_NONCES = 1_000_000  # per verifier: about 150 MB at most
+KEY_SLOTS = (1, 2)
+_NONCE_CHARS = 32
+QUEUE_SEP = "/"  # "acme/orders": account acme's queue orders
+ACCOUNT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # never holds QUEUE_SEP
+
+
+def new_secret() -> str:
+    return base64.urlsafe_b64encode(os.urandom(SECRET_BYTES)).decode("ascii")
+
+
+def _secret_bytes(secret: Any) -> bytes:
+    try:
+        raw = base64.urlsafe_b64decode(secret.encode("ascii"))
+    except (binascii.Error, UnicodeEncodeError, AttributeError, ValueError) as err:
+        raise AuthError("not an account key") from err
+    if len(raw) != SECRET_BYTES:
+        raise AuthError("not an account key")
+    return raw
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [type(value).__name__] + [getattr(value, f.name) for f in dataclasses.fields(value)]
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    raise TypeError(f"cannot sign an argument of type {type(value).__name__}")
+
+
+def request_body(*args: Any) -> bytes:
+    """The canonical bytes of an operation's arguments: what a signature's digest covers.
+    Client and runtime compute it from the same values, so any change breaks the MAC."""
+    try:
+        return msgpack.packb(list(args), default=_plain, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as err:
+        raise AuthError(f"the request's arguments cannot be signed: {err}") from err
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What travels with a signed request besides its arguments."""
+
+    account: str
+    queue: str
+    operation: str
+    timestamp: float
+    nonce: str
+    mac: str
+
+
+def nonce_digest(account: str, nonce: str) -> int:
+    """A 64-bit digest of (account, nonce), stable across processes (unlike ``hash``), so
+    remembered nonces can be stored and read back after a restart."""
+    data = f"{account}\n{nonce}".encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+def canonical(account: str, queue: str, operation: str, timestamp: float, nonce: str,
+              body: bytes) -> bytes:
+    digest = hashlib.sha256(body).hexdigest()
+    return "\n".join([account, queue, operation, f"{timestamp:.6f}", nonce, digest]).encode()
+
+
+def sign(account: str, secret: str, queue: str, operation: str, body: bytes, now: float) -> Signature:
+    nonce = os.urandom(_NONCE_CHARS // 2).hex()
+    mac = hmac.new(_secret_bytes(secret), canonical(account, queue, operation, now, nonce, body),
+                   hashlib.sha256).hexdigest()
+    return Signature(account, queue, operation, now, nonce, mac)
+
+
+class Signer:
+    """A client's credentials: signs each request it makes for ``account``."""
+
+    def __init__(self, account: str, secret: str, clock: Callable[[], float] = time.time):
+        check_name(account, "account")
+        _secret_bytes(secret)  # a malformed key fails here, not on the first request
+        self.account, self._secret, self._clock = account, secret, clock
+
+    def __repr__(self) -> str:  # never show the secret
+        return f"Signer({self.account!r})"
+
+    def sign(self, queue: str, operation: str, *args: Any) -> Signature:
+        return sign(self.account, self._secret, queue, operation, request_body(*args), self._clock())
+
+
+class Accounts:
+    """Accounts and their two keys, persisted in a KV's ``meta`` table. The ``default``
+    account is made on first use."""
+
+    def __init__(self, kv: KV):
+        self.kv = kv
+        self._keys: dict[str, dict[int, str]] = kv.read(self._load)
+        if ADMIN not in self._keys:
+            self.create(ADMIN)
+
+    @staticmethod
+    def _load(txn) -> dict[str, dict[int, str]]:
+        return {k[5:].decode(): {int(slot): key for slot, key in unpack(v).items()}
+                for k, v in txn.scan("meta", b"acct:", b"acct;")}
+
+    def _save(self, account: str) -> None:
+        record = pack({str(slot): key for slot, key in self._keys[account].items()})
+        self.kv.transact(lambda txn: txn.put("meta", b"acct:" + account.encode(), record))
+
+    def __contains__(self, account: str) -> bool:
+        return account in self._keys
+
+    def names(self) -> list[str]:
+        return sorted(self._keys)
+
+    def create(self, account: str) -> str:
+        """A new account; returns its primary key (slot 1). Refuses an existing name and
+        names outside letters, digits, '_', '-', '.' (a name is a queue namespace)."""
+        if not isinstance(account, str) or not ACCOUNT_NAME.match(account):
+            raise InvalidMessage(f"account names are 1-64 chars of letters, digits, '_', '-', "
+                                 f"'.': {account!r:.80}")
+        if account in self._keys:
+            raise InvalidMessage(f"account {account!r} exists")
+        self._keys[account] = {slot: new_secret() for slot in KEY_SLOTS}
+        self._save(account)
+        return self._keys[account][1]
+
+    def rotate(self, account: str, slot: int) -> str:
+        """Replace the key in ``slot`` (1 or 2); the other keeps working. Returns the new key."""
+        if account not in self._keys or slot not in KEY_SLOTS:
+            raise AuthError(f"no key {slot!r} of account {account!r}")
+        self._keys[account][slot] = new_secret()
+        self._save(account)
+        return self._keys[account][slot]
+
+    def keys(self, account: Any) -> list[str]:
+        return list(self._keys.get(account, {}).values()) if isinstance(account, str) else []
+
+    def table(self) -> dict[str, list[str]]:
+        """Every account's current keys (what the runtime's verifiers need)."""
+        return {account: list(keys.values()) for account, keys in self._keys.items()}
+
+
+class SignatureMismatch(AuthError):
+    """Raised when the MAC matches none of the account's keys."""
+
+
+class ReplayedRequest(AuthError):
+    """Raised when a signed request's nonce was seen before (also before a restart)."""
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _hex(value: str, chars: int) -> bool:
+    return len(value) == chars and set(value) <= _HEX
+
+
+class Verifier:
+    """Checks signatures; remembers each (account, nonce) for twice the allowed skew,
+    which is as long as a request carrying it could still pass the timestamp check.
+    At most ``max_nonces`` are remembered: past that, signed requests are shed with
+    Overloaded rather than let replays through or memory grow without bound."""
+
+    def __init__(self, keys: Callable[[str], Sequence[str]], skew_s: float = MAX_SKEW_S,
+                 max_nonces: int = MAX_NONCES):
+        self.keys, self.skew_s, self.max_nonces = keys, skew_s, max_nonces
+        self._seen: set[int] = set()
+        self._order: deque[tuple[float, int]] = deque()
+
+    def preload(self, digests: Sequence[int], now: float) -> None:
+        """Refuse these nonce digests (:func:`nonce_digest`) as seen: what a restarted
+        runtime actor reads back from its durable table (see rayq.core.auth.nonces)."""
+        for digest in digests:
+            if digest not in self._seen:
+                self._seen.add(digest)
+                self._order.append((now, digest))
+
+    def verify(self, sig: Any, queue: str, operation: str, body: bytes, now: float) -> str:
+        """The account a request acts for. Raises AuthError for anything not genuine,
+        stale, replayed, or signed for another queue or operation."""
+        if not isinstance(sig, Signature) or not all(
+                isinstance(v, str) for v in (sig.account, sig.queue, sig.operation, sig.nonce, sig.mac)):
+            raise AuthError("the request is not signed")
+        if (sig.queue, sig.operation) != (queue, operation):
+            raise AuthError("the signature is for another queue or operation")
+        if not _within(sig.timestamp, now, self.skew_s):
+            raise AuthError("the request's timestamp is outside the allowed window")
+        if not (_hex(sig.nonce, _NONCE_CHARS) and _hex(sig.mac, 64)):
+            raise AuthError("the request's nonce or signature is malformed")
+        expected = canonical(sig.account, queue, operation, sig.timestamp, sig.nonce, body)
+        genuine = any(hmac.compare_digest(
+            hmac.new(_secret_bytes(key), expected, hashlib.sha256).hexdigest(), sig.mac)
+            for key in self.keys(sig.account))
+        if not genuine:
+            raise SignatureMismatch("the signature does not match the account's keys")
+        self._forget_before(now - 2 * self.skew_s)
+        seen = nonce_digest(sig.account, sig.nonce)  # 64 bits: a false "replayed" is ~1e-8 at 1M
+        if seen in self._seen:
+            raise ReplayedRequest("the request was replayed")
+        if len(self._seen) >= self.max_nonces:
+            raise Overloaded("too many signed requests in the replay window; retry later")
+        self._seen.add(seen)
+        self._order.append((now, seen))
+        return sig.account
+
+    def _forget_before(self, cutoff: float) -> None:
+        while self._order and self._order[0][0] < cutoff:
+            self._seen.discard(self._order.popleft()[1])
+
+
+def _within(timestamp: Any, now: float, skew_s: float) -> bool:
+    if not isinstance(timestamp, (int, float)) or isinstance(timestamp, bool):
+        return False
+    try:
+        return math.isfinite(timestamp) and abs(now - float(timestamp)) <= skew_s
+    except OverflowError:
+        return False
+
+
+def split_ref(account: str, name: str) -> tuple[str, str]:
+    """(owner, queue name) that ``name`` means when ``account`` says it: a plain name is
+    the account's own queue, ``owner/name`` names ``owner``'s (the admin reaches every
+    account's queues this way, and every account the default account's task queues)."""
+    owner, sep, bare = name.partition(QUEUE_SEP)
+    return (owner, bare) if sep else (account, name)
+
+
+def queue_ref(owner: str, name: str) -> str:
+    """A queue's runtime-wide name: the default account's queues by their plain name,
+    every other account's as ``owner/name``. Queue and account names hold no '/', so
+    this is unambiguous."""
+    return name if owner == ADMIN else f"{owner}{QUEUE_SEP}{name}"
+
+
+def resolve_ref(account: str, name: str) -> str:
+    """The runtime-wide name of the queue ``account`` means by ``name``."""
+    return queue_ref(*split_ref(account, name))
+
+
+def may_use(account: str, owner: str) -> bool:
+    """Whether ``account`` may see and touch what ``owner`` owns: its own, or anything
+    for the ``default`` account, which administers the runtime."""
+    return account == ADMIN or account == owner
+
+
+def check_admin(account: str, what: str) -> None:
+    if account != ADMIN:
+        raise AuthError(f"{what} is for the {ADMIN!r} account only, not {account!r}")
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a subqueue belongs, as a verifier sees it: its queue (runtime-wide name, see
+    :func:`queue_ref`), that queue's owner, its shard, and whether it carries tasks
+    (which any account may submit to)."""
+
+    queue: str
+    owner: str
+    shard: int
+    tasks: bool = False
+
+
+def check_access(account: str, queue: str, place: Place | None, shard: int,
+                 operation: str) -> None:
+    """Raise AuthError unless ``account`` may run ``operation`` on a subqueue at ``place``
+    through queue ``queue`` (as the account names it) on shard ``shard``. The queue is
+    compared account-qualified: acme's ``orders`` never reaches globex's ``orders``."""
+    if account == ADMIN:
+        return
+    ref = resolve_ref(account, queue) if isinstance(queue, str) else None
+    if (ref is None or place is None or place.shard != shard
+            or place.queue not in (ref, ref + DLQ_SUFFIX)):
+        raise AuthError(f"queue {queue!r} of account {account!r} has no such subqueue here")
+    if place.owner == account or (operation == "put" and place.tasks):
+        return
+    raise AuthError(f"queue {queue!r} is not account {account!r}'s")
+
+
+def check_senders(account: str, messages: Any, key_mode: str) -> None:
+    """Raise AuthError unless every message a put carries is sent as ``account`` and keyed
+    for fairness as the runtime would key it: an account can neither pass as another
+    tenant nor dodge a suspension or bill its usage to a key of its choosing."""
+    if account == ADMIN:
+        return
+    if not isinstance(messages, list) or not all(
+            isinstance(getattr(m, "tenant", None), str) for m in messages):
+        raise AuthError("a put carries a list of messages")
+    for m in messages:
+        if m.tenant != account:
+            raise AuthError(f"account {account!r} sends messages only as tenant {account!r}")
+        if not isinstance(m.type, str) or m.key != fairness_key(m.tenant, m.type, key_mode):
+            raise AuthError("a message's fairness key does not match its tenant and type")

@@ -1,0 +1,155 @@
+"""What crosses Ray between clients and shards: one msgpack buffer per batch.
+
+A put is ``[version, attributes, refs, bodies]``: the distinct attribute tuples
+(tenant, type, fairness key, delay µs, ttl µs or None, task) of the batch, one
+index into them per message, and the encoded bodies. The shard validates each
+attribute tuple once, not once per message, and writes ``prefix + body`` rows.
+
+A receive answers ``[[id, receipt, body, tenant, type, key, dequeue count,
+enqueued_at µs, subqueue], ...]``. Both are packed and unpacked in C; Ray moves
+one bytes object instead of pickling hundreds of Python objects.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+import msgpack
+
+from rayq.core.codec.model import (NewMessage, Received, StoredMessage, US, check_key, check_name,
+                             check_seconds, decode_body, to_us)
+
+Entry = tuple["Attrs", bytes]  # one message on its way: attributes and encoded body
+from rayq.errors import InvalidMessage, MessageTooLarge
+
+PUT_VERSION = 1
+MAX_BATCH = 1000
+_LIMITS = dict(max_str_len=16 << 20, max_bin_len=(16 << 20) + 1, max_array_len=1 << 20,
+               max_map_len=0, max_ext_len=0)
+
+
+class Attrs(NamedTuple):
+    """What the messages of a put share, besides their enqueue time."""
+
+    tenant: str
+    type: str
+    key: str
+    delay_us: int = 0
+    ttl_us: int | None = None
+    task: bool = False
+
+
+class PutBatch(NamedTuple):
+    """A decoded, validated put: ``attrs[refs[i]]`` are the attributes of ``bodies[i]``."""
+
+    attrs: list[Attrs]
+    refs: list[int]
+    bodies: list[bytes]
+
+
+def attrs_of(m: NewMessage) -> Attrs:
+    """A message's attributes for the wire; numbers are checked here, the rest (ranges,
+    names) by the shard. Raises InvalidMessage."""
+    if not isinstance(m, NewMessage):
+        raise InvalidMessage("put takes NewMessage values")
+    check_seconds(m.delay_s, "delay_s", 0, math.inf)
+    if m.ttl_s is not None:
+        check_seconds(m.ttl_s, "ttl_s", 0, math.inf)
+    return Attrs(m.tenant, m.type, m.key, to_us(m.delay_s),
+                 None if m.ttl_s is None else to_us(m.ttl_s), bool(m.task))
+
+
+def encode_put(entries: Iterable[tuple[Attrs, bytes]]) -> bytes:
+    """Pack (attributes, encoded body) pairs into one put buffer."""
+    table: dict[Attrs, int] = {}
+    refs, bodies = [], []
+    for attrs, body in entries:
+        index = table.get(attrs)
+        if index is None:
+            index = table[attrs] = len(table)
+        refs.append(index)
+        bodies.append(body)
+    return msgpack.packb([PUT_VERSION, list(table), refs, bodies], use_bin_type=True)
+
+
+def encode_messages(messages: Sequence[NewMessage]) -> bytes:
+    """A put buffer of :class:`NewMessage` values (tests and tools)."""
+    return encode_put((attrs_of(m), m.body) for m in messages)
+
+
+def decode_put(data: Any, *, max_message_bytes: int, max_delay_s: float,
+               max_ttl_s: float) -> PutBatch:
+    """Unpack and validate a put buffer. Raises InvalidMessage or MessageTooLarge."""
+    if not isinstance(data, bytes):
+        raise InvalidMessage("put takes a batch buffer (bytes) made by rayq.core.codec.wire")
+    try:
+        version, raw_attrs, refs, bodies = msgpack.unpackb(data, raw=False, **_LIMITS)
+    except (ValueError, TypeError, msgpack.UnpackException, msgpack.ExtraData) as err:
+        raise InvalidMessage(f"malformed put batch: {err}") from err
+    if version != PUT_VERSION or not isinstance(raw_attrs, list) or not raw_attrs:
+        raise InvalidMessage("malformed put batch: version or attributes")
+    if not isinstance(refs, list) or not isinstance(bodies, list) \
+            or not 1 <= len(bodies) <= MAX_BATCH or len(refs) != len(bodies):
+        raise InvalidMessage(f"put takes 1 to {MAX_BATCH} messages")
+    attrs = [_check_attrs(a, max_delay_s, max_ttl_s) for a in raw_attrs]
+    if set(map(type, refs)) != {int} or min(refs) < 0 or max(refs) >= len(attrs):
+        raise InvalidMessage("malformed put batch: attribute references")
+    if set(map(type, bodies)) != {bytes} or min(map(len, bodies)) < 1:
+        raise InvalidMessage("put takes encoded, non-empty bytes bodies")
+    largest = max(map(len, bodies)) - 1  # less the body's type tag
+    if largest > max_message_bytes:
+        raise MessageTooLarge(f"body is {largest} bytes; the limit is {max_message_bytes}")
+    return PutBatch(attrs, refs, bodies)
+
+
+def _check_attrs(raw: Any, max_delay_s: float, max_ttl_s: float) -> Attrs:
+    if not isinstance(raw, list) or len(raw) != 6:
+        raise InvalidMessage("malformed put batch: an attribute entry")
+    tenant, type_, key, delay_us, ttl_us, task = raw
+    check_name(tenant, "tenant")
+    check_name(type_, "type")
+    check_key(key)
+    if type(delay_us) is not int or not 0 <= delay_us <= to_us(max_delay_s):
+        raise InvalidMessage(f"delay_s must be within [0, {max_delay_s}] seconds")
+    if ttl_us is not None and (type(ttl_us) is not int or not 1000 <= ttl_us <= to_us(max_ttl_s)):
+        raise InvalidMessage(f"ttl_s must be within [0.001, {max_ttl_s}] seconds")
+    if type(task) is not bool:
+        raise InvalidMessage("malformed put batch: the task flag")
+    return Attrs(tenant, type_, key, delay_us, ttl_us, task)
+
+
+# -- receives -------------------------------------------------------------------------
+def encode_delivered(rows: list[list]) -> bytes:
+    """Pack delivered messages: each [id, receipt, body, tenant, type, key,
+    dequeue count, enqueued_at µs, subqueue]."""
+    return msgpack.packb(rows, use_bin_type=True)
+
+
+def delivered_count(data: bytes) -> int:
+    """How many messages a receive's answer holds, from its msgpack array header."""
+    first = data[0]
+    if 0x90 <= first <= 0x9F:
+        return first & 0x0F
+    return int.from_bytes(data[1:3] if first == 0xDC else data[1:5], "big")
+
+
+def decode_received(data: bytes) -> list[Received]:
+    """The messages of a receive's answer as users get them (bodies decoded)."""
+    return [Received(mid, receipt, decode_body(body), tenant, type_, dequeues, enqueued / US)
+            for mid, receipt, body, tenant, type_, _, dequeues, enqueued, _
+            in _unpack_delivered(data)]
+
+
+def _unpack_delivered(data: bytes) -> list:
+    return msgpack.unpackb(data, raw=False, max_str_len=1 << 20, max_bin_len=(16 << 20) + 1,
+                           max_array_len=1 << 20, max_map_len=0, max_ext_len=0)
+
+
+def decode_delivered(data: bytes) -> list[StoredMessage]:
+    """The messages of a receive's answer, as :class:`StoredMessage` values."""
+    rows = _unpack_delivered(data)
+    return [StoredMessage(mid, receipt, body, tenant, type_, key, dequeues, enqueued / US, sq)
+            for mid, receipt, body, tenant, type_, key, dequeues, enqueued, sq in rows]
+

@@ -1,0 +1,320 @@
+"""The persisted queue registry: virtual queues made of subqueues on shards
+(docs/shards-and-storage.md).
+
+Pure: the :class:`~actors.manager.QueueManager` actor wraps it and feeds it the
+counts it reads from shards.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from rayq.core.auth.accounts import ACCOUNT_NAME, ADMIN, QUEUE_SEP, queue_ref
+from rayq.core.kit.clock import Clock
+from rayq.core.kit.kv import KV
+from rayq.core.codec.model import DLQ_SUFFIX, SubqueueState, check_count, pack, unpack
+from rayq.core.control.placement import least_loaded_shard
+from rayq.errors import InvalidMessage, QueueDisabled, QueueExists, QueueNotFound
+
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,80}$")
+PURGE = b"purge:"  # subqueue id -> shard, until the shard has taken the removal over
+
+
+@dataclass(frozen=True)
+class SubqueueInfo:
+    """One subqueue. ``dedicated`` names the (type, tenant) flooder it isolates: it
+    takes no producer's puts (only the flood sweeper's) and scaling leaves it alone."""
+
+    id: int
+    shard: int
+    state: SubqueueState
+    version: int
+    dedicated: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class QueueInfo:
+    """One virtual queue. ``dead_letter`` maps a shard to the DLQ subqueue on that shard."""
+
+    name: str
+    subqueues: tuple[SubqueueInfo, ...]
+    min_subqueues: int
+    max_receives: int | None
+    dead_letter: tuple[tuple[int, int], ...]
+    created_at: float
+    is_dlq: bool = False
+    owner: str = ADMIN  # the account whose queue this is
+
+    @property
+    def ref(self) -> str:
+        """The runtime-wide name: ``name`` for the default account's, else ``owner/name``."""
+        return queue_ref(self.owner, self.name)
+
+    def subqueue(self, sq: int) -> SubqueueInfo | None:
+        return next((s for s in self.subqueues if s.id == sq), None)
+
+    def dead_letter_on(self, shard: int) -> int | None:
+        return dict(self.dead_letter).get(shard)
+
+    def to_record(self) -> dict:
+        return {"name": self.name, "min": self.min_subqueues, "max_receives": self.max_receives,
+                "dlq": [list(p) for p in self.dead_letter], "created_at": self.created_at,
+                "is_dlq": self.is_dlq, "owner": self.owner,
+                "subqueues": [[s.id, s.shard, s.state.value, s.version,
+                               list(s.dedicated) if s.dedicated else None]
+                              for s in self.subqueues]}
+
+    @classmethod
+    def from_record(cls, r: dict) -> "QueueInfo":
+        subqueues = tuple(SubqueueInfo(i, shard, SubqueueState(state), version,
+                                       tuple(rest[0]) if rest and rest[0] else None)
+                          for i, shard, state, version, *rest in r["subqueues"])
+        return cls(r["name"], subqueues, r["min"], r["max_receives"],
+                   tuple(tuple(p) for p in r["dlq"]), r["created_at"], r["is_dlq"],
+                   r.get("owner", ADMIN))
+
+
+def check_queue_name(name) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise InvalidMessage(f"queue names are 1-80 chars of letters, digits, '_', '-', '.': {name!r}")
+    return name
+
+
+def check_queue_ref(name) -> str:
+    """A queue name as a client may give it: plain (its own account's) or ``account/name``."""
+    if isinstance(name, str) and QUEUE_SEP in name:
+        owner, _, bare = name.partition(QUEUE_SEP)
+        if not ACCOUNT_NAME.match(owner):
+            raise InvalidMessage(f"not an account name before {QUEUE_SEP!r}: {name!r:.100}")
+        check_queue_name(bare)
+        return name
+    return check_queue_name(name)
+
+
+def _record_key(ref: str) -> bytes:
+    return b"q:" + ref.encode()
+
+
+class QueueRegistry:
+    """Queues, their subqueues and placement, persisted in a KV's ``meta`` table.
+
+    Every account has its own namespace: a queue is keyed by its runtime-wide name
+    (:attr:`QueueInfo.ref`, one-to-one with (owner, name)), while subqueue ids stay
+    global integers. Methods take that runtime-wide name.
+    """
+
+    def __init__(self, kv: KV, *, shards: int, clock: Clock):
+        self.kv, self.shards, self.clock = kv, shards, clock
+        self._queues: dict[str, QueueInfo] = kv.transact(self._load)
+
+    @staticmethod
+    def _load(txn) -> dict[str, QueueInfo]:
+        """Read every queue, migrating records of the one-namespace layout on the way: a
+        record without an owner is the default account's (names were global then, and
+        the default account's keys are unchanged); a record an account owned moves from
+        ``q:<name>`` to ``q:<account>/<name>``, so its account keeps it."""
+        queues, moved = {}, []
+        for key, value in list(txn.scan("meta", b"q:", b"q;")):
+            queue = QueueInfo.from_record(unpack(value))
+            queues[queue.ref] = queue
+            if key != _record_key(queue.ref):
+                moved.append((key, queue))
+        for key, queue in moved:
+            txn.delete("meta", key)
+            txn.put("meta", _record_key(queue.ref), pack(queue.to_record()))
+        return queues
+
+    def _save(self, *queues: QueueInfo, removed: tuple[str, ...] = (),
+              purges: tuple[SubqueueInfo, ...] = ()) -> None:
+        def write(txn):
+            for q in queues:
+                txn.put("meta", _record_key(q.ref), pack(q.to_record()))
+            for ref in removed:
+                txn.delete("meta", _record_key(ref))
+            for sq in purges:
+                txn.put("meta", PURGE + str(sq.id).encode(), str(sq.shard).encode())
+        self.kv.transact(write)
+        for q in queues:
+            self._queues[q.ref] = q
+        for ref in removed:
+            self._queues.pop(ref, None)
+
+    def _next_ids(self, n: int) -> list[int]:
+        def allocate(txn):
+            raw = txn.get("meta", b"next_sq")
+            first = int(raw) if raw else 1
+            txn.put("meta", b"next_sq", str(first + n).encode())
+            return list(range(first, first + n))
+        return self.kv.transact(allocate)
+
+    # -- queries -------------------------------------------------------------
+    def get(self, ref: str) -> QueueInfo:
+        queue = self._queues.get(ref)
+        if queue is None:
+            raise QueueNotFound(f"no queue named {ref!r}")
+        return queue
+
+    def find(self, ref: str) -> QueueInfo | None:
+        return self._queues.get(ref)
+
+    def __contains__(self, ref: str) -> bool:
+        return ref in self._queues
+
+    def names(self) -> list[str]:
+        """Every queue's runtime-wide name, sorted."""
+        return sorted(self._queues)
+
+    def all(self) -> list[QueueInfo]:
+        return list(self._queues.values())
+
+    def owner_of(self, sq: int) -> QueueInfo | None:
+        return next((q for q in self._queues.values() if q.subqueue(sq)), None)
+
+    # -- changes ---------------------------------------------------------------
+    def create(self, name: str, *, subqueues: int, max_receives: int | None,
+               shard_depths: Mapping[int, int], owner: str = ADMIN) -> QueueInfo:
+        """Create queue ``name`` and its ``<name>-dlq`` in account ``owner``'s namespace
+        (idempotent for the same settings)."""
+        check_queue_name(name)
+        if name.endswith(DLQ_SUFFIX):
+            raise InvalidMessage(f"names ending in {DLQ_SUFFIX!r} are reserved for dead-letter queues")
+        check_count(subqueues, "subqueues", 1, 64)
+        if max_receives is not None:
+            check_count(max_receives, "max_receives", 1, 1000)
+        existing = self._queues.get(queue_ref(owner, name))
+        if existing is not None:
+            if existing.max_receives != max_receives:
+                raise QueueExists(f"queue {name!r} exists with max_receives={existing.max_receives}")
+            return existing
+        depths = dict(shard_depths) or {s: 0 for s in range(self.shards)}
+        placed = []
+        for _ in range(subqueues):  # spread over the least loaded shards
+            shard = least_loaded_shard(depths)
+            depths[shard] += 1 << 40  # count a new subqueue as heavy so the next goes elsewhere
+            placed.append(shard)
+        ids = self._next_ids(subqueues)
+        now = self.clock.now()
+        main = QueueInfo(name, tuple(SubqueueInfo(i, s, SubqueueState.ALL, v)
+                                     for v, (i, s) in enumerate(zip(ids, placed))),
+                         subqueues, max_receives, (), now, owner=owner)
+        dlq = QueueInfo(name + DLQ_SUFFIX, (), 1, None, (), now, is_dlq=True, owner=owner)
+        main, dlq = self._with_dead_letters(main, dlq)
+        self._save(main, dlq)
+        return main
+
+    def _with_dead_letters(self, main: QueueInfo, dlq: QueueInfo) -> tuple[QueueInfo, QueueInfo]:
+        """Give the DLQ a subqueue on every shard the queue uses (dead-lettering stays local)."""
+        have = {s.shard for s in dlq.subqueues}
+        need = sorted({s.shard for s in main.subqueues} - have)
+        ids = self._next_ids(len(need)) if need else []
+        version = max((s.version for s in dlq.subqueues), default=-1) + 1
+        added = tuple(SubqueueInfo(i, shard, SubqueueState.ALL, version)
+                      for i, shard in zip(ids, need))
+        dlq = replace(dlq, subqueues=dlq.subqueues + added)
+        main = replace(main, dead_letter=tuple((s.shard, s.id) for s in dlq.subqueues))
+        return main, dlq
+
+    def delete(self, name: str) -> list[SubqueueInfo]:
+        """Remove a queue (and its DLQ) and record its subqueues for removal by their
+        shards, in one transaction (a crash between the two would strand their rows);
+        returns those subqueues."""
+        queue = self.get(name)
+        removed = [queue.ref]
+        subqueues = list(queue.subqueues)
+        dlq = self._queues.get(name + DLQ_SUFFIX)
+        if dlq is not None and not queue.is_dlq:
+            removed.append(dlq.ref)
+            subqueues += dlq.subqueues
+        self._save(removed=tuple(removed), purges=tuple(subqueues))
+        return subqueues
+
+    def add_subqueue(self, name: str, shard: int) -> SubqueueInfo:
+        queue = self.get(name)
+        version = max((s.version for s in queue.subqueues), default=-1) + 1
+        added = SubqueueInfo(self._next_ids(1)[0], shard, SubqueueState.ALL, version)
+        queue = replace(queue, subqueues=queue.subqueues + (added,))
+        dlq = self._queues.get(name + DLQ_SUFFIX)
+        if dlq is not None and not queue.is_dlq:
+            queue, dlq = self._with_dead_letters(queue, dlq)
+            self._save(queue, dlq)
+        else:
+            self._save(queue)
+        return added
+
+    def add_dedicated(self, name: str, shard: int, type_: str, tenant: str) -> SubqueueInfo:
+        """The subqueue isolating flooder (type, tenant) on ``shard``, made if missing."""
+        queue = self.get(name)
+        for s in queue.subqueues:
+            if s.shard == shard and s.dedicated == (type_, tenant) and s.state is SubqueueState.ALL:
+                return s
+        version = max((s.version for s in queue.subqueues), default=-1) + 1
+        added = SubqueueInfo(self._next_ids(1)[0], shard, SubqueueState.ALL, version, (type_, tenant))
+        self._save(replace(queue, subqueues=queue.subqueues + (added,)))
+        return added
+
+    def coalesce(self, name: str, sq: int) -> QueueInfo:
+        """Return a dedicated subqueue to the pool: it takes no puts, drains, then is dropped."""
+        queue = self.get(name)
+        subqueues = tuple(replace(s, state=SubqueueState.NO_PUT, dedicated=None) if s.id == sq else s
+                          for s in queue.subqueues)
+        queue = replace(queue, subqueues=subqueues)
+        self._save(queue)
+        return queue
+
+    # -- clearing (docs/visibility-and-receipts.md: mark the subqueues to be deleted,
+    # start fresh ones) ------------------------------------------------------------
+    def renew(self, name: str) -> list[SubqueueInfo]:
+        """Give queue ``name`` fresh, empty subqueues in place of its subqueues (same
+        shards; a flooder's dedicated subqueue stays dedicated; draining ones are not
+        replaced). Returns the old subqueues, recorded as pending removal in the same
+        transaction so a crash cannot leave them behind."""
+        queue = self.get(name)
+        keep = [s for s in queue.subqueues if s.state is SubqueueState.ALL]
+        version = max((s.version for s in queue.subqueues), default=-1) + 1
+        fresh = tuple(SubqueueInfo(i, s.shard, SubqueueState.ALL, version, s.dedicated)
+                      for i, s in zip(self._next_ids(len(keep)), keep))
+        renewed = replace(queue, subqueues=fresh)
+        self._save(renewed, purges=queue.subqueues)
+        return list(queue.subqueues)
+
+    def pending_purges(self) -> list[SubqueueInfo]:
+        """Subqueues recorded for removal that no shard has acknowledged yet."""
+        def read(txn):
+            return [SubqueueInfo(int(k[len(PURGE):]), int(v), SubqueueState.DISABLED, 0)
+                    for k, v in txn.scan("meta", PURGE, PURGE[:-1] + b";")]
+        return self.kv.read(read)
+
+    def purged(self, ids: list[int]) -> None:
+        """Shards took these subqueues over: their removal goes on there."""
+        self.kv.transact(lambda txn: [txn.delete("meta", PURGE + str(i).encode()) for i in ids])
+
+    def set_state(self, name: str, sq: int, state: SubqueueState) -> QueueInfo:
+        queue = self.get(name)
+        subqueues = tuple(replace(s, state=state) if s.id == sq else s for s in queue.subqueues)
+        queue = replace(queue, subqueues=subqueues)
+        self._save(queue)
+        return queue
+
+    def drop_subqueue(self, name: str, sq: int) -> QueueInfo:
+        queue = self.get(name)
+        queue = replace(queue, subqueues=tuple(s for s in queue.subqueues if s.id != sq))
+        self._save(queue)
+        return queue
+
+
+def put_target(queue: QueueInfo, counts: Mapping[int, int]) -> SubqueueInfo:
+    """The subqueue a new producer session sticks to: the emptiest one taking puts."""
+    open_ = [s for s in queue.subqueues if s.state is SubqueueState.ALL and not s.dedicated]
+    if not open_:
+        raise QueueDisabled(f"queue {queue.name!r} has no subqueue accepting messages")
+    return min(open_, key=lambda s: (counts.get(s.id, 0), s.version))
+
+
+def receive_order(queue: QueueInfo, counts: Mapping[int, int]) -> list[SubqueueInfo]:
+    """Subqueues to receive from: draining (oldest-version) ones first, then the fullest;
+    flooders' dedicated subqueues last, so their backlog does not stand in front."""
+    live = [s for s in queue.subqueues if s.state is not SubqueueState.DISABLED]
+    return sorted(live, key=lambda s: (bool(s.dedicated), s.state is not SubqueueState.NO_PUT,
+                                       -counts.get(s.id, 0), s.version))

@@ -1,0 +1,3 @@
+"""Fairness across job types and tenants: usage, victims and listen order (``policy``),
+the coordinator's rounds (``coordinating``), suspension rules (``rules``) and
+cluster-wide concurrency leases (``leases``)."""

@@ -1,0 +1,106 @@
+"""A Ray head on this machine that outlives one script: what ``rayq start`` and
+``rayq stop`` run. The head listens on 127.0.0.1 only, like the embedded default.
+
+``rayq stop`` stops this head's processes only (found by its session directory),
+not every Ray on the machine as ``ray stop`` would.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import psutil
+
+from rayq.runtime.session import LOOPBACK, SINGLE_MACHINE_ENV
+
+STOP_TIMEOUT_S = 30.0
+
+
+DASHBOARD_PORT = 8265  # Ray's own default
+
+
+def free_port(wanted: int = 0) -> int:
+    """``wanted`` if it is free on loopback right now, else a free port."""
+    with socket.socket() as s:
+        try:
+            s.bind((LOOPBACK, wanted))
+        except OSError:
+            s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def start_head(port: int, dashboard: bool) -> str:
+    """``ray start --head`` on loopback; returns the address to attach to.
+
+    Raises subprocess.CalledProcessError (with Ray's output) when it fails."""
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    cmd = [ray_cli, "start", "--head", f"--port={port}", f"--node-ip-address={LOOPBACK}",
+           f"--dashboard-host={LOOPBACK}", f"--include-dashboard={str(dashboard).lower()}",
+           f"--dashboard-port={free_port(DASHBOARD_PORT)}",  # ray start takes no busy one
+           "--disable-usage-stats"]
+    env = {**os.environ, SINGLE_MACHINE_ENV: "0"}
+    env.pop("RAY_ADDRESS", None)
+    subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+    return f"{LOOPBACK}:{port}"
+
+
+MARKER = "rayq-start"  # in a session directory: rayq start started this head
+
+
+def mark_started(session_dir: str) -> None:
+    with open(os.path.join(session_dir, MARKER), "w") as f:
+        f.write(str(os.getpid()))
+
+
+def started_by_rayq(session_dir: str) -> bool:
+    return os.path.exists(os.path.join(session_dir, MARKER))
+
+
+def stop_session(session_dir: str, address: str, timeout_s: float = STOP_TIMEOUT_S) -> int:
+    """Stop every process of the Ray session in ``session_dir`` (its GCS, raylet,
+    dashboard, agents and the workers under the raylet); returns how many."""
+    procs = session_processes(session_dir)
+    for proc in procs:
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    _forget_current_cluster(session_dir, address)
+    return len(procs)
+
+
+def session_processes(session_dir: str) -> list[psutil.Process]:
+    """The processes started for a Ray session, and their children."""
+    me = os.getpid()
+    found: dict[int, psutil.Process] = {}
+    for proc in psutil.process_iter(["cmdline"]):
+        if proc.pid != me and any(session_dir in arg for arg in proc.info["cmdline"] or ()):
+            found[proc.pid] = proc
+            try:
+                found.update((c.pid, c) for c in proc.children(recursive=True))
+            except psutil.NoSuchProcess:
+                pass
+    found.pop(me, None)
+    return list(found.values())
+
+
+def _forget_current_cluster(session_dir: str, address: str) -> None:
+    """Remove ``ray_current_cluster`` (what ``ray.init()`` attaches to) if it names this
+    head, as ``ray stop`` does, so later scripts start their own Ray."""
+    path = os.path.join(os.path.dirname(session_dir), "ray_current_cluster")
+    try:
+        with open(path) as f:
+            if f.read().strip() == address:
+                os.remove(path)
+    except FileNotFoundError:
+        pass
+

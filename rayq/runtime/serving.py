@@ -1,0 +1,70 @@
+"""Serving the SQS endpoint on a running runtime: what ``rayq.serve_sqs`` and
+``rayq serve`` are. Like :mod:`rayq.runtime.session`, a public-API module that reaches
+Ray and the actors; ``rayq/__init__`` loads it on first use."""
+
+from __future__ import annotations
+
+import os
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from actors import NAMESPACE
+from actors.runtime import find_runtime
+from actors.sqs import STATE, SqsEndpointRemote, SqsStateRemote, replica_name
+from rayq.core.codec.model import check_count
+from rayq.errors import RuntimeFailure
+
+# Endpoint actors only parse, verify and forward: no CPU slot taken from consumers.
+_OPTIONS = dict(namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
+                max_restarts=-1)
+
+
+def serve_sqs(host: str = "127.0.0.1", port: int = 9324, replicas: int = 1) -> str:
+    """Serve the SQS JSON protocol for the running runtime at ``http://host:port``;
+    returns that URL. ``replicas`` HTTP actors per node share the port (SO_REUSEPORT);
+    on a cluster each alive node runs that many. Idempotent; stopped by ``rayq.shutdown()``.
+    Raises RuntimeFailure when no runtime runs or the port cannot be bound."""
+    check_count(port, "port", 1, 65535)
+    check_count(replicas, "replicas", 1, 64)
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), namespace=NAMESPACE,
+                 log_to_driver=False)
+    found = find_runtime()
+    config = found["config"]
+    placed = {"resources": {config.store.data_resource: 0.01}} if config.store.data_resource else {}
+    data_dir = ray.get(found["manager"].info.remote())["data_dir"]  # unsigned: the runtime's own
+    state = SqsStateRemote.options(name=STATE, **placed, **_OPTIONS).remote(data_dir)
+    ray.get(state.ping.remote())
+    endpoints = []
+    for n, node in enumerate(_alive_nodes()):
+        strategy = NodeAffinitySchedulingStrategy(node, soft=False)
+        for i in range(replicas):
+            endpoints.append(SqsEndpointRemote.options(
+                name=replica_name(n * replicas + i), scheduling_strategy=strategy,
+                max_concurrency=1000, **_OPTIONS).remote(
+                    host, port, found["manager"], found["shards"], config))
+    try:
+        addresses = set(ray.get([e.ready.remote() for e in endpoints]))
+    except ray.exceptions.RayError as err:
+        raise RuntimeFailure(f"the SQS endpoint could not listen on {host}:{port}: {err}") from err
+    if addresses != {(host, port)}:  # replicas of an earlier call, elsewhere
+        raise RuntimeFailure(f"the SQS endpoint already serves at {sorted(addresses)}; "
+                             "stop it first (rayq.shutdown())")
+    return f"http://{host}:{port}"
+
+
+def _alive_nodes() -> list[str]:
+    return sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+
+
+def stop_sqs() -> None:
+    """Stop the endpoint's replicas and its state actor (named ``rayq-sqs-*``); the
+    runtime keeps running. Idempotent."""
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+             if a.get("namespace") == NAMESPACE and a["name"].startswith(replica_name(""))]
+    for name in names:
+        try:
+            ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+        except ValueError:
+            pass  # gone meanwhile

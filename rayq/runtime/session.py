@@ -1,0 +1,116 @@
+"""Starting, attaching to and stopping a runtime: what ``rayq.start``, ``rayq.connect``
+and ``rayq.shutdown`` are. The one module of the public API that reaches Ray and
+the actors; ``rayq/__init__`` loads it on first use."""
+
+from __future__ import annotations
+
+import os
+
+import ray
+
+from actors.runtime import ensure_runtime, find_runtime, stop_runtime
+from rayq import config as config_module
+from rayq.client import Client
+from rayq.config import Config
+from rayq.core.auth.accounts import Signer
+from rayq.errors import AuthError
+
+DEFAULT_DATA_DIR = ".rayq-data"
+LOOPBACK = "127.0.0.1"
+DASHBOARD_ENV = "RAYQ_DASHBOARD"  # "0" starts the embedded Ray without its dashboard
+# Ray's own switch for a one-machine Ray (its default on macOS and Windows): node
+# address 127.0.0.1, and every Ray server (GCS, raylet, workers, agents) on loopback.
+SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+RAY_LOG_LEVEL_ENV = "RAYQ_RAY_LOG_LEVEL"  # Ray's Python log level in this process
+
+
+def _init_ray(address: str | None = None, dashboard: bool = True) -> None:
+    """Attach to ``address`` (None or "auto": the cluster ``ray start`` / ``rayq start``
+    left on this machine); with no address and no such cluster, start the embedded
+    Ray: this machine only, on loopback. Raises ConnectionError for "auto" when no
+    cluster runs."""
+    if ray.is_initialized():
+        return
+    level = os.environ.get(RAY_LOG_LEVEL_ENV, "WARNING").upper()
+    found = local_cluster(address) if address in (None, "auto") else address
+    if found is None:
+        loopback_only()
+        ray.init(namespace="rayq", log_to_driver=False, logging_level=level,
+                 _node_ip_address=LOOPBACK, include_dashboard=dashboard, dashboard_host=LOOPBACK)
+        return
+    if found.rsplit(":", 1)[0] == LOOPBACK:  # rayq start's head: join it on loopback
+        loopback_only()
+    # The address as given: for None / "auto" Ray also loads the cluster's auth token.
+    ray.init(address=address, namespace="rayq", log_to_driver=False, logging_level=level)
+
+
+def local_cluster(address: str | None) -> str | None:
+    """The address ``ray.init(address)`` would attach to: ``$RAY_ADDRESS`` or the
+    cluster last started on this machine with ``ray start`` (None: none)."""
+    from ray._private.services import get_ray_address_from_environment
+
+    found = get_ray_address_from_environment(address, None)
+    return None if found in (None, "local") else found
+
+
+def loopback_only() -> None:
+    """Make the Ray started next from this process (and every process it starts)
+    listen on 127.0.0.1 only. Without this Ray turns 127.0.0.1 into the machine's
+    network address and its servers listen there."""
+    from ray._private import ray_constants
+
+    os.environ[SINGLE_MACHINE_ENV] = "0"        # Ray's processes read it at start-up
+    ray_constants.ENABLE_RAY_CLUSTER = False    # this one read it at import
+
+
+def _dashboard_wanted(dashboard: bool | None) -> bool:
+    if dashboard is not None:
+        return dashboard
+    return os.environ.get(DASHBOARD_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def start(data_dir: str | os.PathLike | None = None, config: Config | None = None,
+          consumers: int | None = None, dashboard: bool | None = None) -> Client:
+    """Start the runtime (idempotent) and return a client.
+
+    Starts a local Ray unless one is initialised, ``RAY_ADDRESS`` names a cluster
+    or ``ray start`` / ``rayq start`` left one on this machine. That embedded Ray
+    listens on 127.0.0.1 only and runs the Ray dashboard (also on 127.0.0.1)
+    unless ``dashboard=False`` or ``$RAYQ_DASHBOARD=0``. Data lives in
+    ``data_dir`` (default ``./.rayq-data``). If a runtime already runs, it is
+    reused with its own configuration.
+    """
+    config = config or config_module.load()
+    if consumers is not None:
+        config = config_module.with_consumers(config, consumers)
+    data_dir = os.path.abspath(data_dir or DEFAULT_DATA_DIR)
+    _init_ray(os.environ.get("RAY_ADDRESS"), _dashboard_wanted(dashboard))
+    ensure_runtime(data_dir, config, consumers)
+    found = find_runtime()
+    return Client(found["manager"], found["shards"], found["config"])
+
+
+def connect(address: str = "auto", account: str | None = None, key: str | None = None) -> Client:
+    """Attach to a running runtime (also from inside Ray tasks and actors).
+
+    With ``account`` and ``key`` every request is signed (HMAC-SHA256) and the
+    client sees and touches only that account's queues and messages; the
+    credentials are checked here, so wrong ones raise AuthError at once.
+    Without them the client acts for the ``default`` account.
+    """
+    if (account is None) != (key is None):
+        raise AuthError("connect takes both account= and key=, or neither")
+    signer = Signer(account, key) if account is not None else None
+    _init_ray(address)
+    found = find_runtime()
+    client = Client(found["manager"], found["shards"], found["config"], signer)
+    if signer is not None:
+        client.whoami()
+    return client
+
+
+def shutdown() -> None:
+    """Stop the runtime's actors; the data stays. Idempotent."""
+    if not ray.is_initialized():
+        return
+    stop_runtime()
