@@ -36,7 +36,7 @@ from _peers import (BATCH, BODY, INSTALL, dramatiq_tasks, dramatiq_workers,  # n
                     redis_server, redis_version, redis_xadds)
 from _report import report, submit_then_wait, tree_cpu_s  # noqa: E402
 from throughput import (concurrent_sends, depth_figures, depth_rows, end_to_end,  # noqa: E402
-                        runtime)
+                        own_client_sends, runtime)
 
 import rayq  # noqa: E402
 
@@ -120,10 +120,13 @@ def send_rows(url: str | None, args, missing) -> list[dict]:
     mine = measured(lambda: concurrent_sends(s), seconds=s)
     xadds = measured(lambda: redis_xadds(url, s), seconds=s) if url else skipped()
     puts = measured(lambda: ray_queue_puts(s), seconds=s)
+    own = measured(lambda: own_client_sends(s), seconds=s)
     figure = "send() x 8 threads, durable"
     return (pair(figure, "msg/s", mine, xadds,
                  peer_label("Redis XADD x 8 threads", missing, "redis-server", "redis"), ">= 0.50")
-            + pair(figure, "msg/s", mine, puts, "ray.util.queue put x 8 threads", ">= 2.00"))
+            + pair(figure, "msg/s", mine, puts, "ray.util.queue put x 8 threads", ">= 2.00")
+            + pair("send() x 8 threads, a client per thread", "msg/s", own, mine,
+                   "one shared client, same run", ">= 1.00"))
 
 
 def task_rows(client, url: str | None, args, missing) -> list[dict]:

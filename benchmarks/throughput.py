@@ -86,6 +86,15 @@ def concurrent_sends(seconds: float, producers: int = 8) -> float:
     return rate_on_threads(lambda i: queue.send(BODY, tenant=f"t{i}"), producers, seconds)
 
 
+def own_client_sends(seconds: float, producers: int = 8) -> float:
+    """As :func:`concurrent_sends`, but each thread calls ``rayq.connect()`` itself, as
+    code that opens a client where it needs one does: clients of one process with the
+    same credentials share their transport, so these sends coalesce too."""
+    rayq.connect().create_queue("bench-send", max_receives=None)
+    queues = [rayq.connect().queue("bench-send") for _ in range(producers)]
+    return rate_on_threads(lambda i: queues[i].send(BODY, tenant=f"t{i}"), producers, seconds)
+
+
 def receive_latency(q: rayq.Queue, samples: int = LATENCY_SAMPLES) -> tuple[float, float]:
     """(p50, p99) in ms of single receives, after WARM_UP_RECEIVES untimed ones."""
     for _ in range(WARM_UP_RECEIVES):
