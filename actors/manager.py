@@ -15,6 +15,7 @@ import os
 import ray
 
 from actors import COORDINATOR, FLOOD_DETECTOR, NAMESPACE, consumer_name, shard_name
+from actors.placement import published
 from actors.consumer import ConsumerRemote, named_consumers
 from actors.metrics import BackgroundFailures
 from rayq.config import Config
@@ -270,12 +271,13 @@ class QueueManager:
     async def scale_once(self) -> None:
         await self.refresh()  # once: a second read would measure rates over milliseconds
         depths = shard_depths(self.registry.all(), self._counts, len(self.shards))
+        nodes = published()  # each shard's node: added subqueues go to other nodes first
         now = self.clock.now()
         for queue in self.registry.all():
             loads = loads_of(queue, self._counts, self._rates)
             decision = decide(loads, depths, min_subqueues=queue.min_subqueues,
                               quiet_for_s=self._quiet.quiet_for(loads, now),
-                              config=self.config.scaling)
+                              config=self.config.scaling, shard_nodes=nodes)
             await self._apply(queue, decision, now)
 
     async def _apply(self, queue: QueueInfo, decision, now: float) -> None:

@@ -11,8 +11,10 @@ from actors import COORDINATOR, FLOOD_DETECTOR, MANAGER, NAMESPACE, consumer_nam
 from actors.coordinator import CoordinatorRemote
 from actors.flood import FloodRemote
 from actors.manager import QueueManager
+from actors.placement import data_nodes, pinned, publish, shards_on_disk
 from actors.shard import CONCURRENCY_GROUPS, ShardActor
 from rayq.config import Config
+from rayq.core.control.placement import DataNode, node_folder, plan_shards
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.errors import RuntimeFailure
 from rayq.remote import NO_RETRY, actor_names, call, running
@@ -24,33 +26,39 @@ ShardRemote = ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(ShardActor)
 ManagerRemote = ray.remote(QueueManager)
 
 
-def _placed(config: Config) -> dict:
-    """Actor options: detached, named, no CPU, on the node with the data if configured."""
-    options = dict(_ACTOR_OPTIONS)
-    if config.store.data_resource:
-        options["resources"] = {config.store.data_resource: 0.01}
-    return options
+def _placed(node: DataNode) -> dict:
+    """Actor options: detached, named, no CPU, pinned to ``node``, where its files are."""
+    return {**_ACTOR_OPTIONS, **pinned(node)}
 
 
 def ensure_runtime(data_dir: str, config: Config, consumers: int | None = None) -> dict:
     """Create the shards, the manager and the consumers unless they run already.
 
-    ``consumers`` sets how many consumer actors run; None keeps the number a
-    previous run chose (or the configured one). Returns the handles."""
+    Shards spread over the data nodes (docs/replication.md), each pinned to its
+    node and keeping its files in that node's folder of ``data_dir``; a shard
+    whose files a node already holds starts there again. The control actors run on
+    the first data node by name. ``consumers`` sets how many consumer actors run;
+    None keeps the number a previous run chose (or the configured one). Returns the
+    handles."""
+    nodes = data_nodes(config)
+    by_name = {n.name: n for n in nodes}
+    places = plan_shards(nodes, shards_on_disk(nodes, data_dir), config.store.shards)
+    publish(places)
     shards = [ShardRemote.options(name=shard_name(i), max_restarts=-1, max_task_retries=-1,
-                                  **_placed(config))
-              .remote(i, os.path.join(data_dir, f"shard-{i}"), config)
-              for i in range(config.store.shards)]
+                                  **_placed(by_name[node]))
+              .remote(i, os.path.join(node_folder(data_dir, node), f"shard-{i}"), config)
+              for i, node in sorted(places.items())]
     for shard in shards:  # an actor that cannot start fails the start at once
         call(lambda shard=shard: shard.ping.remote(), NO_RETRY)
+    control, home = nodes[0], node_folder(data_dir, nodes[0].name)
     manager = ManagerRemote.options(name=MANAGER, max_restarts=-1, max_task_retries=-1,
-                                    **_placed(config)).remote(data_dir, config)
+                                    **_placed(control)).remote(home, config)
     call(lambda: manager.list_queues.remote(), NO_RETRY)
     coordinator = CoordinatorRemote.options(name=COORDINATOR, max_restarts=-1, max_task_retries=-1,
-                                            **_placed(config)).remote(data_dir, config)
+                                            **_placed(control)).remote(home, config)
     call(lambda: coordinator.ping.remote(), NO_RETRY)
     detector = FloodRemote.options(name=FLOOD_DETECTOR, max_restarts=-1, max_task_retries=-1,
-                                   **_placed(config)).remote(data_dir, config)
+                                   **_placed(control)).remote(home, config)
     call(lambda: detector.ping.remote(), NO_RETRY)
     call(lambda: manager.scale_consumers.remote(consumers))
     return {"manager": manager, "shards": shards, "coordinator": coordinator}

@@ -31,6 +31,7 @@ from actors.channel import ChannelServer
 from actors.gate import manager_directory
 from rayq.core.auth import nonces
 from actors.metrics import BackgroundFailures, ShardMetrics
+from actors.placement import this_node_name
 from rayq.analytics.eventlog import open_event_log
 from rayq.batching import AsyncBatcher
 from rayq.channel import CHANNEL_METHODS
@@ -77,11 +78,14 @@ class ShardStats:
     throttled: dict[int, int]
     queues: dict[str, int] = field(default_factory=dict)
     background_failures: int = 0  # failed housekeeping rounds since the shard started
+    node: str = ""  # the data node it runs on ("": the embedded runtime's only node)
+    role: str = "leader"
 
 
 class ShardActor:
     def __init__(self, index: int, path: str, config: Config, clock: Clock | None = None):
         self.index = index
+        self.node = this_node_name()
         self.clock = clock or SystemClock()
         self.store = open_store(path, config=config.store, clock=self.clock,
                                 dispatch=DispatchPolicy.of(config.fairness))
@@ -393,7 +397,7 @@ class ShardActor:
         store_stats = await self._read(self.store.stats)
         return ShardStats(self.index, store_stats, self._commits, self._calls,
                           dict(self._ops), dict(self._throttled), await self._queue_counts(),
-                          self.failures.total)
+                          self.failures.total, node=self.node)
 
     async def _queue_counts(self) -> dict[str, int]:
         """Messages here per queue by unambiguous name; empty while the manager is away

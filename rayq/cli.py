@@ -288,11 +288,11 @@ def _status(client) -> Group:
         stats = client.queue(name).stats()
         oldest = max((k.oldest_age_s for k in stats.keys.values()), default=0.0)
         queues.add_row(name, str(stats.depth), str(len(stats.subqueues)), f"{oldest:.1f}")
-    shards = _table("shards", "shard", "messages", "calls/commit", "cache MiB", "hits", "bypasses",
-                    "pressure", "spilled")
+    shards = _table("shards", "shard", "node", "role", "messages", "calls/commit", "cache MiB",
+                    "hits", "bypasses", "pressure", "spilled")
     for s in client.stats():
         c = s.store.cache
-        shards.add_row(str(s.index), str(s.store.messages),
+        shards.add_row(str(s.index), s.node or "local", s.role, str(s.store.messages),
                        f"{s.calls_committed / max(1, s.commits):.1f}", f"{c.bytes / 2**20:.1f}",
                        str(c.hits), str(c.bypasses), "yes" if c.under_pressure else "no",
                        str(s.store.spilled))

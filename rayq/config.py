@@ -52,10 +52,11 @@ class StoreConfig:
     # clients and consumers on a shard's host send put/receive/delete/... over a Unix
     # socket (rayq.channel: ~0.05 ms a round trip beside ~0.9 ms for a Ray call)
     local_channel: bool = True
-    # A custom Ray resource held by the node(s) whose disk keeps data_dir: every
-    # runtime actor with data (shards, manager, coordinator, flood detector) asks for
-    # a sliver of it, so a restarted actor comes back where its LMDB files are.
-    data_resource: str | None = None
+    # The custom Ray resource that marks data nodes (docs/replication.md): shards spread
+    # over the alive nodes holding it, each pinned to its node, files under
+    # <data_dir>/<the node's rayq-data-node label>/. No node with it (the embedded
+    # runtime on one machine): this node alone, files directly in data_dir.
+    data_resource: str | None = "rayq_data"
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors import NAMESPACE
+from actors.placement import data_nodes, pinned
 from actors.runtime import find_runtime
 from actors.sqs import STATE, SqsEndpointRemote, SqsStateRemote, replica_name
 from rayq.core.codec.model import check_count
@@ -32,7 +33,7 @@ def serve_sqs(host: str = "127.0.0.1", port: int = 9324, replicas: int = 1) -> s
                  log_to_driver=False)
     found = find_runtime()
     config = found["config"]
-    placed = {"resources": {config.store.data_resource: 0.01}} if config.store.data_resource else {}
+    placed = pinned(data_nodes(config)[0])  # beside the manager, whose folder it shares
     data_dir = ray.get(found["manager"].info.remote())["data_dir"]  # unsigned: the runtime's own
     state = SqsStateRemote.options(name=STATE, **placed, **_OPTIONS).remote(data_dir)
     ray.get(state.ping.remote())

@@ -1,10 +1,143 @@
-"""Where new subqueues go: a pure choice over the shards' depths (docs/autoscaling.md)."""
+"""Where shards and subqueues live: pure choices over data nodes and shard depths
+(docs/replication.md, docs/autoscaling.md).
+
+A data node is a Ray node holding the data resource, named by its
+``rayq-data-node`` label. Each node keeps its files under ``<data_dir>/<name>/``,
+so nodes never share files, even simulated ones on one machine. The embedded
+runtime has one unnamed data node whose files stay directly in ``data_dir``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from rayq.errors import RuntimeFailure
+
+DATA_NODE_LABEL = "rayq-data-node"
+LOCAL_NODE = ""  # the name of the embedded runtime's only data node
 
 
-def least_loaded_shard(shard_depths: Mapping[int, int]) -> int:
-    """The shard with the fewest messages (lowest index on ties)."""
-    return min(shard_depths, key=lambda shard: (shard_depths[shard], shard))
+@dataclass(frozen=True)
+class DataNode:
+    """A node whose disk keeps shard files: its stable name and its Ray node id."""
+
+    name: str
+    node_id: str
+
+
+@dataclass(frozen=True)
+class ShardPlace:
+    """Where one shard lives: its replicas' nodes, the leader first, and the epoch
+    under which the manager last changed them. ``in_sync`` are the replicas the
+    leader waits for before it acknowledges a write (the leader among them)."""
+
+    shard: int
+    replicas: tuple[str, ...]
+    in_sync: tuple[str, ...]
+    epoch: int = 1
+
+    @property
+    def leader(self) -> str:
+        return self.replicas[0]
+
+    @property
+    def followers(self) -> tuple[str, ...]:
+        return self.replicas[1:]
+
+    @property
+    def under_replicated(self) -> bool:
+        return len(self.in_sync) < len(self.replicas) or len(set(self.replicas)) < len(self.replicas)
+
+
+def data_nodes_of(nodes: Sequence[Mapping], resource: str | None) -> list[DataNode]:
+    """The data nodes among Ray's node records (``ray.nodes()``): alive, holding
+    ``resource``, named by their label (else their address), sorted by name. Raises
+    RuntimeFailure when two share a name: their files would mix."""
+    found = [DataNode((node.get("Labels") or {}).get(DATA_NODE_LABEL) or node["NodeManagerAddress"],
+                      node["NodeID"])
+             for node in nodes
+             if node.get("Alive") and resource and node.get("Resources", {}).get(resource, 0) > 0]
+    names = [n.name for n in found]
+    if len(set(names)) < len(names):
+        raise RuntimeFailure(f"two alive data nodes share a {DATA_NODE_LABEL!r} name: "
+                             f"{sorted(names)}; give each its own")
+    return sorted(found, key=lambda n: n.name)
+
+
+def shard_indexes(names: Sequence[str]) -> list[int]:
+    """The shard indexes among a node folder's entries (``shard-<i>``)."""
+    return sorted(int(n[6:]) for n in names if n.startswith("shard-") and n[6:].isdigit())
+
+
+def node_folder(data_dir: str, node: str) -> str:
+    """The folder that holds everything ``node`` writes (``data_dir`` itself for the
+    embedded runtime's unnamed node)."""
+    return os.path.join(data_dir, node) if node else data_dir
+
+
+def default_replicas(data_nodes: int) -> int:
+    """One copy on one node; two as soon as a second data node can hold one."""
+    return 1 if data_nodes < 2 else 2
+
+
+def spread(shards: Sequence[int], nodes: Sequence[str], replicas: int,
+           leaders: Mapping[str, int] | None = None) -> dict[int, ShardPlace]:
+    """Places for new ``shards`` over ``nodes`` (sorted by name): each leader on the
+    node leading fewest shards so far (``leaders``: counts from existing shards),
+    its followers on the next nodes round the ring. ``replicas`` is capped by the
+    number of nodes: two copies on one disk protect nothing."""
+    names = sorted(nodes)
+    copies = max(1, min(replicas, len(names)))
+    led = {n: (leaders or {}).get(n, 0) for n in names}
+    places = {}
+    for shard in shards:
+        first = min(names, key=lambda n: (led[n], names.index(n)))
+        led[first] += 1
+        at = names.index(first)
+        chosen = tuple(names[(at + k) % len(names)] for k in range(copies))
+        places[shard] = ShardPlace(shard, chosen, chosen)
+    return places
+
+
+def leader_counts(places: Mapping[int, ShardPlace]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for place in places.values():
+        counts[place.leader] = counts.get(place.leader, 0) + 1
+    return counts
+
+
+def least_loaded_shard(shard_depths: Mapping[int, int],
+                       avoid: Sequence[int] = (), leaders: Mapping[int, str] | None = None) -> int:
+    """The shard a new subqueue goes to: the fewest messages (lowest index on ties),
+    preferring a shard whose leader's node holds none of the queue's subqueues yet
+    (``avoid``: the shards it has), so each added subqueue lands on another server."""
+    leaders = leaders or {}
+    taken_nodes = {leaders.get(s, s) for s in avoid}
+    return min(shard_depths, key=lambda shard: (leaders.get(shard, shard) in taken_nodes,
+                                                shard in avoid, shard_depths[shard], shard))
+
+
+def new_follower_node(place: ShardPlace, nodes: Sequence[str],
+                      followers_per_node: Mapping[str, int]) -> str | None:
+    """A data node to seed a new follower of ``place`` on: one holding no replica of
+    it, the fewest followers first. None when every node already holds one."""
+    free = [n for n in sorted(nodes) if n not in place.replicas]
+    return min(free, key=lambda n: (followers_per_node.get(n, 0), n)) if free else None
+
+
+def plan_shards(nodes: list[DataNode], on_disk: dict[str, list[int]], shards: int) -> dict[int, str]:
+    """Each shard's node: where its files already are, else spread over ``nodes``
+    (the node leading fewest shards first)."""
+    names = [n.name for n in nodes]
+    found = {}
+    for name in names:  # a node holds a shard's files only if the shard ran there
+        for shard in on_disk.get(name, []):
+            found.setdefault(shard, name)
+    places = {s: found[s] for s in range(shards) if s in found}
+    new = [s for s in range(shards) if s not in places]
+    led = {n: sum(1 for v in places.values() if v == n) for n in names}
+    for place in spread(new, names, 1, led).values():
+        places[place.shard] = place.leader
+    return places

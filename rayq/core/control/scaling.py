@@ -64,11 +64,12 @@ def has_room_without_one(open_: Sequence[SubqueueLoad], config: ScalingConfig) -
 
 def decide(loads: Sequence[SubqueueLoad], shard_depths: Mapping[int, int], *,
            min_subqueues: int, quiet_for_s: Mapping[int, float],
-           config: ScalingConfig) -> ScalingDecision:
+           config: ScalingConfig, shard_nodes: Mapping[int, str] | None = None) -> ScalingDecision:
     """What to change in one queue's subqueues now.
 
     ``quiet_for_s``: per subqueue, how long it has been quiet (see :func:`is_quiet`;
-    missing or 0 when it is not).
+    missing or 0 when it is not). ``shard_nodes``: each shard's leader's node, so an
+    added subqueue lands on a shard, and a node, the queue does not use yet.
     """
     drop = tuple(l.id for l in loads if l.state is SubqueueState.NO_PUT and l.count == 0)
     open_ = [l for l in loads if l.state is SubqueueState.ALL]
@@ -77,7 +78,9 @@ def decide(loads: Sequence[SubqueueLoad], shard_depths: Mapping[int, int], *,
     busy = any(l.ops_per_s >= config.scale_up_ops_per_s
                or l.throttled_per_s >= config.scale_up_throttled_per_s for l in open_)
     if busy and live < config.max_subqueues:
-        return ScalingDecision(add_on_shard=least_loaded_shard(shard_depths), drop=drop)
+        used = tuple(l.shard for l in loads if l.state is not SubqueueState.DISABLED)
+        return ScalingDecision(add_on_shard=least_loaded_shard(shard_depths, used, shard_nodes),
+                               drop=drop)
     settled = all(quiet_for_s.get(l.id, 0.0) >= config.idle_s for l in open_)
     if len(open_) > max(1, min_subqueues) and not draining and settled \
             and has_room_without_one(open_, config):

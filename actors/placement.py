@@ -1,0 +1,65 @@
+"""Finding data nodes and pinning actors to them (docs/replication.md).
+
+The choices are :mod:`rayq.core.control.placement`'s; this module asks Ray which
+nodes are alive, which hold the data resource, and what their folders already hold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import ray
+import ray.experimental.internal_kv
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from actors import NAMESPACE
+from rayq.config import Config
+from rayq.core.control.placement import (DATA_NODE_LABEL, LOCAL_NODE, DataNode, data_nodes_of,
+                                         node_folder, shard_indexes)
+
+
+def data_nodes(config: Config) -> list[DataNode]:
+    """The alive nodes holding ``config.store.data_resource``, by name; without any
+    (the embedded runtime on one machine) this node alone, unnamed."""
+    found = data_nodes_of(ray.nodes(), config.store.data_resource)
+    return found or [DataNode(LOCAL_NODE, ray.get_runtime_context().get_node_id())]
+
+
+def this_node_name() -> str:
+    """The data-node name of the node this process runs on ("" without a label)."""
+    return ray.get_runtime_context().get_node_labels().get(DATA_NODE_LABEL, "")
+
+
+def pinned(node: DataNode) -> dict:
+    """Actor options that keep an actor on ``node`` (its files are there), restarts too."""
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node.node_id, soft=False)}
+
+
+@ray.remote(num_cpus=0)
+def _shards_in(folder: str) -> list[int]:
+    """The shard indexes whose folders ``folder`` holds (on the node this runs on)."""
+    return shard_indexes(os.listdir(folder)) if os.path.isdir(folder) else []
+
+
+def shards_on_disk(nodes: list[DataNode], data_dir: str) -> dict[str, list[int]]:
+    """Per data node, the shards its own disk already holds."""
+    refs = {n.name: _shards_in.options(**pinned(n)).remote(node_folder(data_dir, n.name))
+            for n in nodes}
+    return {name: ray.get(ref, timeout=60) for name, ref in refs.items()}
+
+
+PLACEMENT_KEY = b"rayq/placement"  # in Ray's GCS key-value store: shard -> leader's node
+
+
+def publish(places: dict[int, str]) -> None:
+    """Record each shard's node where every client and actor can read it."""
+    ray.experimental.internal_kv._internal_kv_put(
+        PLACEMENT_KEY, json.dumps({str(k): v for k, v in places.items()}).encode(),
+        overwrite=True, namespace=NAMESPACE)
+
+
+def published() -> dict[int, str]:
+    """Each shard's node as last published ({} before the runtime placed any)."""
+    raw = ray.experimental.internal_kv._internal_kv_get(PLACEMENT_KEY, namespace=NAMESPACE)
+    return {int(k): v for k, v in json.loads(raw).items()} if raw else {}

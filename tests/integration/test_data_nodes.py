@@ -1,0 +1,27 @@
+"""Shards spread over data nodes and keep their files in their node's folder
+(ray.cluster_utils.Cluster, in its own process so the session's Ray is untouched)."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_shards_spread_over_the_data_nodes_each_in_its_own_folder():
+    script = os.path.join(ROOT, "tests", "integration", "scripts", "data_nodes.py")
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run([sys.executable, script], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env=env)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    result = json.loads(lines[-1])
+    assert sorted(set(result["shards"].values())) == ["n1", "n2"]
+    for shard, node in result["shards"].items():
+        assert f"shard-{shard}" in result["folders"][node]
+        others = [n for n in result["folders"] if n != node]
+        assert all(f"shard-{shard}" not in result["folders"][n] for n in others)
+    assert "manager" in result["folders"]["n1"]  # control actors on the first node by name
+    assert result["acked_received"] and result["acked"] == 100
