@@ -25,8 +25,9 @@ from rayq.core.flood.detection import Flooder
 from rayq.core.fairness.rules import SuspensionRule
 from rayq.core.codec.tasks import TaskFunction, task
 from rayq.errors import (AuthError, ConfigError, InvalidMessage, MessageTooLarge, NoEvents,
-                         Overloaded, QueueDisabled, QueueExists, QueueNotFound, RayqError,
-                         ReceiptInvalid, RuntimeFailure, StoreBug, StoreError, TaskError,
+                         NotEnoughReplicas, Overloaded, QueueDisabled, QueueExists,
+                         QueueNotFound, RayqError, ReceiptInvalid, ReplicaBehind,
+                         RuntimeFailure, StaleEpoch, StoreBug, StoreError, TaskError,
                          UsageError)
 
 # Names that need Ray live in modules loaded on first use, so that importing
@@ -44,6 +45,7 @@ __all__ = [
     "AuthError", "ConfigError", "InvalidMessage", "MessageTooLarge", "NoEvents", "Overloaded",
     "QueueDisabled", "QueueExists", "QueueNotFound", "RayqError", "ReceiptInvalid",
     "RuntimeFailure", "StoreBug", "StoreError", "TaskError", "UsageError",
+    "StaleEpoch", "ReplicaBehind", "NotEnoughReplicas",
 ]
 
 

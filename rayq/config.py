@@ -57,6 +57,13 @@ class StoreConfig:
     # <data_dir>/<the node's rayq-data-node label>/. No node with it (the embedded
     # runtime on one machine): this node alone, files directly in data_dir.
     data_resource: str | None = "rayq_data"
+    # Copies of each shard on distinct data nodes, the leader's included (None: one per
+    # node up to two: rayq.core.control.placement.default_replicas). A write is
+    # acknowledged once every in-sync copy committed it (docs/replication.md).
+    replicas: int | None = None
+    # Fewest in-sync copies (the leader's included) a write needs to be acknowledged,
+    # like Kafka's min.insync.replicas; fewer: writes fail with NotEnoughReplicas.
+    min_in_sync: int = 1
 
 
 @dataclass(frozen=True)
@@ -171,6 +178,16 @@ class Config:
         if not 1 <= self.consumers.min_load <= self.consumers.max_load:
             raise ConfigError("consumers need 1 <= min_load <= max_load")
         _check_fair_dispatch(self.fairness)
+        _check_replicas(self.store)
+
+
+def _check_replicas(store: "StoreConfig") -> None:
+    def whole(value) -> bool:
+        return not isinstance(value, bool) and isinstance(value, int) and 1 <= value <= 3
+    if store.replicas is not None and not whole(store.replicas):
+        raise ConfigError(f"store.replicas must be None, 1, 2 or 3, got {store.replicas!r}")
+    if not whole(store.min_in_sync):
+        raise ConfigError(f"store.min_in_sync must be 1, 2 or 3, got {store.min_in_sync!r}")
 
 
 def _check_fair_dispatch(fairness: "FairnessConfig") -> None:

@@ -78,6 +78,25 @@ class StoreBug(StoreError):
     """
 
 
+class StaleEpoch(RuntimeFailure):
+    """Raised when a shard replica refuses a write or a change made under an epoch older
+    than the one it holds durably: a newer leader took over (docs/replication.md).
+
+    The old leader's caller learns its write was not acknowledged; it retries and
+    reaches the new leader.
+    """
+
+
+class ReplicaBehind(RuntimeFailure):
+    """Raised when a follower is offered write sets past a gap (it missed some): it
+    is out of sync and must be seeded again."""
+
+
+class NotEnoughReplicas(RuntimeFailure):
+    """Raised when a shard has fewer in-sync replicas than ``min_in_sync``: the write
+    may be stored on the leader but is not acknowledged (retry; at-least-once)."""
+
+
 class QueueDisabled(RuntimeFailure):
     """Raised when a subqueue (or a whole queue) stopped taking the operation since
     the caller routed to it: it is being drained, retired or removed.

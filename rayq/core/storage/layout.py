@@ -92,3 +92,19 @@ def redelivered(value: bytes, dequeue_count: int, nonce: bytes) -> bytes:
 def blob_ref(value: bytes, body_at: int) -> tuple[bytes, int, int]:
     """(blob id, size bytes, chunks) of a row whose body lives in the blobs table."""
     return BLOB_REF.unpack_from(value, body_at)
+
+
+# -- replica state (meta) --------------------------------------------------------------
+# A follower's durable epoch and the sequence number of the last write set it applied
+# (docs/replication.md); a promoted follower's leader continues from them.
+REPLICA_KEY = b"replica:"
+_REPLICA = struct.Struct(">QQ")
+
+
+def replica_state(epoch: int, seq: int) -> bytes:
+    return _REPLICA.pack(epoch, seq)
+
+
+def read_replica_state(value: bytes | None) -> tuple[int, int]:
+    """(epoch, last applied sequence); (0, 0) for a store that never was a replica."""
+    return _REPLICA.unpack(value) if value else (0, 0)
