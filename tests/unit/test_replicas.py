@@ -3,9 +3,12 @@
 import pytest
 
 from rayq.core.control.placement import ShardPlace
-from rayq.core.control.replicas import (acked_through, check_epoch, check_in_sync, decode_places,
-                                        drop_replica, encode_places, fresh_count, leader_lost,
-                                        promote, rejoin, role_of, shrink)
+from rayq.core.control.replicas import (ShipLog, acked_through, check_epoch, check_in_sync,
+                                        decode_places, drop_replica, encode_places, fresh_count,
+                                        leader_lost, promote, rejoin, role_of, shrink,
+                                        with_followers)
+from rayq.core.kit.kv import LmdbKV, Write
+from rayq.core.storage.replica import Replica
 from rayq.core.storage.layout import read_replica_state, replica_state
 from rayq.errors import NotEnoughReplicas, ReplicaBehind, StaleEpoch
 
@@ -77,19 +80,22 @@ def test_writes_need_min_in_sync_copies(in_sync, min_in_sync, enough):
             check_in_sync(place, min_in_sync)
 
 
-@pytest.mark.parametrize("place, alive, expected", [
-    # the first alive in-sync follower leads; the old leader is no replica any more
-    (THREE, {"b", "c"}, ShardPlace(0, ("b", "c"), ("b", "c"), 5)),
-    (THREE, {"c"}, ShardPlace(0, ("c",), ("c",), 5)),
+@pytest.mark.parametrize("place, applied, expected", [
+    # the first reachable in-sync follower leads; the old leader is no replica any more
+    (THREE, {"b": 9, "c": 9}, ShardPlace(0, ("b", "c"), ("b", "c"), 5)),
+    (THREE, {"c": 9}, ShardPlace(0, ("c",), ("c",), 5)),
+    # the one that applied most leads; one that applied less falls out of sync
+    (THREE, {"b": 8, "c": 9}, ShardPlace(0, ("c", "b"), ("c",), 5)),
     # an out-of-sync follower is never promoted, but stays a replica
-    (ShardPlace(0, ("a", "b", "c"), ("a", "c"), 4), {"b", "c"},
+    (ShardPlace(0, ("a", "b", "c"), ("a", "c"), 4), {"b": 9, "c": 7},
      ShardPlace(0, ("c", "b"), ("c",), 5)),
-    # no in-sync follower alive: the shard waits for its leader
-    (ShardPlace(0, ("a", "b"), ("a",), 4), {"b"}, None),
-    (THREE, set(), None),
+    # no in-sync follower reachable: the shard waits for its leader
+    (ShardPlace(0, ("a", "b"), ("a",), 4), {"b": 9}, None),
+    (THREE, {}, None),
 ])
-def test_losing_the_leader_promotes_an_in_sync_follower(place, alive, expected):
-    assert promote(place, alive) == expected
+def test_losing_the_leader_promotes_the_in_sync_follower_that_applied_most(
+        place, applied, expected):
+    assert promote(place, applied) == expected
 
 
 @pytest.mark.parametrize("alive, failed, lost", [
@@ -122,3 +128,62 @@ def test_places_and_replica_states_read_back_as_written():
     assert decode_places(None) == {}
     assert read_replica_state(replica_state(7, 123)) == (7, 123)
     assert read_replica_state(None) == (0, 0)
+
+
+def test_followers_go_on_the_next_nodes_round_the_ring_never_two_on_one():
+    places = with_followers({0: "a", 1: "c"}, ["a", "b", "c"], 2)
+    assert places[0].replicas == ("a", "b") and places[1].replicas == ("c", "a")
+    assert with_followers({0: "a"}, ["a"], 3)[0].replicas == ("a",)
+    assert with_followers({0: "a"}, ["a", "b"], 1)[0].in_sync == ("a",)
+
+
+def writes(n: int) -> tuple:
+    return (Write("rows", b"k%d" % n, b"v%d" % n),)
+
+
+def test_the_ship_log_releases_acknowledgements_once_every_in_sync_follower_applied():
+    log = ShipLog(10, ["b", "c"])
+    for n in (11, 12, 13):
+        assert log.add(writes(n)) == n
+        log.wait(n, f"ack{n}")
+    assert log.batch("b", 100) == (11, [writes(11), writes(12), writes(13)])
+    assert log.batch("b", 100) == (14, [])
+    assert log.batch("c", 2) == (11, [writes(11), writes(12)])
+    log.applied("b", 13)
+    assert log.released() == []           # c applied nothing yet
+    log.applied("c", 12)
+    assert log.released() == ["ack11", "ack12"]
+    log.remove("c")                         # c is out of sync: b alone counts
+    assert log.released() == ["ack13"]
+
+
+def test_the_ship_log_sends_again_what_a_failed_call_did_not_confirm():
+    log = ShipLog(0, ["b"])
+    log.add(writes(1))
+    log.add(writes(2))
+    log.batch("b", 10)
+    log.applied("b", 1)
+    log.resend("b")
+    assert log.batch("b", 10) == (2, [writes(2)])
+
+
+def test_a_leader_without_followers_acknowledges_at_its_own_commit():
+    log = ShipLog(5, [])
+    log.wait(log.add(writes(6)), "ack")
+    assert log.released() == ["ack"] and log.all_waiting() == []
+
+
+def test_a_replica_applies_write_sets_once_in_order_and_refuses_an_old_epoch(tmp_path):
+    replica = Replica(LmdbKV(tmp_path / "f"))
+    assert replica.apply(2, 1, [writes(1), writes(2)]) == 2
+    assert replica.apply(2, 2, [writes(2), writes(3)]) == 3   # a resend of 2
+    with pytest.raises(ReplicaBehind):
+        replica.apply(2, 5, [writes(5)])
+    assert replica.fence(3) == (3, 3)
+    with pytest.raises(StaleEpoch):
+        replica.apply(2, 4, [writes(4)])
+    replica.kv.close()
+    again = Replica(LmdbKV(tmp_path / "f"))   # both survive a restart
+    assert (again.epoch, again.seq) == (3, 3)
+    assert again.kv.read(lambda txn: txn.get("rows", b"k3")) == b"v3"
+    assert again.kv.read(lambda txn: txn.get("rows", b"k4")) is None

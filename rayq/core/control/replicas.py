@@ -10,9 +10,11 @@ leader's write sets in their order, each numbered by a sequence number.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping
+from collections import deque
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from rayq.core.control.placement import ShardPlace
+from rayq.core.kit.kv import WriteSet
 from rayq.errors import NotEnoughReplicas, ReplicaBehind, StaleEpoch
 
 
@@ -70,16 +72,20 @@ def drop_replica(place: ShardPlace, node: str) -> ShardPlace:
                       place.in_sync, place.epoch + 1)
 
 
-def promote(place: ShardPlace, alive: Collection[str]) -> ShardPlace | None:
-    """The place after the leader's loss: the first alive in-sync follower leads under
-    the next epoch, the other alive in-sync followers stay in sync. The old leader is
-    no replica any more (it may hold writes nobody acknowledged). None when no in-sync
-    follower is alive: the shard waits for its leader."""
-    chosen = next((n for n in place.in_sync[1:] if n in alive), None)
-    if chosen is None:
+def promote(place: ShardPlace, applied: Mapping[str, int]) -> ShardPlace | None:
+    """The place after the leader's loss. ``applied``: the last sequence number each
+    reachable follower applied, read as the manager fenced it. The in-sync follower
+    that applied most leads under the next epoch (the first such on ties); the
+    others that applied as much stay in sync, any other reachable one stays a replica
+    out of sync. The old leader is no replica any more (it may hold writes nobody
+    acknowledged). None when no in-sync follower is reachable: the shard waits."""
+    candidates = [n for n in place.in_sync[1:] if n in applied]
+    if not candidates:
         return None
-    others = tuple(n for n in place.replicas if n not in (place.leader, chosen) and n in alive)
-    in_sync = (chosen,) + tuple(n for n in place.in_sync if n in others)
+    chosen = max(candidates, key=lambda n: (applied[n], -candidates.index(n)))
+    others = tuple(n for n in place.replicas if n not in (place.leader, chosen) and n in applied)
+    in_sync = (chosen,) + tuple(n for n in candidates
+                                if n != chosen and applied[n] == applied[chosen])
     return ShardPlace(place.shard, (chosen,) + others, in_sync, place.epoch + 1)
 
 
@@ -110,3 +116,91 @@ def decode_places(raw: bytes | None) -> dict[int, ShardPlace]:
         return {}
     return {int(shard): ShardPlace(int(shard), tuple(replicas), tuple(in_sync), int(epoch))
             for shard, (replicas, in_sync, epoch) in json.loads(raw).items()}
+
+
+def with_followers(leaders: Mapping[int, str], nodes: Sequence[str], replicas: int
+                   ) -> dict[int, ShardPlace]:
+    """Each shard's place: its leader's node (``leaders``) and the next ``replicas``-1
+    nodes round the ring of ``nodes`` sorted by name (capped by their number: two
+    copies on one disk protect nothing), all in sync under epoch 1."""
+    names = sorted(nodes)
+    copies = max(1, min(replicas, len(names)))
+    places = {}
+    for shard, leader in leaders.items():
+        at = names.index(leader) if leader in names else 0
+        chosen = (leader,) + tuple(n for n in (names[(at + k) % len(names)]
+                                               for k in range(1, copies)) if n != leader)
+        places[shard] = ShardPlace(shard, chosen, chosen)
+    return places
+
+
+class ShipLog:
+    """The leader's side: its write sets, one per group commit, numbered by sequence,
+    kept until every in-sync follower applied them; and the acknowledgements that
+    wait for them (tokens, released in sequence order)."""
+
+    def __init__(self, committed: int, followers: Iterable[str]):
+        self.committed = committed  # the last sequence number committed on the leader
+        self._log: deque[WriteSet] = deque()  # sequence numbers first_seq, first_seq+1, ...
+        self._first = committed + 1
+        self.acked = {n: committed for n in followers}
+        self._sent = dict(self.acked)
+        self._waiting: deque[tuple[int, object]] = deque()
+
+    @property
+    def followers(self) -> tuple[str, ...]:
+        return tuple(self.acked)
+
+    def add(self, writes: WriteSet) -> int:
+        """Keep the write set of the next group commit; its sequence number."""
+        self._log.append(writes)
+        self.committed += 1
+        return self.committed
+
+    def wait(self, seq: int, token: object) -> None:
+        """Hold ``token`` until every in-sync follower applied ``seq`` (see :meth:`released`)."""
+        self._waiting.append((seq, token))
+
+    def batch(self, node: str, max_sets: int) -> tuple[int, list[WriteSet]]:
+        """(first sequence number, write sets) ``node`` is sent next (none: empty)."""
+        first = self._sent[node] + 1
+        start = first - self._first
+        sets = [self._log[i] for i in range(start, min(len(self._log), start + max_sets))]
+        self._sent[node] += len(sets)
+        return first, sets
+
+    def applied(self, node: str, seq: int) -> None:
+        if node in self.acked:
+            self.acked[node] = max(self.acked[node], seq)
+        self._trim()
+
+    def resend(self, node: str) -> None:
+        """Send ``node`` again what it did not confirm (a call that failed)."""
+        if node in self.acked:
+            self._sent[node] = self.acked[node]
+
+    def remove(self, node: str) -> None:
+        """``node`` is out of sync: nothing waits for it any more."""
+        self.acked.pop(node, None)
+        self._sent.pop(node, None)
+        self._trim()
+
+    def released(self) -> list[object]:
+        """The tokens whose write sets every in-sync follower applied, in order."""
+        through = acked_through(self.acked, self.acked, self.committed)
+        out = []
+        while self._waiting and self._waiting[0][0] <= through:
+            out.append(self._waiting.popleft()[1])
+        return out
+
+    def all_waiting(self) -> list[object]:
+        """Every token still held (to fail them), and none held from now on."""
+        tokens = [token for _, token in self._waiting]
+        self._waiting.clear()
+        return tokens
+
+    def _trim(self) -> None:
+        through = acked_through(self.acked, self.acked, self.committed)
+        while self._log and self._first <= through:
+            self._log.popleft()
+            self._first += 1

@@ -1,0 +1,50 @@
+"""A shard's copy kept from the leader's write sets (docs/replication.md).
+
+Laid out as a leader's store (the same tables), so a promoted copy opens as one.
+Write sets arrive numbered by sequence; each batch is applied in one transaction
+with one fsync, with the replica's epoch and last applied sequence number in the
+same transaction (``layout.REPLICA_KEY``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rayq.core.control.replicas import check_epoch, fresh_count
+from rayq.core.kit.kv import KV, WriteSet, apply_writes
+from rayq.core.storage.layout import REPLICA_KEY, read_replica_state, replica_state
+
+
+class Replica:
+    """The follower's side: apply, fence, state; over any :class:`KV`."""
+
+    def __init__(self, kv: KV):
+        self.kv = kv
+        self.epoch, self.seq = read_replica_state(kv.read(lambda txn: txn.get("meta", REPLICA_KEY)))
+
+    def apply(self, epoch: int, first_seq: int, write_sets: Sequence[WriteSet]) -> int:
+        """Apply the write sets numbered from ``first_seq`` that this replica lacks, in
+        one transaction, and hold ``epoch`` from now on; returns the last sequence
+        number applied. Raises StaleEpoch for an epoch older than the one held, and
+        ReplicaBehind for write sets past a gap (nothing is applied then)."""
+        check_epoch(self.epoch, epoch)
+        fresh = fresh_count(self.seq, first_seq, len(write_sets))
+        if fresh or epoch > self.epoch:
+            last = max(self.seq, first_seq + len(write_sets) - 1)
+
+            def write(txn) -> None:
+                for writes in write_sets[len(write_sets) - fresh:]:
+                    apply_writes(txn, writes)
+                txn.put("meta", REPLICA_KEY, replica_state(epoch, last))
+            self.kv.transact(write)
+            self.epoch, self.seq = epoch, last
+        return self.seq
+
+    def fence(self, epoch: int) -> tuple[int, int]:
+        """Hold ``epoch`` durably from now on (a newer leader takes over): write sets of
+        older epochs are refused. Returns (epoch held, last applied sequence number)."""
+        if epoch > self.epoch:
+            seq = self.seq
+            self.kv.transact(lambda txn: txn.put("meta", REPLICA_KEY, replica_state(epoch, seq)))
+            self.epoch = epoch
+        return self.epoch, self.seq
