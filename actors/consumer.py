@@ -26,10 +26,9 @@ import psutil
 import ray
 from ray import cloudpickle
 
-from actors import COORDINATOR, MANAGER, NAMESPACE, consumer_name, shard_name
+from actors import COORDINATOR, MANAGER, NAMESPACE, consumer_name
 from actors.metrics import BackgroundFailures
 from rayq.batching import AsyncBatcher
-from rayq.channel import ShardLink
 from rayq.config import Config
 from rayq.core.control.balancer import BalancerState, HostReading, host_pressed
 from rayq.core.kit.batcher import Batcher
@@ -46,7 +45,7 @@ from rayq.core.codec.tasks import (DeferralCause, Outcome, TaskSpec, UsageReport
                              encode_result, error_of)
 from rayq.core.codec.wire import decode_delivered
 from rayq.errors import RayqError, ReceiptInvalid
-from rayq.remote import actor_names, call_async, running
+from rayq.remote import actor_names, call_async, running, shard_link
 
 log = logging.getLogger("rayq.consumer")
 MAX_REPORTS = 100_000   # reports kept for the coordinator between two drains
@@ -111,8 +110,7 @@ class ConsumerActor:
         self.index, self.config, self.consumer_config = index, config, config.consumers
         self.clock = clock or SystemClock()
         self.manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
-        self.shards = [ShardLink(ray.get_actor(shard_name(i), namespace=NAMESPACE),
-                                 config.store.local_channel)
+        self.shards = [shard_link(i, config.store.local_channel)
                        for i in range(config.store.shards)]
         self.balancer = BalancerState.initial(self.consumer_config)
         self._threads = ThreadPoolExecutor(max_workers=self.consumer_config.max_load,

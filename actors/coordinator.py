@@ -16,7 +16,7 @@ import random
 
 import ray
 
-from actors import MANAGER, NAMESPACE, shard_name
+from actors import MANAGER, NAMESPACE
 from actors.consumer import named_consumers
 from actors.gate import manager_directory
 from actors.metrics import BackgroundFailures, CoordinatorMetrics
@@ -33,7 +33,7 @@ from rayq.core.kit.history import EventHistory
 from rayq.core.kit.kv import LmdbKV
 from rayq.core.fairness.rules import SuspensionRule, SuspensionRules
 from rayq.core.codec.tasks import Outcome, Tally, TallyRow, UsageReport
-from rayq.remote import answers, call_all_async, call_async
+from rayq.remote import answers, call_all_async, call_async, shard_link
 
 
 class FairnessCoordinator:
@@ -48,8 +48,7 @@ class FairnessCoordinator:
         self.failures = BackgroundFailures("coordinator")
         self.events = open_event_log(data_dir, "coordinator", config.analytics)
         self.manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
-        self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
-                       for i in range(config.store.shards)]
+        self.shards = [shard_link(i) for i in range(config.store.shards)]
         self.decision: Decision | None = None
         self.pending: dict[str, KeyState] = {}
         self.intervening_since: float | None = None

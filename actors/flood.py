@@ -24,7 +24,7 @@ import os
 
 import ray
 
-from actors import MANAGER, NAMESPACE, shard_name
+from actors import MANAGER, NAMESPACE
 from actors.gate import manager_directory
 from actors.metrics import BackgroundFailures, FloodMetrics
 from rayq.analytics.eventlog import open_event_log
@@ -41,7 +41,7 @@ from rayq.core.flood.isolation import (dedicated_by_shard, dedicated_to, diverts
 from rayq.core.kit.kv import LmdbKV
 from rayq.core.codec.model import pack, unpack
 from rayq.core.control.registry import QueueInfo
-from rayq.remote import call_all_async, call_async
+from rayq.remote import call_all_async, call_async, shard_link
 
 MOVE_ROWS_PER_CALL = 5_000
 MAX_SWEEP_BATCHES = 500   # per flooder and shard in one run: the next run goes on
@@ -59,8 +59,7 @@ class FloodDetector:
         raw = self.kv.read(lambda txn: txn.get("meta", b"flooders"))
         self.flooders: list[Flooder] = [Flooder(**f) for f in unpack(raw)] if raw else []
         self.manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
-        self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
-                       for i in range(config.store.shards)]
+        self.shards = [shard_link(i) for i in range(config.store.shards)]
         self.gate = durable_gate(manager_directory, self.kv, self.clock)
         asyncio.get_running_loop().create_task(
             self.failures.every(self.flood_config.interval_s, "detection", self._detect_round))

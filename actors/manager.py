@@ -14,8 +14,10 @@ import os
 
 import ray
 
-from actors import COORDINATOR, FLOOD_DETECTOR, NAMESPACE, consumer_name, shard_name
+from actors import COORDINATOR, FLOOD_DETECTOR, NAMESPACE, consumer_name
 from actors.placement import published
+from actors.replicas import WATCH_INTERVAL_S, ReplicaKeeper
+from rayq.core.control.placement import ShardPlace
 from actors.consumer import ConsumerRemote, named_consumers
 from actors.metrics import BackgroundFailures
 from rayq.config import Config
@@ -33,14 +35,15 @@ from rayq.core.control.registry import (QueueInfo, QueueRegistry, check_queue_re
 from rayq.core.control.scaling import OpRates, QuietTracker, decide, loads_of
 from rayq.core.codec.tasks import TaskRegistry, TaskSpec
 from rayq.errors import RayqError
-from rayq.remote import NO_RETRY, call_all_async, call_async, running
+from rayq.remote import NO_RETRY, call_all_async, call_async, running, shard_link
 
 MAX_CONSUMERS = 1000
 FORGET_TIMEOUT_S = 10.0
 
 
 class QueueManager:
-    def __init__(self, data_dir: str, config: Config, clock: Clock | None = None):
+    def __init__(self, data_dir: str, config: Config, clock: Clock | None = None,
+                 data_root: str | None = None):
         self.data_dir, self.config = data_dir, config
         self.clock = clock or SystemClock()
         kv = LmdbKV(os.path.join(data_dir, "manager"), map_size=64 << 20)
@@ -52,8 +55,7 @@ class QueueManager:
         self.failures = BackgroundFailures("manager")
         self.leases = ConcurrencyLeases()
         self._consumers = Consumers(kv, config)
-        self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
-                       for i in range(config.store.shards)]
+        self.shards = [shard_link(i) for i in range(config.store.shards)]
         self._counts: dict[int, int] = {}
         self._rates = OpRates()
         self._quiet = QuietTracker(config.scaling)
@@ -61,6 +63,20 @@ class QueueManager:
         self._loop = asyncio.get_running_loop()
         self._loop.create_task(self.failures.every(config.scaling.interval_s, "scaling",
                                                    self._scale_round))
+        # the shards' replicas: in-sync sets and failover (docs/replication.md)
+        self.replicas = ReplicaKeeper(kv, data_root or data_dir, config)
+        self._loop.create_task(self.failures.every(WATCH_INTERVAL_S, "replicas",
+                                                   self.replicas.watch))
+
+    async def shrink_in_sync(self, shard: int, node: str, epoch: int) -> ShardPlace:
+        """Take a follower out of ``shard``'s in-sync set, as its leader of ``epoch``
+        asks (the follower failed); the new place. Raises StaleEpoch when that
+        leader was replaced."""
+        return await self.replicas.shrink(shard, node, epoch)
+
+    def places(self) -> dict[int, ShardPlace]:
+        """Every shard's replicas, in-sync set and epoch."""
+        return dict(self.replicas.places)
 
     # -- accounts --------------------------------------------------------------
     async def _directory(self) -> Directory:

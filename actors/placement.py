@@ -6,7 +6,6 @@ nodes are alive, which hold the data resource, and what their folders already ho
 
 from __future__ import annotations
 
-import json
 import os
 
 import ray
@@ -15,8 +14,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors import NAMESPACE
 from rayq.config import Config
-from rayq.core.control.placement import (DATA_NODE_LABEL, LOCAL_NODE, DataNode, data_nodes_of,
-                                         node_folder, shard_indexes)
+from rayq.core.control.placement import (DATA_NODE_LABEL, LOCAL_NODE, DataNode, ShardPlace,
+                                         data_nodes_of, node_folder, shard_indexes)
+from rayq.core.control.replicas import decode_places, encode_places
 
 
 def data_nodes(config: Config) -> list[DataNode]:
@@ -49,17 +49,22 @@ def shards_on_disk(nodes: list[DataNode], data_dir: str) -> dict[str, list[int]]
     return {name: ray.get(ref, timeout=60) for name, ref in refs.items()}
 
 
-PLACEMENT_KEY = b"rayq/placement"  # in Ray's GCS key-value store: shard -> leader's node
+PLACEMENT_KEY = b"rayq/placement"  # in Ray's GCS key-value store: each shard's ShardPlace
 
 
-def publish(places: dict[int, str]) -> None:
-    """Record each shard's node where every client and actor can read it."""
-    ray.experimental.internal_kv._internal_kv_put(
-        PLACEMENT_KEY, json.dumps({str(k): v for k, v in places.items()}).encode(),
-        overwrite=True, namespace=NAMESPACE)
+def publish(places: dict[int, ShardPlace]) -> None:
+    """Record each shard's replicas, in-sync set and epoch where every client and actor
+    can read them (the manager's store keeps them durably)."""
+    ray.experimental.internal_kv._internal_kv_put(PLACEMENT_KEY, encode_places(places),
+                                                  overwrite=True, namespace=NAMESPACE)
+
+
+def published_places() -> dict[int, ShardPlace]:
+    """Each shard's place as last published ({} before the runtime placed any)."""
+    return decode_places(ray.experimental.internal_kv._internal_kv_get(PLACEMENT_KEY,
+                                                                       namespace=NAMESPACE))
 
 
 def published() -> dict[int, str]:
-    """Each shard's node as last published ({} before the runtime placed any)."""
-    raw = ray.experimental.internal_kv._internal_kv_get(PLACEMENT_KEY, namespace=NAMESPACE)
-    return {int(k): v for k, v in json.loads(raw).items()} if raw else {}
+    """Each shard's leader's node as last published."""
+    return {shard: place.leader for shard, place in published_places().items()}

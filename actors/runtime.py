@@ -11,24 +11,34 @@ from actors import COORDINATOR, FLOOD_DETECTOR, MANAGER, NAMESPACE, consumer_nam
 from actors.coordinator import CoordinatorRemote
 from actors.flood import FloodRemote
 from actors.manager import QueueManager
-from actors.placement import data_nodes, pinned, publish, shards_on_disk
-from actors.shard import CONCURRENCY_GROUPS, ShardActor
+from actors.placement import data_nodes, pinned, publish, published_places, shards_on_disk
+from actors.replicas import ACTOR_OPTIONS, start_followers, start_shard
 from rayq.config import Config
-from rayq.core.control.placement import DataNode, node_folder, plan_shards
+from rayq.core.control.placement import (DataNode, ShardPlace, default_replicas, node_folder,
+                                         plan_shards)
+from rayq.core.control.replicas import with_followers
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.errors import RuntimeFailure
-from rayq.remote import NO_RETRY, actor_names, call, running
+from rayq.remote import NO_RETRY, actor_names, call, running, shard_link
 
-# Runtime actors only coordinate and do I/O: they take no CPU slot from consumers.
-_ACTOR_OPTIONS = dict(namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-                      num_cpus=0, max_concurrency=1000)
-ShardRemote = ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(ShardActor)
 ManagerRemote = ray.remote(QueueManager)
 
 
 def _placed(node: DataNode) -> dict:
     """Actor options: detached, named, no CPU, pinned to ``node``, where its files are."""
-    return {**_ACTOR_OPTIONS, **pinned(node)}
+    return {**ACTOR_OPTIONS, **pinned(node)}
+
+
+def plan(nodes: list[DataNode], data_dir: str, config: Config) -> dict[int, ShardPlace]:
+    """Every shard's place: as published (the manager keeps it while the cluster
+    lives), else where its files are or spread, with followers round the ring."""
+    places = published_places()
+    if len(places) == config.store.shards and all(
+            n in {d.name for d in nodes} for p in places.values() for n in p.in_sync):
+        return places
+    leaders = plan_shards(nodes, shards_on_disk(nodes, data_dir), config.store.shards)
+    copies = config.store.replicas or default_replicas(len(nodes))
+    return with_followers(leaders, [n.name for n in nodes], copies)
 
 
 def ensure_runtime(data_dir: str, config: Config, consumers: int | None = None) -> dict:
@@ -36,23 +46,24 @@ def ensure_runtime(data_dir: str, config: Config, consumers: int | None = None) 
 
     Shards spread over the data nodes (docs/replication.md), each pinned to its
     node and keeping its files in that node's folder of ``data_dir``; a shard
-    whose files a node already holds starts there again. The control actors run on
+    whose files a node already holds starts there again. With more than one copy
+    its followers start first, on the next nodes. The control actors run on
     the first data node by name. ``consumers`` sets how many consumer actors run;
     None keeps the number a previous run chose (or the configured one). Returns the
     handles."""
     nodes = data_nodes(config)
     by_name = {n.name: n for n in nodes}
-    places = plan_shards(nodes, shards_on_disk(nodes, data_dir), config.store.shards)
+    places = plan(nodes, data_dir, config)
     publish(places)
-    shards = [ShardRemote.options(name=shard_name(i), max_restarts=-1, max_task_retries=-1,
-                                  **_placed(by_name[node]))
-              .remote(i, os.path.join(node_folder(data_dir, node), f"shard-{i}"), config)
-              for i, node in sorted(places.items())]
+    for follower in start_followers(places, nodes, data_dir, config):  # before their leaders
+        call(lambda follower=follower: follower.state.remote(), NO_RETRY)
+    shards = [start_shard(i, by_name[place.leader], data_dir, config)
+              for i, place in sorted(places.items())]
     for shard in shards:  # an actor that cannot start fails the start at once
         call(lambda shard=shard: shard.ping.remote(), NO_RETRY)
     control, home = nodes[0], node_folder(data_dir, nodes[0].name)
     manager = ManagerRemote.options(name=MANAGER, max_restarts=-1, max_task_retries=-1,
-                                    **_placed(control)).remote(home, config)
+                                    **_placed(control)).remote(home, config, data_root=data_dir)
     call(lambda: manager.list_queues.remote(), NO_RETRY)
     coordinator = CoordinatorRemote.options(name=COORDINATOR, max_restarts=-1, max_task_retries=-1,
                                             **_placed(control)).remote(home, config)
@@ -72,8 +83,7 @@ def find_runtime() -> dict:
         raise RuntimeFailure("no rayq runtime is running in this Ray cluster; "
                              "call rayq.start() first") from err
     config = call(lambda: manager.config_value.remote())
-    shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
-              for i in range(config.store.shards)]
+    shards = [shard_link(i, config.store.local_channel) for i in range(config.store.shards)]
     return {"manager": manager, "shards": shards, "config": config}
 
 

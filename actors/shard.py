@@ -31,7 +31,8 @@ from actors.channel import ChannelServer
 from actors.gate import manager_directory
 from rayq.core.auth import nonces
 from actors.metrics import BackgroundFailures, ShardMetrics
-from actors.placement import this_node_name
+from actors.placement import published_places, this_node_name
+from actors.shipping import RayPeers
 from rayq.analytics.eventlog import open_event_log
 from rayq.batching import AsyncBatcher
 from rayq.channel import CHANNEL_METHODS
@@ -45,6 +46,9 @@ from rayq.core.auth.gate import (Gate, check_reads_own, named_subqueues, of_subq
                             queues_on, receipt_subqueues)
 from rayq.core.codec.wire import delivered_count
 from rayq.core.codec.model import SubqueueState
+from rayq.core.control.replicas import role_of
+from rayq.core.control.shipping import Shipper, acknowledged, value_of
+from rayq.core.storage.layout import REPLICA_KEY, read_replica_state, replica_state
 from rayq.core.storage.store import KeyDepth, StoreStats, open_store
 from rayq.core.storage.waiters import OutcomeWaiters, outcome_value
 from rayq.errors import Overloaded, RayqError, StoreError, TaskError
@@ -118,13 +122,45 @@ class ShardActor:
         self.gate = Gate(manager_directory, seen=nonces.load(self.store.kv, self.clock.now()),
                          clock=self.clock)
         self.key_mode = config.fairness.key
+        self.shipper = self._replicate(config)
+
+    # -- replication (docs/replication.md) ----------------------------------------
+    def _replicate(self, config: Config) -> Shipper | None:
+        """A shipper to this shard's followers, when the published place names any:
+        from now on each committed write set is collected for the next group commit
+        to ship. None for one copy (nothing recorded, nothing changes)."""
+        place = published_places().get(self.index)
+        if place is None or len(place.replicas) < 2:
+            return None
+        epoch, self._seq = read_replica_state(
+            self.store.kv.read(lambda txn: txn.get("meta", REPLICA_KEY)))
+        self._epoch = max(epoch, place.epoch)
+        self._unshipped: list = []
+        self.store.kv.watch(self._unshipped.append)  # on the store thread, in commit order
+        return Shipper(self.index, place, self._seq, config.store.min_in_sync,
+                       RayPeers(self.index))
+
+    def _stamp(self, txn) -> None:
+        """The group commit's sequence number, durable with it (a restarted leader
+        knows how far it got; a follower stores it with the write set)."""
+        txn.put("meta", REPLICA_KEY, replica_state(self.shipper.place.epoch, self._seq + 1))
+
+    def _take_shipment(self) -> tuple:
+        """This group's write set, with those of transactions since the last group (set
+        states, background removal): one write set per sequence number."""
+        self._seq += 1
+        writes = tuple(w for written in self._unshipped for w in written)
+        self._unshipped.clear()
+        return writes
 
     # -- group commit ------------------------------------------------------
     async def _write(self, subqueue: int | None, name: str | None, *args,
                      signed: Signature | None = None, **kwargs) -> Any:
         """Run store call ``name`` in the next group commit, with the nonce of the
         request that ``signed`` it (None: unsigned, or a later round of a long poll)."""
-        result = await self._enqueue(subqueue, name, *args, signed=signed, **kwargs)
+        if self.shipper is not None:
+            self.shipper.check()
+        result = await acknowledged(self._enqueue(subqueue, name, *args, signed=signed, **kwargs))
         if isinstance(result, BaseException):
             raise result
         return result
@@ -151,8 +187,11 @@ class ShardActor:
         raised (a failed transaction fails every call: nothing of it was committed).
         Wakes the polls parked on the subqueues the puts filled."""
         try:
-            results, finished = await self._loop.run_in_executor(self._thread, self._group, calls)
+            results, finished, shipment = await self._loop.run_in_executor(
+                self._thread, self._group, calls)
             self.outcomes.notify(finished)
+            if shipment is not None:  # acknowledged once the followers applied it
+                results = self.shipper.ship(results, shipment)
         except RayqError as err:
             results = [err] * len(calls)
         except Exception as err:
@@ -160,17 +199,26 @@ class ShardActor:
         self._commits += 1
         self._calls += len(calls)
         for (name, args, _, _), result in zip(calls, results):
-            if name == "put" and not isinstance(result, BaseException):
-                self._wake(args[0], len(result))
+            value = value_of(result)
+            if name == "put" and not isinstance(value, BaseException):
+                self._wake(args[0], len(value))
         return results
 
-    def _group(self, calls: list) -> tuple[list, list]:
-        """One transaction: the store calls, and the nonces of the requests they serve."""
+    def _group(self, calls: list) -> tuple[list, list, tuple | None]:
+        """One transaction: the store calls, the nonces of the requests they serve, and
+        (replicating) the group's sequence number; its write set to ship, if any."""
         keys = [c[3] for c in calls if c[3] is not None]
-        also = (lambda txn: nonces.remember(txn, keys, self.clock.now())) if keys else None
+        stamp = self._stamp if self.shipper is not None else None
+
+        def also(txn) -> None:
+            if keys:
+                nonces.remember(txn, keys, self.clock.now())
+            if stamp is not None:
+                stamp(txn)
         done = iter(self.store.group([c[:3] for c in calls if c[0] is not None], also))
         results = [next(done) if c[0] is not None else None for c in calls]
-        return results, self.store.take_finished()
+        shipment = self._take_shipment() if stamp is not None else None
+        return results, self.store.take_finished(), shipment
 
     async def _read(self, fn, *args) -> Any:
         return await self._loop.run_in_executor(self._thread, fn, *args)
@@ -262,8 +310,10 @@ class ShardActor:
     async def end_many(self, calls: list[tuple[str, tuple]]) -> list:
         """Many ``finish``/``defer``/``change_visibility`` calls in one round trip (consumers
         batch the ends of their tasks); each result is the value or the RayqError raised."""
+        if self.shipper is not None:
+            self.shipper.check()
         futures = [self._enqueue(None, name, *args) for name, args in check_end_calls(calls)]
-        return list(await asyncio.gather(*futures))
+        return list(await asyncio.gather(*(acknowledged(f) for f in futures)))
 
     # -- task outcomes -------------------------------------------------------------
     @ray.method(concurrency_group=OUTCOME_GROUP)
@@ -397,7 +447,8 @@ class ShardActor:
         store_stats = await self._read(self.store.stats)
         return ShardStats(self.index, store_stats, self._commits, self._calls,
                           dict(self._ops), dict(self._throttled), await self._queue_counts(),
-                          self.failures.total, node=self.node)
+                          self.failures.total, node=self.node,
+                          role=role_of(self.shipper.place if self.shipper else None, self.node))
 
     async def _queue_counts(self) -> dict[str, int]:
         """Messages here per queue by unambiguous name; empty while the manager is away

@@ -25,6 +25,7 @@ import socket
 import threading
 import time
 import concurrent.futures
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -36,6 +37,12 @@ log = logging.getLogger("rayq.channel")
 # The calls worth a socket: the ones every message makes. Ray carries the rest.
 CHANNEL_METHODS = frozenset({"put", "receive", "delete", "change_visibility", "end_many"})
 RETRY_CONNECT_S = 5.0  # after a failed connect, use Ray this long before trying again
+_lost_actors = [0]  # how many times a call of this process met a lost or restarting actor
+
+
+def actor_lost() -> None:
+    """A call met a lost or restarting actor: links resolve their shard again."""
+    _lost_actors[0] += 1
 
 
 def host_id() -> str:
@@ -176,23 +183,40 @@ class ShardLink:
     """A shard's actor handle, with its hot calls over the local channel when it is on
     this host (``use_channel``); pickles as a plain link that connects again."""
 
-    def __init__(self, handle: Any, use_channel: bool = True):
-        self.handle = handle
-        self._use_channel = use_channel
+    def __init__(self, handle: Any, use_channel: bool = True,
+                 resolve: Callable[[], Any] | None = None):
+        self._handle, self._resolve = handle, resolve
+        self._use_channel = self._wants_channel = use_channel
         self._path: str | None = None
         self._asking: Future | None = None  # the shard's answer to "where do you listen?"
         self._open: Channel | None = None
         self._retry_at = 0.0
+        self._resolved_at = _lost_actors[0]
 
     def __reduce__(self):
-        return ShardLink, (self.handle, self._use_channel)
+        return ShardLink, (self._handle, self._wants_channel, self._resolve)
 
     def __getattr__(self, name: str) -> Any:
         if name in CHANNEL_METHODS:
             return _Method(self, name)
-        if name.startswith("_") or name == "handle":
+        if name.startswith("_"):
             raise AttributeError(name)
         return getattr(self.handle, name)
+
+    @property
+    def handle(self) -> Any:
+        """The shard's actor handle: looked up again (``resolve``) once after calls of
+        this process met a lost actor, in case the shard's leader moved."""
+        if self._resolve is not None and self._resolved_at != _lost_actors[0]:
+            self._resolved_at = _lost_actors[0]
+            try:
+                fresh = self._resolve()
+            except Exception:  # not running yet: the old handle until the next loss
+                return self._handle
+            if fresh._actor_id != self._handle._actor_id:
+                self._handle, self._use_channel = fresh, self._wants_channel
+                self._path, self._open, self._retry_at = None, None, 0.0
+        return self._handle
 
     def request(self, method: str, args: tuple, kwargs: dict) -> Any:
         """The call's future over the channel, or its ObjectRef through Ray."""

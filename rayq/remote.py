@@ -12,6 +12,7 @@ the flood detector restart by themselves and lose nothing they acknowledged.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
@@ -19,11 +20,11 @@ from typing import Any
 
 import ray
 
-from actors import NAMESPACE
-from rayq.channel import ChannelLost
+from actors import NAMESPACE, shard_name
+from rayq.channel import ChannelLost, ShardLink, actor_lost
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.retry import RetrySchedule
-from rayq.errors import RayqError, RuntimeFailure
+from rayq.errors import NotEnoughReplicas, RayqError, RuntimeFailure, StaleEpoch
 
 RETRY = RetrySchedule()  # clients: up to a minute, while a shard restarts
 # Calls between runtime actors: long enough for a peer's restart, short enough that a
@@ -32,6 +33,8 @@ RETRY = RetrySchedule()  # clients: up to a minute, while a shard restarts
 IN_RUNTIME = RetrySchedule(give_up_after_s=5.0)
 NO_RETRY = RetrySchedule(give_up_after_s=0.0)  # best-effort calls: the next round asks again
 _CLOCK = SystemClock()
+# A shard's leader moving (docs/replication.md): the call is issued again, to the new one.
+_MOVING = (StaleEpoch, NotEnoughReplicas)
 
 
 def resolve(pending: Any) -> Any:
@@ -56,11 +59,9 @@ def call(make_ref: Callable[[], Any], schedule: RetrySchedule = RETRY,
     while True:
         try:
             return resolve(make_ref())
-        except ray.exceptions.RayTaskError as err:
-            raise _failure(err) from _chained(err)
-        except _restarting() as err:
+        except _failed() as err:
             attempt += 1
-            _give_up_if_due(err, schedule, started, clock)
+            _again_or_raise(err, schedule, started, clock)
             time.sleep(schedule.wait_s(attempt))
 
 
@@ -79,11 +80,9 @@ async def call_async(make_ref: Callable[[], Any], schedule: RetrySchedule = IN_R
     while True:
         try:
             return await resolve_async(make_ref())
-        except ray.exceptions.RayTaskError as err:
-            raise _failure(err) from _chained(err)
-        except _restarting() as err:
+        except _failed() as err:
             attempt += 1
-            _give_up_if_due(err, schedule, started, clock)
+            _again_or_raise(err, schedule, started, clock)
             await asyncio.sleep(schedule.wait_s(attempt))
 
 
@@ -102,9 +101,12 @@ async def answers(make_refs: Iterable[Callable[[], Any]]) -> list:
 
 
 def _restarting() -> tuple[type[BaseException], ...]:
-    """What a call meets while its actor restarts (read when raised: importing this
-    module touches nothing of Ray's)."""
-    return ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ChannelLost
+    """What a call meets while its actor restarts, or while a shard's leader moves
+    (a replaced leader refuses, or too few copies are in sync for a moment:
+    docs/replication.md); read when raised: importing this module touches nothing
+    of Ray's."""
+    return (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ChannelLost,
+            StaleEpoch, NotEnoughReplicas)
 
 
 def _failure(err: ray.exceptions.RayTaskError) -> RayqError:
@@ -119,10 +121,24 @@ def _chained(err: ray.exceptions.RayTaskError) -> BaseException | None:
     return None if isinstance(err.cause, RayqError) else err
 
 
-def _give_up_if_due(err: BaseException, schedule: RetrySchedule, started: float,
+def _failed() -> tuple[type[BaseException], ...]:
+    return (ray.exceptions.RayTaskError,) + _restarting()
+
+
+def _again_or_raise(err: BaseException, schedule: RetrySchedule, started: float,
                     clock: Clock) -> None:
-    if schedule.gives_up(started, clock.monotonic()):
-        raise RuntimeFailure(f"runtime actor unavailable: {err}") from err
+    """Return when the call is to be issued again: its actor restarts, or its shard's
+    leader moves, and ``schedule`` does not give up yet. Else raise the RayqError the
+    actor raised, or RuntimeFailure."""
+    cause = err.cause if isinstance(err, ray.exceptions.RayTaskError) else err
+    if isinstance(err, ray.exceptions.RayTaskError) and not isinstance(cause, _MOVING):
+        raise _failure(err) from _chained(err)
+    actor_lost()
+    if not schedule.gives_up(started, clock.monotonic()):
+        return
+    if isinstance(cause, _MOVING):
+        raise cause
+    raise RuntimeFailure(f"runtime actor unavailable: {err}") from err
 
 
 def actor_names() -> list[str]:
@@ -159,3 +175,10 @@ def named(name: str):
         return ray.get_actor(name, namespace=NAMESPACE)
     except ValueError as err:
         raise RuntimeFailure(f"the runtime actor {name!r} is not running") from err
+
+
+def shard_link(index: int, use_channel: bool = False) -> ShardLink:
+    """A link to shard ``index`` that finds its leader again when it moved (failover);
+    its hot calls over the local channel if ``use_channel`` and on this host."""
+    resolve = functools.partial(named, shard_name(index))
+    return ShardLink(resolve(), use_channel, resolve)

@@ -5,7 +5,7 @@ import pytest
 from rayq.core.control.placement import ShardPlace
 from rayq.core.control.replicas import (ShipLog, acked_through, check_epoch, check_in_sync,
                                         decode_places, drop_replica, encode_places, fresh_count,
-                                        leader_lost, promote, rejoin, role_of, shrink,
+                                        leader_lost, newest, promote, rejoin, role_of, shrink,
                                         with_followers)
 from rayq.core.kit.kv import LmdbKV, Write
 from rayq.core.storage.replica import Replica
@@ -187,3 +187,10 @@ def test_a_replica_applies_write_sets_once_in_order_and_refuses_an_old_epoch(tmp
     assert (again.epoch, again.seq) == (3, 3)
     assert again.kv.read(lambda txn: txn.get("rows", b"k3")) == b"v3"
     assert again.kv.read(lambda txn: txn.get("rows", b"k4")) is None
+
+
+def test_the_newest_epoch_of_each_shards_place_wins():
+    old, new = ShardPlace(0, ("a", "b"), ("a", "b"), 2), ShardPlace(0, ("b",), ("b",), 3)
+    other = ShardPlace(1, ("c",), ("c",), 1)
+    assert newest({0: old, 1: other}, {0: new}) == {0: new, 1: other}
+    assert newest({0: new}, {0: old}) == {0: new}

@@ -204,3 +204,13 @@ class ShipLog:
         while self._log and self._first <= through:
             self._log.popleft()
             self._first += 1
+
+
+def newest(*tables: Mapping[int, ShardPlace]) -> dict[int, ShardPlace]:
+    """Per shard, the place of the highest epoch among ``tables`` (the first on ties)."""
+    out: dict[int, ShardPlace] = {}
+    for table in tables:
+        for shard, place in table.items():
+            if shard not in out or place.epoch > out[shard].epoch:
+                out[shard] = place
+    return out

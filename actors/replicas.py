@@ -1,0 +1,167 @@
+"""Starting a shard's replicas, and the manager's keeping of them: the in-sync sets,
+durably and under epochs, and failover (docs/replication.md).
+
+The decisions are :mod:`rayq.core.control.replicas`'; this module asks Ray which
+nodes are alive, pings leaders, fences followers and starts or stops actors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections import Counter
+
+import ray
+
+from actors import NAMESPACE, shard_name
+from actors.follower import FollowerRemote
+from actors.placement import data_nodes, pinned, publish, published_places
+from actors.shard import CONCURRENCY_GROUPS, ShardActor
+from actors.shipping import follower_name
+from rayq.config import Config
+from rayq.core.control.placement import DataNode, ShardPlace, node_folder
+from rayq.core.control.replicas import (decode_places, encode_places, leader_lost, newest,
+                                        promote, shrink)
+from rayq.core.kit.kv import LmdbKV
+from rayq.errors import RayqError
+from rayq.remote import NO_RETRY, call_async
+
+log = logging.getLogger("rayq.replicas")
+ShardRemote = ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(ShardActor)
+# Runtime actors only coordinate and do I/O: they take no CPU slot from consumers.
+ACTOR_OPTIONS = dict(namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+                     num_cpus=0, max_concurrency=1000)
+PLACES_KEY = b"places"      # in the manager's meta table: every shard's ShardPlace
+WATCH_INTERVAL_S = 1.0      # how often the manager checks the leaders
+PING_TIMEOUT_S = 1.0        # a leader slower than this to answer a ping missed it
+MAX_FAILED_PINGS = 3        # missed in a row: the leader counts as lost
+FENCE_TIMEOUT_S = 2.0
+GONE_TIMEOUT_S = 10.0       # how long a killed actor's name may take to free
+
+
+def shard_folder(data_dir: str, node: str, index: int) -> str:
+    return os.path.join(node_folder(data_dir, node), f"shard-{index}")
+
+
+def start_shard(index: int, node: DataNode, data_dir: str, config: Config):
+    """The shard's leader, pinned to ``node``, on that node's folder of the shard."""
+    return ShardRemote.options(name=shard_name(index), max_restarts=-1, max_task_retries=-1,
+                               **ACTOR_OPTIONS, **pinned(node)).remote(
+        index, shard_folder(data_dir, node.name, index), config)
+
+
+def start_follower(index: int, node: DataNode, data_dir: str, config: Config):
+    """A follower of shard ``index`` on ``node``: calls are never retried (the leader
+    takes a follower that fails out of the in-sync set)."""
+    return FollowerRemote.options(name=follower_name(index, node.name), namespace=NAMESPACE,
+                                  lifetime="detached", get_if_exists=True, max_restarts=-1,
+                                  max_task_retries=0, **pinned(node)).remote(
+        index, shard_folder(data_dir, node.name, index), config.store.initial_map_bytes)
+
+
+def start_followers(places: dict[int, ShardPlace], nodes: list[DataNode], data_dir: str,
+                    config: Config) -> list:
+    by_name = {n.name: n for n in nodes}
+    return [start_follower(shard, by_name[node], data_dir, config)
+            for shard, place in sorted(places.items()) for node in place.in_sync[1:]
+            if node in by_name]
+
+
+async def kill_named(name: str) -> None:
+    """Kill the runtime actor ``name`` for good (if it runs) and wait until its name
+    is free, so an actor of that name can be started anew."""
+    try:
+        ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+    except ValueError:
+        return
+    for _ in range(int(GONE_TIMEOUT_S / 0.1)):
+        try:
+            ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            return
+        await asyncio.sleep(0.1)
+
+
+class ReplicaKeeper:
+    """The manager's part: every shard's place, durable in its store and published in
+    Ray's GCS; in-sync changes asked by leaders; the leaders watched, and replaced by
+    an in-sync follower when lost."""
+
+    def __init__(self, kv: LmdbKV, data_dir: str, config: Config):
+        self.kv, self.data_dir, self.config = kv, data_dir, config
+        stored = decode_places(kv.read(lambda txn: txn.get("meta", PLACES_KEY)))
+        self.places = newest(stored, published_places())
+        self._save()
+        self._missed: Counter[int] = Counter()
+        self._lock = asyncio.Lock()
+
+    def _save(self) -> None:
+        raw = encode_places(self.places)
+        self.kv.transact(lambda txn: txn.put("meta", PLACES_KEY, raw))
+        publish(self.places)
+
+    async def shrink(self, shard: int, node: str, epoch: int) -> ShardPlace:
+        """Take ``node`` out of ``shard``'s in-sync set, as its leader of ``epoch`` asks;
+        the new place. Raises StaleEpoch when that leader was replaced."""
+        async with self._lock:
+            place = shrink(self.places[shard], node, epoch)
+            if place != self.places[shard]:
+                log.warning("shard %d: %s out of sync, epoch %d", shard, node, place.epoch)
+                self.places[shard] = place
+                self._save()
+            return place
+
+    async def watch(self) -> None:
+        """One round: a leader whose node is gone, or that missed MAX_FAILED_PINGS pings
+        in a row, is replaced by an in-sync follower."""
+        replicated = [p for p in self.places.values() if len(p.in_sync) > 1]
+        if not replicated:
+            return
+        nodes = data_nodes(self.config)
+        alive = {n.name for n in nodes}
+        answered = await asyncio.gather(*(self._ping(p.shard) for p in replicated))
+        for place, ok in zip(replicated, answered):
+            self._missed[place.shard] = 0 if ok else self._missed[place.shard] + 1
+            if leader_lost(place, alive, self._missed[place.shard], MAX_FAILED_PINGS):
+                async with self._lock:
+                    await self._fail_over(self.places[place.shard], nodes)
+
+    async def _ping(self, shard: int) -> bool:
+        try:
+            handle = ray.get_actor(shard_name(shard), namespace=NAMESPACE)
+            await asyncio.wait_for(call_async(lambda: handle.ping.remote(), NO_RETRY),
+                                   PING_TIMEOUT_S)
+            return True
+        except (RayqError, ray.exceptions.RayError, ValueError, asyncio.TimeoutError):
+            return False
+
+    async def _fail_over(self, place: ShardPlace, nodes: list[DataNode]) -> None:
+        """Fence the reachable in-sync followers with the next epoch, promote the one
+        that applied most: its follower actor stops, a leader opens its folder."""
+        alive = {n.name: n for n in nodes}
+        fenced = await asyncio.gather(*(self._fence(place.shard, node, place.epoch + 1)
+                                        for node in place.in_sync[1:] if node in alive))
+        new = promote(place, dict(f for f in fenced if f is not None))
+        if new is None:
+            log.error("shard %d: leader on %s lost and no in-sync follower reachable",
+                      place.shard, place.leader)
+            return
+        log.warning("shard %d: leader on %s lost; %s leads under epoch %d", place.shard,
+                    place.leader, new.leader, new.epoch)
+        await kill_named(shard_name(place.shard))
+        await kill_named(follower_name(place.shard, new.leader))
+        self.places[place.shard] = new
+        self._save()  # the new leader reads its place (followers, epoch) as it starts
+        start_shard(place.shard, alive[new.leader], self.data_dir, self.config)
+        self._missed[place.shard] = 0
+
+    async def _fence(self, shard: int, node: str, epoch: int) -> tuple[str, int] | None:
+        """(node, last sequence number it applied) once fenced; None if unreachable."""
+        try:
+            handle = ray.get_actor(follower_name(shard, node), namespace=NAMESPACE)
+            _, seq = await asyncio.wait_for(
+                call_async(lambda: handle.fence.remote(epoch), NO_RETRY), FENCE_TIMEOUT_S)
+            return node, seq
+        except (RayqError, ray.exceptions.RayError, ValueError, asyncio.TimeoutError):
+            return None

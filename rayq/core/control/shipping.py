@@ -1,0 +1,172 @@
+"""The leader's half of replication: ship each group commit's write set to the
+in-sync followers, acknowledge once they all applied it (docs/replication.md).
+
+Group commits are pipelined: the next one commits on the leader while the previous
+one ships, and acknowledgements are released in sequence order
+(:class:`rayq.core.control.replicas.ShipLog`). One sender per follower keeps its
+calls in order, sending everything committed since its last call at once (the
+follower applies that in one transaction). A follower that fails or does not
+answer within ``follower_timeout_s`` is taken out of the in-sync set by the
+manager, under a new epoch, and the leader goes on with the rest.
+
+The calls to followers and to the manager are handed in (:class:`Peers`): no Ray here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from rayq.core.control.placement import ShardPlace
+from rayq.core.control.replicas import ShipLog, check_in_sync
+from rayq.core.kit.kv import WriteSet
+from rayq.errors import NotEnoughReplicas, RayqError, StaleEpoch
+
+log = logging.getLogger("rayq.shipping")
+FOLLOWER_TIMEOUT_S = 5.0   # a follower slower than this is taken out of the in-sync set
+MAX_SETS_PER_CALL = 512    # write sets (group commits) one apply call carries at most
+MANAGER_RETRY_S = 1.0      # while the manager is away, the in-sync change waits
+
+
+class Peers(Protocol):
+    """The calls a leader makes; any failure raises (a RayqError passes as itself)."""
+
+    async def state(self, node: str) -> tuple[int, int]: ...
+    async def apply(self, node: str, epoch: int, first_seq: int, sets: list[WriteSet]) -> int: ...
+    async def shrink(self, node: str, epoch: int) -> ShardPlace: ...
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """A call's result whose group commit ships to the followers: ``acked`` resolves
+    once they all applied it."""
+
+    value: Any
+    acked: asyncio.Future
+
+
+def value_of(result: Any) -> Any:
+    """A call's own result, shipped or not."""
+    return result.value if isinstance(result, Shipped) else result
+
+
+async def acknowledged(pending: asyncio.Future) -> Any:
+    """A call's result once its group commit is acknowledged by the in-sync followers:
+    the value, or the error that refused it (the call's own error first)."""
+    result = await pending
+    if not isinstance(result, Shipped):
+        return result
+    try:
+        await result.acked
+    except RayqError as err:
+        return result.value if isinstance(result.value, BaseException) else err
+    return result.value
+
+
+class Shipper:
+    def __init__(self, index: int, place: ShardPlace, committed: int, min_in_sync: int,
+                 peers: Peers, follower_timeout_s: float = FOLLOWER_TIMEOUT_S):
+        self.index, self.place, self.min_in_sync = index, place, min_in_sync
+        self.peers, self.timeout_s = peers, follower_timeout_s
+        self.log = ShipLog(committed, place.in_sync[1:])
+        self.refused: RayqError | None = None  # set once a newer epoch replaced this leader
+        self._more = {node: asyncio.Event() for node in self.log.followers}
+        self._senders = [asyncio.get_running_loop().create_task(self._send_forever(node))
+                         for node in self.log.followers]
+
+    def check(self) -> None:
+        """Raise StaleEpoch when this leader was replaced, NotEnoughReplicas when too few
+        copies are in sync: a write would not be acknowledged."""
+        if self.refused is not None:
+            raise self.refused
+        check_in_sync(self.place, self.min_in_sync)
+
+    def ship(self, results: list, writes: WriteSet) -> list:
+        """The results of a group commit, acknowledged once every in-sync follower
+        applied its write set (see :func:`acknowledged`)."""
+        acked = asyncio.get_running_loop().create_future()
+        self.log.wait(self.log.add(writes), acked)
+        for event in self._more.values():
+            event.set()
+        self._release()
+        return [Shipped(r, acked) for r in results]
+
+    async def _send_forever(self, node: str) -> None:
+        try:
+            await self._handshake(node)
+            while node in self.log.acked and self.refused is None:
+                await self._send(node)
+        except StaleEpoch as err:
+            self._refuse(err)
+        except Exception as err:  # the follower failed, is gone or is too slow
+            log.warning("shard %d: follower on %s lost: %r", self.index, node, err)
+            await self._out_of_sync(node)
+
+    async def _send(self, node: str) -> None:
+        first, sets = self.log.batch(node, MAX_SETS_PER_CALL)
+        if not sets:
+            self._more[node].clear()
+            await self._more[node].wait()
+            return
+        applied = await asyncio.wait_for(
+            self.peers.apply(node, self.place.epoch, first, sets), self.timeout_s)
+        self.log.applied(node, applied)
+        self._release()
+
+    async def _handshake(self, node: str) -> None:
+        """A follower is in sync only if it applied exactly what this leader committed
+        before it started (else it is out of sync until seeded again)."""
+        epoch, seq = await asyncio.wait_for(self.peers.state(node), self.timeout_s)
+        if epoch > self.place.epoch:
+            raise StaleEpoch(f"shard {self.index}: follower on {node} holds epoch {epoch}")
+        if seq != self.log.acked.get(node):
+            raise NotEnoughReplicas(f"follower on {node} applied {seq}, the leader "
+                                    f"{self.log.acked.get(node)}: out of sync")
+
+    async def _out_of_sync(self, node: str) -> None:
+        """Ask the manager to take ``node`` out of the in-sync set (until it did, the
+        acknowledgements wait: the set it keeps durably is the one failover trusts)."""
+        while self.refused is None:
+            try:
+                place = await self.peers.shrink(node, self.place.epoch)
+            except StaleEpoch as err:
+                self._refuse(err)
+            except Exception as err:  # the manager is away: ask again
+                log.warning("shard %d: cannot take %s out of sync yet: %r", self.index, node, err)
+                await asyncio.sleep(MANAGER_RETRY_S)
+            else:
+                self._shrunk(node, place)
+                return
+
+    def _shrunk(self, node: str, place: ShardPlace) -> None:
+        self.place = place
+        self.log.remove(node)
+        try:
+            check_in_sync(place, self.min_in_sync)
+        except NotEnoughReplicas as err:
+            self._fail(err)
+        self._release()
+
+    def _release(self) -> None:
+        for acked in self.log.released():
+            if not acked.done():
+                acked.set_result(None)
+
+    def _fail(self, err: RayqError) -> None:
+        for acked in self.log.all_waiting():
+            if not acked.done():
+                acked.set_exception(err)
+
+    def _refuse(self, err: RayqError) -> None:
+        """A newer epoch replaced this leader: nothing it wrote is acknowledged any more."""
+        log.warning("shard %d: refused by a newer epoch: %s", self.index, err)
+        self.refused = err
+        self._fail(err)
+        for event in self._more.values():
+            event.set()
+
+    def stop(self) -> None:
+        for sender in self._senders:
+            sender.cancel()

@@ -1,0 +1,204 @@
+"""Replication on a simulated cluster (ray.cluster_utils.Cluster): three data nodes
+n1, n2, n3, each shard a leader and a follower. Run as its own process by
+tests/integration/test_replication.py; prints one JSON line.
+
+Modes:
+- ``copies``: messages sent are on the follower's disk too, stats show the roles;
+- ``node_kill``: senders run while a data node's raylet is killed and its folder
+  deleted; every acknowledged message is received afterwards;
+- ``pause``: a leader is paused (SIGSTOP) until the manager promotes its follower,
+  then resumed: its later writes are refused and nothing acknowledged is lost.
+"""
+
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+
+import ray
+from ray.cluster_utils import Cluster
+
+import rayq
+from actors import NAMESPACE, shard_name
+from rayq.config import Config, ConsumerConfig, ScalingConfig, StoreConfig
+
+NODES = ("n1", "n2", "n3")
+SYSTEM = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500,
+          "health_check_timeout_ms": 500, "health_check_failure_threshold": 4}
+
+
+def cluster_up():
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": 2, "_system_config": SYSTEM})
+    nodes = {name: cluster.add_node(num_cpus=1, resources={"rayq_data": 1},
+                                    labels={"rayq-data-node": name}) for name in NODES}
+    ray.init(address=cluster.address, namespace="rayq", log_to_driver=False)
+    return cluster, nodes
+
+
+def start(data_dir: str, shards: int = 3):
+    config = Config(store=StoreConfig(shards=shards, replicas=2),
+                    consumers=ConsumerConfig(count=0),
+                    scaling=ScalingConfig(max_subqueues=shards))
+    client = rayq.start(data_dir=data_dir, config=config)
+    return client, client.create_queue("replicated", subqueues=shards, max_receives=None)
+
+
+def drain(queue, expected: set, rounds: int = 200) -> set:
+    received = set()
+    for _ in range(rounds):
+        got = queue.receive(max_messages=100, wait_s=0.2)
+        received.update(m.id for m in got)
+        if got:
+            queue.delete_batch([m.receipt for m in got])
+        if expected <= received:
+            break
+    return received
+
+
+class Senders:
+    """Threads sending batches for as long as ``running``; each acknowledged id kept,
+    with when the last acknowledgement came (a send that fails is simply retried)."""
+
+    def __init__(self, queue, threads: int = 4):
+        self.queue, self.acked, self.errors = queue, set(), 0
+        self.lock, self.running = threading.Lock(), True
+        self.acks_at: list[float] = []
+        self.threads = [threading.Thread(target=self._run, args=(t,)) for t in range(threads)]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, t: int) -> None:
+        n = 0
+        while self.running:
+            try:
+                ids = self.queue.send_batch([rayq.Outgoing(f"{t}-{n}-{i}") for i in range(10)])
+            except rayq.RayqError:
+                with self.lock:
+                    self.errors += 1
+                time.sleep(0.05)
+                continue
+            n += 1
+            with self.lock:
+                self.acked.update(ids)
+                self.acks_at.append(time.monotonic())
+
+    def stop(self) -> None:
+        self.running = False
+        for t in self.threads:
+            t.join(timeout=120)
+
+    def first_ack_after(self, at: float) -> float | None:
+        with self.lock:
+            later = [a for a in self.acks_at if a > at]
+        return min(later) - at if later else None
+
+
+def folders(data_dir: str) -> dict:
+    return {node: sorted(os.listdir(os.path.join(data_dir, node)))
+            for node in NODES if os.path.isdir(os.path.join(data_dir, node))}
+
+
+def copies(cluster, nodes, data_dir) -> dict:
+    client, queue = start(data_dir)
+    acked = set(queue.send_batch([rayq.Outgoing(i) for i in range(200)]))
+    roles = {s.index: (s.node, s.role) for s in client.stats()}
+    places = {k: [list(p.replicas), list(p.in_sync), p.epoch]
+              for k, p in ray.get(ray.get_actor("rayq-manager").places.remote()).items()}
+    applied = {k: ray.get(ray.get_actor(f"rayq-follower-{k}-{p[1][1]}").state.remote())[1]
+               for k, p in places.items()}
+    received = drain(queue, acked)
+    return {"roles": roles, "places": places, "folders": folders(data_dir), "applied": applied,
+            "acked": len(acked), "lost": len(acked - received)}
+
+
+def wait_for_acks(senders, count: int, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(senders.acked) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def node_kill(cluster, nodes, data_dir) -> dict:
+    client, queue = start(data_dir)
+    senders = Senders(queue)
+    wait_for_acks(senders, 300)
+    before = len(senders.acked)
+    lost_at = time.monotonic()
+    cluster.remove_node(nodes["n2"], allow_graceful=False)
+    shutil.rmtree(os.path.join(data_dir, "n2"))  # nothing of n2's can be reopened
+    wait_for_acks(senders, len(senders.acked) + 300)
+    time.sleep(3.0)
+    senders.stop()
+    recovered_s = _recovery_s(senders, lost_at)
+    places = {k: [list(p.replicas), list(p.in_sync), p.epoch]
+              for k, p in ray.get(ray.get_actor("rayq-manager").places.remote()).items()}
+    received = drain(queue, senders.acked)
+    return {"acked_before": before, "acked": len(senders.acked),
+            "lost": len(senders.acked - received), "places": places,
+            "recovered_s": recovered_s, "send_errors": senders.errors}
+
+
+def _recovery_s(senders, lost_at: float) -> float | None:
+    """Seconds from the loss until the last sender thread acked again (the gap every
+    sender saw, as the longest gap between acks after the loss)."""
+    with senders.lock:
+        later = sorted(a for a in senders.acks_at if a > lost_at)
+    if not later:
+        return None
+    gaps = [b - a for a, b in zip([lost_at] + later, later)]
+    return max(gaps)
+
+
+def pause(cluster, nodes, data_dir) -> dict:
+    client, queue = start(data_dir)
+    acked = set(queue.send_batch([rayq.Outgoing(i) for i in range(100)]))
+    manager = ray.get_actor("rayq-manager")
+    places = ray.get(manager.places.remote())
+    shard = next(k for k, p in places.items() if p.leader != "n1")  # not the control node's
+    old = ray.get_actor(shard_name(shard), namespace=NAMESPACE)
+    pid = ray.get(old.process.remote())["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        now = ray.get(manager.places.remote())[shard]
+        if now.epoch > places[shard].epoch and now.leader != places[shard].leader:
+            break
+        time.sleep(0.2)
+    promoted = ray.get(manager.places.remote())[shard]
+    acked |= set(queue.send_batch([rayq.Outgoing(i) for i in range(100, 300)]))
+    os.kill(pid, signal.SIGCONT)
+    # the old leader, resumed, must not acknowledge a write any more
+    old_write = "refused"
+    try:
+        ray.get(old.put.remote(0, b"", None), timeout=30)  # any write: refused or dead
+        old_write = "acknowledged"
+    except Exception as err:  # StaleEpoch, or the actor was killed for good
+        old_write = f"refused: {type(err).__name__}"
+    acked |= set(queue.send_batch([rayq.Outgoing(i) for i in range(300, 400)]))
+    received = drain(queue, acked)
+    return {"old_leader": places[shard].leader, "new_leader": promoted.leader,
+            "epochs": [places[shard].epoch, promoted.epoch], "old_write": old_write,
+            "acked": len(acked), "lost": len(acked - received)}
+
+
+def main() -> None:
+    mode = sys.argv[1]
+    cluster, nodes = cluster_up()
+    data_dir = tempfile.mkdtemp(prefix=f"rayq-replication-{mode}-")
+    try:
+        result = {"copies": copies, "node_kill": node_kill, "pause": pause}[mode](
+            cluster, nodes, data_dir)
+        print(json.dumps(result), flush=True)
+    finally:
+        rayq.shutdown()
+        ray.shutdown()
+        cluster.shutdown()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

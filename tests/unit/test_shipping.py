@@ -1,0 +1,122 @@
+"""The leader's shipping of write sets, against followers and a manager faked in
+memory: acknowledgements wait for every in-sync follower, a lost follower is taken
+out of the in-sync set, a newer epoch refuses the old leader."""
+
+import asyncio
+
+import pytest
+
+from rayq.core.control.placement import ShardPlace
+from rayq.core.control.replicas import shrink
+from rayq.core.control.shipping import Shipper, acknowledged
+from rayq.core.kit.kv import LmdbKV, Write
+from rayq.core.storage.replica import Replica
+from rayq.errors import NotEnoughReplicas, StaleEpoch
+
+
+class FakePeers:
+    """Followers as Replicas over LMDB under tmp_path; the manager as a dict of places."""
+
+    def __init__(self, tmp_path, place: ShardPlace):
+        self.replicas = {n: Replica(LmdbKV(tmp_path / n)) for n in place.followers}
+        self.place, self.down, self.gate = place, set(), {}
+
+    async def state(self, node):
+        return self.replicas[node].epoch, self.replicas[node].seq
+
+    async def apply(self, node, epoch, first_seq, sets):
+        if node in self.down:
+            raise ConnectionError(f"{node} is gone")
+        if node in self.gate:
+            await self.gate[node].wait()
+        return self.replicas[node].apply(epoch, first_seq, sets)
+
+    async def shrink(self, node, epoch):
+        self.place = shrink(self.place, node, epoch)
+        return self.place
+
+
+def group(shipper, n):
+    """One group commit's results, shipped: its write set puts row k<n>."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    done.set_result(shipper.ship([n], (Write("rows", b"k%d" % n, b"v"),))[0])
+    return acknowledged(done)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 10))
+
+
+def test_a_write_is_acknowledged_once_every_in_sync_follower_applied_it(tmp_path):
+    place = ShardPlace(0, ("a", "b", "c"), ("a", "b", "c"), 1)
+    peers = FakePeers(tmp_path, place)
+
+    async def scenario():
+        shipper = Shipper(0, place, 0, 1, peers)
+        peers.gate["c"] = asyncio.Event()
+        first = asyncio.ensure_future(group(shipper, 1))
+        await asyncio.sleep(0.05)
+        assert not first.done()                 # b applied it, c not yet
+        peers.gate["c"].set()
+        assert await first == 1
+        assert await asyncio.gather(group(shipper, 2), group(shipper, 3)) == [2, 3]
+        return shipper
+    run(scenario())
+    for replica in peers.replicas.values():
+        assert replica.seq == 3
+        assert replica.kv.read(lambda txn: txn.get("rows", b"k3")) == b"v"
+
+
+def test_a_lost_follower_leaves_the_in_sync_set_and_the_leader_goes_on(tmp_path):
+    place = ShardPlace(0, ("a", "b", "c"), ("a", "b", "c"), 1)
+    peers = FakePeers(tmp_path, place)
+    peers.down.add("c")
+
+    async def scenario():
+        shipper = Shipper(0, place, 0, 1, peers)
+        assert await group(shipper, 1) == 1
+        return shipper
+    shipper = run(scenario())
+    assert peers.place.in_sync == ("a", "b") and peers.place.epoch == 2
+    assert shipper.place == peers.place
+    assert peers.replicas["b"].epoch == 1     # learns epoch 2 with the next write set
+
+
+def test_fewer_in_sync_copies_than_min_in_sync_refuse_the_acknowledgement(tmp_path):
+    place = ShardPlace(0, ("a", "b"), ("a", "b"), 1)
+    peers = FakePeers(tmp_path, place)
+    peers.down.add("b")
+
+    async def scenario():
+        shipper = Shipper(0, place, 0, 2, peers)
+        assert isinstance(await group(shipper, 1), NotEnoughReplicas)
+        with pytest.raises(NotEnoughReplicas):
+            shipper.check()
+    run(scenario())
+
+
+def test_a_leader_replaced_by_a_newer_epoch_acknowledges_nothing(tmp_path):
+    place = ShardPlace(0, ("a", "b"), ("a", "b"), 1)
+    peers = FakePeers(tmp_path, place)
+    peers.replicas["b"].fence(2)   # the manager promoted another leader meanwhile
+
+    async def scenario():
+        shipper = Shipper(0, place, 0, 1, peers)
+        assert isinstance(await group(shipper, 1), StaleEpoch)
+        with pytest.raises(StaleEpoch):
+            shipper.check()
+    run(scenario())
+    assert peers.replicas["b"].seq == 0
+
+
+def test_a_follower_that_applied_other_write_sets_is_out_of_sync(tmp_path):
+    place = ShardPlace(0, ("a", "b"), ("a", "b"), 1)
+    peers = FakePeers(tmp_path, place)
+    peers.replicas["b"].apply(1, 1, [(Write("rows", b"x", b"y"),)])
+
+    async def scenario():
+        shipper = Shipper(0, place, 0, 1, peers)
+        assert await group(shipper, 1) == 1
+    run(scenario())
+    assert peers.place.in_sync == ("a",)
