@@ -40,6 +40,7 @@ from rayq.config import Config
 from rayq.core.auth.accounts import ADMIN, Signature, check_admin
 from rayq.core.kit.batcher import Batcher
 from rayq.core.kit.clock import Clock, SystemClock
+from rayq.core.kit.kv import Write
 from rayq.core.storage.dispatch import DispatchPolicy, NoisyKey
 from rayq.core.control.consuming import check_end_calls
 from rayq.core.auth.gate import (Gate, check_reads_own, named_subqueues, of_subqueues, per_queue,
@@ -135,7 +136,10 @@ class ShardActor:
         epoch, self._seq = read_replica_state(
             self.store.kv.read(lambda txn: txn.get("meta", REPLICA_KEY)))
         self._epoch = max(epoch, place.epoch)
-        self._unshipped: list = []
+        # the store's scalars as it opened them (written before anything was watched)
+        # go with the first group commit: a new follower starts from the same ones
+        self._unshipped: list = [tuple(Write("meta", k, v) for k, v in self.store.kv.read(
+            lambda txn: list(txn.scan("meta", b""))))]
         self.store.kv.watch(self._unshipped.append)  # on the store thread, in commit order
         return Shipper(self.index, place, self._seq, config.store.min_in_sync,
                        RayPeers(self.index))

@@ -102,11 +102,11 @@ async def answers(make_refs: Iterable[Callable[[], Any]]) -> list:
 
 def _restarting() -> tuple[type[BaseException], ...]:
     """What a call meets while its actor restarts, or while a shard's leader moves
-    (a replaced leader refuses, or too few copies are in sync for a moment:
-    docs/replication.md); read when raised: importing this module touches nothing
+    (its node is gone, a replaced leader refuses, or too few copies are in sync for a
+    moment: docs/replication.md); read when raised: importing this module touches nothing
     of Ray's."""
     return (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ChannelLost,
-            StaleEpoch, NotEnoughReplicas)
+            ray.exceptions.ActorUnschedulableError, StaleEpoch, NotEnoughReplicas)
 
 
 def _failure(err: ray.exceptions.RayTaskError) -> RayqError:

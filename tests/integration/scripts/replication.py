@@ -48,15 +48,16 @@ def start(data_dir: str, shards: int = 3):
     return client, client.create_queue("replicated", subqueues=shards, max_receives=None)
 
 
-def drain(queue, expected: set, rounds: int = 200) -> set:
-    received = set()
-    for _ in range(rounds):
+def drain(queue, expected: set, quiet_rounds: int = 25) -> set:
+    """Receive (and delete) until every expected id came, or ``quiet_rounds`` in a row
+    brought nothing."""
+    received, quiet = set(), 0
+    while quiet < quiet_rounds and not expected <= received:
         got = queue.receive(max_messages=100, wait_s=0.2)
+        quiet = 0 if got else quiet + 1
         received.update(m.id for m in got)
         if got:
             queue.delete_batch([m.receipt for m in got])
-        if expected <= received:
-            break
     return received
 
 
@@ -64,10 +65,12 @@ class Senders:
     """Threads sending batches for as long as ``running``; each acknowledged id kept,
     with when the last acknowledgement came (a send that fails is simply retried)."""
 
-    def __init__(self, queue, threads: int = 4):
-        self.queue, self.acked, self.errors = queue, set(), 0
+    def __init__(self, name: str, threads: int = 6):
+        self.acked, self.errors = set(), 0
         self.lock, self.running = threading.Lock(), True
-        self.acks_at: list[float] = []
+        self.acks_at: dict[int, list[float]] = {t: [] for t in range(threads)}
+        # a client each: the manager spreads their put subqueues over the shards
+        self.queues = [rayq.connect().queue(name) for _ in range(threads)]
         self.threads = [threading.Thread(target=self._run, args=(t,)) for t in range(threads)]
         for t in self.threads:
             t.start()
@@ -76,7 +79,7 @@ class Senders:
         n = 0
         while self.running:
             try:
-                ids = self.queue.send_batch([rayq.Outgoing(f"{t}-{n}-{i}") for i in range(10)])
+                ids = self.queues[t].send_batch([rayq.Outgoing(f"{t}-{n}-{i}") for i in range(10)])
             except rayq.RayqError:
                 with self.lock:
                     self.errors += 1
@@ -85,17 +88,26 @@ class Senders:
             n += 1
             with self.lock:
                 self.acked.update(ids)
-                self.acks_at.append(time.monotonic())
+                self.acks_at[t].append(time.monotonic())
 
     def stop(self) -> None:
         self.running = False
         for t in self.threads:
             t.join(timeout=120)
 
-    def first_ack_after(self, at: float) -> float | None:
+    def shards(self) -> list[int]:
+        """The shard each sender puts to."""
+        return [q._transport.route(q.name).queue.subqueue(q._transport.route(q.name).target).shard
+                for q in self.queues]
+
+    def longest_wait_s(self, at: float) -> float | None:
+        """The longest any sender went without an acknowledgement since ``at`` (a lost
+        node's actors may serve on for a moment before they notice)."""
         with self.lock:
-            later = [a for a in self.acks_at if a > at]
-        return min(later) - at if later else None
+            waits = [max(b - a for a, b in zip([at] + later, later)) if later else None
+                     for later in (sorted(x for x in acks if x > at)
+                                   for acks in self.acks_at.values())]
+        return None if None in waits else max(waits)
 
 
 def folders(data_dir: str) -> dict:
@@ -124,33 +136,22 @@ def wait_for_acks(senders, count: int, timeout_s: float = 120) -> None:
 
 def node_kill(cluster, nodes, data_dir) -> dict:
     client, queue = start(data_dir)
-    senders = Senders(queue)
+    senders = Senders("replicated")
     wait_for_acks(senders, 300)
-    before = len(senders.acked)
+    before, targets = len(senders.acked), senders.shards()
     lost_at = time.monotonic()
     cluster.remove_node(nodes["n2"], allow_graceful=False)
     shutil.rmtree(os.path.join(data_dir, "n2"))  # nothing of n2's can be reopened
     wait_for_acks(senders, len(senders.acked) + 300)
     time.sleep(3.0)
     senders.stop()
-    recovered_s = _recovery_s(senders, lost_at)
+    recovered_s = senders.longest_wait_s(lost_at)
     places = {k: [list(p.replicas), list(p.in_sync), p.epoch]
               for k, p in ray.get(ray.get_actor("rayq-manager").places.remote()).items()}
     received = drain(queue, senders.acked)
     return {"acked_before": before, "acked": len(senders.acked),
             "lost": len(senders.acked - received), "places": places,
-            "recovered_s": recovered_s, "send_errors": senders.errors}
-
-
-def _recovery_s(senders, lost_at: float) -> float | None:
-    """Seconds from the loss until the last sender thread acked again (the gap every
-    sender saw, as the longest gap between acks after the loss)."""
-    with senders.lock:
-        later = sorted(a for a in senders.acks_at if a > lost_at)
-    if not later:
-        return None
-    gaps = [b - a for a, b in zip([lost_at] + later, later)]
-    return max(gaps)
+            "recovered_s": recovered_s, "send_errors": senders.errors, "targets": targets}
 
 
 def pause(cluster, nodes, data_dir) -> dict:

@@ -1,0 +1,49 @@
+"""Replication before the acknowledgement, and failover, on a simulated cluster of three
+data nodes (ray.cluster_utils.Cluster, each scenario in its own process:
+tests/integration/scripts/replication.py)."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def scenario(mode: str) -> dict:
+    script = os.path.join(ROOT, "tests", "integration", "scripts", "replication.py")
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run([sys.executable, script, mode], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env=env)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    return json.loads(lines[-1])
+
+
+def test_each_shard_has_a_leader_and_an_in_sync_follower_on_another_node():
+    result = scenario("copies")
+    assert result["lost"] == 0 and result["acked"] == 200
+    for shard, (replicas, in_sync, epoch) in result["places"].items():
+        assert len(set(replicas)) == 2 and in_sync == replicas and epoch == 1
+        for node in replicas:  # each copy in its own node's folder
+            assert f"shard-{shard}" in result["folders"][node]
+        assert result["roles"][shard] == [replicas[0], "leader"]
+    assert sum(result["applied"].values()) >= 1  # the followers applied the leaders' writes
+
+
+def test_every_acknowledged_message_survives_a_data_node_killed_with_its_folder():
+    result = scenario("node_kill")
+    assert result["lost"] == 0, result
+    assert result["acked"] > result["acked_before"] + 300  # senders went on after the loss
+    lost_node_led = [p for p in result["places"].values() if p[2] > 1]
+    assert lost_node_led and all("n2" not in p[1] for p in result["places"].values())
+    assert result["recovered_s"] is not None   # every sender acknowledged again
+
+
+def test_a_paused_leader_is_replaced_and_its_later_writes_are_refused():
+    result = scenario("pause")
+    assert result["new_leader"] != result["old_leader"]
+    assert result["epochs"][1] > result["epochs"][0]
+    assert result["old_write"].startswith("refused"), result
+    assert result["lost"] == 0 and result["acked"] == 400
