@@ -10,6 +10,7 @@ time (``max_concurrency=1``), and sequence numbers checked by
 from __future__ import annotations
 
 import os
+import shutil
 
 import ray
 
@@ -19,7 +20,7 @@ from rayq.core.storage.replica import Replica
 
 class FollowerActor:
     def __init__(self, index: int, path: str, map_bytes: int = 256 << 20):
-        self.index, self.path = index, path
+        self.index, self.path, self._map_bytes = index, path, map_bytes
         self._kv = LmdbKV(path, map_size=map_bytes)
         self.replica = Replica(self._kv)
 
@@ -32,6 +33,27 @@ class FollowerActor:
     def state(self) -> tuple[int, int]:
         """(epoch held, last applied sequence number)."""
         return self.replica.epoch, self.replica.seq
+
+    # -- seeding: the leader's consistent copy arrives in chunks -------------------
+    def begin_seed(self) -> None:
+        """Drop this copy: a fresh one from the leader replaces it."""
+        self._kv.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+        os.makedirs(self.path)
+        self._part = open(os.path.join(self.path, "data.mdb"), "wb")
+
+    def seed_chunk(self, data: bytes) -> None:
+        self._part.write(data)
+
+    def end_seed(self, epoch: int, seq: int) -> int:
+        """The copy is whole: make it durable, open it, hold ``epoch`` and ``seq``."""
+        self._part.flush()
+        os.fsync(self._part.fileno())
+        self._part.close()
+        self._kv = LmdbKV(self.path, map_size=self._map_bytes)
+        self.replica = Replica(self._kv)
+        self.replica.install(epoch, seq)
+        return seq
 
     def close(self) -> None:
         """Close the environment (before a ShardActor opens this folder as leader)."""

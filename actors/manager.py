@@ -74,6 +74,11 @@ class QueueManager:
         leader was replaced."""
         return await self.replicas.shrink(shard, node, epoch)
 
+    async def rejoin_in_sync(self, shard: int, node: str, epoch: int) -> ShardPlace:
+        """Put a seeded follower that caught up in ``shard``'s in-sync set, as its
+        leader of ``epoch`` asks; the new place."""
+        return await self.replicas.rejoin(shard, node, epoch)
+
     def places(self) -> dict[int, ShardPlace]:
         """Every shard's replicas, in-sync set and epoch."""
         return dict(self.replicas.places)

@@ -20,9 +20,10 @@ from actors.placement import data_nodes, pinned, publish, published_places
 from actors.shard import CONCURRENCY_GROUPS, ShardActor
 from actors.shipping import follower_name
 from rayq.config import Config
-from rayq.core.control.placement import DataNode, ShardPlace, node_folder
-from rayq.core.control.replicas import (decode_places, encode_places, leader_lost, newest,
-                                        promote, shrink)
+from rayq.core.control.placement import (LOCAL_NODE, DataNode, ShardPlace, default_replicas,
+                                         node_folder)
+from rayq.core.control.replicas import (check_epoch, decode_places, encode_places, leader_lost,
+                                        newest, promote, rejoin, seeds_wanted, shrink)
 from rayq.core.kit.kv import LmdbKV
 from rayq.errors import RayqError
 from rayq.remote import NO_RETRY, call_async
@@ -38,6 +39,7 @@ PING_TIMEOUT_S = 1.0        # a leader slower than this to answer a ping missed 
 MAX_FAILED_PINGS = 3        # missed in a row: the leader counts as lost
 FENCE_TIMEOUT_S = 2.0
 GONE_TIMEOUT_S = 10.0       # how long a killed actor's name may take to free
+SEED_TIMEOUT_S = 600.0      # copying a shard to a new follower and catching up
 
 
 def shard_folder(data_dir: str, node: str, index: int) -> str:
@@ -94,6 +96,7 @@ class ReplicaKeeper:
         self.places = newest(stored, published_places())
         self._save()
         self._missed: Counter[int] = Counter()
+        self._seeding: dict[int, asyncio.Task] = {}
         self._lock = asyncio.Lock()
 
     def _save(self) -> None:
@@ -112,13 +115,29 @@ class ReplicaKeeper:
                 self._save()
             return place
 
+    async def rejoin(self, shard: int, node: str, epoch: int) -> ShardPlace:
+        """Put a seeded follower that caught up in ``shard``'s in-sync set, as its
+        leader of ``epoch`` asks; the new place. Raises StaleEpoch when that leader
+        was replaced."""
+        async with self._lock:
+            check_epoch(self.places[shard].epoch, epoch, "in-sync change")
+            self.places[shard] = place = rejoin(self.places[shard], node)
+            self._save()
+            log.warning("shard %d: %s in sync, epoch %d", shard, node, place.epoch)
+            return place
+
     async def watch(self) -> None:
         """One round: a leader whose node is gone, or that missed MAX_FAILED_PINGS pings
-        in a row, is replaced by an in-sync follower."""
-        replicated = [p for p in self.places.values() if len(p.in_sync) > 1]
-        if not replicated:
-            return
+        in a row, is replaced by an in-sync follower; an under-replicated shard gets a
+        new follower seeded."""
+        if all(p.leader == LOCAL_NODE for p in self.places.values()):
+            return  # the embedded runtime: one copy, nowhere to fail over to
         nodes = data_nodes(self.config)
+        await self._check_leaders(nodes)
+        self._reseed(nodes)
+
+    async def _check_leaders(self, nodes: list[DataNode]) -> None:
+        replicated = [p for p in self.places.values() if len(p.in_sync) > 1]
         alive = {n.name for n in nodes}
         answered = await asyncio.gather(*(self._ping(p.shard) for p in replicated))
         for place, ok in zip(replicated, answered):
@@ -126,6 +145,28 @@ class ReplicaKeeper:
             if leader_lost(place, alive, self._missed[place.shard], MAX_FAILED_PINGS):
                 async with self._lock:
                     await self._fail_over(self.places[place.shard], nodes)
+
+    def _reseed(self, nodes: list[DataNode]) -> None:
+        copies = self.config.store.replicas or default_replicas(len(nodes))
+        busy = {shard for shard, task in self._seeding.items() if not task.done()}
+        by_name = {n.name: n for n in nodes}
+        for shard, node in seeds_wanted(self.places, list(by_name), copies, busy):
+            self._seeding[shard] = asyncio.get_running_loop().create_task(
+                self._seed(shard, by_name[node]))
+
+    async def _seed(self, shard: int, node: DataNode) -> None:
+        """Start a fresh follower on ``node`` and have the leader seed it (the leader
+        asks for it to join the in-sync set once it caught up)."""
+        try:
+            await kill_named(follower_name(shard, node.name))  # an out-of-sync one: anew
+            follower = start_follower(shard, node, self.data_dir, self.config)
+            await call_async(lambda: follower.state.remote())
+            leader = ray.get_actor(shard_name(shard), namespace=NAMESPACE)
+            seq = await asyncio.wait_for(call_async(lambda: leader.seed.remote(node.name),
+                                                    NO_RETRY), SEED_TIMEOUT_S)
+            log.warning("shard %d: follower on %s seeded at %d", shard, node.name, seq)
+        except (RayqError, ray.exceptions.RayError, ValueError, asyncio.TimeoutError) as err:
+            log.warning("shard %d: seeding a follower on %s failed: %r", shard, node.name, err)
 
     async def _ping(self, shard: int) -> bool:
         try:

@@ -31,8 +31,8 @@ from actors.channel import ChannelServer
 from actors.gate import manager_directory
 from rayq.core.auth import nonces
 from actors.metrics import BackgroundFailures, ShardMetrics
-from actors.placement import published_places, this_node_name
-from actors.shipping import RayPeers
+from actors.placement import this_node_name
+from actors.shipping import replication_of
 from rayq.analytics.eventlog import open_event_log
 from rayq.batching import AsyncBatcher
 from rayq.channel import CHANNEL_METHODS
@@ -40,7 +40,6 @@ from rayq.config import Config
 from rayq.core.auth.accounts import ADMIN, Signature, check_admin
 from rayq.core.kit.batcher import Batcher
 from rayq.core.kit.clock import Clock, SystemClock
-from rayq.core.kit.kv import Write
 from rayq.core.storage.dispatch import DispatchPolicy, NoisyKey
 from rayq.core.control.consuming import check_end_calls
 from rayq.core.auth.gate import (Gate, check_reads_own, named_subqueues, of_subqueues, per_queue,
@@ -48,8 +47,7 @@ from rayq.core.auth.gate import (Gate, check_reads_own, named_subqueues, of_subq
 from rayq.core.codec.wire import delivered_count
 from rayq.core.codec.model import SubqueueState
 from rayq.core.control.replicas import role_of
-from rayq.core.control.shipping import Shipper, acknowledged, value_of
-from rayq.core.storage.layout import REPLICA_KEY, read_replica_state, replica_state
+from rayq.core.control.shipping import acknowledged, value_of
 from rayq.core.storage.store import KeyDepth, StoreStats, open_store
 from rayq.core.storage.waiters import OutcomeWaiters, outcome_value
 from rayq.errors import Overloaded, RayqError, StoreError, TaskError
@@ -123,39 +121,14 @@ class ShardActor:
         self.gate = Gate(manager_directory, seen=nonces.load(self.store.kv, self.clock.now()),
                          clock=self.clock)
         self.key_mode = config.fairness.key
-        self.shipper = self._replicate(config)
+        # replication (docs/replication.md): None for one copy, nothing recorded
+        self.replication = replication_of(self.index, path, self.store.kv, config)
+        self.shipper = self.replication.shipper if self.replication else None
 
-    # -- replication (docs/replication.md) ----------------------------------------
-    def _replicate(self, config: Config) -> Shipper | None:
-        """A shipper to this shard's followers, when the published place names any:
-        from now on each committed write set is collected for the next group commit
-        to ship. None for one copy (nothing recorded, nothing changes)."""
-        place = published_places().get(self.index)
-        if place is None or len(place.replicas) < 2:
-            return None
-        epoch, self._seq = read_replica_state(
-            self.store.kv.read(lambda txn: txn.get("meta", REPLICA_KEY)))
-        self._epoch = max(epoch, place.epoch)
-        # the store's scalars as it opened them (written before anything was watched)
-        # go with the first group commit: a new follower starts from the same ones
-        self._unshipped: list = [tuple(Write("meta", k, v) for k, v in self.store.kv.read(
-            lambda txn: list(txn.scan("meta", b""))))]
-        self.store.kv.watch(self._unshipped.append)  # on the store thread, in commit order
-        return Shipper(self.index, place, self._seq, config.store.min_in_sync,
-                       RayPeers(self.index))
-
-    def _stamp(self, txn) -> None:
-        """The group commit's sequence number, durable with it (a restarted leader
-        knows how far it got; a follower stores it with the write set)."""
-        txn.put("meta", REPLICA_KEY, replica_state(self.shipper.place.epoch, self._seq + 1))
-
-    def _take_shipment(self) -> tuple:
-        """This group's write set, with those of transactions since the last group (set
-        states, background removal): one write set per sequence number."""
-        self._seq += 1
-        writes = tuple(w for written in self._unshipped for w in written)
-        self._unshipped.clear()
-        return writes
+    async def seed(self, node: str) -> int:
+        """Seed a follower on ``node`` (the manager started it there); see
+        :meth:`actors.shipping.Replication.seed`."""
+        return await self.replication.seed(node, self._read)
 
     # -- group commit ------------------------------------------------------
     async def _write(self, subqueue: int | None, name: str | None, *args,
@@ -212,7 +185,7 @@ class ShardActor:
         """One transaction: the store calls, the nonces of the requests they serve, and
         (replicating) the group's sequence number; its write set to ship, if any."""
         keys = [c[3] for c in calls if c[3] is not None]
-        stamp = self._stamp if self.shipper is not None else None
+        stamp = self.replication.stamp if self.replication is not None else None
 
         def also(txn) -> None:
             if keys:
@@ -221,7 +194,7 @@ class ShardActor:
                 stamp(txn)
         done = iter(self.store.group([c[:3] for c in calls if c[0] is not None], also))
         results = [next(done) if c[0] is not None else None for c in calls]
-        shipment = self._take_shipment() if stamp is not None else None
+        shipment = self.replication.take() if stamp is not None else None
         return results, self.store.take_finished(), shipment
 
     async def _read(self, fn, *args) -> Any:

@@ -1,13 +1,21 @@
-"""The leader's calls to its followers and to the manager, for
-:class:`rayq.core.control.shipping.Shipper` (docs/replication.md)."""
+"""The leader's side of replication in a shard actor (docs/replication.md): its write
+sets collected and stamped, its calls to its followers and to the manager for
+:class:`rayq.core.control.shipping.Shipper`, and seeding a new follower."""
 
 from __future__ import annotations
+
+import os
+import shutil
 
 import ray
 
 from actors import MANAGER, NAMESPACE
-from rayq.core.control.placement import ShardPlace
-from rayq.core.kit.kv import WriteSet
+from actors.placement import published_places
+from rayq.config import Config
+from rayq.core.control.placement import LOCAL_NODE, ShardPlace
+from rayq.core.control.shipping import Shipper
+from rayq.core.kit.kv import LmdbKV, Write, WriteSet
+from rayq.core.storage.layout import REPLICA_KEY, read_replica_state, replica_state
 from rayq.remote import IN_RUNTIME, NO_RETRY, call_async
 
 
@@ -42,3 +50,85 @@ class RayPeers:
         manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
         return await call_async(lambda: manager.shrink_in_sync.remote(self.index, node, epoch),
                                 IN_RUNTIME)
+
+    async def rejoin(self, node: str, epoch: int) -> ShardPlace:
+        manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
+        return await call_async(lambda: manager.rejoin_in_sync.remote(self.index, node, epoch),
+                                IN_RUNTIME)
+
+
+SEED_CHUNK_BYTES = 4 << 20  # a copy travels to a new follower in chunks this large
+
+
+def copy_store(kv: LmdbKV, folder: str) -> None:
+    """A consistent copy of ``kv`` in ``folder`` (as of one read transaction)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    with kv.env.begin() as txn:
+        kv.env.copy(folder, compact=True, txn=txn)
+
+
+async def send_copy(index: int, node: str, folder: str, epoch: int, seq: int) -> None:
+    """Ship the copy in ``folder`` to shard ``index``'s follower on ``node``, through Ray
+    in chunks (no shared disk), and have it open the copy as of ``epoch`` and ``seq``."""
+    follower = ray.get_actor(follower_name(index, node), namespace=NAMESPACE)
+    await call_async(lambda: follower.begin_seed.remote(), NO_RETRY)
+    with open(os.path.join(folder, "data.mdb"), "rb") as copy:
+        while chunk := copy.read(SEED_CHUNK_BYTES):
+            await call_async(lambda chunk=chunk: follower.seed_chunk.remote(chunk), NO_RETRY)
+    await call_async(lambda: follower.end_seed.remote(epoch, seq), NO_RETRY)
+
+
+def replication_of(index: int, path: str, kv: LmdbKV, config: Config) -> "Replication | None":
+    """The leader's replication, unless the shard keeps one copy (the embedded runtime,
+    ``replicas=1``) or was never placed: then nothing is recorded or changes."""
+    place = published_places().get(index)
+    if place is None or place.leader == LOCAL_NODE or config.store.replicas == 1:
+        return None
+    return Replication(index, path, kv, place, config.store.min_in_sync)
+
+
+class Replication:
+    """Write sets collected on the store thread (in commit order), one per group commit
+    with the sequence number the group stamps durably; shipped by :attr:`shipper`."""
+
+    def __init__(self, index: int, path: str, kv: LmdbKV, place: ShardPlace, min_in_sync: int):
+        self.index, self.path, self.kv = index, path, kv
+        _, self.seq = read_replica_state(kv.read(lambda txn: txn.get("meta", REPLICA_KEY)))
+        # the store's scalars as it opened them (written before anything was watched) go
+        # with the first group commit: a new follower starts from the same ones
+        self._unshipped: list = [tuple(Write("meta", k, v) for k, v in kv.read(
+            lambda txn: list(txn.scan("meta", b""))))]
+        kv.watch(self._unshipped.append)
+        self.shipper = Shipper(index, place, self.seq, min_in_sync, RayPeers(index))
+
+    def stamp(self, txn) -> None:
+        """In the group's transaction: its sequence number, durable with it (a
+        restarted leader knows how far it got; a follower stores it likewise)."""
+        txn.put("meta", REPLICA_KEY, replica_state(self.shipper.place.epoch, self.seq + 1))
+
+    def take(self) -> WriteSet:
+        """After the group committed: its write set, with those of the transactions
+        since the last group (set states, background removal)."""
+        self.seq += 1
+        writes = tuple(w for written in self._unshipped for w in written)
+        self._unshipped.clear()
+        return writes
+
+    async def seed(self, node: str, on_store_thread) -> int:
+        """Seed a follower on ``node``: a consistent copy of the store (taken on the
+        store thread, between group commits) goes to it in chunks, the write sets
+        after the copy follow, and it joins the in-sync set once caught up. Returns
+        the copy's sequence number."""
+        folder = os.path.join(os.path.dirname(self.path), f"seeding-{self.index}-{node}")
+        epoch = self.shipper.place.epoch
+        try:
+            return await self.shipper.seed(
+                node, lambda: on_store_thread(self._copy, folder),
+                lambda seq: send_copy(self.index, node, folder, epoch, seq))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _copy(self, folder: str) -> int:
+        copy_store(self.kv, folder)
+        return self.seq

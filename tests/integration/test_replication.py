@@ -48,3 +48,12 @@ def test_a_paused_leader_is_replaced_and_its_later_writes_are_refused():
     # refused by the followers' newer epoch, or the old leader was stopped for good
     assert result["old_write"] in ("refused: StaleEpoch", "refused: ActorDiedError"), result
     assert result["lost"] == 0 and result["acked"] == 400
+
+
+def test_a_data_node_that_joins_gets_a_seeded_follower_of_every_shard():
+    result = scenario("grow")
+    assert all("n3" not in in_sync for in_sync in result["before"].values())
+    for shard, (in_sync, epoch) in result["after"].items():
+        assert "n3" in in_sync and epoch > 1
+        assert len(set(result["rows"][shard].values())) == 1, result["rows"]  # same rows
+    assert result["lost"] == 0

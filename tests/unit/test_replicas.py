@@ -6,7 +6,7 @@ from rayq.core.control.placement import ShardPlace
 from rayq.core.control.replicas import (ShipLog, acked_through, check_epoch, check_in_sync,
                                         decode_places, drop_replica, encode_places, fresh_count,
                                         leader_lost, newest, promote, rejoin, role_of, shrink,
-                                        with_followers)
+                                        seed_target, seeds_wanted, with_followers)
 from rayq.core.kit.kv import LmdbKV, Write
 from rayq.core.storage.replica import Replica
 from rayq.core.storage.layout import read_replica_state, replica_state
@@ -109,7 +109,7 @@ def test_a_seeded_follower_rejoins_under_a_new_epoch_and_a_gone_one_is_dropped()
     shrunk = shrink(THREE, "c", 4)
     assert rejoin(shrunk, "c") == ShardPlace(0, ("a", "b", "c"), ("a", "b", "c"), 6)
     assert rejoin(shrunk, "d").replicas == ("a", "b", "c", "d")
-    assert drop_replica(shrunk, "c") == ShardPlace(0, ("a", "b"), ("a", "b"), 6)
+    assert drop_replica(shrunk, "c") == ShardPlace(0, ("a", "b"), ("a", "b"), 5)
     assert drop_replica(THREE, "b") == THREE  # in sync: shrink first
 
 
@@ -194,3 +194,43 @@ def test_the_newest_epoch_of_each_shards_place_wins():
     other = ShardPlace(1, ("c",), ("c",), 1)
     assert newest({0: old, 1: other}, {0: new}) == {0: new, 1: other}
     assert newest({0: new}, {0: old}) == {0: new}
+
+
+@pytest.mark.parametrize("place, copies, counts, target", [
+    (ShardPlace(0, ("a", "b"), ("a",), 2), 2, {}, "b"),          # reseed the out-of-sync node
+    (ShardPlace(0, ("a",), ("a",), 2), 2, {"b": 3, "c": 1}, "c"),  # the least followed
+    (ShardPlace(0, ("a", "b"), ("a", "b"), 2), 2, {}, None),      # enough copies
+    (ShardPlace(0, ("a", "b"), ("a", "b"), 2), 3, {}, "c"),       # a node joined: 3 wanted
+    (ShardPlace(0, ("a", "b", "c"), ("a", "b"), 2), 3, {}, "c"),
+])
+def test_an_under_replicated_shard_seeds_a_follower_on_a_node_without_a_copy(
+        place, copies, counts, target):
+    assert seed_target(place, ["a", "b", "c"], copies, counts) == target
+
+
+def test_a_joining_follower_is_kept_in_the_log_but_not_waited_for_until_counted():
+    log = ShipLog(0, ["b"])
+    log.wait(log.add(writes(1)), "ack1")
+    log.join("c")                       # c's copy is taken after write set 1
+    log.copied("c", 1)
+    log.wait(log.add(writes(2)), "ack2")
+    log.applied("b", 2)
+    assert log.released() == ["ack1", "ack2"]  # c is not waited for
+    assert log.batch("c", 10) == (2, [writes(2)])  # but still gets write set 2
+    assert not log.caught_up("c")
+    log.applied("c", 2)
+    assert log.caught_up("c")
+    log.count("c")
+    log.wait(log.add(writes(3)), "ack3")
+    log.applied("b", 3)
+    assert log.released() == []          # now c is waited for too
+    log.batch("c", 10)
+    log.applied("c", 3)
+    assert log.released() == ["ack3"]
+
+
+def test_seeding_skips_shards_already_seeding_or_without_a_leader_and_spreads_followers():
+    places = {0: ShardPlace(0, ("a",), ("a",), 2), 1: ShardPlace(1, ("b",), ("b",), 2),
+              2: ShardPlace(2, ("x",), ("x",), 2), 3: ShardPlace(3, ("a",), ("a",), 2)}
+    assert seeds_wanted(places, ["a", "b", "c"], 2, busy={3}) == [(0, "b"), (1, "a")]
+    assert seeds_wanted(places, ["a", "b", "c"], 1, busy=()) == []

@@ -13,7 +13,7 @@ import json
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
-from rayq.core.control.placement import ShardPlace
+from rayq.core.control.placement import ShardPlace, new_follower_node
 from rayq.core.kit.kv import WriteSet
 from rayq.errors import NotEnoughReplicas, ReplicaBehind, StaleEpoch
 
@@ -65,11 +65,31 @@ def rejoin(place: ShardPlace, node: str) -> ShardPlace:
 
 
 def drop_replica(place: ShardPlace, node: str) -> ShardPlace:
-    """``place`` without the out-of-sync replica on ``node`` (its node is gone)."""
+    """``place`` without the out-of-sync replica on ``node`` (its node is gone). The
+    in-sync set stays as it is, and so does the epoch."""
     if node == place.leader or node in place.in_sync:
         return place
     return ShardPlace(place.shard, tuple(n for n in place.replicas if n != node),
-                      place.in_sync, place.epoch + 1)
+                      place.in_sync, place.epoch)
+
+
+def seed_target(place: ShardPlace, alive: Sequence[str], copies: int,
+                followers_per_node: Mapping[str, int]) -> str | None:
+    """The node to seed a new follower of ``place`` on while it has fewer than
+    ``copies`` in-sync copies: an alive node holding no in-sync copy, the fewest
+    followers first (:func:`new_follower_node`). None when none is wanted or free."""
+    if len(place.in_sync) >= copies:
+        return None
+    synced = ShardPlace(place.shard, place.in_sync, place.in_sync, place.epoch)
+    return new_follower_node(synced, alive, followers_per_node)
+
+
+def followers_per_node(places: Iterable[ShardPlace]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for place in places:
+        for node in place.followers:
+            counts[node] = counts.get(node, 0) + 1
+    return counts
 
 
 def promote(place: ShardPlace, applied: Mapping[str, int]) -> ShardPlace | None:
@@ -144,6 +164,7 @@ class ShipLog:
         self._log: deque[WriteSet] = deque()  # sequence numbers first_seq, first_seq+1, ...
         self._first = committed + 1
         self.acked = {n: committed for n in followers}
+        self.joining: dict[str, int] = {}  # followers catching up: not waited for yet
         self._sent = dict(self.acked)
         self._waiting: deque[tuple[int, object]] = deque()
 
@@ -170,8 +191,9 @@ class ShipLog:
         return first, sets
 
     def applied(self, node: str, seq: int) -> None:
-        if node in self.acked:
-            self.acked[node] = max(self.acked[node], seq)
+        for table in (self.acked, self.joining):
+            if node in table:
+                table[node] = max(table[node], seq)
         self._trim()
 
     def resend(self, node: str) -> None:
@@ -182,8 +204,30 @@ class ShipLog:
     def remove(self, node: str) -> None:
         """``node`` is out of sync: nothing waits for it any more."""
         self.acked.pop(node, None)
+        self.joining.pop(node, None)
         self._sent.pop(node, None)
         self._trim()
+
+    def join(self, node: str) -> None:
+        """A follower is being seeded: keep every write set from now on for it (its
+        copy is taken after this; :meth:`copied` says from which one it starts)."""
+        self.joining[node] = self._sent[node] = self.committed
+
+    def copied(self, node: str, seq: int) -> None:
+        """``node``'s copy holds every write set through ``seq``: it catches up after."""
+        self.joining[node] = self._sent[node] = seq
+
+    def follows(self, node: str) -> bool:
+        return node in self.acked or node in self.joining
+
+    def caught_up(self, node: str) -> bool:
+        """Whether a joining follower applied every write set committed so far."""
+        return self.joining.get(node, -1) >= self.committed
+
+    def count(self, node: str) -> None:
+        """A joining follower is in sync from now on: acknowledgements wait for it."""
+        if node in self.joining:
+            self.acked[node] = self.joining.pop(node)
 
     def released(self) -> list[object]:
         """The tokens whose write sets every in-sync follower applied, in order."""
@@ -200,7 +244,8 @@ class ShipLog:
         return tokens
 
     def _trim(self) -> None:
-        through = acked_through(self.acked, self.acked, self.committed)
+        kept = {**self.acked, **self.joining}
+        through = acked_through(kept, kept, self.committed)
         while self._log and self._first <= through:
             self._log.popleft()
             self._first += 1
@@ -214,3 +259,19 @@ def newest(*tables: Mapping[int, ShardPlace]) -> dict[int, ShardPlace]:
             if shard not in out or place.epoch > out[shard].epoch:
                 out[shard] = place
     return out
+
+
+def seeds_wanted(places: Mapping[int, ShardPlace], alive: Sequence[str], copies: int,
+                 busy: Collection[int]) -> list[tuple[int, str]]:
+    """(shard, node) for each under-replicated shard to seed a follower of now: its
+    leader alive, no seeding of it under way (``busy``), a node free for a copy
+    (:func:`seed_target`), the followers spread as they are added."""
+    counts = followers_per_node(places.values())
+    wanted = []
+    for place in places.values():
+        node = (seed_target(place, alive, copies, counts)
+                if place.shard not in busy and place.leader in alive else None)
+        if node is not None:
+            wanted.append((place.shard, node))
+            counts[node] = counts.get(node, 0) + 1
+    return wanted

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -36,6 +37,7 @@ class Peers(Protocol):
     async def state(self, node: str) -> tuple[int, int]: ...
     async def apply(self, node: str, epoch: int, first_seq: int, sets: list[WriteSet]) -> int: ...
     async def shrink(self, node: str, epoch: int) -> ShardPlace: ...
+    async def rejoin(self, node: str, epoch: int) -> ShardPlace: ...
 
 
 @dataclass(frozen=True)
@@ -93,10 +95,30 @@ class Shipper:
         self._release()
         return [Shipped(r, acked) for r in results]
 
-    async def _send_forever(self, node: str) -> None:
+    async def seed(self, node: str, copy: Callable[[], Awaitable[int]],
+                   install: Callable[[int], Awaitable[None]]) -> int:
+        """Seed a follower on ``node``: ``copy()`` takes a consistent copy of the store
+        and returns the sequence number it holds, ``install(seq)`` brings it to the
+        follower; the write sets after it follow, and once the follower caught up the
+        manager puts it in sync. Returns the copy's sequence number."""
+        self.log.join(node)  # before the copy: the write sets after it are kept
+        self._more[node] = asyncio.Event()
         try:
-            await self._handshake(node)
-            while node in self.log.acked and self.refused is None:
+            seq = await copy()
+            self.log.copied(node, seq)
+            await install(seq)
+        except BaseException:
+            self.log.remove(node)
+            raise
+        self._senders.append(asyncio.get_running_loop().create_task(
+            self._send_forever(node, seeded=True)))
+        return seq
+
+    async def _send_forever(self, node: str, seeded: bool = False) -> None:
+        try:
+            if not seeded:
+                await self._handshake(node)
+            while self.log.follows(node) and self.refused is None:
                 await self._send(node)
         except StaleEpoch as err:
             self._refuse(err)
@@ -114,6 +136,19 @@ class Shipper:
             self.peers.apply(node, self.place.epoch, first, sets), self.timeout_s)
         self.log.applied(node, applied)
         self._release()
+        if self.log.caught_up(node):
+            await self._rejoin(node)
+
+    async def _rejoin(self, node: str) -> None:
+        """A seeded follower caught up: the manager puts it in sync (a new epoch), and
+        acknowledgements wait for it from then on."""
+        try:
+            self.place = await self.peers.rejoin(node, self.place.epoch)
+        except StaleEpoch as err:
+            self._refuse(err)
+            return
+        self.log.count(node)
+        log.info("shard %d: follower on %s in sync, epoch %d", self.index, node, self.place.epoch)
 
     async def _handshake(self, node: str) -> None:
         """A follower is in sync only if it applied exactly what this leader committed

@@ -48,3 +48,8 @@ class Replica:
             self.kv.transact(lambda txn: txn.put("meta", REPLICA_KEY, replica_state(epoch, seq)))
             self.epoch = epoch
         return self.epoch, self.seq
+
+    def install(self, epoch: int, seq: int) -> None:
+        """This store was just copied from the leader's at ``seq``: hold that, and ``epoch``."""
+        self.kv.transact(lambda txn: txn.put("meta", REPLICA_KEY, replica_state(epoch, seq)))
+        self.epoch, self.seq = epoch, seq

@@ -7,7 +7,10 @@ Modes:
 - ``node_kill``: senders run while a data node's raylet is killed and its folder
   deleted; every acknowledged message is received afterwards;
 - ``pause``: a leader is paused (SIGSTOP) until the manager promotes its follower,
-  then resumed: its later writes are refused and nothing acknowledged is lost.
+  then resumed: its later writes are refused and nothing acknowledged is lost;
+- ``grow``: two data nodes and three copies wanted; a third node joins while senders
+  run, and every shard gets a follower seeded there (a copy, then the write sets
+  after it) that joins the in-sync set with the same rows as its leader.
 """
 
 import json
@@ -31,17 +34,21 @@ SYSTEM = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500,
           "health_check_timeout_ms": 500, "health_check_failure_threshold": 4}
 
 
-def cluster_up():
+def add_node(cluster, name: str):
+    return cluster.add_node(num_cpus=1, resources={"rayq_data": 1},
+                            labels={"rayq-data-node": name})
+
+
+def cluster_up(names=NODES):
     cluster = Cluster(initialize_head=True,
                       head_node_args={"num_cpus": 2, "_system_config": SYSTEM})
-    nodes = {name: cluster.add_node(num_cpus=1, resources={"rayq_data": 1},
-                                    labels={"rayq-data-node": name}) for name in NODES}
+    nodes = {name: add_node(cluster, name) for name in names}
     ray.init(address=cluster.address, namespace="rayq", log_to_driver=False)
     return cluster, nodes
 
 
-def start(data_dir: str, shards: int = 3):
-    config = Config(store=StoreConfig(shards=shards, replicas=2),
+def start(data_dir: str, shards: int = 3, replicas: int = 2):
+    config = Config(store=StoreConfig(shards=shards, replicas=replicas),
                     consumers=ConsumerConfig(count=0),
                     scaling=ScalingConfig(max_subqueues=shards))
     client = rayq.start(data_dir=data_dir, config=config)
@@ -186,12 +193,48 @@ def pause(cluster, nodes, data_dir) -> dict:
             "acked": len(acked), "lost": len(acked - received)}
 
 
+def rows(folder: str) -> int:
+    """Rows in the LMDB store at ``folder`` (read-only, beside the running shard)."""
+    import lmdb
+
+    env = lmdb.open(folder, readonly=True, lock=False, max_dbs=20)
+    try:
+        with env.begin() as txn:
+            return txn.stat(env.open_db(b"rows", txn=txn, create=False))["entries"]
+    finally:
+        env.close()
+
+
+def grow(cluster, nodes, data_dir) -> dict:
+    client, queue = start(data_dir, shards=2, replicas=3)
+    manager = ray.get_actor("rayq-manager")
+    before = {k: list(p.in_sync) for k, p in ray.get(manager.places.remote()).items()}
+    senders = Senders("replicated", threads=2)
+    wait_for_acks(senders, 200)
+    add_node(cluster, "n3")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        places = ray.get(manager.places.remote())
+        if all("n3" in p.in_sync for p in places.values()):
+            break
+        time.sleep(0.5)
+    wait_for_acks(senders, len(senders.acked) + 200)
+    senders.stop()
+    time.sleep(2.0)
+    places = ray.get(manager.places.remote())
+    counts = {k: {n: rows(os.path.join(data_dir, n, f"shard-{k}")) for n in p.in_sync}
+              for k, p in places.items()}
+    received = drain(queue, senders.acked)
+    return {"before": before, "after": {k: [list(p.in_sync), p.epoch] for k, p in places.items()},
+            "rows": counts, "acked": len(senders.acked), "lost": len(senders.acked - received)}
+
+
 def main() -> None:
     mode = sys.argv[1]
-    cluster, nodes = cluster_up()
+    cluster, nodes = cluster_up(NODES[:2] if mode == "grow" else NODES)
     data_dir = tempfile.mkdtemp(prefix=f"rayq-replication-{mode}-")
     try:
-        result = {"copies": copies, "node_kill": node_kill, "pause": pause}[mode](
+        result = {"copies": copies, "node_kill": node_kill, "pause": pause, "grow": grow}[mode](
             cluster, nodes, data_dir)
         print(json.dumps(result), flush=True)
     finally:
