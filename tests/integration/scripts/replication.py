@@ -153,8 +153,13 @@ def node_kill(cluster, nodes, data_dir) -> dict:
     time.sleep(3.0)
     senders.stop()
     recovered_s = senders.longest_wait_s(lost_at)
+    manager = ray.get_actor("rayq-manager")
+    deadline = time.monotonic() + 90  # a new follower seeded for each shard n2 held a copy of
+    while time.monotonic() < deadline and any(
+            len(p.in_sync) < 2 for p in ray.get(manager.places.remote()).values()):
+        time.sleep(0.5)
     places = {k: [list(p.replicas), list(p.in_sync), p.epoch]
-              for k, p in ray.get(ray.get_actor("rayq-manager").places.remote()).items()}
+              for k, p in ray.get(manager.places.remote()).items()}
     received = drain(queue, senders.acked)
     return {"acked_before": before, "acked": len(senders.acked),
             "lost": len(senders.acked - received), "places": places,
