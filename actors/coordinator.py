@@ -22,13 +22,13 @@ from actors.gate import manager_directory
 from actors.metrics import BackgroundFailures, CoordinatorMetrics
 from rayq.analytics.eventlog import log_decision, log_report, open_event_log
 from rayq.config import Config
-from rayq.core.auth.accounts import Signature
+from rayq.core.auth.operations import COORDINATOR_OPS
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.fairness.coordinating import (booster_consumers, fairness_report, intervening_since,
                                     is_intervening, pending_keys)
 from rayq.core.fairness.policy import (Decision, FairnessReport, KeyState, ListenPlan, UsageWindows,
                                 decision_event, evaluate, listen_order)
-from rayq.core.auth.gate import durable_gate
+from rayq.core.auth.gate import durable_gate, signed
 from rayq.core.kit.history import EventHistory
 from rayq.core.kit.kv import LmdbKV
 from rayq.core.fairness.rules import SuspensionRule, SuspensionRules
@@ -69,8 +69,8 @@ class FairnessCoordinator:
         return ListenPlan(self._version, self.decision, tuple(self.pending),
                           self.rules.suspended(), self._regular)
 
-    async def report(self, auth: Signature | None = None) -> FairnessReport:
-        await self.gate.admin(auth, "fairness")
+    @signed(COORDINATOR_OPS["report"])
+    async def report(self) -> FairnessReport:
         return fairness_report(self.decision, self.pending, self._rng, self.rules.suspended(),
                                self.intervening_since, rules=tuple(self.rules.history()),
                                history=self.history.recent(), noisy=tuple(await self._noisy()))
@@ -80,16 +80,14 @@ class FairnessCoordinator:
         parts = await answers((lambda s=s: s.noisy.remote()) for s in self.shards)
         return [key for part in parts for key in part]
 
-    async def suspend(self, key: str, reason: str, by: str,
-                      auth: Signature | None = None) -> SuspensionRule:
-        await self.gate.admin(auth, "suspend", key, reason, by)
+    @signed(COORDINATOR_OPS["suspend"])
+    async def suspend(self, key: str, reason: str, by: str) -> SuspensionRule:
         rule = self.rules.suspend(key, reason, by, self.clock.now())
         self._publish({"at": rule.since, "kind": "suspend", "key": key, "reason": reason, "by": by})
         return rule
 
-    async def resume(self, key: str, by: str,
-                     auth: Signature | None = None) -> SuspensionRule | None:
-        await self.gate.admin(auth, "resume", key, by)
+    @signed(COORDINATOR_OPS["resume"])
+    async def resume(self, key: str, by: str) -> SuspensionRule | None:
         rule = self.rules.resume(key, by, self.clock.now())
         if rule is not None:
             self._publish({"at": rule.lifted_at, "kind": "resume", "key": key, "by": by})
@@ -135,10 +133,9 @@ class FairnessCoordinator:
             self.metrics.reported(r)
             log_report(self.events, r)
 
-    async def task_stats(self, by: str | None = None,
-                         auth: Signature | None = None) -> list[TallyRow]:
+    @signed(COORDINATOR_OPS["task_stats"])
+    async def task_stats(self, by: str | None = None) -> list[TallyRow]:
         """Finished deliveries per (tenant, type), tenant or type, up to now."""
-        await self.gate.admin(auth, "task_stats", by)
         await self._pull_usage()
         return self.tally.rows(by)
 
@@ -161,8 +158,8 @@ class FairnessCoordinator:
         self._version += 1
         log_decision(self.events, event)
 
-    async def flush_events(self, auth: Signature | None = None) -> int:
-        await self.gate.admin(auth, "flush_events")
+    @signed(COORDINATOR_OPS["flush_events"])
+    async def flush_events(self) -> int:
         await self._pull_usage()
         return await asyncio.to_thread(self.events.flush)
 

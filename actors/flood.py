@@ -29,10 +29,10 @@ from actors.gate import manager_directory
 from actors.metrics import BackgroundFailures, FloodMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
-from rayq.core.auth.accounts import Signature
+from rayq.core.auth.operations import FLOOD_OPS
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.flood.detection import Flooder, build_view, detect, sweep_step
-from rayq.core.auth.gate import durable_gate
+from rayq.core.auth.gate import durable_gate, signed
 from rayq.core.kit.history import EventHistory
 from rayq.core.flood.isolation import (dedicated_by_shard, dedicated_to, diverts, fully_swept,
                                  isolation_moves, left_to_sweep, listed,
@@ -65,12 +65,12 @@ class FloodDetector:
         asyncio.get_running_loop().create_task(
             self.failures.every(self.flood_config.interval_s, "detection", self._detect_round))
 
-    async def flooders_now(self, auth: Signature | None = None) -> list[Flooder]:
-        await self.gate.admin(auth, "flooders")
+    @signed(FLOOD_OPS["flooders_now"])
+    async def flooders_now(self) -> list[Flooder]:
         return list(self.flooders)
 
-    async def events(self, auth: Signature | None = None) -> tuple[dict, ...]:
-        await self.gate.admin(auth, "flood_events")
+    @signed(FLOOD_OPS["events"])
+    async def events(self) -> tuple[dict, ...]:
         return self.history.recent()
 
     # -- one run ---------------------------------------------------------------------
@@ -188,8 +188,8 @@ class FloodDetector:
         self.events.append("flood", event["at"], queue=flooder.queue, type=flooder.type,
                            tenant=flooder.tenant, outcome=what, detail=json.dumps(details))
 
-    async def flush_events(self, auth: Signature | None = None) -> int:
-        await self.gate.admin(auth, "flush_events")
+    @signed(FLOOD_OPS["flush_events"])
+    async def flush_events(self) -> int:
         return await asyncio.to_thread(self.events.flush)
 
     async def _detect_round(self) -> None:
