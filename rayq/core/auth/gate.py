@@ -164,7 +164,10 @@ def signed(operation: Operation) -> Callable:
                 kwargs["caller"] = caller
             return await method(self, *args, **kwargs)
 
-        admitted.__signature__ = public  # what Ray and the local channel bind calls to
+        # What Ray and the local channel bind calls to. Ray reads the signature of the
+        # innermost function a __wrapped__ chain leads to: the chain ends here.
+        admitted.__signature__ = public
+        del admitted.__wrapped__
         admitted.operation = operation
         return admitted
     return wrap
