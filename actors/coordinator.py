@@ -11,45 +11,38 @@ the autoscaler). Suspension rules and every decision are persisted.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 
 import ray
 
-from actors import MANAGER, NAMESPACE, shard_name
 from actors.consumer import named_consumers
-from actors.gate import manager_directory
-from actors.metrics import BackgroundFailures, CoordinatorMetrics
+from actors.kit import ControlActor, manager_handle
+from actors.metrics import CoordinatorMetrics
 from rayq.analytics.eventlog import log_decision, log_report, open_event_log
 from rayq.config import Config
 from rayq.core.auth.operations import COORDINATOR_OPS
-from rayq.core.kit.clock import Clock, SystemClock
+from rayq.core.kit.clock import Clock
 from rayq.core.fairness.coordinating import (booster_consumers, fairness_report, intervening_since,
                                     is_intervening, pending_keys)
 from rayq.core.fairness.policy import (Decision, FairnessReport, KeyState, ListenPlan, UsageWindows,
                                 decision_event, evaluate, listen_order)
-from rayq.core.auth.gate import durable_gate, signed
+from rayq.core.auth.gate import signed
 from rayq.core.kit.history import EventHistory
-from rayq.core.kit.kv import LmdbKV
 from rayq.core.fairness.rules import SuspensionRule, SuspensionRules
 from rayq.core.codec.tasks import Outcome, Tally, TallyRow, UsageReport
 from rayq.remote import answers, call_all_async, call_async
 
 
-class FairnessCoordinator:
+class FairnessCoordinator(ControlActor):
     def __init__(self, data_dir: str, config: Config, clock: Clock | None = None):
-        self.config, self.fairness_config = config, config.fairness
-        self.clock = clock or SystemClock()
-        self.kv = LmdbKV(os.path.join(data_dir, "coordinator"), map_size=64 << 20)
+        super().__init__("coordinator", data_dir, config, clock)
+        self.fairness_config = config.fairness
         self.rules = SuspensionRules(self.kv)
         self.usage = UsageWindows(self.fairness_config.window_s, self.fairness_config.windows)
         self.tally = Tally()  # every finished delivery since the coordinator started
         self.metrics = CoordinatorMetrics()
-        self.failures = BackgroundFailures("coordinator")
         self.events = open_event_log(data_dir, "coordinator", config.analytics)
-        self.manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
-        self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
-                       for i in range(config.store.shards)]
+        self.manager = manager_handle()
         self.decision: Decision | None = None
         self.pending: dict[str, KeyState] = {}
         self.intervening_since: float | None = None
@@ -57,9 +50,7 @@ class FairnessCoordinator:
         self._version = 0
         self._regular = config.consumers.count
         self._rng = random.Random()
-        self.gate = durable_gate(manager_directory, self.kv, self.clock)
-        asyncio.get_running_loop().create_task(
-            self.failures.every(self.fairness_config.interval_s, "evaluation", self.evaluate_once))
+        self.run_every(self.fairness_config.interval_s, "evaluation", self.evaluate_once)
 
     # -- consumers and clients -------------------------------------------------------
     def plan(self, known_version: int | None = None) -> ListenPlan | None:
@@ -162,15 +153,6 @@ class FairnessCoordinator:
     async def flush_events(self) -> int:
         await self._pull_usage()
         return await asyncio.to_thread(self.events.flush)
-
-    async def background_failures(self) -> dict[str, int]:
-        return dict(self.failures.counts)
-
-    async def forget_keys(self) -> None:
-        self.gate.forget()
-
-    async def ping(self) -> bool:
-        return True
 
 
 CoordinatorRemote = ray.remote(FairnessCoordinator)

@@ -10,18 +10,17 @@ concurrency leases of limited job types.
 from __future__ import annotations
 
 import asyncio
-import os
 
 import ray
 
-from actors import COORDINATOR, FLOOD_DETECTOR, NAMESPACE, consumer_name, shard_name
+from actors import COORDINATOR, FLOOD_DETECTOR, NAMESPACE, consumer_name
 from actors.consumer import ConsumerRemote, named_consumers
-from actors.metrics import BackgroundFailures
+from actors.kit import ControlActor
 from rayq.config import Config
 from rayq.core.auth.accounts import Accounts, Place, queue_ref, resolve_ref, split_ref
 from rayq.core.auth.operations import MANAGER_OPS
-from rayq.core.kit.clock import Clock, SystemClock
-from rayq.core.auth.gate import Caller, Directory, durable_gate, signed
+from rayq.core.kit.clock import Clock
+from rayq.core.auth.gate import Caller, Directory, signed
 from rayq.core.kit.kv import LmdbKV
 from rayq.core.fairness.leases import ConcurrencyLeases
 from rayq.core.control.managing import (check_may_create, check_task_spec, check_visible,
@@ -39,28 +38,19 @@ MAX_CONSUMERS = 1000
 FORGET_TIMEOUT_S = 10.0
 
 
-class QueueManager:
+class QueueManager(ControlActor):
     def __init__(self, data_dir: str, config: Config, clock: Clock | None = None):
-        self.data_dir, self.config = data_dir, config
-        self.clock = clock or SystemClock()
-        kv = LmdbKV(os.path.join(data_dir, "manager"), map_size=64 << 20)
-        self.kv = kv
-        self.registry = QueueRegistry(kv, shards=config.store.shards, clock=self.clock)
-        self.tasks = TaskRegistry(kv)
-        self.accounts = Accounts(kv)
-        self.gate = durable_gate(self._directory, kv, self.clock)
-        self.failures = BackgroundFailures("manager")
+        super().__init__("manager", data_dir, config, clock, directory=self._directory)
+        self.registry = QueueRegistry(self.kv, shards=config.store.shards, clock=self.clock)
+        self.tasks = TaskRegistry(self.kv)
+        self.accounts = Accounts(self.kv)
         self.leases = ConcurrencyLeases()
-        self._consumers = Consumers(kv, config)
-        self.shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
-                       for i in range(config.store.shards)]
+        self._consumers = Consumers(self.kv, config)
         self._counts: dict[int, int] = {}
         self._rates = OpRates()
         self._quiet = QuietTracker(config.scaling)
         self.scaling_events: list[dict] = []
-        self._loop = asyncio.get_running_loop()
-        self._loop.create_task(self.failures.every(config.scaling.interval_s, "scaling",
-                                                   self._scale_round))
+        self.run_every(config.scaling.interval_s, "scaling", self._scale_round)
 
     # -- accounts --------------------------------------------------------------
     async def _directory(self) -> Directory:

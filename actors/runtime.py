@@ -10,6 +10,7 @@ import ray
 from actors import COORDINATOR, FLOOD_DETECTOR, MANAGER, NAMESPACE, consumer_name, shard_name
 from actors.coordinator import CoordinatorRemote
 from actors.flood import FloodRemote
+from actors.kit import manager_handle, shard_handles
 from actors.manager import QueueManager
 from actors.shard import CONCURRENCY_GROUPS, ShardActor
 from rayq.config import Config
@@ -32,26 +33,32 @@ def _placed(config: Config) -> dict:
     return options
 
 
+def _launch(remote, name: str, config: Config, *args):
+    """Start the named runtime actor ``name`` unless it runs already; restarted by Ray
+    whenever it dies, its calls retried across the restart."""
+    return remote.options(name=name, max_restarts=-1, max_task_retries=-1,
+                          **_placed(config)).remote(*args)
+
+
+def _ready(handles: list) -> list:
+    """``handles`` once each answers (an actor that cannot start fails the start at once)."""
+    for handle in handles:
+        call(lambda handle=handle: handle.ping.remote(), NO_RETRY)
+    return handles
+
+
 def ensure_runtime(data_dir: str, config: Config, consumers: int | None = None) -> dict:
     """Create the shards, the manager and the consumers unless they run already.
 
     ``consumers`` sets how many consumer actors run; None keeps the number a
     previous run chose (or the configured one). Returns the handles."""
-    shards = [ShardRemote.options(name=shard_name(i), max_restarts=-1, max_task_retries=-1,
-                                  **_placed(config))
-              .remote(i, os.path.join(data_dir, f"shard-{i}"), config)
-              for i in range(config.store.shards)]
-    for shard in shards:  # an actor that cannot start fails the start at once
-        call(lambda shard=shard: shard.ping.remote(), NO_RETRY)
-    manager = ManagerRemote.options(name=MANAGER, max_restarts=-1, max_task_retries=-1,
-                                    **_placed(config)).remote(data_dir, config)
-    call(lambda: manager.list_queues.remote(), NO_RETRY)
-    coordinator = CoordinatorRemote.options(name=COORDINATOR, max_restarts=-1, max_task_retries=-1,
-                                            **_placed(config)).remote(data_dir, config)
-    call(lambda: coordinator.ping.remote(), NO_RETRY)
-    detector = FloodRemote.options(name=FLOOD_DETECTOR, max_restarts=-1, max_task_retries=-1,
-                                   **_placed(config)).remote(data_dir, config)
-    call(lambda: detector.ping.remote(), NO_RETRY)
+    shards = _ready([_launch(ShardRemote, shard_name(i), config, i,
+                             os.path.join(data_dir, f"shard-{i}"), config)
+                     for i in range(config.store.shards)])
+    # each after the ones it finds at start: the manager the shards, the others both
+    [manager] = _ready([_launch(ManagerRemote, MANAGER, config, data_dir, config)])
+    [coordinator, _] = _ready([_launch(remote, name, config, data_dir, config) for remote, name
+                               in ((CoordinatorRemote, COORDINATOR), (FloodRemote, FLOOD_DETECTOR))])
     call(lambda: manager.scale_consumers.remote(consumers))
     return {"manager": manager, "shards": shards, "coordinator": coordinator}
 
@@ -59,14 +66,12 @@ def ensure_runtime(data_dir: str, config: Config, consumers: int | None = None) 
 def find_runtime() -> dict:
     """Handles of a running runtime. Raises RuntimeFailure when none runs."""
     try:
-        manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
+        manager = manager_handle()
     except ValueError as err:
         raise RuntimeFailure("no rayq runtime is running in this Ray cluster; "
                              "call rayq.start() first") from err
     config = call(lambda: manager.config_value.remote())
-    shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
-              for i in range(config.store.shards)]
-    return {"manager": manager, "shards": shards, "config": config}
+    return {"manager": manager, "shards": shard_handles(config), "config": config}
 
 
 def stop_runtime(timeout_s: float = 30.0, clock: Clock = SystemClock()) -> None:

@@ -28,7 +28,7 @@ import ray
 from ray.exceptions import RayTaskError
 
 from actors.channel import ChannelServer
-from actors.gate import manager_directory
+from actors.kit import manager_directory
 from rayq.core.auth import nonces
 from actors.metrics import BackgroundFailures, ShardMetrics
 from rayq.analytics.eventlog import open_event_log
