@@ -10,6 +10,7 @@ import ray
 from actors import COORDINATOR, FLOOD_DETECTOR, MANAGER, NAMESPACE, consumer_name, shard_name
 from actors.coordinator import CoordinatorRemote
 from actors.flood import FloodRemote
+from actors.kit import manager_handle, shard_handles
 from actors.manager import QueueManager
 from actors.placement import data_nodes, pinned, publish, shards_on_disk
 from actors.shard import CONCURRENCY_GROUPS, ShardActor
@@ -31,6 +32,20 @@ def _placed(node: DataNode) -> dict:
     return {**_ACTOR_OPTIONS, **pinned(node)}
 
 
+def _launch(remote, name: str, node: DataNode, *args):
+    """Start the named runtime actor ``name`` on ``node`` unless it runs already;
+    restarted by Ray whenever it dies, its calls retried across the restart."""
+    return remote.options(name=name, max_restarts=-1, max_task_retries=-1,
+                          **_placed(node)).remote(*args)
+
+
+def _ready(handles: list) -> list:
+    """``handles`` once each answers (an actor that cannot start fails the start at once)."""
+    for handle in handles:
+        call(lambda handle=handle: handle.ping.remote(), NO_RETRY)
+    return handles
+
+
 def ensure_runtime(data_dir: str, config: Config, consumers: int | None = None) -> dict:
     """Create the shards, the manager and the consumers unless they run already.
 
@@ -44,22 +59,14 @@ def ensure_runtime(data_dir: str, config: Config, consumers: int | None = None) 
     by_name = {n.name: n for n in nodes}
     places = plan_shards(nodes, shards_on_disk(nodes, data_dir), config.store.shards)
     publish(places)
-    shards = [ShardRemote.options(name=shard_name(i), max_restarts=-1, max_task_retries=-1,
-                                  **_placed(by_name[node]))
-              .remote(i, os.path.join(node_folder(data_dir, node), f"shard-{i}"), config)
-              for i, node in sorted(places.items())]
-    for shard in shards:  # an actor that cannot start fails the start at once
-        call(lambda shard=shard: shard.ping.remote(), NO_RETRY)
+    shards = _ready([_launch(ShardRemote, shard_name(i), by_name[node], i,
+                             os.path.join(node_folder(data_dir, node), f"shard-{i}"), config)
+                     for i, node in sorted(places.items())])
     control, home = nodes[0], node_folder(data_dir, nodes[0].name)
-    manager = ManagerRemote.options(name=MANAGER, max_restarts=-1, max_task_retries=-1,
-                                    **_placed(control)).remote(home, config)
-    call(lambda: manager.list_queues.remote(), NO_RETRY)
-    coordinator = CoordinatorRemote.options(name=COORDINATOR, max_restarts=-1, max_task_retries=-1,
-                                            **_placed(control)).remote(home, config)
-    call(lambda: coordinator.ping.remote(), NO_RETRY)
-    detector = FloodRemote.options(name=FLOOD_DETECTOR, max_restarts=-1, max_task_retries=-1,
-                                   **_placed(control)).remote(home, config)
-    call(lambda: detector.ping.remote(), NO_RETRY)
+    # each after the ones it finds at start: the manager the shards, the others both
+    [manager] = _ready([_launch(ManagerRemote, MANAGER, control, home, config)])
+    [coordinator, _] = _ready([_launch(remote, name, control, home, config) for remote, name
+                               in ((CoordinatorRemote, COORDINATOR), (FloodRemote, FLOOD_DETECTOR))])
     call(lambda: manager.scale_consumers.remote(consumers))
     return {"manager": manager, "shards": shards, "coordinator": coordinator}
 
@@ -67,14 +74,12 @@ def ensure_runtime(data_dir: str, config: Config, consumers: int | None = None) 
 def find_runtime() -> dict:
     """Handles of a running runtime. Raises RuntimeFailure when none runs."""
     try:
-        manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
+        manager = manager_handle()
     except ValueError as err:
         raise RuntimeFailure("no rayq runtime is running in this Ray cluster; "
                              "call rayq.start() first") from err
     config = call(lambda: manager.config_value.remote())
-    shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
-              for i in range(config.store.shards)]
-    return {"manager": manager, "shards": shards, "config": config}
+    return {"manager": manager, "shards": shard_handles(config), "config": config}
 
 
 def stop_runtime(timeout_s: float = 30.0, clock: Clock = SystemClock()) -> None:

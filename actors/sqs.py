@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import threading
 import uuid
 from collections import OrderedDict
@@ -23,11 +22,11 @@ from concurrent.futures import ThreadPoolExecutor
 import ray
 from aiohttp import web
 
+from actors.kit import open_kv
 from rayq.client import Client
 from rayq.config import Config
 from rayq.core.auth.accounts import Signer
 from rayq.core.kit.clock import Clock, SystemClock
-from rayq.core.kit.kv import LmdbKV
 from rayq.core.codec.model import pack, unpack
 from rayq.remote import call, call_async, named
 from rayq.sqs.api import SqsApi
@@ -56,7 +55,7 @@ class SqsState:
     Forwards are lost when this actor restarts; the handle then needs a new receive."""
 
     def __init__(self, data_dir: str):
-        self.kv = LmdbKV(os.path.join(data_dir, "sqs"), map_size=16 << 20)
+        self.kv = open_kv(data_dir, "sqs", map_size=16 << 20)
         self._forwards: OrderedDict[str, str] = OrderedDict()
 
     def settings(self, account: str, queue: str) -> dict | None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rayq.core.auth.accounts import ADMIN
+from rayq.core.auth.operations import MANAGER_OPS, SHARD_OPS
 from rayq.core.codec.model import (DLQ_SUFFIX, Outgoing, Received, check_count, check_name,
                              check_seconds, encode_body, fairness_key, receipt_subqueue, to_us)
 from rayq.core.codec.wire import Attrs, Entry, decode_received, encode_put
@@ -107,7 +108,8 @@ class Queue:
             index = queue.subqueue(target).shard
             try:
                 return [(mid, index) for mid in self._transport.call(
-                    self._transport.shards[index].put, self.name, "put", target, batch)]
+                    SHARD_OPS["put"], self._transport.shards[index], target, batch,
+                    queue=self.name)]
             except QueueDisabled:
                 continue  # the subqueue was retired: ask for another
         raise QueueDisabled(f"queue {self.name!r} accepts no messages")
@@ -153,12 +155,10 @@ class Queue:
             dead_letter = queue.dead_letter_on(shard_index) if queue.max_receives else None
             want = n - len(out)
             try:
-                got = self._transport.call_signed(
-                    lambda auth: shard.receive.remote(
-                        subqueues, want, visibility_timeout_s, max_receives=queue.max_receives,
-                        dead_letter=dead_letter, wait_s=wait_s, auth=auth),
-                    self.name, "receive", subqueues, want, visibility_timeout_s, None,
-                    queue.max_receives, dead_letter, wait_s, None)
+                got = self._transport.call(
+                    SHARD_OPS["receive"], shard, subqueues, want, visibility_timeout_s,
+                    max_receives=queue.max_receives, dead_letter=dead_letter, wait_s=wait_s,
+                    queue=self.name)
             except QueueDisabled:  # dropped since we routed (drained, retired): route anew
                 self._transport.route(self.name, refresh=True)
                 continue
@@ -175,8 +175,7 @@ class Queue:
         for sq in order:
             shard = self._transport.shard_of(queue, sq)
             want = max_messages - len(out)
-            got = self._transport.call_signed(lambda auth: shard.peek.remote(sq, want, auth=auth),
-                                              self.name, "peek", sq, want, None)
+            got = self._transport.call(SHARD_OPS["peek"], shard, sq, want, queue=self.name)
             out.extend(Received.from_stored(m) for m in got)
             if len(out) >= max_messages:
                 break
@@ -204,7 +203,7 @@ class Queue:
     def delete(self, receipt: str) -> None:
         """Delete a received message. Raises ReceiptInvalid when the receipt is stale."""
         shard = self._locate(receipt)
-        if self._transport.call(shard.delete, self.name, "delete", [receipt]):
+        if self._transport.call(SHARD_OPS["delete"], shard, [receipt], queue=self.name):
             raise ReceiptInvalid("pop receipt is stale: the message was deleted, received "
                                  "again or had its visibility changed", (receipt,))
 
@@ -226,7 +225,7 @@ class Queue:
                 by_shard[shard].append(receipt)
         for stale in call_all([
                 lambda shard=shard, batch=batch: self._transport.request(
-                    self._transport.shards[shard].delete, self.name, "delete", batch)
+                    SHARD_OPS["delete"], self._transport.shards[shard], batch, queue=self.name)
                 for shard, batch in by_shard.items()]):
             invalid.extend(stale)
         if invalid:
@@ -237,8 +236,8 @@ class Queue:
         """Hide a received message for ``timeout_s`` from now; returns the new receipt
         (the old one is invalid from then on)."""
         shard = self._locate(receipt)
-        return self._transport.call(shard.change_visibility, self.name, "change_visibility",
-                                    receipt, timeout_s)
+        return self._transport.call(SHARD_OPS["change_visibility"], shard, receipt, timeout_s,
+                                    queue=self.name)
 
     # -- inspection ------------------------------------------------------------------------
     def _counts(self, queue: QueueInfo, operation: str = "counts") -> dict[int, Any]:
@@ -246,7 +245,7 @@ class Queue:
         for sq in queue.subqueues:
             by_shard[sq.shard].append(sq.id)
         parts = call_all([lambda shard=shard, ids=ids: self._transport.request(
-            getattr(self._transport.shards[shard], operation), self.name, operation, ids)
+            SHARD_OPS[operation], self._transport.shards[shard], ids, queue=self.name)
             for shard, ids in by_shard.items()])
         return {sq: n for part in parts for sq, n in part.items()}
 
@@ -268,8 +267,7 @@ class Queue:
         """Delete every message of the queue, spilled ones too (not of its dead-letter
         queue): ``count()`` is 0 when this returns, and the old messages are removed in
         the background. O(subqueues)."""
-        self._transport.call(self._transport.manager.clear_queue, self.name, "clear_queue",
-                             self.name)
+        self._transport.call(MANAGER_OPS["clear_queue"], self._transport.manager, self.name)
         self._transport.route(self.name, refresh=True)
 
     def stats(self) -> QueueStats:
@@ -282,8 +280,8 @@ class Queue:
         shard_ids = sorted({sq.shard for sq in queue.subqueues})
         for shard in shard_ids:
             ids = sorted(sq.id for sq in queue.subqueues if sq.shard == shard)
-            for d in self._transport.call(self._transport.shards[shard].depths, self.name,
-                                          "depths", ids):
+            for d in self._transport.call(SHARD_OPS["depths"], self._transport.shards[shard], ids,
+                                          queue=self.name):
                 if d.subqueue in mine:
                     old = keys.get(d.key, KeyStats(0, 0.0))
                     keys[d.key] = KeyStats(old.depth + d.count, max(old.oldest_age_s, d.latency_s))
@@ -297,6 +295,7 @@ class Queue:
         shards = ()
         if self._transport.account == ADMIN:  # shard caches hold every account's messages
             shards = tuple({"shard": st.index, **vars(st.store.cache)}
-                           for st in (self._transport.call(self._transport.shards[s].stats, "",
-                                                           "stats") for s in shard_ids))
+                           for st in (self._transport.call(SHARD_OPS["stats"],
+                                                           self._transport.shards[s])
+                                      for s in shard_ids))
         return QueueStats(self.name, sum(counts.values()), dlq, subqueues, keys, shards)

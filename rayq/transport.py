@@ -17,6 +17,7 @@ import ray
 
 from rayq.config import Config
 from rayq.core.auth.accounts import ADMIN, ReplayedRequest, Signature, Signer
+from rayq.core.auth.operations import MANAGER_OPS, Operation
 from rayq.core.kit.clock import SystemClock
 from rayq.core.codec.model import NewMessage
 from rayq.core.control.registry import QueueInfo
@@ -49,22 +50,23 @@ class Transport:
         return self._signer.account if self._signer else ADMIN
 
     # -- requests ----------------------------------------------------------------
-    def sign(self, queue: str, operation: str, *args: Any) -> Signature | None:
-        """The signature of one request over exactly ``args`` (None when unsigned)."""
-        return self._signer.sign(queue, operation, *args) if self._signer else None
+    def sign(self, operation: Operation, *args: Any, queue: str | None = None,
+             **kwargs: Any) -> Signature | None:
+        """The signature of one request of ``operation`` over exactly these arguments,
+        bound by name (None when unsigned); ``queue``: see :meth:`Signer.sign`."""
+        if self._signer is None:
+            return None
+        return self._signer.sign(operation, *args, queue=queue, **kwargs)
 
-    def request(self, method, queue: str, operation: str, *args: Any) -> ray.ObjectRef:
-        """``method.remote(*args)``, signed over exactly those arguments."""
-        return method.remote(*args, auth=self.sign(queue, operation, *args))
+    def request(self, operation: Operation, handle, *args: Any, queue: str | None = None,
+                **kwargs: Any) -> ray.ObjectRef:
+        """``handle.<method>.remote(*args, **kwargs)``, signed over exactly those arguments."""
+        auth = self.sign(operation, *args, queue=queue, **kwargs)
+        return getattr(handle, operation.method).remote(*args, auth=auth, **kwargs)
 
-    def call(self, method, queue: str, operation: str, *args: Any) -> Any:
-        """A signed request's result; retried (signed anew) while the actor restarts."""
-        return self.call_signed(lambda auth: method.remote(*args, auth=auth), queue, operation,
-                                *args)
-
-    def call_signed(self, make: Callable[[Signature | None], ray.ObjectRef], queue: str,
-                    operation: str, *args: Any) -> Any:
-        """The result of ``make(signature over args)``, retried while the actor restarts.
+    def call(self, operation: Operation, handle, *args: Any, queue: str | None = None,
+             **kwargs: Any) -> Any:
+        """A signed request's result; retried (signed anew) while the actor restarts.
 
         Ray re-delivers a call that met an actor restart with its arguments, signature
         included; if the first delivery's nonce was stored before the restart, the
@@ -73,7 +75,7 @@ class Transport:
         once more (at least once, as for any call retried over a restart).
         """
         def send() -> Any:
-            return call(lambda: make(self.sign(queue, operation, *args)))
+            return call(lambda: self.request(operation, handle, *args, queue=queue, **kwargs))
         try:
             return send()
         except ReplayedRequest:
@@ -91,7 +93,7 @@ class Transport:
         kept = None if refresh else self._routes.get(name)
         if kept is not None:
             return kept
-        queue, order, target = self.call(self.manager.routing, name, "routing", name)
+        queue, order, target = self.call(MANAGER_OPS["routing"], self.manager, name)
         return self._routes.put(name, queue, order, target)
 
     def forget_route(self, name: str) -> None:

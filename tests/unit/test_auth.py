@@ -95,19 +95,23 @@ def test_the_default_account_always_exists_and_cannot_be_made_again(accounts):
 
 
 def test_a_signer_signs_the_arguments_themselves(accounts):
-    from rayq.core.auth.accounts import Signer, request_body
+    from rayq.core.auth.accounts import Signer
+    from rayq.core.auth.operations import SHARD_OPS
     from rayq.core.codec.model import NewMessage
 
-    key = accounts.create("acme")
+    key, put = accounts.create("acme"), SHARD_OPS["put"]
     message = NewMessage(b"\x01hi", "acme", "report", "report")
-    sig = Signer("acme", key, clock=lambda: NOW).sign("jobs", "put", 7, [message])
+    sig = Signer("acme", key, clock=lambda: NOW).sign(put, 7, [message], queue="jobs")
     verifier = Verifier(accounts.keys)
+
+    def body(subqueue, messages):
+        return put.body(put.bind(subqueue, messages))
     with pytest.raises(AuthError):  # another subqueue, same message
-        verifier.verify(sig, "jobs", "put", request_body(8, [message]), NOW)
+        verifier.verify(sig, "jobs", put.name, body(8, [message]), NOW)
     changed = dataclasses.replace(message, tenant="globex")
     with pytest.raises(AuthError):
-        verifier.verify(sig, "jobs", "put", request_body(7, [changed]), NOW)
-    assert verifier.verify(sig, "jobs", "put", request_body(7, [message]), NOW) == "acme"
+        verifier.verify(sig, "jobs", put.name, body(7, [changed]), NOW)
+    assert verifier.verify(sig, "jobs", put.name, body(7, [message]), NOW) == "acme"
     assert "secret" not in repr(Signer("acme", key)) and key not in repr(Signer("acme", key))
 
 

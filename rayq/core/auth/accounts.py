@@ -3,7 +3,8 @@
 Each account has two 256-bit secrets, as Azure storage accounts do, so a key can
 be rotated while clients still holding the other one keep working. A client
 signs each request over a canonical string of account, queue, operation,
-timestamp, nonce and the SHA-256 digest of the request's arguments; the
+timestamp, nonce and the SHA-256 digest of the request's arguments (bound by name,
+:mod:`rayq.core.auth.operations`); the
 runtime recomputes it with ``hmac.compare_digest``, refuses timestamps more
 than ``skew_s`` away, and refuses a nonce it has seen (a replay).
 
@@ -15,8 +16,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
-import enum
 import hashlib
 import hmac
 import math
@@ -28,8 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
-
+from rayq.core.auth.operations import Operation
 from rayq.core.kit.kv import KV
 from rayq.core.codec.model import DLQ_SUFFIX, check_name, fairness_key, pack, unpack
 from rayq.errors import AuthError, InvalidMessage, Overloaded
@@ -56,25 +54,6 @@ def _secret_bytes(secret: Any) -> bytes:
     if len(raw) != SECRET_BYTES:
         raise AuthError("not an account key")
     return raw
-
-
-def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return [type(value).__name__] + [getattr(value, f.name) for f in dataclasses.fields(value)]
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, (set, frozenset)):
-        return sorted(value)
-    raise TypeError(f"cannot sign an argument of type {type(value).__name__}")
-
-
-def request_body(*args: Any) -> bytes:
-    """The canonical bytes of an operation's arguments: what a signature's digest covers.
-    Client and runtime compute it from the same values, so any change breaks the MAC."""
-    try:
-        return msgpack.packb(list(args), default=_plain, use_bin_type=True)
-    except (TypeError, ValueError, OverflowError) as err:
-        raise AuthError(f"the request's arguments cannot be signed: {err}") from err
 
 
 @dataclass(frozen=True)
@@ -120,8 +99,14 @@ class Signer:
     def __repr__(self) -> str:  # never show the secret
         return f"Signer({self.account!r})"
 
-    def sign(self, queue: str, operation: str, *args: Any) -> Signature:
-        return sign(self.account, self._secret, queue, operation, request_body(*args), self._clock())
+    def sign(self, operation: Operation, *args: Any, queue: str | None = None,
+             **kwargs: Any) -> Signature:
+        """A signature of ``operation`` over its arguments bound by name (defaults filled
+        in), for ``queue`` (default: the queue its arguments name, or none)."""
+        arguments = operation.bind(*args, **kwargs)
+        queue = operation.signed_queue(arguments) if queue is None else queue
+        return sign(self.account, self._secret, queue, operation.name,
+                    operation.body(arguments), self._clock())
 
 
 class Accounts:
