@@ -13,6 +13,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from rayq.core.auth.accounts import ADMIN
@@ -25,6 +26,7 @@ from rayq.remote import call_all
 from rayq.sending import MAX_BATCH
 
 if TYPE_CHECKING:
+    from rayq.sending import Producer
     from rayq.transport import Transport
 
 MAX_WAIT_S = 20.0
@@ -56,19 +58,25 @@ class Queue:
 
     def __init__(self, transport: Transport, name: str):
         self._transport = transport
-        self._producer = transport.producer(name)  # sends go through it, checked there
         self.name = name
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r})"
 
     # -- sending ----------------------------------------------------------------------
+    @cached_property
+    def _producer(self) -> Producer:
+        """The transport's producer of this queue, which checks, encodes and puts sends:
+        looked up on the first send (a queue only received from, or a name an SQS request
+        names, makes none)."""
+        return self._transport.producer(self.name)
+
     def send(self, body: Any, tenant: str | None = None, type: str = "default",
              delay_s: float = 0, ttl_s: float | None = None) -> str:
         """Store one message durably (fsync'd before this returns); returns its id.
         ``tenant`` defaults to the client's account (a signed client sends only as it)."""
-        return self._producer.put([self._producer.message(body, tenant, type, delay_s,
-                                                          ttl_s)])[0][0]
+        producer = self._producer
+        return producer.put([producer.message(body, tenant, type, delay_s, ttl_s)])[0][0]
 
     def send_batch(self, messages: Sequence[Outgoing]) -> list[str]:
         """Store up to 1000 messages in one durable transaction; returns their ids in order."""
@@ -76,9 +84,9 @@ class Queue:
             raise InvalidMessage(f"send_batch takes a list of 1 to {MAX_BATCH} Outgoing")
         if not all(isinstance(m, Outgoing) for m in messages):
             raise InvalidMessage("send_batch takes rayq.Outgoing values")
-        message = self._producer.message
-        return [mid for mid, _ in self._producer.put([
-            message(m.body, m.tenant, m.type, m.delay_s, m.ttl_s) for m in messages])]
+        producer = self._producer
+        return [mid for mid, _ in producer.put([
+            producer.message(m.body, m.tenant, m.type, m.delay_s, m.ttl_s) for m in messages])]
 
     # -- receiving -------------------------------------------------------------------
     def receive(self, max_messages: int = 1, visibility_timeout_s: float = 30,
