@@ -1,7 +1,8 @@
 """Client: a session with a runtime: queue administration, tasks, accounts, fairness,
 flooders and analytics. Queue operations are in :mod:`rayq.queue`; a client and
 its queues reach the runtime through one :class:`~rayq.transport.Transport`
-(actor handles, signer, route cache, send coalescers)."""
+(actor handles, signer, route cache, producers), which clients connected with the
+same credentials share."""
 
 from __future__ import annotations
 
@@ -27,14 +28,19 @@ from rayq.core.codec.tasks import TallyRow, TaskFunction, encode_call
 from rayq.errors import InvalidMessage, RuntimeFailure
 from rayq.queue import Queue
 from rayq.remote import call, named
+from rayq.sending import MAX_BATCH
 from rayq.transport import Transport
 
 
 class Client:
     """A session with a rayq runtime. Build it with ``rayq.start()`` or ``rayq.connect()``."""
 
-    def __init__(self, manager, shards: Sequence, config: Config, signer: Signer | None = None):
-        self.transport = Transport(manager, shards, config, signer)
+    def __init__(self, manager, shards: Sequence, config: Config, signer: Signer | None = None,
+                 *, transport: Transport | None = None):
+        """``transport``: one to share with other clients of the same runtime and
+        credentials (``rayq.connect``'s; made over these same arguments); by default the
+        client makes its own."""
+        self.transport = transport or Transport(manager, shards, config, signer)
         self.config = config
         self._registered: dict[str, tuple] = {}  # type -> (spec, pickled handler) sent
 
@@ -131,19 +137,18 @@ class Client:
         ``ray.ObjectRef`` per call, in order (see :meth:`submit`). ``kwargs`` go to every
         call."""
         self.register(fn)
-        if not isinstance(args_list, (list, tuple)) or not 1 <= len(args_list) <= 1000:
-            raise InvalidMessage("submit_many takes a list of 1 to 1000 argument tuples")
+        if not isinstance(args_list, (list, tuple)) or not 1 <= len(args_list) <= MAX_BATCH:
+            raise InvalidMessage(f"submit_many takes a list of 1 to {MAX_BATCH} argument tuples")
         spec = fn.spec
         # Task queues are the default account's: named so from every account.
-        queue = Queue(self.transport, ADMIN + QUEUE_SEP + spec.queue)
-        attrs = queue._attrs(tenant, spec.type, delay_s, None, task=True)
+        producer = self.transport.producer(ADMIN + QUEUE_SEP + spec.queue)
+        attrs = producer.attrs(tenant, spec.type, delay_s, None, task=True)
         if not all(isinstance(args, (list, tuple)) for args in args_list):
             raise InvalidMessage("submit_many takes a list of argument tuples")
         entries = [(attrs, encode_call(spec.type, tuple(args), kwargs or {},
                                        self.config.store.max_message_bytes))
                    for args in args_list]
-        placed = queue._put(entries)
-        return self._outcome_refs(placed)
+        return self._outcome_refs(producer.put(entries))
 
     def _outcome_refs(self, placed: list[tuple[str, int]]) -> list[ray.ObjectRef]:
         """One ObjectRef per task, in order: one ``wait_outcomes`` call per shard with a

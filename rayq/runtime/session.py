@@ -14,6 +14,7 @@ from rayq.client import Client
 from rayq.config import Config
 from rayq.core.auth.accounts import Signer
 from rayq.errors import AuthError
+from rayq.transport import Transports
 
 DEFAULT_DATA_DIR = ".rayq-data"
 LOOPBACK = "127.0.0.1"
@@ -22,6 +23,9 @@ DASHBOARD_ENV = "RAYQ_DASHBOARD"  # "0" starts the embedded Ray without its dash
 # address 127.0.0.1, and every Ray server (GCS, raylet, workers, agents) on loopback.
 SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 RAY_LOG_LEVEL_ENV = "RAYQ_RAY_LOG_LEVEL"  # Ray's Python log level in this process
+# The transports rayq.connect's clients share in this process (one per address, account
+# and key), so that a client per thread still coalesces its sends with the others'.
+CONNECTED = Transports()
 
 
 def _init_ray(address: str | None = None, dashboard: bool = True) -> None:
@@ -97,13 +101,19 @@ def connect(address: str = "auto", account: str | None = None, key: str | None =
     client sees and touches only that account's queues and messages; the
     credentials are checked here, so wrong ones raise AuthError at once.
     Without them the client acts for the ``default`` account.
+
+    The clients connected in one process with the same address, account and key share
+    one transport: sends from their threads to one queue coalesce into shared puts
+    (a client per thread sends as fast as one client shared by the threads).
     """
     if (account is None) != (key is None):
         raise AuthError("connect takes both account= and key=, or neither")
     signer = Signer(account, key) if account is not None else None
     _init_ray(address)
     found = find_runtime()
-    client = Client(found["manager"], found["shards"], found["config"], signer)
+    transport = CONNECTED.get(address, account, key, found, signer)
+    client = Client(found["manager"], found["shards"], found["config"], signer,
+                    transport=transport)
     if signer is not None:
         client.whoami()
     return client
