@@ -3,7 +3,7 @@ from its attributes to a durable put.
 
 It checks a message's attributes and encodes its body (once, where it enters),
 lets concurrent senders of any thread share one put call (client-side group
-commit, :class:`~rayq.batching.ThreadBatcher`), routes the put to this
+commit, :class:`~rayq.batching.ThreadBatcher`), routes the put to the transport's
 put subqueue, and routes anew when that subqueue was retired
 (``QueueDisabled``). ``Queue.send``/``send_batch``, ``Client.submit_many`` and,
 through ``Queue``, the SQS endpoint all send through it; nothing here calls back

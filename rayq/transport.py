@@ -32,7 +32,8 @@ from rayq.sending import Producer
 
 
 class Transport:
-    """A connection to one runtime, shared by the clients of one credential (see the module docstring)."""
+    """A connection to one runtime, shared by the clients of one credential
+    (see the module docstring)."""
 
     def __init__(self, manager, shards: Sequence, config: Config, signer: Signer | None = None):
         self.manager = manager
