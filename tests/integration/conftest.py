@@ -68,17 +68,20 @@ def ray_session():
 
 def _kill_started_under(temp_dir: str) -> None:
     """Kill the processes whose command line names ``temp_dir`` (this session's Ray
-    and any head a test left running there); nothing else on the machine."""
+    and any head a test left running there) and their children; nothing else."""
     import psutil
 
-    mine = []
+    mine = set()
     for proc in psutil.process_iter(["pid", "cmdline"]):
         if proc.pid != os.getpid() and any(temp_dir in arg for arg in proc.info["cmdline"] or ()):
-            mine.append(proc)
+            mine.add(proc)
+            with contextlib.suppress(psutil.Error):  # its workers and agents rename themselves
+                mine.update(proc.children(recursive=True))
+    mine.discard(psutil.Process())
     for proc in mine:
         with contextlib.suppress(psutil.Error):
             proc.kill()
-    psutil.wait_procs(mine, timeout=10)
+    psutil.wait_procs(list(mine), timeout=10)
 
 
 def start_runtime(tmp_path_factory, config: rayq.Config | None = None, name: str = "rayq"):
