@@ -211,6 +211,7 @@ def check_pins(chosen: list[Mutation]) -> list[str]:
 
 
 def main() -> int:
+    sys.stdout.reconfigure(line_buffering=True)  # a line per mutant as it ends, also into a file
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-k", default="", help="only mutations whose name contains this")
     parser.add_argument("--check", action="store_true",
