@@ -35,7 +35,7 @@ from rayq.analytics.eventlog import open_event_log
 from rayq.batching import AsyncBatcher
 from rayq.channel import CHANNEL_METHODS
 from rayq.config import Config
-from rayq.core.auth.accounts import ADMIN, Signature, check_admin
+from rayq.core.auth.accounts import ADMIN, Signature, check_admin, check_senders
 from rayq.core.kit.batcher import Batcher
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.storage.dispatch import DispatchPolicy, NoisyKey
@@ -84,7 +84,8 @@ class ShardActor:
         self.index = index
         self.clock = clock or SystemClock()
         self.store = open_store(path, config=config.store, clock=self.clock,
-                                dispatch=DispatchPolicy.of(config.fairness))
+                                dispatch=DispatchPolicy.of(config.fairness),
+                                check_senders=check_senders)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard-{index}")
         self._loop = asyncio.get_running_loop()
         # group commit of (store call or None for a nonce alone, args, kwargs, nonce key or None)

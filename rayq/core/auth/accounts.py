@@ -32,6 +32,7 @@ import msgpack
 
 from rayq.core.kit.kv import KV
 from rayq.core.codec.model import DLQ_SUFFIX, check_name, fairness_key, pack, unpack
+from rayq.core.codec.frames import Signature  # the value lives in codec: frames carry it
 from rayq.errors import AuthError, InvalidMessage, Overloaded
 
 ADMIN = "default"
@@ -75,18 +76,6 @@ def request_body(*args: Any) -> bytes:
         return msgpack.packb(list(args), default=_plain, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as err:
         raise AuthError(f"the request's arguments cannot be signed: {err}") from err
-
-
-@dataclass(frozen=True)
-class Signature:
-    """What travels with a signed request besides its arguments."""
-
-    account: str
-    queue: str
-    operation: str
-    timestamp: float
-    nonce: str
-    mac: str
 
 
 def nonce_digest(account: str, nonce: str) -> int:

@@ -16,6 +16,7 @@ import msgpack
 from rayq.errors import InvalidMessage, MessageTooLarge, ReceiptInvalid
 
 US = 1_000_000
+ALL_TENANTS = "*"  # a flooder entry naming every tenant of a type
 MAX_NAME_CHARS = 128
 # Explicit limits for every msgpack decode of untrusted bytes.
 _UNPACK_LIMITS = dict(max_str_len=16 << 20, max_bin_len=16 << 20,
