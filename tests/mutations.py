@@ -38,15 +38,15 @@ class Mutation:
 
 
 MUTATIONS = (
-    Mutation("dequeue count not incremented", "rayq/core/storage/batch.py",
+    Mutation("dequeue count not incremented", "rayq/core/storage/ledger.py",
              "new_value = rows.redelivered(value, meta.dequeue_count + 1, nonce)",
              "new_value = rows.redelivered(value, meta.dequeue_count, nonce)"),
-    Mutation("receipt nonce not compared on delete", "rayq/core/storage/batch.py",
+    Mutation("receipt nonce not compared on delete", "rayq/core/storage/ledger.py",
              "if value is None or rows.nonce_of(value) != nonce or nonce == rows.NO_NONCE:",
              "if value is None or nonce == rows.NO_NONCE:"),
-    Mutation("visibility timeout ignored", "rayq/core/storage/batch.py",
-             "delivered = self._deliver(found, to_us(visibility_timeout_s))",
-             "delivered = self._deliver(found, 0)"),
+    Mutation("visibility timeout ignored", "rayq/core/storage/messages.py",
+             "delivered = _deliver(w, env, found, to_us(visibility_timeout_s))",
+             "delivered = _deliver(w, env, found, 0)"),
     Mutation("usage-victim comparison flipped", "rayq/core/fairness/policy.py",
              "usage_victims = frozenset(k for k, s in starvation.items() if s > config.band)",
              "usage_victims = frozenset(k for k, s in starvation.items() if s < config.band)"),
