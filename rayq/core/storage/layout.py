@@ -122,18 +122,10 @@ def blob_ref(value: bytes, body_at: int) -> tuple[bytes, int, int]:
 
 
 # -- row keys ------------------------------------------------------------------------
-def row_key(sq: int, kid: int, visible_us: int, seq: int) -> bytes:
-    return ROW_KEY.pack(sq, kid, visible_us, seq)
-
-
-def parse_row_key(key: bytes) -> tuple[int, int, int, int]:
-    """(subqueue, key id, visible_at µs, seq)."""
-    return ROW_KEY.unpack(key)
-
-
-def pair_of(key: bytes) -> tuple[int, int]:
-    """(subqueue, key id) of a row key."""
-    return PREFIX.unpack_from(key)
+# The struct methods themselves: these run per row on the hot paths.
+row_key = ROW_KEY.pack              # (subqueue, key id, visible_at µs, seq) -> key
+parse_row_key = ROW_KEY.unpack      # key -> (subqueue, key id, visible_at µs, seq)
+pair_of = PREFIX.unpack_from        # key -> (subqueue, key id)
 
 
 def key_range(sq: int, kid: int) -> tuple[bytes, bytes]:
@@ -157,8 +149,7 @@ _U32 = struct.Struct(">I")
 _I64 = struct.Struct(">q")
 
 
-def expiry_key(expires: int, seq: int) -> bytes:
-    return EXPIRY.pack(expires, seq)
+expiry_key = EXPIRY.pack  # (expires_at µs, seq) -> key
 
 
 def expiry_stop(now_us: int) -> bytes:
@@ -174,12 +165,8 @@ def blob_chunk_key(blob: bytes, chunk: int) -> bytes:
     return blob + _U32.pack(chunk)
 
 
-def count_key(sq: int, kid: int) -> bytes:
-    return PREFIX.pack(sq, kid)
-
-
-def parse_count_key(key: bytes) -> tuple[int, int]:
-    return PREFIX.unpack(key)
+count_key = PREFIX.pack          # (subqueue, key id) -> key
+parse_count_key = PREFIX.unpack
 
 
 def pack_count(n: int) -> bytes:
@@ -249,9 +236,10 @@ class TenantCount(NamedTuple):
 
 
 def tenant_count_key(name: TenantCount) -> bytes:
-    """Names are printable, so NUL separates type from tenant."""
-    return (name.kind.value.encode() + _U32.pack(name.subqueue) + name.type.encode()
-            + b"\x00" + name.tenant.encode())
+    """Names are printable, so NUL separates type from tenant. (Any 4-tuple in
+    TenantCount's order will do: ledgers key their deltas by plain tuples.)"""
+    kind, sq, type_, tenant = name
+    return kind.value.encode() + _U32.pack(sq) + type_.encode() + b"\x00" + tenant.encode()
 
 
 def parse_tenant_count_key(key: bytes) -> TenantCount:

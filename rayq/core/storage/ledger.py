@@ -28,6 +28,7 @@ from rayq.errors import ReceiptInvalid, StoreError
 
 STAT_NAMES = ("puts", "receives", "deletes", "expired", "dead_lettered", "rows_scanned",
               "spilled", "swept", "moved")
+_LIVE, _SPILLED = CountKind.LIVE, CountKind.SPILLED
 _STALE = "pop receipt is stale: the message was deleted, received again or had its visibility changed"
 
 
@@ -112,12 +113,12 @@ class ShardIndex:
         live = sum(self.counts.get((sq, kid), 0) for kid in self.sq_keys.get(sq, ()))
         return live + self.spilled.get(sq, 0)
 
-    def _add_tenant_count(self, name: TenantCount, delta: int) -> None:
-        if name.kind is CountKind.SPILLED:
-            self.spilled[name.subqueue] += delta
+    def _add_tenant_count(self, name: tuple, delta: int) -> None:
+        if name[0] is CountKind.SPILLED:
+            self.spilled[name[1]] += delta
         count = self.tenant_counts.get(name, 0) + delta
         if count:
-            self.tenant_counts[name] = count
+            self.tenant_counts[TenantCount(*name)] = count
         else:
             self.tenant_counts.pop(name, None)
 
@@ -229,12 +230,13 @@ class Ledger:
 
     # -- counts and dispatch events ---------------------------------------------------
     def count(self, sq: int, kid: int, type_: str, tenant: str, delta: int) -> None:
-        """Rows join (+) or leave (-) subqueue ``sq``: per key and per (type, tenant)."""
+        """Rows join (+) or leave (-) subqueue ``sq``: per key and per (type, tenant).
+        (A plain tuple in TenantCount's order: equal to it, and quicker to build.)"""
         self.count_deltas[(sq, kid)] += delta
-        self.tenant_deltas[TenantCount(CountKind.LIVE, sq, type_, tenant)] += delta
+        self.tenant_deltas[(_LIVE, sq, type_, tenant)] += delta
 
     def count_spilled(self, sq: int, type_: str, tenant: str, delta: int) -> None:
-        self.tenant_deltas[TenantCount(CountKind.SPILLED, sq, type_, tenant)] += delta
+        self.tenant_deltas[(_SPILLED, sq, type_, tenant)] += delta
 
     def joined(self, sq: int, kid: int) -> None:
         """Rows of (subqueue, key) were put or moved in: its head may have changed."""
@@ -268,9 +270,10 @@ class Ledger:
         self.joined(sq, kid)
 
     def take_rows(self, found: list[tuple[bytes, bytes]], visible_us: int,
-                  nonces: bytes) -> list[tuple[bytes, bytes, rows.RowMeta]]:
+                  nonces: bytes) -> list[tuple[bytes, bytes, rows.RowMeta, int, int, int]]:
         """Hide the rows found: a new nonce, one more delivery, visible again at
-        ``visible_us``. Returns (new key, nonce, header) of each, in order."""
+        ``visible_us``. Returns (new key, nonce, header, subqueue, key id, seq) of each,
+        in order."""
         out, moved, expiry = [], [], []
         for i, (row_key, value) in enumerate(found):
             sq, kid, _, seq = rows.parse_row_key(row_key)
@@ -285,7 +288,7 @@ class Ledger:
             self.heads.add((sq, kid))
             self.flights.append(Took(row_key, new_key, sq, kid, visible_us))
             self._taken[(sq, kid)] += 1
-            out.append((new_key, nonce, meta))
+            out.append((new_key, nonce, meta, sq, kid, seq))
         self.txn.putmulti("rows", moved)
         self.txn.putmulti("expiry", expiry)
         return out

@@ -150,8 +150,7 @@ def _deliver(w: Ledger, env: Env, found: list[tuple[bytes, bytes]], hide_us: int
     taken = w.take_rows(found, w.now_us + hide_us, os.urandom(8 * len(found)))
     out = []
     cache = env.cache
-    for (row_key, value), (new_key, nonce, meta) in zip(found, taken):
-        sq, kid, _, seq = rows.parse_row_key(new_key)
+    for (row_key, value), (new_key, nonce, meta, sq, kid, seq) in zip(found, taken):
         cache.take(row_key)  # a hit: this read came from memory, not LMDB
         out.append([w.message_id(seq), receipt_text(new_key, nonce), w.body_of(value, meta),
                     meta.tenant, meta.type, w.key_name(kid), meta.dequeue_count + 1,
