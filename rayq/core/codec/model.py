@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -206,6 +206,23 @@ class SubqueueState(Enum):
 # message of one fairness key in one subqueue is the first row of its prefix.
 ROW_KEY = struct.Struct(">IIQQ")
 PREFIX = struct.Struct(">II")
+
+
+class CountKind(str, Enum):
+    """Where the messages of a shard's tenant count are: live rows or the spill store.
+    A str value, so a count travels to policy as plain data."""
+
+    LIVE = "L"
+    SPILLED = "S"
+
+
+class TenantCount(NamedTuple):
+    """The name of one of a shard's tenant counts: (kind, subqueue, type, tenant)."""
+
+    kind: CountKind
+    subqueue: int
+    type: str
+    tenant: str
 
 
 class Ending(Enum):

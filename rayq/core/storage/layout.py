@@ -36,10 +36,9 @@ stored either.
 from __future__ import annotations
 
 import struct
-from enum import Enum
 from typing import NamedTuple
 
-from rayq.core.codec.model import PREFIX, ROW_KEY, Ending
+from rayq.core.codec.model import PREFIX, ROW_KEY, CountKind, Ending, TenantCount
 
 TABLES = ("rows", "expiry", "blobs", "counts", "keys", "meta", "outcomes", "outcome_expiry",
           "spill", "tcounts", "nonces")
@@ -161,6 +160,11 @@ def blob_id(store_id: bytes, seq: int) -> bytes:
     return store_id + _U64.pack(seq)
 
 
+def blob_ref_value(blob: bytes, size_bytes: int, chunks: int) -> bytes:
+    """A row's body when it lives in the blobs table (see :func:`blob_ref`)."""
+    return BLOB_REF.pack(blob, size_bytes, chunks)
+
+
 def blob_chunk_key(blob: bytes, chunk: int) -> bytes:
     return blob + _U32.pack(chunk)
 
@@ -199,6 +203,7 @@ def unpack_u64(value: bytes) -> int:
 
 # -- meta ---------------------------------------------------------------------------------
 SEQ, STORE_ID, NEXT_KID, ROW_FORMAT = b"seq", b"store_id", b"next_kid", b"row_format"
+ROW_FORMAT_NOW = b"2"  # the value of ROW_FORMAT for rows in this layout
 STATE, PURGE = "state", "purge"
 
 
@@ -218,23 +223,6 @@ def meta_tail_int(kind: str, key: bytes) -> int:
 
 
 # -- tenant counts ------------------------------------------------------------------------
-class CountKind(str, Enum):
-    """Where the messages of a tenant count are: live rows or the spill store. A str
-    value, so a count travels to policy as plain data and compares with "L" and "S"."""
-
-    LIVE = "L"
-    SPILLED = "S"
-
-
-class TenantCount(NamedTuple):
-    """The name of one tenant count: (kind, subqueue, type, tenant)."""
-
-    kind: CountKind
-    subqueue: int
-    type: str
-    tenant: str
-
-
 def tenant_count_key(name: TenantCount) -> bytes:
     """Names are printable, so NUL separates type from tenant. (Any 4-tuple in
     TenantCount's order will do: ledgers key their deltas by plain tuples.)"""
@@ -307,6 +295,11 @@ def spill_seq(key: bytes) -> int:
 
 def spill_range(spill_kid: int) -> tuple[bytes, bytes]:
     return SPILL_KEY.pack(spill_kid, 0), SPILL_KEY.pack(spill_kid + 1, 0)
+
+
+def key_after(key: bytes) -> bytes:
+    """The first key after ``key`` (a scan resumes there)."""
+    return key + b"\x00"
 
 
 def spill_value(source: int, kid: int, visible_us: int, value: bytes) -> bytes:

@@ -109,7 +109,7 @@ def _write_blob(w: Ledger, env: Env, seq: int, body: bytes) -> bytes:
     chunks = range(0, len(body), size)
     for i, offset in enumerate(chunks):
         w.txn.put("blobs", rows.blob_chunk_key(blob, i), body[offset:offset + size])
-    return rows.BLOB_REF.pack(blob, len(body), len(chunks))
+    return rows.blob_ref_value(blob, len(body), len(chunks))
 
 
 # -- receive -----------------------------------------------------------------------------

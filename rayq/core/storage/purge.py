@@ -45,7 +45,7 @@ def remove_spilled(w: Ledger, sources: Collection[int], limit: int,
     """Remove the spilled messages whose source subqueue is in ``sources``, looking at
     up to ``limit`` spill entries after ``after``. Returns (removed, where to go on
     from, or None when the whole spill table was looked at)."""
-    start = after + b"\x00" if after else b""
+    start = rows.key_after(after) if after else b""
     entries = list(itertools.islice(w.txn.scan("spill", start), limit))
     removed = 0
     for key, value in entries:

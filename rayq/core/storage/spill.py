@@ -89,8 +89,8 @@ def move_matching(w: Ledger, env: Env, source: int, target: int, type_: str, ten
     if source in w.index.purging:  # cleared since the caller looked: nothing to save
         return 0, None
     start, stop = rows.subqueue_range(source)
-    found = list(itertools.islice(w.txn.scan("rows", after + b"\x00" if after else start, stop),
-                                  limit))
+    start = rows.key_after(after) if after else start
+    found = list(itertools.islice(w.txn.scan("rows", start, stop), limit))
     moved = 0
     for row_key, value in found:
         visible_us = rows.parse_row_key(row_key)[2]
