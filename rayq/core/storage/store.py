@@ -11,7 +11,6 @@ are diverted) comes from the caller: ``check_senders`` and :meth:`set_diverts`.
 from __future__ import annotations
 
 import os
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
