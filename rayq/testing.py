@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -19,7 +19,7 @@ from rayq.config import ConsumerConfig, StoreConfig
 from rayq.core.control.balancer import BalancerState
 from rayq.core.storage.cache import MemoryReading
 from rayq.core.kit.clock import FakeClock
-from rayq.core.kit.kv import DATABASES
+from rayq.core.kit.kv import DATABASES, OnCommit, Write, apply_writes
 from rayq.core.storage.dispatch import DispatchPolicy
 from rayq.core.storage.store import ShardStore
 
@@ -36,11 +36,13 @@ class _Table:
 
 
 class _MemoryTxn:
-    """Writes apply at once; an undo log restores them if the transaction aborts."""
+    """Writes apply at once; an undo log restores them if the transaction aborts.
+    ``writes`` (a list when recording, else None) lists the mutations, as LMDB's does."""
 
-    def __init__(self, tables: dict[str, _Table], write: bool):
+    def __init__(self, tables: dict[str, _Table], write: bool, record: bool = False):
         self._tables, self._write = tables, write
         self.undo: list[tuple[str, bytes, object]] = []
+        self.writes: list[Write] | None = [] if record else None
 
     def get(self, db, key):
         return self._tables[db].values.get(bytes(key))
@@ -53,6 +55,8 @@ class _MemoryTxn:
             bisect.insort(table.keys, key)
         table.values[key] = bytes(value)
         self.undo.append((db, key, old))
+        if self.writes is not None:
+            self.writes.append(Write(db, key, bytes(value)))
 
     def delete(self, db, key):
         self._need_write()
@@ -62,6 +66,8 @@ class _MemoryTxn:
             return False
         del table.keys[bisect.bisect_left(table.keys, key)]
         self.undo.append((db, key, old))
+        if self.writes is not None:
+            self.writes.append(Write(db, key, None))
         return True
 
     def putmulti(self, db, items):
@@ -85,10 +91,13 @@ class _MemoryTxn:
     @contextlib.contextmanager
     def nested(self):
         mark = len(self.undo)
+        written = len(self.writes) if self.writes is not None else 0
         try:
             yield self
         except BaseException:
             self.rollback(mark)
+            if self.writes is not None:
+                del self.writes[written:]
             raise
 
     def rollback(self, mark: int = 0) -> None:
@@ -108,18 +117,32 @@ class _MemoryTxn:
 
 
 class MemoryKV:
-    """An ordered in-memory key-value store with LMDB's transaction semantics."""
+    """An ordered in-memory key-value store with LMDB's transaction semantics, and its
+    write sets (see :mod:`rayq.core.kit.kv`) when opened with ``on_commit``."""
 
-    def __init__(self):
+    def __init__(self, on_commit: OnCommit | None = None):
         self._tables = {name: _Table() for name in DATABASES}
+        self._on_commit = on_commit
+
+    def watch(self, on_commit: OnCommit | None) -> None:
+        """From now on hand each committed write set to ``on_commit`` (None: stop)."""
+        self._on_commit = on_commit
 
     def transact(self, fn: Callable[..., T]) -> T:
-        txn = _MemoryTxn(self._tables, write=True)
+        on_commit = self._on_commit
+        txn = _MemoryTxn(self._tables, write=True, record=on_commit is not None)
         try:
-            return fn(txn)
+            result = fn(txn)
         except BaseException:
             txn.rollback()
             raise
+        if txn.writes:
+            on_commit(tuple(txn.writes))
+        return result
+
+    def apply(self, writes: Iterable[Write]) -> None:
+        """Replay a write set in one transaction."""
+        self.transact(lambda txn: apply_writes(txn, writes))
 
     def read(self, fn: Callable[..., T]) -> T:
         return fn(_MemoryTxn(self._tables, write=False))

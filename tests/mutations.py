@@ -55,20 +55,20 @@ SQS_SETTINGS = "tests/integration/test_sqs_settings.py"
 
 MUTATIONS = (
     # -- storage (rayq/core/storage): pins to re-point when storage code moves
-    Mutation("dequeue count not incremented", "rayq.core.storage.batch", "WriteBatch._deliver",
+    Mutation("dequeue count not incremented", "rayq.core.storage.ledger", "Ledger.take_rows",
              "redelivered(value, meta.dequeue_count + 1, nonce)",
              "redelivered(value, meta.dequeue_count, nonce)"),
-    Mutation("receipt nonce not compared on delete", "rayq.core.storage.batch",
-             "WriteBatch._resolve",
+    Mutation("receipt nonce not compared on delete", "rayq.core.storage.ledger",
+             "Ledger.resolve",
              "rows.nonce_of(value) != nonce or ", ""),
-    Mutation("visibility timeout ignored", "rayq.core.storage.batch", "WriteBatch.receive",
-             "self._deliver(found, to_us(visibility_timeout_s))", "self._deliver(found, 0)"),
+    Mutation("visibility timeout ignored", "rayq.core.storage.messages", "receive",
+             "_deliver(w, env, found, to_us(visibility_timeout_s))", "_deliver(w, env, found, 0)"),
     Mutation("a leaving waiter takes the others' wake-ups", "rayq.core.storage.waiters",
              "OutcomeWaiters._forget", "w[1] is not future", "w[1] is future"),
     Mutation("noisy keys served first", "rayq.core.storage.dispatch", "FairDispatch.score",
              "(state.noisy_since is not None,", "(state.noisy_since is None,"),
     Mutation("purge removes other queues' spilled messages", "rayq.core.storage.purge",
-             "remove_spilled", "[0] in sources", "[0] not in sources"),
+             "remove_spilled", "spill_source(value) in sources", "spill_source(value) not in sources"),
     # -- the rest of the core
     Mutation("usage-victim comparison flipped", "rayq.core.fairness.policy", "evaluate",
              "if s > config.band", "if s < config.band"),

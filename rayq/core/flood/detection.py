@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from rayq.config import FloodConfig
+from rayq.core.codec.model import ALL_TENANTS
 
-ALL_TENANTS = "*"
 
 
 @dataclass(frozen=True)
