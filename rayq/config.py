@@ -68,6 +68,10 @@ class FairnessConfig:
     windows: int = 6
     latency_threshold_s: float = 1200.0
     band: float = 0.5
+    # Keep an intervention on, once started, while a latency victim is below its fair
+    # share at all (False: only while some key is both a latency and a usage victim,
+    # the source text's rule).
+    intervention_hysteresis: bool = False
     interval_s: float = 300.0
     max_boost_consumers: int = 2   # consumers added at most for booster permits
     history: int = 1000            # decisions kept for client.fairness() and the event log

@@ -6,6 +6,7 @@ minutes, band 50 %. Usage is in seconds of thread time per window.
 """
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -194,16 +195,22 @@ def test_usage_windows_sum_reports_per_key_and_count_deferrals_apart():
     assert t.first_window_start == -1200.0
 
 
-def test_an_intervention_goes_on_while_a_latency_victim_is_below_its_share_at_all():
+@pytest.mark.parametrize("b_s, hysteresis, was_on, on", [
+    (60, False, False, True),    # B at 20 % of its share: both victims, intervene
+    (120, False, True, False),   # 80 %: no usage victim, the source's rule stops
+    (120, True, True, True),     # ... the hysteresis keeps an intervention on
+    (120, True, False, False),   # ... but never starts one
+    (150, True, True, False),    # at its share: off either way
+])
+def test_an_intervention_needs_a_latency_and_usage_victim_unless_hysteresis_holds_it(
+        b_s, hysteresis, was_on, on):
     now = 1799.0
-    usage = {"A": [0, 0, 0, 0, 180, 180], "B": [0, 0, 0, 0, 120, 120]}  # B at 80 % of its share
+    usage = {"A": [0, 0, 0, 0, 300 - b_s, 300 - b_s], "B": [0, 0, 0, 0, b_s, b_s]}
     pending = {"A": waiting("A", 0.0, now), "B": waiting("B", 0.0, now)}
-    fresh = evaluate(table(now, usage), pending, now, CONFIG, threads=2)
-    ongoing = evaluate(table(now, usage), pending, now, CONFIG, threads=2, was_intervening=True)
-    assert not fresh.intervening and ongoing.intervening
-    even = {"A": [0, 0, 0, 0, 150, 150], "B": [0, 0, 0, 0, 150, 150]}
-    assert not evaluate(table(now, even), pending, now, CONFIG, threads=2,
-                        was_intervening=True).intervening
+    config = replace(CONFIG, intervention_hysteresis=hysteresis)
+    d = evaluate(table(now, usage), pending, now, config, threads=2, was_intervening=was_on)
+    assert d.latency_victims == {"A", "B"}
+    assert d.intervening is on
 
 
 def test_usage_spent_since_the_decision_moves_a_key_down_the_listen_list():
