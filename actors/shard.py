@@ -34,7 +34,7 @@ from actors.metrics import BackgroundFailures, ShardMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.batching import AsyncBatcher
 from rayq.channel import CHANNEL_METHODS
-from rayq.config import Config
+from rayq.config import Config, shard_store_config
 from rayq.core.auth.accounts import ADMIN, Signature, check_admin
 from rayq.core.kit.batcher import Batcher
 from rayq.core.kit.clock import Clock, SystemClock
@@ -83,7 +83,7 @@ class ShardActor:
     def __init__(self, index: int, path: str, config: Config, clock: Clock | None = None):
         self.index = index
         self.clock = clock or SystemClock()
-        self.store = open_store(path, config=config.store, clock=self.clock,
+        self.store = open_store(path, config=shard_store_config(config), clock=self.clock,
                                 dispatch=DispatchPolicy.of(config.fairness))
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard-{index}")
         self._loop = asyncio.get_running_loop()

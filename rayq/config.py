@@ -46,6 +46,8 @@ class StoreConfig:
     # Upper bound on rows one receive may step over (expired / dead-lettered).
     max_scan_rows: int = 1000
     outcome_ttl_s: float = DAY_S   # how long a task's outcome is kept for ray.get
+    # The store's enqueue count windows: a shard builds them from the flood look-back
+    # (shard_store_config: [flood] window_s and windows), not settings of their own.
     enqueue_window_s: float = 180.0
     enqueue_windows: int = 10
     durable: bool = True
@@ -93,6 +95,8 @@ class FloodConfig:
     """Flood detection, spill and sweep (docs/flood-detection.md)."""
 
     enabled: bool = True
+    # The look-back of enqueue counts, window_s x windows (30 minutes): shards count
+    # each (queue, type, tenant)'s enqueues in these windows.
     window_s: float = 180.0
     windows: int = 10
     interval_s: float = 120.0
@@ -174,6 +178,25 @@ class Config:
         if not 1 <= self.consumers.min_load <= self.consumers.max_load:
             raise ConfigError("consumers need 1 <= min_load <= max_load")
         _check_fair_dispatch(self.fairness)
+        _check_flood_window(self.flood, self.store)
+
+
+def _check_flood_window(flood: "FloodConfig", store: "StoreConfig") -> None:
+    if flood.window_s <= 0 or isinstance(flood.windows, bool) or not isinstance(
+            flood.windows, int) or flood.windows < 1:
+        raise ConfigError("flood needs window_s > 0 and windows an int of at least 1")
+    default = StoreConfig()
+    if (store.enqueue_window_s, store.enqueue_windows) != (default.enqueue_window_s,
+                                                           default.enqueue_windows):
+        raise ConfigError("the enqueue look-back is set by flood.window_s and flood.windows, "
+                          "not store.enqueue_window_s and store.enqueue_windows")
+
+
+def shard_store_config(config: "Config") -> StoreConfig:
+    """The store settings a shard runs with: enqueues counted over the flood
+    look-back (``flood.window_s`` x ``flood.windows``, the one setting of it)."""
+    return dataclasses.replace(config.store, enqueue_window_s=config.flood.window_s,
+                               enqueue_windows=config.flood.windows)
 
 
 def _check_fair_dispatch(fairness: "FairnessConfig") -> None:
