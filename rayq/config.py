@@ -121,6 +121,9 @@ class ConsumerConfig:
     smoothing: float = 0.3             # weight of the newest hit rate in the moving average
     adjust_interval_s: float = 1.0     # how often a consumer moves its load
     poll_wait_s: float = 2.0           # long-poll wait of one receive
+    # A receive is a hit for the balancer only when it found tasks within this wait:
+    # the source's reads do not block, so a long poll answered later would have missed.
+    hit_wait_s: float = 0.05
     prefetch: int = 1                  # at least this many a receive; more when the load has room
     visibility_timeout_s: float = 30.0  # tasks hidden while running; extended by heartbeats
     retry_backoff_s: float = 1.0       # first retry delay after a handler raised; doubles
@@ -177,6 +180,8 @@ class Config:
             raise ConfigError(f"store.shards must be an int of at least 1, got {shards!r}")
         if not 1 <= self.consumers.min_load <= self.consumers.max_load:
             raise ConfigError("consumers need 1 <= min_load <= max_load")
+        if not self.consumers.hit_wait_s >= 0:
+            raise ConfigError("consumers.hit_wait_s must be at least 0")
         _check_fair_dispatch(self.fairness)
         _check_flood_window(self.flood, self.store)
 
