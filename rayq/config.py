@@ -69,6 +69,10 @@ class FairnessConfig:
     window_s: float = 300.0
     windows: int = 6
     latency_threshold_s: float = 1200.0
+    # A key's latency: "enqueue", the age of its oldest visible message since it was
+    # enqueued (the source text's), or "visible", since it became visible (a delay or
+    # a retry's back-off is not waiting for threads).
+    latency_since: str = "enqueue"
     band: float = 0.5
     # Keep an intervention on, once started, while a latency victim is below its fair
     # share at all (False: only while some key is both a latency and a usage victim,
@@ -207,6 +211,8 @@ def shard_store_config(config: "Config") -> StoreConfig:
 def _check_fair_dispatch(fairness: "FairnessConfig") -> None:
     if fairness.dispatch not in ("fair", "fifo"):
         raise ConfigError("fairness.dispatch must be 'fair' or 'fifo'")
+    if fairness.latency_since not in ("enqueue", "visible"):
+        raise ConfigError("fairness.latency_since must be 'enqueue' or 'visible'")
     weights = dict(fairness.weights, **{"(default_weight)": fairness.default_weight})
     for key, weight in weights.items():
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < 1e6:

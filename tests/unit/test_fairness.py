@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 
 from rayq.config import FairnessConfig
-from rayq.core.fairness.policy import (KeyState, UsageTable, UsageWindows, evaluate, latency_threshold,
-                                listen_order)
+from rayq.core.fairness.policy import (KeyState, UsageTable, UsageWindows, evaluate, key_latency,
+                                       latency_threshold, listen_order)
 
 CONFIG = FairnessConfig(window_s=300, windows=6, latency_threshold_s=1200, band=0.5)
 MIN = 60.0
@@ -222,3 +222,21 @@ def test_usage_spent_since_the_decision_moves_a_key_down_the_listen_list():
     assert listen_order(d, pending, random.Random(0))[-1] == "A"
     order = listen_order(d, pending, random.Random(0), spent={"B": 150.0})
     assert order == ["C", "B", "A"]
+
+
+# A message enqueued at 0 that became visible at 1000 (a delay or a retry's back-off);
+# the threshold is 1200 s. The source measures the age of the oldest job.
+@pytest.mark.parametrize("since, visible_for_s, now, latency_s, victim", [
+    ("enqueue", 300.0, 1300.0, 1300.0, True),    # aged 1300 s since its enqueue
+    ("visible", 300.0, 1300.0, 300.0, False),    # visible for 300 s only
+    ("enqueue", 1199.0, 1199.0, 1199.0, False),  # never delayed: the same either way
+    ("visible", 1200.0, 1200.0, 1200.0, True),   # at least the threshold
+    ("enqueue", 0.0, 1300.0, 0.0, False),        # nothing visible: nothing waits
+])
+def test_latency_is_the_age_of_the_oldest_message_since_its_enqueue_unless_set_otherwise(
+        since, visible_for_s, now, latency_s, victim):
+    state = KeyState("A", latency_s=visible_for_s, oldest_enqueued_at=0.0)
+    assert key_latency(state, now, since) == latency_s
+    config = replace(CONFIG, latency_since=since)
+    d = evaluate(table(now, {"A": [0.0] * 6}), {"A": state}, now, config, threads=2)
+    assert ("A" in d.latency_victims) is victim

@@ -12,6 +12,9 @@ over its span. Keys without pending messages take no part, so they never make
 others look greedy, and the shares follow capacity because they are shares
 of what was actually used.
 
+- latency: the age of a key's oldest visible message, since it was enqueued (the
+  source's "age of the oldest job"; ``latency_since = "visible"`` counts only from
+  when it became visible, leaving out delays and retry back-offs);
 - latency victims: the oldest message waited at least the threshold (the source's
   example intervenes at exactly 20:00; scaled up by threads / limit for
   concurrency-limited keys);
@@ -37,7 +40,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rayq.config import FairnessConfig
 from rayq.core.kit.windows import WindowedSums
@@ -49,7 +52,8 @@ MAX_PERMITS = 4        # per key: permits grow with latency / threshold up to th
 @dataclass(frozen=True)
 class KeyState:
     """A pending key as the shards see it: how long its oldest visible message has
-    waited, when its oldest message was enqueued, and its concurrency limit if any."""
+    waited since it became visible (0: none is visible), when its oldest message was
+    enqueued, and its concurrency limit if any."""
 
     key: str
     latency_s: float
@@ -125,6 +129,15 @@ class Decision:
 
 
 # -- the pieces ------------------------------------------------------------------
+def key_latency(state: KeyState, now: float, since: str) -> float:
+    """How long a key has waited by ``since``: "enqueue", the age of its oldest message
+    while one is visible (the source's measure), or "visible", how long its oldest
+    visible message has been visible."""
+    if since == "visible" or state.latency_s <= 0:
+        return state.latency_s
+    return max(state.latency_s, now - state.oldest_enqueued_at)
+
+
 def latency_threshold(state: KeyState, base_s: float, threads: int) -> float:
     """A concurrency-limited key waits by its own choice: scale by threads / limit."""
     if state.concurrency and 0 < state.concurrency < threads:
@@ -209,7 +222,8 @@ def evaluate(table: UsageTable, pending: Mapping[str, KeyState], now: float,
     The coordinator intervenes while a latency victim (waited at least the
     threshold) is a usage victim (:func:`intervenes`).
     """
-    waiting = {k: s for k, s in pending.items() if k not in suspended and s.latency_s > 0}
+    waiting = {k: replace(s, latency_s=key_latency(s, now, config.latency_since))
+               for k, s in pending.items() if k not in suspended and s.latency_s > 0}
     fractions = {key: waiting_fractions(state.oldest_enqueued_at, table, now)
                  for key, state in waiting.items()}
     weight = key_weight(config)
