@@ -3,7 +3,9 @@
 
 A consumer runs ``load`` pollers at once, each receiving a task (long poll),
 running its handler on a worker thread and ending it. The load follows the
-hit rate the consumer observes (:mod:`rayq.core.control.balancer`); consumers never
+hit rate the consumer observes (:mod:`rayq.core.control.balancer`); every count
+and decision is kept by :class:`~rayq.core.control.consumer_state.ConsumerState`,
+and this actor only makes the calls. Consumers never
 talk to each other. Delivery is at-least-once: a message is deleted only
 after its handler returned, and a consumer that dies mid-handler stops
 extending the message's visibility, so it reappears for someone else.
@@ -107,7 +109,7 @@ class ConsumerActor:
     async def stop(self, timeout_s: float = 60.0) -> list[UsageReport]:
         """Stop polling, wait (up to ``timeout_s``) for running handlers to finish, and
         hand back the reports not drained yet."""
-        self.state.stopping = True
+        self.state.stop()
         pollers = list(self._pollers.values())
         if pollers:
             await asyncio.wait(pollers, timeout=timeout_s)

@@ -96,6 +96,10 @@ class ConsumerState:
         """Pin the load (no balancing), or None to balance again."""
         self.fixed = load
 
+    def stop(self) -> None:
+        """Pollers stop receiving; tasks they hold run to their end."""
+        self.stopping = True
+
     def adjust(self, pressed: bool, running: Collection[int]) -> list[int]:
         """Close a balancing period: move the load by the period's hit rate, note
         whether the host is ``pressed``; returns the poller slots to start (those
