@@ -276,7 +276,6 @@ class SimulatedLongPolls:
             return
         want = state.claim()
         if not want:
-            state.receive_failed(0)
             self._at(self.task_s, "poll", i, slot)  # no room: look again once tasks end
         elif self.queued:
             got = min(want, self.queued)
