@@ -35,7 +35,7 @@ from actors.placement import this_node_name
 from rayq.analytics.eventlog import open_event_log
 from rayq.batching import AsyncBatcher
 from rayq.channel import CHANNEL_METHODS
-from rayq.config import Config
+from rayq.config import Config, shard_store_config
 from rayq.core.auth.accounts import ADMIN, Signature, check_senders
 from rayq.core.auth.operations import SHARD_OPS
 from rayq.core.kit.batcher import Batcher
@@ -88,7 +88,7 @@ class ShardActor:
         self.index = index
         self.node = this_node_name()
         self.clock = clock or SystemClock()
-        self.store = open_store(path, config=config.store, clock=self.clock,
+        self.store = open_store(path, config=shard_store_config(config), clock=self.clock,
                                 dispatch=DispatchPolicy.of(config.fairness),
                                 check_senders=check_senders)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard-{index}")
