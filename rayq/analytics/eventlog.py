@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rayq.analytics.schema import EVENT_SCHEMA, FIELDS, KINDS, SCHEMA_VERSION
+from rayq.core.kit.private import FILE_MODE, make_private_dir
 
 MAX_BUFFERED = 200_000   # past this, appends flush inline rather than grow without bound
 
@@ -93,11 +94,12 @@ class EventLog:
         written = 0
         for partition, parts in by_hour.items():
             folder = os.path.join(self.root, partition)
-            os.makedirs(folder, exist_ok=True)
+            make_private_dir(folder)
             name = f"part-{self.writer}-{uuid.uuid4().hex[:12]}.parquet"
             table = pa.concat_tables(parts)
             tmp = os.path.join(folder, "." + name + ".tmp")
             pq.write_table(table, tmp)
+            os.chmod(tmp, FILE_MODE)  # events name tenants and types: the owner's alone
             os.replace(tmp, os.path.join(folder, name))  # readers never see a half file
             written += table.num_rows
         self.written += written

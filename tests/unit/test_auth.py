@@ -89,9 +89,16 @@ def test_account_names_and_keys_are_checked(accounts):
 
 
 def test_the_default_account_always_exists_and_cannot_be_made_again(accounts):
-    assert "default" in accounts and len(accounts.keys("default")) == 2
+    assert "default" in accounts
     with pytest.raises(InvalidMessage):
         accounts.create("default")
+
+
+def test_the_default_account_has_no_keys_until_an_operator_gives_it_one(accounts):
+    assert accounts.keys("default") == [] and accounts.table()["default"] == []
+    key = accounts.rotate("default", 2)
+    assert accounts.keys("default") == [key]
+    assert Accounts(accounts.kv).keys("default") == [key]  # remembered
 
 
 def test_a_signer_signs_the_arguments_themselves(accounts):

@@ -8,7 +8,12 @@ runtime recomputes it with ``hmac.compare_digest``, refuses timestamps more
 than ``skew_s`` away, and refuses a nonce it has seen (a replay).
 
 The account ``default`` is the runtime's own: it always exists, it owns the
-queues of unsigned (embedded) clients and it administers the runtime.
+queues of unsigned (embedded) clients and it administers the runtime. It has no
+keys until an operator gives it one (``rayq account keys default``): its own
+clients reach the runtime unsigned, and a key nobody uses is only something to
+steal. Keys are stored as they are, since HMAC and SigV4 verification need the
+secret itself; the data directory's mode (0700, checked at start) guards them
+(docs/security.md).
 """
 
 from __future__ import annotations
@@ -126,13 +131,14 @@ class Signer:
 
 class Accounts:
     """Accounts and their two keys, persisted in a KV's ``meta`` table. The ``default``
-    account is made on first use."""
+    account is made, without keys, on first use."""
 
     def __init__(self, kv: KV):
         self.kv = kv
         self._keys: dict[str, dict[int, str]] = kv.read(self._load)
         if ADMIN not in self._keys:
-            self.create(ADMIN)
+            self._keys[ADMIN] = {}
+            self._save(ADMIN)
 
     @staticmethod
     def _load(txn) -> dict[str, dict[int, str]]:
@@ -162,7 +168,8 @@ class Accounts:
         return self._keys[account][1]
 
     def rotate(self, account: str, slot: int) -> str:
-        """Replace the key in ``slot`` (1 or 2); the other keeps working. Returns the new key."""
+        """Replace (or, on an account without one there, make) the key in ``slot`` (1 or 2);
+        the other keeps working. Returns the new key."""
         if account not in self._keys or slot not in KEY_SLOTS:
             raise AuthError(f"no key {slot!r} of account {account!r}")
         self._keys[account][slot] = new_secret()
