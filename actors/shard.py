@@ -43,7 +43,7 @@ from rayq.core.control.consuming import check_end_calls
 from rayq.core.auth.gate import (Gate, check_reads_own, named_subqueues, of_subqueues, per_queue,
                             queues_on, receipt_subqueues)
 from rayq.core.codec.wire import delivered_count
-from rayq.core.codec.model import SubqueueState
+from rayq.core.codec.model import SubqueueState, long_poll_s
 from rayq.core.storage.store import KeyDepth, StoreStats, open_store
 from rayq.core.storage.waiters import OutcomeWaiters, outcome_value
 from rayq.errors import Overloaded, RayqError, StoreError, TaskError
@@ -221,7 +221,7 @@ class ShardActor:
                               subqueues + ([dead_letter] if dead_letter is not None else []),
                               subqueue, max_messages, visibility_timeout_s, keys, max_receives,
                               dead_letter, wait_s, exclude)
-        deadline = self._loop.time() + max(0.0, float(wait_s or 0.0))
+        deadline = self._loop.time() + long_poll_s(wait_s)
         signed = auth  # its nonce goes with the first round
         while True:
             for sq in subqueues:

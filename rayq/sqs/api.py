@@ -85,6 +85,22 @@ class SqsApi:
         except RayqError as err:
             raise from_rayq(err) from err
 
+    def long_poll_s(self, action: str, params: Any, caller: Caller, host: str) -> int:
+        """How long a request may park: a ReceiveMessage's WaitTimeSeconds (else its
+        queue's ReceiveMessageWaitTimeSeconds), 0 for anything else. The endpoint then
+        runs it with WaitTimeSeconds 0 until a message comes or this passes. Raises
+        SqsError."""
+        if action != "ReceiveMessage" or not isinstance(params, dict):
+            return 0
+        try:
+            target = Target(caller, self.clients(caller), self._queue_name(params, caller), host)
+            if target.name is None:
+                return 0
+            settings = self.state.settings(target.owner, target.name)
+        except RayqError as err:
+            raise from_rayq(err) from err
+        return _int(params, "WaitTimeSeconds", 0, MAX_WAIT_S, settings.wait_s) or 0
+
     @staticmethod
     def _queue_name(params: dict, caller: Caller) -> tuple[str, str] | None:
         """(owner, queue) a QueueUrl names. Raises QueueDoesNotExist for another account's

@@ -215,3 +215,18 @@ def test_the_unpacker_limits_are_accepted_by_msgpack():
     # Regression: an unknown keyword made every packed body fail to decode.
     assert decode_body(encode_body({"a": [1]}, 100)) == {"a": [1]}
     assert msgpack.version >= (1, 0, 0)
+
+
+@pytest.mark.parametrize("asked, parks", [(None, 0.0), (0, 0.0), (1.5, 1.5), (20, 20.0),
+                                          (21, 20.0), (1e9, 20.0), (float("inf"), 20.0)])
+def test_a_receive_parks_at_most_twenty_seconds_whatever_it_asks(asked, parks):
+    from rayq.core.codec.model import long_poll_s
+    assert long_poll_s(asked) == parks
+
+
+@pytest.mark.parametrize("asked", [-1, float("nan"), "20", True])
+def test_a_wait_that_is_no_duration_is_refused(asked):
+    from rayq.core.codec.model import long_poll_s
+    from rayq.errors import InvalidMessage
+    with pytest.raises(InvalidMessage):
+        long_poll_s(asked)

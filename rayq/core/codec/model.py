@@ -110,6 +110,16 @@ def check_seconds(value: Any, what: str, low: float, high: float) -> float:
     return float(value)
 
 
+MAX_WAIT_S = 20.0  # the longest a receive parks, as SQS's WaitTimeSeconds
+
+
+def long_poll_s(wait_s: Any) -> float:
+    """How long a receive asked to wait ``wait_s`` parks: at most MAX_WAIT_S, so that a
+    caller cannot park one forever. Raises InvalidMessage for a negative, NaN or
+    non-numeric wait."""
+    return min(check_seconds(wait_s or 0.0, "wait_s", 0.0, float("inf")), MAX_WAIT_S)
+
+
 def check_count(value: Any, what: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise InvalidMessage(f"{what} must be an int within [{low}, {high}], got {value!r}")
