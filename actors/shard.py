@@ -203,7 +203,8 @@ class ShardActor:
     async def put(self, subqueue: int, batch: bytes, auth: Signature | None = None) -> list[str]:
         """Store a put buffer (:mod:`rayq.core.codec.wire`) durably; the ids in order."""
         account = await self.gate.allow(auth, "put", self.index, [subqueue], subqueue, batch)
-        sender = None if account == ADMIN else (account, self.key_mode)
+        sender = None if account == ADMIN else (account, self.key_mode,
+                                                self.gate.task_types(account, subqueue))
         ids = await self._write(subqueue, "put", subqueue, batch, sender=sender, signed=auth)
         self._ops[subqueue] += len(ids)
         return ids

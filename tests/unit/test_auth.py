@@ -220,3 +220,29 @@ def test_an_account_sends_as_itself_keyed_as_the_runtime_keys(tenant, key, allow
         with pytest.raises(AuthError):
             check_senders("acme", junk, "type")
     check_senders("default", [NewMessage(b"\x01", "any", "report", "free")], "type")
+
+
+def test_an_account_puts_into_a_task_queue_only_the_types_registered_on_it():
+    from rayq.core.auth.accounts import check_senders
+    from rayq.core.codec.model import NewMessage
+
+    def message(type_):
+        return NewMessage(b"\x01", "acme", type_, type_)
+    check_senders("acme", [message("report")], "type", task_types={"report"})
+    with pytest.raises(AuthError, match="registered"):
+        check_senders("acme", [message("report"), message("nobody-runs-this")], "type",
+                      task_types={"report"})
+    check_senders("acme", [message("anything")], "type")  # its own queue: any type
+
+
+def test_the_gate_limits_types_only_on_another_owners_task_queue():
+    from rayq.core.auth.accounts import Place
+    from rayq.core.auth.gate import Gate
+
+    async def fetch():
+        return {}, {}
+    gate = Gate(fetch)
+    gate._places = {1: Place("jobs", "default", 0, True, frozenset({"report"})),
+                    2: Place("acme/orders", "acme", 0)}
+    assert gate.task_types("acme", 1) == {"report"}
+    assert gate.task_types("default", 1) is None and gate.task_types("acme", 2) is None

@@ -29,7 +29,7 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -296,12 +296,13 @@ def check_admin(account: str, what: str) -> None:
 class Place:
     """Where a subqueue belongs, as a verifier sees it: its queue (runtime-wide name, see
     :func:`queue_ref`), that queue's owner, its shard, and whether it carries tasks
-    (which any account may submit to)."""
+    (which any account may submit to, of the job ``types`` registered on it only)."""
 
     queue: str
     owner: str
     shard: int
     tasks: bool = False
+    types: frozenset[str] = frozenset()
 
 
 def check_access(account: str, queue: str, place: Place | None, shard: int,
@@ -320,10 +321,13 @@ def check_access(account: str, queue: str, place: Place | None, shard: int,
     raise AuthError(f"queue {queue!r} is not account {account!r}'s")
 
 
-def check_senders(account: str, messages: Any, key_mode: str) -> None:
+def check_senders(account: str, messages: Any, key_mode: str,
+                  task_types: Collection[str] | None = None) -> None:
     """Raise AuthError unless every message a put carries is sent as ``account`` and keyed
     for fairness as the runtime would key it: an account can neither pass as another
-    tenant nor dodge a suspension or bill its usage to a key of its choosing."""
+    tenant nor dodge a suspension or bill its usage to a key of its choosing. With
+    ``task_types`` (a put into another owner's task queue) each message's type must be
+    one of them: no consumer would run any other, it would only be put back forever."""
     if account == ADMIN:
         return
     if not isinstance(messages, list) or not all(
@@ -334,3 +338,5 @@ def check_senders(account: str, messages: Any, key_mode: str) -> None:
             raise AuthError(f"account {account!r} sends messages only as tenant {account!r}")
         if not isinstance(m.type, str) or m.key != fairness_key(m.tenant, m.type, key_mode):
             raise AuthError("a message's fairness key does not match its tenant and type")
+        if task_types is not None and m.type not in task_types:
+            raise AuthError(f"no task type {m.type!r:.80} is registered on this task queue")

@@ -109,6 +109,14 @@ class Gate:
         for sq in subqueues:
             check_access(account, queue, self._places.get(sq), shard, operation)
 
+    def task_types(self, account: str, subqueue: int) -> frozenset[str] | None:
+        """The job types ``account`` may put into ``subqueue``, when it is another owner's
+        task queue (None: no such limit). Call after :meth:`check` passed."""
+        place = self._places.get(subqueue)
+        if account == ADMIN or place is None or not place.tasks or place.owner == account:
+            return None
+        return place.types
+
     async def allow(self, auth: Signature | None, operation: str, shard: int,
                     subqueues: Iterable[Any], *args: Any) -> str:
         """Verify a shard request and check it touches only subqueues of the queue it is

@@ -181,16 +181,16 @@ class WriteBatch(PickOps, SpillOps, OutcomeOps):
         return name
 
     # -- put -----------------------------------------------------------------
-    def put(self, subqueue: int, batch: bytes, sender: tuple[str, str] | None = None) -> list[str]:
+    def put(self, subqueue: int, batch: bytes, sender: tuple | None = None) -> list[str]:
         """Store a put buffer (:mod:`rayq.core.codec.wire`); returns the message ids in order.
-        ``sender`` (account, fairness key mode): refuse messages that account may not
-        send (see :func:`rayq.core.auth.accounts.check_senders`)."""
+        ``sender`` (account, fairness key mode, task types or None): refuse messages that
+        account may not send (see :func:`rayq.core.auth.accounts.check_senders`)."""
         check_subqueue(subqueue)
         config = self.config
         put = decode_put(batch, max_message_bytes=config.max_message_bytes,
                          max_delay_s=config.max_delay_s, max_ttl_s=config.max_ttl_s)
         if sender is not None:
-            check_senders(sender[0], put.attrs, sender[1])
+            check_senders(sender[0], put.attrs, *sender[1:])
         if self.store.state(subqueue) is not SubqueueState.ALL:
             raise QueueDisabled(f"subqueue {subqueue} does not accept new messages")
         first = self.seq + 1
