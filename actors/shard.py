@@ -307,6 +307,7 @@ class ShardActor:
                                 ) -> dict[int, tuple[int, int, int]]:
         """(visible, in flight, delayed) per subqueue (SQS's approximate counts)."""
         await self.gate.allow(auth, "visibility_counts", self.index, named_subqueues(subqueues), subqueues)
+        await self._remember(auth)
         return await self._read(lambda: {sq: self.store.visibility_counts(sq) for sq in subqueues})
 
     async def forget_keys(self) -> None:
@@ -435,6 +436,7 @@ class ShardActor:
     async def noisy(self, auth: Signature | None = None) -> list[NoisyKey]:
         """The keys this shard's fair dispatch treats as noisy, and since when (admin)."""
         check_admin(await self.gate.account(auth, "", "noisy"), "noisy keys")
+        await self._remember(auth)
         return await self._read(self.store.noisy)
 
     async def _review_dispatch(self) -> None:

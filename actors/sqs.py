@@ -21,7 +21,6 @@ import json
 import os
 import threading
 import uuid
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 import ray
@@ -34,7 +33,7 @@ from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.kv import LmdbKV
 from rayq.core.codec.model import pack, unpack
 from rayq.remote import call, call_async, named
-from rayq.sqs.admission import BodyBudget, Shares, long_poll
+from rayq.sqs.admission import BodyBudget, Forwards, Shares, long_poll
 from rayq.sqs.api import SqsApi
 from rayq.sqs.attributes import Settings
 from rayq.sqs.errors import SqsError
@@ -45,7 +44,6 @@ STATE = "rayq-sqs-state"
 KEYS_MAX_AGE_S = 2.0      # a replaced key is refused here at most this long after rotation
 KEYS_MIN_REFRESH_S = 1.0  # unknown keys refetch at most this often (forgeries cannot flood)
 SETTINGS_TTL_S = 2.0      # another replica's SetQueueAttributes shows here within this
-MAX_FORWARDS = 100_000
 WORKER_THREADS = 64       # a thread is held for one rayq call, never for a parked long poll
 THREADS_PER_ACCOUNT = WORKER_THREADS // 4
 IN_FLIGHT_PER_ACCOUNT = 256  # admitted requests of one account, parked long polls included
@@ -64,11 +62,13 @@ def replica_name(index: int | str) -> str:
 class SqsState:
     """Queue settings, persisted (LMDB, fsync'd), and receipt forwards, in memory: after a
     ChangeMessageVisibility rayq's receipt changes while the client keeps its handle.
-    Forwards are lost when this actor restarts; the handle then needs a new receive."""
+    Forwards are lost when this actor restarts; the handle then needs a new receive.
+    Each queue owner keeps its own bounded share (:class:`Forwards`), so one account's changes
+    never push out another's."""
 
     def __init__(self, data_dir: str):
         self.kv = LmdbKV(os.path.join(data_dir, "sqs"), map_size=16 << 20)
-        self._forwards: OrderedDict[str, str] = OrderedDict()
+        self._forwards = Forwards()
 
     def settings(self, account: str, queue: str) -> dict | None:
         raw = self.kv.read(lambda txn: txn.get("meta", _key(account, queue)))
@@ -81,14 +81,11 @@ class SqsState:
         else:
             self.kv.transact(lambda txn: txn.put("meta", key, pack(record)))
 
-    def forward(self, handle: str) -> str | None:
-        return self._forwards.get(handle)
+    def forward(self, owner: str, handle: str) -> str | None:
+        return self._forwards.get(owner, handle)
 
-    def record(self, handle: str, receipt: str) -> None:
-        self._forwards[handle] = receipt
-        self._forwards.move_to_end(handle)
-        while len(self._forwards) > MAX_FORWARDS:
-            self._forwards.popitem(last=False)
+    def record(self, owner: str, handle: str, receipt: str) -> None:
+        self._forwards.put(owner, handle, receipt)
 
     def ping(self) -> int:
         return 1
@@ -105,7 +102,7 @@ class ReplicaState:
     def __init__(self, state, clock: Clock):
         self._state, self.clock = state, clock
         self._settings: dict[tuple[str, str], tuple[float, Settings]] = {}
-        self._forwards: OrderedDict[str, str] = OrderedDict()
+        self._forwards = Forwards()
 
     def settings(self, account: str, queue: str) -> Settings:
         cached = self._settings.get((account, queue))
@@ -120,14 +117,13 @@ class ReplicaState:
         call(lambda: self._state.save.remote(account, queue, record))
         self._settings.pop((account, queue), None)
 
-    def forward(self, handle: str) -> str | None:
-        return self._forwards.get(handle) or call(lambda: self._state.forward.remote(handle))
+    def forward(self, owner: str, handle: str) -> str | None:
+        return (self._forwards.get(owner, handle)
+                or call(lambda: self._state.forward.remote(owner, handle)))
 
-    def record(self, handle: str, receipt: str) -> None:
-        call(lambda: self._state.record.remote(handle, receipt))
-        self._forwards[handle] = receipt
-        while len(self._forwards) > MAX_FORWARDS:
-            self._forwards.popitem(last=False)
+    def record(self, owner: str, handle: str, receipt: str) -> None:
+        call(lambda: self._state.record.remote(owner, handle, receipt))
+        self._forwards.put(owner, handle, receipt)
 
 
 class AccountSigner(Signer):

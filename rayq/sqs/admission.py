@@ -6,13 +6,15 @@ that no account can starve another: each account holds at most
 requests (more are refused with SQS's ``RequestThrottled``, which SDKs retry);
 request bodies buffered at once are bounded in bytes across all accounts; and a
 long poll never parks on a thread: it retries a non-waiting receive, sleeping on
-the event loop between tries (:func:`long_poll`).
+the event loop between tries (:func:`long_poll`). Receipt forwards are kept per
+queue owner (:class:`Forwards`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Executor
 from typing import Any
@@ -21,6 +23,7 @@ from rayq.sqs.errors import SqsError
 
 FIRST_PAUSE_S = 0.05  # a long poll's first sleep between tries; doubled up to MAX_PAUSE_S
 MAX_PAUSE_S = 0.5     # so a message arriving during a long poll waits at most this
+MAX_FORWARDS_PER_ACCOUNT = 20_000  # receipt forwards kept per queue owner (oldest go first)
 
 
 def throttled(account: str) -> SqsError:
@@ -98,3 +101,21 @@ async def long_poll(attempt: Callable[[], Awaitable[dict]], wait_s: float,
             return answer
         await sleep(min(pause, left))
         pause = min(2 * pause, MAX_PAUSE_S)
+
+
+class Forwards:
+    """handle -> current receipt, per queue owner, each owner's bounded (oldest out)."""
+
+    def __init__(self, per_owner: int = MAX_FORWARDS_PER_ACCOUNT):
+        self.per_owner = per_owner
+        self._by_owner: dict[str, OrderedDict[str, str]] = {}
+
+    def get(self, owner: str, handle: str) -> str | None:
+        return self._by_owner.get(owner, {}).get(handle)
+
+    def put(self, owner: str, handle: str, receipt: str) -> None:
+        mine = self._by_owner.setdefault(owner, OrderedDict())
+        mine[handle] = receipt
+        mine.move_to_end(handle)
+        while len(mine) > self.per_owner:
+            mine.popitem(last=False)

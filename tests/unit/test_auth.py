@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from rayq.core.auth.accounts import Accounts, Verifier, sign
+from rayq.core.auth.accounts import Accounts, Verifier, request_body, sign
 from rayq.core.kit.kv import LmdbKV
 from rayq.errors import AuthError, InvalidMessage
 from rayq.testing import MemoryKV
@@ -136,7 +136,7 @@ def test_nonces_are_remembered_for_twice_the_skew_and_bounded(accounts):
     from rayq.errors import Overloaded
 
     key = accounts.create("acme")
-    verifier = Verifier(accounts.keys, max_nonces=2)
+    verifier = Verifier(accounts.keys, max_nonces=2, max_nonces_per_account=2)
     for at in (NOW, NOW + 10):
         verifier.verify(sign("acme", key, "q", "op", b"", at), "q", "op", b"", at)
     with pytest.raises(Overloaded):  # full: shed, rather than forget a nonce too early
@@ -246,3 +246,22 @@ def test_the_gate_limits_types_only_on_another_owners_task_queue():
                     2: Place("acme/orders", "acme", 0)}
     assert gate.task_types("acme", 1) == {"report"}
     assert gate.task_types("default", 1) is None and gate.task_types("acme", 2) is None
+
+
+def test_one_accounts_burst_fills_only_its_share_of_the_replay_window(accounts):
+    from rayq.core.auth.accounts import Signer
+    from rayq.errors import Overloaded
+    keys = {name: accounts.create(name) for name in ("noisy", "quiet")}
+    verifier = Verifier(accounts.keys, max_nonces=8, max_nonces_per_account=3)
+
+    def send(name):
+        sig = Signer(name, keys[name], clock=lambda: NOW).sign("q", "op")
+        return verifier.verify(sig, "q", "op", request_body(), NOW)
+    for _ in range(3):
+        send("noisy")
+    with pytest.raises(Overloaded):
+        send("noisy")
+    assert send("quiet") == "quiet"  # the other account is not shed
+    verifier = Verifier(accounts.keys, max_nonces=8, max_nonces_per_account=3)
+    verifier.preload([1, 2, 3, 4], NOW)  # read back after a restart: nobody's share
+    assert [send("noisy") for _ in range(3)] == ["noisy"] * 3

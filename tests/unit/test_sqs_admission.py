@@ -89,3 +89,14 @@ def test_a_long_poll_on_an_empty_queue_ends_empty_when_its_wait_has_passed():
     start = clock.monotonic()
     assert asyncio.run(long_poll(attempt, 20, clock.monotonic, sleep)) == {}
     assert clock.monotonic() - start == pytest.approx(20) and tries[0] > 20
+
+
+def test_one_owners_receipt_forwards_never_push_out_anothers():
+    from rayq.sqs.admission import Forwards
+    forwards = Forwards(per_owner=3)
+    forwards.put("quiet", "h-quiet", "r-quiet")
+    for i in range(100):
+        forwards.put("noisy", f"h{i}", f"r{i}")
+    assert forwards.get("quiet", "h-quiet") == "r-quiet"
+    assert [forwards.get("noisy", f"h{i}") for i in (96, 97, 98, 99)] == [None, "r97", "r98", "r99"]
+    assert forwards.get("quiet", "h97") is None  # and owners never read each other's

@@ -43,6 +43,7 @@ ADMIN = "default"
 SECRET_BYTES = 32
 MAX_SKEW_S = 900.0
 MAX_NONCES = 1_000_000  # per verifier: about 150 MB at most
+ACCOUNT_NONCE_SHARE = 4  # one account fills at most 1/4 of a verifier's replay window
 KEY_SLOTS = (1, 2)
 _NONCE_CHARS = 32
 QUEUE_SEP = "/"  # "acme/orders": account acme's queue orders
@@ -202,22 +203,26 @@ def _hex(value: str, chars: int) -> bool:
 class Verifier:
     """Checks signatures; remembers each (account, nonce) for twice the allowed skew,
     which is as long as a request carrying it could still pass the timestamp check.
-    At most ``max_nonces`` are remembered: past that, signed requests are shed with
-    Overloaded rather than let replays through or memory grow without bound."""
+    At most ``max_nonces`` are remembered, and at most ``max_nonces_per_account`` of one
+    account's: past that, that account's signed requests are shed with Overloaded rather
+    than let replays through, memory grow without bound, or one account's burst shed
+    everyone's."""
 
     def __init__(self, keys: Callable[[str], Sequence[str]], skew_s: float = MAX_SKEW_S,
-                 max_nonces: int = MAX_NONCES):
+                 max_nonces: int = MAX_NONCES, max_nonces_per_account: int | None = None):
         self.keys, self.skew_s, self.max_nonces = keys, skew_s, max_nonces
+        self.max_nonces_per_account = max_nonces_per_account or max(
+            1, max_nonces // ACCOUNT_NONCE_SHARE)
         self._seen: set[int] = set()
-        self._order: deque[tuple[float, int]] = deque()
+        self._order: deque[tuple[float, int, str | None]] = deque()
+        self._held: dict[str | None, int] = {}  # remembered nonces per account
 
     def preload(self, digests: Sequence[int], now: float) -> None:
         """Refuse these nonce digests (:func:`nonce_digest`) as seen: what a restarted
         runtime actor reads back from its durable table (see rayq.core.auth.nonces)."""
         for digest in digests:
             if digest not in self._seen:
-                self._seen.add(digest)
-                self._order.append((now, digest))
+                self._remember(now, digest, None)  # whose is not stored: nobody's share
 
     def verify(self, sig: Any, queue: str, operation: str, body: bytes, now: float) -> str:
         """The account a request acts for. Raises AuthError for anything not genuine,
@@ -241,15 +246,24 @@ class Verifier:
         seen = nonce_digest(sig.account, sig.nonce)  # 64 bits: a false "replayed" is ~1e-8 at 1M
         if seen in self._seen:
             raise ReplayedRequest("the request was replayed")
-        if len(self._seen) >= self.max_nonces:
+        if (len(self._seen) >= self.max_nonces
+                or self._held.get(sig.account, 0) >= self.max_nonces_per_account):
             raise Overloaded("too many signed requests in the replay window; retry later")
-        self._seen.add(seen)
-        self._order.append((now, seen))
+        self._remember(now, seen, sig.account)
         return sig.account
+
+    def _remember(self, now: float, digest: int, account: str | None) -> None:
+        self._seen.add(digest)
+        self._order.append((now, digest, account))
+        self._held[account] = self._held.get(account, 0) + 1
 
     def _forget_before(self, cutoff: float) -> None:
         while self._order and self._order[0][0] < cutoff:
-            self._seen.discard(self._order.popleft()[1])
+            _, digest, account = self._order.popleft()
+            self._seen.discard(digest)
+            self._held[account] -= 1
+            if not self._held[account]:
+                del self._held[account]
 
 
 def _within(timestamp: Any, now: float, skew_s: float) -> bool:
