@@ -415,9 +415,9 @@ class ShardActor:
         return {"pid": os.getpid(), "rss_bytes": info.rss, "private_bytes": info.rss - info.shared}
 
     async def _collect_events(self) -> None:
-        id_prefix, groups = await self._read(self.store.take_enqueued)
+        id_of, groups = await self._read(self.store.take_enqueued)
         if groups:  # the columns are built off the event loop
-            await asyncio.to_thread(self.events.append_enqueues, id_prefix, groups)
+            await asyncio.to_thread(self.events.append_enqueues, id_of, groups)
 
     async def flush_events(self, auth: Signature | None = None) -> int:
         """Write buffered events now (``client.report`` does this first)."""

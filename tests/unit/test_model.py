@@ -230,3 +230,14 @@ def test_a_wait_that_is_no_duration_is_refused(asked):
     from rayq.errors import InvalidMessage
     with pytest.raises(InvalidMessage):
         long_poll_s(asked)
+
+
+def test_message_ids_carry_a_keyed_tag_so_one_id_does_not_tell_the_next():
+    from rayq.core.codec.model import message_id
+    key, other = b"k" * 16, b"o" * 16
+    first, second = message_id("ab12", key, 1), message_id("ab12", key, 2)
+    assert first.startswith("ab12-1-") and second.startswith("ab12-2-")
+    assert first.rsplit("-", 1)[1] != second.rsplit("-", 1)[1]
+    assert message_id("ab12", key, 2) == second  # the same message keeps its id
+    assert message_id("ab12", other, 2) != second  # without the store's key, no id
+    assert len(second.rsplit("-", 1)[1]) == 16  # 64 bits to guess

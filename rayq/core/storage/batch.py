@@ -156,7 +156,7 @@ class WriteBatch(PickOps, SpillOps, OutcomeOps):
         self.tenant_deltas[("L", sq, type_, tenant)] += delta
 
     def message_id(self, seq: int) -> str:
-        return f"{self.store.store_hex}-{seq:x}"
+        return self.store.message_id(seq)
 
     def key_id(self, name: str, create: bool) -> int | None:
         kid = self.store.known_key_id(name)

@@ -37,7 +37,7 @@ from rayq.core.kit.kv import KV, Txn
 from rayq.core.storage import layout as rows
 from rayq.core.storage.migrate import migrate_rows
 from rayq.core.codec.model import (PREFIX, ROW_KEY, US, Ending, NewMessage, StoredMessage, SubqueueState,
-                             check_count, check_name, check_subqueue, to_us)
+                             check_count, check_name, check_subqueue, message_id, to_us)
 from rayq.core.codec.wire import decode_delivered, encode_messages
 from rayq.core.kit.windows import WindowedSums
 from rayq.errors import InvalidMessage, RayqError, StoreBug, StoreError
@@ -106,7 +106,8 @@ class ShardStore:
         self._enqueued: list[tuple] = []
         self.dispatch = FairDispatch(dispatch, self._key_names.get)
         self._seq, self.store_id = kv.transact(self._load)
-        self.store_hex = self.store_id.hex()  # message ids are "<store hex>-<seq hex>"
+        self.store_hex = self.store_id.hex()  # message ids: see codec.model.message_id
+        self.id_key = kv.transact(_id_key)
         self.purging: set[int] = kv.read(purge.load_marks)  # cleared or deleted subqueues
         self._purge_cursor: bytes | None = None  # how far the spill table was looked at
 
@@ -291,12 +292,15 @@ class ShardStore:
         return [None if value is None else (Ending(value[8]), bytes(value[9:]))
                 for value in values]
 
-    def take_enqueued(self) -> tuple[str, list[Enqueued]]:
-        """(message id prefix, the groups of messages put since the last call), when
+    def take_enqueued(self) -> tuple[Callable[[int], str], list[Enqueued]]:
+        """(message id of a seq, the groups of messages put since the last call), when
         ``keep_enqueued`` is on (for the event log): one group per put and attributes,
-        its ids the prefix and ``count`` seqs from ``first_seq`` in hex."""
+        ``count`` seqs from ``first_seq``."""
         groups, self._enqueued = self._enqueued, []
-        return f"{self.store_hex}-", groups
+        return self.message_id, groups
+
+    def message_id(self, seq: int) -> str:
+        return message_id(self.store_hex, self.id_key, seq)
 
     def take_finished(self) -> list[tuple[str, Ending, bytes]]:
         """(message id, ending, payload) of every outcome recorded since the last call."""
@@ -487,6 +491,15 @@ class ShardStore:
         self.kv.close()
 
 
+
+
+def _id_key(txn: Txn) -> bytes:
+    """The store's secret for message id tags (made once, kept in ``meta``)."""
+    key = txn.get("meta", b"id_key")
+    if key is None:
+        key = os.urandom(16)
+        txn.put("meta", b"id_key", key)
+    return key
 
 
 def open_store(path, *, config: StoreConfig = StoreConfig(), clock: Clock | None = None,
