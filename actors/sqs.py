@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import ssl
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -166,7 +167,7 @@ class SqsEndpoint:
     """One HTTP replica of the SQS endpoint, serving from its constructor on."""
 
     def __init__(self, host: str, port: int, manager, shards: list, config: Config,
-                 clock: Clock | None = None):
+                 clock: Clock | None = None, tls: tuple[str, str] | None = None):
         self._manager, self._shards, self._config = manager, shards, config
         self.clock = clock or SystemClock()
         self.address = (host, port)
@@ -178,9 +179,9 @@ class SqsEndpoint:
         self._shares = Shares(in_flight_per_account=IN_FLIGHT_PER_ACCOUNT,
                               threads_per_account=THREADS_PER_ACCOUNT)
         self._budget = BodyBudget(MAX_BUFFERED_BYTES)
-        self._served = asyncio.get_running_loop().create_task(self._listen(host, port))
+        self._served = asyncio.get_running_loop().create_task(self._listen(host, port, tls))
 
-    async def _listen(self, host: str, port: int) -> None:
+    async def _listen(self, host: str, port: int, tls: tuple[str, str] | None) -> None:
         app = web.Application(client_max_size=MAX_REQUEST_BYTES)
         app.router.add_route("*", "/{tail:.*}", self._serve)
         runner = web.AppRunner(app, access_log=None, keepalive_timeout=KEEPALIVE_S)
@@ -191,7 +192,7 @@ class SqsEndpoint:
             return server() if len(server.connections) < MAX_CONNECTIONS else _Refused()
 
         self._server = await asyncio.get_running_loop().create_server(
-            connection, host, port, reuse_port=True, reuse_address=True)
+            connection, host, port, reuse_port=True, reuse_address=True, ssl=_tls_context(tls))
 
     async def ready(self) -> tuple[str, int]:
         """(host, port) once the server listens (raises if it could not bind)."""
@@ -279,6 +280,15 @@ class SqsEndpoint:
         once = {**params, "WaitTimeSeconds": 0}
         return await long_poll(lambda: in_thread(self._api.handle, action, once, caller, host),
                                wait_s, self.clock.monotonic)
+
+
+def _tls_context(tls: tuple[str, str] | None) -> ssl.SSLContext | None:
+    """A server context for (certificate, key) PEM files; None: plain HTTP."""
+    if tls is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(*tls)
+    return context
 
 
 class _Refused(asyncio.Protocol):

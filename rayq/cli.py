@@ -281,13 +281,21 @@ def account_keys(name: str, slot: int) -> None:
 @click.option("--port", type=click.IntRange(1, 65535), default=9324, show_default=True)
 @click.option("--replicas", type=click.IntRange(1, 64), default=1, show_default=True,
               help="HTTP actors per node, sharing the port.")
-def serve(data_dir: str | None, host: str, port: int, replicas: int) -> None:
+@click.option("--tls-cert", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Serve HTTPS with this PEM certificate (chain); needs --tls-key.")
+@click.option("--tls-key", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="The PEM private key of --tls-cert.")
+def serve(data_dir: str | None, host: str, port: int, replicas: int, tls_cert: str | None,
+          tls_key: str | None) -> None:
     """Serve the Amazon SQS API (JSON protocol, SigV4) until interrupted. Starts the
     embedded runtime unless RAY_ADDRESS names a cluster whose runtime it then uses."""
     from rayq.runtime.serving import stop_sqs
 
+    if (tls_cert is None) != (tls_key is None):
+        raise click.UsageError("--tls-cert and --tls-key go together")
     _start(data_dir=data_dir)
-    url = rayq.serve_sqs(host=host, port=port, replicas=replicas)
+    url = rayq.serve_sqs(host=host, port=port, replicas=replicas, tls_cert=tls_cert,
+                         tls_key=tls_key)
     click.echo(url)
     click.echo("access key id: an account name; secret: its key (rayq account create NAME)",
                err=True)
