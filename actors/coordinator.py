@@ -11,44 +11,38 @@ the autoscaler). Suspension rules and every decision are persisted.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 
 import ray
 
-from actors import MANAGER, NAMESPACE
 from actors.consumer import named_consumers
-from actors.gate import manager_directory
-from actors.metrics import BackgroundFailures, CoordinatorMetrics
+from actors.kit import ControlActor, manager_handle
+from actors.metrics import CoordinatorMetrics
 from rayq.analytics.eventlog import log_decision, log_report, open_event_log
 from rayq.config import Config
-from rayq.core.auth.accounts import Signature
-from rayq.core.kit.clock import Clock, SystemClock
+from rayq.core.auth.operations import COORDINATOR_OPS
+from rayq.core.kit.clock import Clock
 from rayq.core.fairness.coordinating import (booster_consumers, fairness_report, intervening_since,
                                     is_intervening, pending_keys)
 from rayq.core.fairness.policy import (Decision, FairnessReport, KeyState, ListenPlan, UsageWindows,
                                 decision_event, evaluate, listen_order)
-from rayq.core.auth.gate import durable_gate
+from rayq.core.auth.gate import signed
 from rayq.core.kit.history import EventHistory
-from rayq.core.kit.kv import LmdbKV
 from rayq.core.fairness.rules import SuspensionRule, SuspensionRules
 from rayq.core.codec.tasks import Outcome, Tally, TallyRow, UsageReport
-from rayq.remote import answers, call_all_async, call_async, shard_link
+from rayq.remote import answers, call_all_async, call_async
 
 
-class FairnessCoordinator:
+class FairnessCoordinator(ControlActor):
     def __init__(self, data_dir: str, config: Config, clock: Clock | None = None):
-        self.config, self.fairness_config = config, config.fairness
-        self.clock = clock or SystemClock()
-        self.kv = LmdbKV(os.path.join(data_dir, "coordinator"), map_size=64 << 20)
+        super().__init__("coordinator", data_dir, config, clock)
+        self.fairness_config = config.fairness
         self.rules = SuspensionRules(self.kv)
         self.usage = UsageWindows(self.fairness_config.window_s, self.fairness_config.windows)
         self.tally = Tally()  # every finished delivery since the coordinator started
         self.metrics = CoordinatorMetrics()
-        self.failures = BackgroundFailures("coordinator")
         self.events = open_event_log(data_dir, "coordinator", config.analytics)
-        self.manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
-        self.shards = [shard_link(i) for i in range(config.store.shards)]
+        self.manager = manager_handle()
         self.decision: Decision | None = None
         self.pending: dict[str, KeyState] = {}
         self.intervening_since: float | None = None
@@ -56,9 +50,7 @@ class FairnessCoordinator:
         self._version = 0
         self._regular = config.consumers.count
         self._rng = random.Random()
-        self.gate = durable_gate(manager_directory, self.kv, self.clock)
-        asyncio.get_running_loop().create_task(
-            self.failures.every(self.fairness_config.interval_s, "evaluation", self.evaluate_once))
+        self.run_every(self.fairness_config.interval_s, "evaluation", self.evaluate_once)
 
     # -- consumers and clients -------------------------------------------------------
     def plan(self, known_version: int | None = None) -> ListenPlan | None:
@@ -68,8 +60,8 @@ class FairnessCoordinator:
         return ListenPlan(self._version, self.decision, tuple(self.pending),
                           self.rules.suspended(), self._regular)
 
-    async def report(self, auth: Signature | None = None) -> FairnessReport:
-        await self.gate.admin(auth, "fairness")
+    @signed(COORDINATOR_OPS["report"])
+    async def report(self) -> FairnessReport:
         return fairness_report(self.decision, self.pending, self._rng, self.rules.suspended(),
                                self.intervening_since, rules=tuple(self.rules.history()),
                                history=self.history.recent(), noisy=tuple(await self._noisy()))
@@ -79,16 +71,14 @@ class FairnessCoordinator:
         parts = await answers((lambda s=s: s.noisy.remote()) for s in self.shards)
         return [key for part in parts for key in part]
 
-    async def suspend(self, key: str, reason: str, by: str,
-                      auth: Signature | None = None) -> SuspensionRule:
-        await self.gate.admin(auth, "suspend", key, reason, by)
+    @signed(COORDINATOR_OPS["suspend"])
+    async def suspend(self, key: str, reason: str, by: str) -> SuspensionRule:
         rule = self.rules.suspend(key, reason, by, self.clock.now())
         self._publish({"at": rule.since, "kind": "suspend", "key": key, "reason": reason, "by": by})
         return rule
 
-    async def resume(self, key: str, by: str,
-                     auth: Signature | None = None) -> SuspensionRule | None:
-        await self.gate.admin(auth, "resume", key, by)
+    @signed(COORDINATOR_OPS["resume"])
+    async def resume(self, key: str, by: str) -> SuspensionRule | None:
         rule = self.rules.resume(key, by, self.clock.now())
         if rule is not None:
             self._publish({"at": rule.lifted_at, "kind": "resume", "key": key, "by": by})
@@ -134,10 +124,9 @@ class FairnessCoordinator:
             self.metrics.reported(r)
             log_report(self.events, r)
 
-    async def task_stats(self, by: str | None = None,
-                         auth: Signature | None = None) -> list[TallyRow]:
+    @signed(COORDINATOR_OPS["task_stats"])
+    async def task_stats(self, by: str | None = None) -> list[TallyRow]:
         """Finished deliveries per (tenant, type), tenant or type, up to now."""
-        await self.gate.admin(auth, "task_stats", by)
         await self._pull_usage()
         return self.tally.rows(by)
 
@@ -160,19 +149,10 @@ class FairnessCoordinator:
         self._version += 1
         log_decision(self.events, event)
 
-    async def flush_events(self, auth: Signature | None = None) -> int:
-        await self.gate.admin(auth, "flush_events")
+    @signed(COORDINATOR_OPS["flush_events"])
+    async def flush_events(self) -> int:
         await self._pull_usage()
         return await asyncio.to_thread(self.events.flush)
-
-    async def background_failures(self) -> dict[str, int]:
-        return dict(self.failures.counts)
-
-    async def forget_keys(self) -> None:
-        self.gate.forget()
-
-    async def ping(self) -> bool:
-        return True
 
 
 CoordinatorRemote = ray.remote(FairnessCoordinator)

@@ -20,56 +20,48 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 
 import ray
 
-from actors import MANAGER, NAMESPACE
-from actors.gate import manager_directory
-from actors.metrics import BackgroundFailures, FloodMetrics
+from actors.kit import ControlActor, manager_handle
+from actors.metrics import FloodMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
-from rayq.core.auth.accounts import Signature
-from rayq.core.kit.clock import Clock, SystemClock
+from rayq.core.auth.operations import FLOOD_OPS
+from rayq.core.kit.clock import Clock
 from rayq.core.flood.detection import Flooder, build_view, detect, sweep_step
-from rayq.core.auth.gate import durable_gate
+from rayq.core.auth.gate import signed
 from rayq.core.kit.history import EventHistory
 from rayq.core.flood.isolation import (dedicated_by_shard, dedicated_to, diverts, fully_swept,
                                  isolation_moves, left_to_sweep, listed,
                                  shards_lacking_dedicated, spilled_on, subqueue_layout,
                                  with_sweeps)
-from rayq.core.kit.kv import LmdbKV
 from rayq.core.codec.model import pack, unpack
 from rayq.core.control.registry import QueueInfo
-from rayq.remote import call_all_async, call_async, shard_link
+from rayq.remote import call_all_async, call_async
 
 MOVE_ROWS_PER_CALL = 5_000
 MAX_SWEEP_BATCHES = 500   # per flooder and shard in one run: the next run goes on
 
 
-class FloodDetector:
+class FloodDetector(ControlActor):
     def __init__(self, data_dir: str, config: Config, clock: Clock | None = None):
-        self.config, self.flood_config = config, config.flood
-        self.clock = clock or SystemClock()
-        self.kv = LmdbKV(os.path.join(data_dir, "flood"), map_size=64 << 20)
+        super().__init__("flood", data_dir, config, clock)
+        self.flood_config = config.flood
         self.history = EventHistory(self.kv, 1000)
         self.metrics = FloodMetrics()
-        self.failures = BackgroundFailures("flood")
         self.events = open_event_log(data_dir, "flood", config.analytics)
         raw = self.kv.read(lambda txn: txn.get("meta", b"flooders"))
         self.flooders: list[Flooder] = [Flooder(**f) for f in unpack(raw)] if raw else []
-        self.manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
-        self.shards = [shard_link(i) for i in range(config.store.shards)]
-        self.gate = durable_gate(manager_directory, self.kv, self.clock)
-        asyncio.get_running_loop().create_task(
-            self.failures.every(self.flood_config.interval_s, "detection", self._detect_round))
+        self.manager = manager_handle()
+        self.run_every(self.flood_config.interval_s, "detection", self._detect_round)
 
-    async def flooders_now(self, auth: Signature | None = None) -> list[Flooder]:
-        await self.gate.admin(auth, "flooders")
+    @signed(FLOOD_OPS["flooders_now"])
+    async def flooders_now(self) -> list[Flooder]:
         return list(self.flooders)
 
-    async def events(self, auth: Signature | None = None) -> tuple[dict, ...]:
-        await self.gate.admin(auth, "flood_events")
+    @signed(FLOOD_OPS["events"])
+    async def events(self) -> tuple[dict, ...]:
         return self.history.recent()
 
     # -- one run ---------------------------------------------------------------------
@@ -187,22 +179,13 @@ class FloodDetector:
         self.events.append("flood", event["at"], queue=flooder.queue, type=flooder.type,
                            tenant=flooder.tenant, outcome=what, detail=json.dumps(details))
 
-    async def flush_events(self, auth: Signature | None = None) -> int:
-        await self.gate.admin(auth, "flush_events")
+    @signed(FLOOD_OPS["flush_events"])
+    async def flush_events(self) -> int:
         return await asyncio.to_thread(self.events.flush)
 
     async def _detect_round(self) -> None:
         if self.flood_config.enabled:
             await self.detect_once()
-
-    async def background_failures(self) -> dict[str, int]:
-        return dict(self.failures.counts)
-
-    async def forget_keys(self) -> None:
-        self.gate.forget()
-
-    async def ping(self) -> bool:
-        return True
 
 
 FloodRemote = ray.remote(FloodDetector)

@@ -15,6 +15,7 @@ import shutil
 import ray
 
 from rayq.core.kit.kv import LmdbKV, WriteSet
+from rayq.core.kit.private import FILE_MODE, make_private_dir
 from rayq.core.storage.replica import Replica
 
 
@@ -39,8 +40,9 @@ class FollowerActor:
         """Drop this copy: a fresh one from the leader replaces it."""
         self._kv.close()
         shutil.rmtree(self.path, ignore_errors=True)
-        os.makedirs(self.path)
-        self._part = open(os.path.join(self.path, "data.mdb"), "wb")
+        make_private_dir(self.path)
+        self._part = os.fdopen(os.open(os.path.join(self.path, "data.mdb"),
+                                       os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE), "wb")
 
     def seed_chunk(self, data: bytes) -> None:
         self._part.write(data)

@@ -10,7 +10,6 @@ concurrency leases of limited job types.
 from __future__ import annotations
 
 import asyncio
-import os
 
 import ray
 
@@ -19,11 +18,12 @@ from actors.placement import published
 from actors.replicas import WATCH_INTERVAL_S, ReplicaKeeper
 from rayq.core.control.placement import ShardPlace
 from actors.consumer import ConsumerRemote, named_consumers
-from actors.metrics import BackgroundFailures
+from actors.kit import ControlActor
 from rayq.config import Config
-from rayq.core.auth.accounts import Accounts, Place, Signature, queue_ref, resolve_ref, split_ref
-from rayq.core.kit.clock import Clock, SystemClock
-from rayq.core.auth.gate import Directory, durable_gate
+from rayq.core.auth.accounts import Accounts, Place, queue_ref, resolve_ref, split_ref
+from rayq.core.auth.operations import MANAGER_OPS
+from rayq.core.kit.clock import Clock
+from rayq.core.auth.gate import Caller, Directory, signed
 from rayq.core.kit.kv import LmdbKV
 from rayq.core.fairness.leases import ConcurrencyLeases
 from rayq.core.control.managing import (check_may_create, check_task_spec, check_visible,
@@ -41,32 +41,23 @@ MAX_CONSUMERS = 1000
 FORGET_TIMEOUT_S = 10.0
 
 
-class QueueManager:
+class QueueManager(ControlActor):
     def __init__(self, data_dir: str, config: Config, clock: Clock | None = None,
                  data_root: str | None = None):
-        self.data_dir, self.config = data_dir, config
-        self.clock = clock or SystemClock()
-        kv = LmdbKV(os.path.join(data_dir, "manager"), map_size=64 << 20)
-        self.kv = kv
-        self.registry = QueueRegistry(kv, shards=config.store.shards, clock=self.clock)
-        self.tasks = TaskRegistry(kv)
-        self.accounts = Accounts(kv)
-        self.gate = durable_gate(self._directory, kv, self.clock)
-        self.failures = BackgroundFailures("manager")
+        super().__init__("manager", data_dir, config, clock, directory=self._directory)
+        self.registry = QueueRegistry(self.kv, shards=config.store.shards, clock=self.clock)
+        self.tasks = TaskRegistry(self.kv)
+        self.accounts = Accounts(self.kv)
         self.leases = ConcurrencyLeases()
-        self._consumers = Consumers(kv, config)
-        self.shards = [shard_link(i) for i in range(config.store.shards)]
+        self._consumers = Consumers(self.kv, config)
         self._counts: dict[int, int] = {}
         self._rates = OpRates()
         self._quiet = QuietTracker(config.scaling)
         self.scaling_events: list[dict] = []
-        self._loop = asyncio.get_running_loop()
-        self._loop.create_task(self.failures.every(config.scaling.interval_s, "scaling",
-                                                   self._scale_round))
+        self.run_every(config.scaling.interval_s, "scaling", self._scale_round)
         # the shards' replicas: in-sync sets and failover (docs/replication.md)
-        self.replicas = ReplicaKeeper(kv, data_root or data_dir, config)
-        self._loop.create_task(self.failures.every(WATCH_INTERVAL_S, "replicas",
-                                                   self.replicas.watch))
+        self.replicas = ReplicaKeeper(self.kv, data_root or data_dir, config)
+        self.run_every(WATCH_INTERVAL_S, "replicas", self.replicas.watch)
 
     async def shrink_in_sync(self, shard: int, node: str, epoch: int) -> ShardPlace:
         """Take a follower out of ``shard``'s in-sync set, as its leader of ``epoch``
@@ -89,28 +80,32 @@ class QueueManager:
 
     def directory(self) -> Directory:
         """(every account's keys, where every subqueue belongs): what gates verify with."""
-        task_queues = set(self.tasks.queues())  # the default account's, by plain name
-        places = {sq.id: Place(q.ref, q.owner, sq.shard, q.ref in task_queues)
+        task_types: dict[str, set[str]] = {}  # the default account's queues, by plain name
+        for spec, _ in self.tasks.all().values():
+            task_types.setdefault(spec.queue, set()).add(spec.type)
+        places = {sq.id: Place(q.ref, q.owner, sq.shard, q.ref in task_types,
+                               frozenset(task_types.get(q.ref, ())))
                   for q in self.registry.all() for sq in q.subqueues}
         return self.accounts.table(), places
 
-    async def whoami(self, auth: Signature | None = None) -> str:
+    @signed(MANAGER_OPS["whoami"])
+    async def whoami(self, *, caller: Caller) -> str:
         """The account a request acts for (``connect`` checks its credentials with it)."""
-        return await self.gate.account(auth, "", "whoami")
+        return caller.account
 
-    async def create_account(self, name: str, auth: Signature | None = None) -> str:
+    @signed(MANAGER_OPS["create_account"])
+    async def create_account(self, name: str) -> str:
         """A new account (admin only); returns its primary key."""
-        await self.gate.admin(auth, "create_account", name)
         key = self.accounts.create(name)
         await self._forget_everywhere()
         return key
 
-    async def rotate_key(self, account: str, slot: int, auth: Signature | None = None) -> str:
+    @signed(MANAGER_OPS["rotate_key"])
+    async def rotate_key(self, account: str, slot: int) -> str:
         """Replace key ``slot`` (1 or 2) of ``account`` (admin only, as regenerating a
         storage key is a management operation: a leaked key must not be able to replace
         the other one); the other key keeps working. Every gate forgets the old key
         before this returns."""
-        await self.gate.admin(auth, "rotate_key", account, slot)
         key = self.accounts.rotate(account, slot)
         await self._forget_everywhere()
         return key
@@ -133,14 +128,14 @@ class QueueManager:
                              self.tasks.queues(), owned=owned)
 
     # -- registry --------------------------------------------------------------
-    async def create_queue(self, name: str, subqueues: int = 1, max_receives: int | None = 5,
-                           auth: Signature | None = None) -> QueueInfo:
+    @signed(MANAGER_OPS["create_queue"])
+    async def create_queue(self, name: str, subqueues: int = 1, max_receives: int | None = 5, *,
+                           caller: Caller) -> QueueInfo:
         """Create queue ``name`` in the caller's namespace (the admin may name another
         account's as ``account/name``); idempotent."""
-        account = await self.gate.account(auth, name, "create_queue", name, subqueues, max_receives)
         check_queue_ref(name)
-        owner, bare = split_ref(account, name)
-        check_may_create(account, owner, self.accounts)
+        owner, bare = split_ref(caller.account, name)
+        check_may_create(caller.account, owner, self.accounts)
         # Placement needs shard depths only for a queue that does not exist yet.
         depths = {} if queue_ref(owner, bare) in self.registry else await self._shard_depths()
         return self.registry.create(bare, subqueues=subqueues, max_receives=max_receives,
@@ -149,23 +144,23 @@ class QueueManager:
     def get_queue(self, ref: str) -> QueueInfo:
         return self.registry.get(ref)
 
-    async def list_queues(self, auth: Signature | None = None) -> list[str]:
+    @signed(MANAGER_OPS["list_queues"])
+    async def list_queues(self, *, caller: Caller) -> list[str]:
         """The caller's queues by plain name; for the admin every account's queues, its
         own plain and the others' as ``account/name``."""
-        account = await self.gate.account(auth, "", "list_queues")
-        return visible_names(account, self.registry.all(), self.registry.names())
+        return visible_names(caller.account, self.registry.all(), self.registry.names())
 
-    async def delete_queue(self, name: str, auth: Signature | None = None) -> None:
-        account = await self.gate.account(auth, name, "delete_queue", name)
-        queue = self._visible(account, name, owned=True)
+    @signed(MANAGER_OPS["delete_queue"])
+    async def delete_queue(self, name: str, *, caller: Caller) -> None:
+        queue = self._visible(caller.account, name, owned=True)
         removed = self.registry.delete(queue.ref)  # and recorded for purging
         await self._purge(removed)
 
-    async def clear_queue(self, name: str, auth: Signature | None = None) -> None:
+    @signed(MANAGER_OPS["clear_queue"])
+    async def clear_queue(self, name: str, *, caller: Caller) -> None:
         """Empty a queue at once (not its DLQ): fresh subqueues take its place and the
         shards remove the old ones' messages, spilled ones too, in the background."""
-        account = await self.gate.account(auth, name, "clear_queue", name)
-        queue = self._visible(account, name, owned=True)
+        queue = self._visible(caller.account, name, owned=True)
         await self._purge(self.registry.renew(queue.ref))
     async def _purge(self, subqueues: list) -> None:
         """Hand subqueues to their shards for removal (O(subqueues) here); what a shard
@@ -174,12 +169,11 @@ class QueueManager:
             await call_async(lambda: self.shards[shard].purge.remote(ids))
             self.registry.purged(ids)
 
-    async def routing(self, name: str, auth: Signature | None = None
-                      ) -> tuple[QueueInfo, list[int], int]:
+    @signed(MANAGER_OPS["routing"])
+    async def routing(self, name: str, *, caller: Caller) -> tuple[QueueInfo, list[int], int]:
         """(queue, subqueue ids in receive order, the put subqueue for a new session) of
         the queue the caller means by ``name``."""
-        account = await self.gate.account(auth, name, "routing", name)
-        queue = self._visible(account, name)
+        queue = self._visible(caller.account, name)
         order = [s.id for s in receive_order(queue, self._counts)]
         target = put_target(queue, self._counts)
         self._counts[target.id] = self._counts.get(target.id, 0) + 1  # spread new sessions
@@ -209,15 +203,14 @@ class QueueManager:
             sq, SubqueueState.NO_PUT.value))
 
     # -- tasks -------------------------------------------------------------------
-    async def register_task(self, spec: TaskSpec, handler: bytes,
-                            auth: Signature | None = None) -> int:
+    @signed(MANAGER_OPS["register_task"])
+    async def register_task(self, spec: TaskSpec, handler: bytes, *, caller: Caller) -> int:
         """Register a job type's handler (and create its queue); returns the registry version.
         Handlers run inside the runtime, so only the admin registers them; another account
         may "register" a type that is registered already with the same spec (a no-op)."""
         check_task_spec(spec)
-        account = await self.gate.account(auth, spec.queue, "register_task", spec, handler)
         known = self.tasks.all().get(spec.type, (None, None))[0]
-        if not is_registration(account, spec, known):
+        if not is_registration(caller.account, spec, known):
             return self.tasks.version
         if spec.queue not in self.registry:  # the default account's namespace
             await self.create_queue(spec.queue, max_receives=spec.max_receives)
@@ -243,10 +236,9 @@ class QueueManager:
         self.leases.release(type_, lease_id)
 
     # -- consumers -----------------------------------------------------------------
-    async def scale_consumers(self, count: int | None = None,
-                              auth: Signature | None = None) -> int:
+    @signed(MANAGER_OPS["scale_consumers"])
+    async def scale_consumers(self, count: int | None = None) -> int:
         """Run ``count`` consumer actors (None: the persisted or configured count)."""
-        await self.gate.admin(auth, "scale_consumers", count)
         return await self._consumers.scale(count)
 
     def consumer_count(self) -> int:
@@ -267,8 +259,8 @@ class QueueManager:
     def config_value(self) -> Config:
         return self.config
 
-    async def info(self, auth: Signature | None = None) -> dict:
-        await self.gate.admin(auth, "info")
+    @signed(MANAGER_OPS["info"])
+    async def info(self) -> dict:
         return {"data_dir": self.data_dir, "shards": len(self.shards),
                 "scaling_events": self.scaling_events[-50:],
                 "background_failures": dict(self.failures.counts)}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import ray
@@ -10,6 +9,7 @@ import ray
 from actors import COORDINATOR, FLOOD_DETECTOR, MANAGER, NAMESPACE, consumer_name, shard_name
 from actors.coordinator import CoordinatorRemote
 from actors.flood import FloodRemote
+from actors.kit import manager_handle, shard_handles
 from actors.manager import QueueManager
 from actors.placement import data_nodes, pinned, publish, published_places, shards_on_disk
 from actors.replicas import ACTOR_OPTIONS, start_followers, start_shard
@@ -19,7 +19,7 @@ from rayq.core.control.placement import (DataNode, ShardPlace, default_replicas,
 from rayq.core.control.replicas import with_followers
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.errors import RuntimeFailure
-from rayq.remote import NO_RETRY, actor_names, call, running, shard_link
+from rayq.remote import NO_RETRY, actor_names, call, running
 
 ManagerRemote = ray.remote(QueueManager)
 
@@ -41,6 +41,20 @@ def plan(nodes: list[DataNode], data_dir: str, config: Config) -> dict[int, Shar
     return with_followers(leaders, [n.name for n in nodes], copies)
 
 
+def _launch(remote, name: str, node: DataNode, *args):
+    """Start the named runtime actor ``name`` on ``node`` unless it runs already;
+    restarted by Ray whenever it dies, its calls retried across the restart."""
+    return remote.options(name=name, max_restarts=-1, max_task_retries=-1,
+                          **_placed(node)).remote(*args)
+
+
+def _ready(handles: list) -> list:
+    """``handles`` once each answers (an actor that cannot start fails the start at once)."""
+    for handle in handles:
+        call(lambda handle=handle: handle.ping.remote(), NO_RETRY)
+    return handles
+
+
 def ensure_runtime(data_dir: str, config: Config, consumers: int | None = None) -> dict:
     """Create the shards, the manager and the consumers unless they run already.
 
@@ -57,20 +71,13 @@ def ensure_runtime(data_dir: str, config: Config, consumers: int | None = None) 
     publish(places)
     for follower in start_followers(places, nodes, data_dir, config):  # before their leaders
         call(lambda follower=follower: follower.state.remote(), NO_RETRY)
-    shards = [start_shard(i, by_name[place.leader], data_dir, config)
-              for i, place in sorted(places.items())]
-    for shard in shards:  # an actor that cannot start fails the start at once
-        call(lambda shard=shard: shard.ping.remote(), NO_RETRY)
+    shards = _ready([start_shard(i, by_name[place.leader], data_dir, config)
+                     for i, place in sorted(places.items())])
     control, home = nodes[0], node_folder(data_dir, nodes[0].name)
-    manager = ManagerRemote.options(name=MANAGER, max_restarts=-1, max_task_retries=-1,
-                                    **_placed(control)).remote(home, config, data_root=data_dir)
-    call(lambda: manager.list_queues.remote(), NO_RETRY)
-    coordinator = CoordinatorRemote.options(name=COORDINATOR, max_restarts=-1, max_task_retries=-1,
-                                            **_placed(control)).remote(home, config)
-    call(lambda: coordinator.ping.remote(), NO_RETRY)
-    detector = FloodRemote.options(name=FLOOD_DETECTOR, max_restarts=-1, max_task_retries=-1,
-                                   **_placed(control)).remote(home, config)
-    call(lambda: detector.ping.remote(), NO_RETRY)
+    # each after the ones it finds at start: the manager the shards, the others both
+    [manager] = _ready([_launch(ManagerRemote, MANAGER, control, home, config, None, data_dir)])
+    [coordinator, _] = _ready([_launch(remote, name, control, home, config) for remote, name
+                               in ((CoordinatorRemote, COORDINATOR), (FloodRemote, FLOOD_DETECTOR))])
     call(lambda: manager.scale_consumers.remote(consumers))
     return {"manager": manager, "shards": shards, "coordinator": coordinator}
 
@@ -78,13 +85,13 @@ def ensure_runtime(data_dir: str, config: Config, consumers: int | None = None) 
 def find_runtime() -> dict:
     """Handles of a running runtime. Raises RuntimeFailure when none runs."""
     try:
-        manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
+        manager = manager_handle()
     except ValueError as err:
         raise RuntimeFailure("no rayq runtime is running in this Ray cluster; "
                              "call rayq.start() first") from err
     config = call(lambda: manager.config_value.remote())
-    shards = [shard_link(i, config.store.local_channel) for i in range(config.store.shards)]
-    return {"manager": manager, "shards": shards, "config": config}
+    return {"manager": manager, "shards": shard_handles(config, config.store.local_channel),
+            "config": config}
 
 
 def stop_runtime(timeout_s: float = 30.0, clock: Clock = SystemClock()) -> None:

@@ -28,7 +28,7 @@ import ray
 from ray.exceptions import RayTaskError
 
 from actors.channel import ChannelServer
-from actors.gate import manager_directory
+from actors.kit import manager_directory
 from rayq.core.auth import nonces
 from actors.metrics import BackgroundFailures, ShardMetrics
 from actors.placement import this_node_name
@@ -36,16 +36,17 @@ from actors.shipping import replication_of
 from rayq.analytics.eventlog import open_event_log
 from rayq.batching import AsyncBatcher
 from rayq.channel import CHANNEL_METHODS
-from rayq.config import Config
-from rayq.core.auth.accounts import ADMIN, Signature, check_admin
+from rayq.config import Config, shard_store_config
+from rayq.core.auth.accounts import ADMIN, Signature, check_senders
+from rayq.core.auth.operations import SHARD_OPS
 from rayq.core.kit.batcher import Batcher
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.storage.dispatch import DispatchPolicy, NoisyKey
 from rayq.core.control.consuming import check_end_calls
-from rayq.core.auth.gate import (Gate, check_reads_own, named_subqueues, of_subqueues, per_queue,
-                            queues_on, receipt_subqueues)
+from rayq.core.auth.gate import (Caller, Gate, check_reads_own, of_subqueues, per_queue,
+                                 queues_on, signed)
 from rayq.core.codec.wire import delivered_count
-from rayq.core.codec.model import SubqueueState
+from rayq.core.codec.model import SubqueueState, long_poll_s
 from rayq.core.control.replicas import role_of
 from rayq.core.control.shipping import acknowledged, value_of
 from rayq.core.storage.store import KeyDepth, StoreStats, open_store
@@ -90,8 +91,9 @@ class ShardActor:
         self.index = index
         self.node = this_node_name()
         self.clock = clock or SystemClock()
-        self.store = open_store(path, config=config.store, clock=self.clock,
-                                dispatch=DispatchPolicy.of(config.fairness))
+        self.store = open_store(path, config=shard_store_config(config), clock=self.clock,
+                                dispatch=DispatchPolicy.of(config.fairness),
+                                check_senders=check_senders)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard-{index}")
         self._loop = asyncio.get_running_loop()
         # group commit of (store call or None for a nonce alone, args, kwargs, nonce key or None)
@@ -119,7 +121,7 @@ class ShardActor:
                                      self._collect_events)
         self.store.keep_enqueued = self.events.enabled
         self.gate = Gate(manager_directory, seen=nonces.load(self.store.kv, self.clock.now()),
-                         clock=self.clock)
+                         clock=self.clock, shard=index)
         self.key_mode = config.fairness.key
         # replication (docs/replication.md): None for one copy, nothing recorded
         self.replication = replication_of(self.index, path, self.store.kv, config)
@@ -229,29 +231,28 @@ class ShardActor:
                     parked.remove(future)
 
     # -- queue operations ------------------------------------------------------
-    async def put(self, subqueue: int, batch: bytes, auth: Signature | None = None) -> list[str]:
+    @signed(SHARD_OPS["put"])
+    async def put(self, subqueue: int, batch: bytes, *, caller: Caller) -> list[str]:
         """Store a put buffer (:mod:`rayq.core.codec.wire`) durably; the ids in order."""
-        account = await self.gate.allow(auth, "put", self.index, [subqueue], subqueue, batch)
-        sender = None if account == ADMIN else (account, self.key_mode)
-        ids = await self._write(subqueue, "put", subqueue, batch, sender=sender, signed=auth)
+        account = caller.account
+        sender = None if account == ADMIN else (account, self.key_mode,
+                                                self.gate.task_types(account, subqueue))
+        ids = await self._write(subqueue, "put", subqueue, batch, sender=sender, signed=caller.auth)
         self._ops[subqueue] += len(ids)
         return ids
 
+    @signed(SHARD_OPS["receive"])
     async def receive(self, subqueue: int | list[int], max_messages: int = 1,
                       visibility_timeout_s: float | None = None, *, keys=None,
                       max_receives: int | None = None, dead_letter: int | None = None,
-                      wait_s: float = 0.0, exclude=None, auth: Signature | None = None) -> bytes:
+                      wait_s: float = 0.0, exclude=None, caller: Caller) -> bytes:
         """Receive from one subqueue, or from the first of several (this shard's
         subqueues of one queue, in receive order) that has messages. With ``wait_s``
         the call parks until a put wakes it: one parked call, however many subqueues.
         The answer is one buffer (:func:`rayq.core.codec.wire.decode_delivered` reads it)."""
         subqueues = subqueue if isinstance(subqueue, list) else [subqueue]
-        await self.gate.allow(auth, "receive", self.index,
-                              subqueues + ([dead_letter] if dead_letter is not None else []),
-                              subqueue, max_messages, visibility_timeout_s, keys, max_receives,
-                              dead_letter, wait_s, exclude)
-        deadline = self._loop.time() + max(0.0, float(wait_s or 0.0))
-        signed = auth  # its nonce goes with the first round
+        deadline = self._loop.time() + long_poll_s(wait_s)
+        signed = caller.auth  # its nonce goes with the first round
         while True:
             for sq in subqueues:
                 got = await self._write(sq, "receive", sq, max_messages, visibility_timeout_s,
@@ -267,15 +268,13 @@ class ShardActor:
                 return got
             await self._park(subqueues, min(remaining, MAX_WAIT_SLICE_S))
 
-    async def delete(self, receipts: list[str], auth: Signature | None = None) -> list[str]:
-        await self.gate.allow(auth, "delete", self.index, receipt_subqueues(receipts), receipts)
-        return await self._write(None, "delete", receipts, signed=auth)
+    @signed(SHARD_OPS["delete"])
+    async def delete(self, receipts: list[str], *, caller: Caller) -> list[str]:
+        return await self._write(None, "delete", receipts, signed=caller.auth)
 
-    async def change_visibility(self, receipt: str, timeout_s: float,
-                                auth: Signature | None = None) -> str:
-        await self.gate.allow(auth, "change_visibility", self.index,
-                              receipt_subqueues([receipt]), receipt, timeout_s)
-        return await self._write(None, "change_visibility", receipt, timeout_s, signed=auth)
+    @signed(SHARD_OPS["change_visibility"])
+    async def change_visibility(self, receipt: str, timeout_s: float, *, caller: Caller) -> str:
+        return await self._write(None, "change_visibility", receipt, timeout_s, signed=caller.auth)
 
     async def defer(self, receipt: str, delay_s: float) -> str:
         return await self._write(None, "defer", receipt, delay_s)
@@ -318,25 +317,26 @@ class ShardActor:
                 out.append(RayTaskError("wait_outcome", "", err))
         return tuple(out) if len(out) > 1 else out[0]
 
-    async def clear(self, subqueue: int, auth: Signature | None = None) -> int:
-        await self.gate.allow(auth, "clear", self.index, [subqueue], subqueue)
-        return await self._write(subqueue, "clear", subqueue, signed=auth)
+    @signed(SHARD_OPS["clear"])
+    async def clear(self, subqueue: int, *, caller: Caller) -> int:
+        return await self._write(subqueue, "clear", subqueue, signed=caller.auth)
 
+    @signed(SHARD_OPS["peek"])
     async def peek(self, subqueue: int, max_messages: int = 1, *, keys=None,
-                   auth: Signature | None = None) -> list:
-        await self.gate.allow(auth, "peek", self.index, [subqueue], subqueue, max_messages, keys)
-        await self._remember(auth)
+                   caller: Caller) -> list:
+        await self._remember(caller.auth)
         return await self._read(lambda: self.store.peek(subqueue, max_messages, keys=keys))
 
-    async def counts(self, subqueues: list[int], auth: Signature | None = None) -> dict[int, int]:
-        await self.gate.allow(auth, "counts", self.index, named_subqueues(subqueues), subqueues)
-        await self._remember(auth)
+    @signed(SHARD_OPS["counts"])
+    async def counts(self, subqueues: list[int], *, caller: Caller) -> dict[int, int]:
+        await self._remember(caller.auth)
         return await self._read(lambda: {sq: self.store.count(sq) for sq in subqueues})
 
-    async def visibility_counts(self, subqueues: list[int], auth: Signature | None = None
+    @signed(SHARD_OPS["visibility_counts"])
+    async def visibility_counts(self, subqueues: list[int], *, caller: Caller
                                 ) -> dict[int, tuple[int, int, int]]:
         """(visible, in flight, delayed) per subqueue (SQS's approximate counts)."""
-        await self.gate.allow(auth, "visibility_counts", self.index, named_subqueues(subqueues), subqueues)
+        await self._remember(caller.auth)  # a signed read is remembered: it never replays
         return await self._read(lambda: {sq: self.store.visibility_counts(sq) for sq in subqueues})
 
     async def forget_keys(self) -> None:
@@ -405,22 +405,21 @@ class ShardActor:
                     "under_pressure": stats.cache.under_pressure}
         return await self._read(read)
 
-    async def depths(self, subqueues: list[int] | None = None,
-                     auth: Signature | None = None) -> list[KeyDepth]:
+    @signed(SHARD_OPS["depths"])
+    async def depths(self, subqueues: list[int] | None = None, *,
+                     caller: Caller) -> list[KeyDepth]:
         """Depth and oldest age per (subqueue, key); only of ``subqueues`` if given (an
         account other than the admin must name its own)."""
-        account = await self.gate.allow(auth, "depths", self.index, named_subqueues(subqueues or []),
-                                        subqueues)
-        check_reads_own(account, subqueues)
-        await self._remember(auth)
+        check_reads_own(caller.account, subqueues)
+        await self._remember(caller.auth)
         return of_subqueues(await self._read(self.store.depths), subqueues)
 
     async def enqueue_counts(self) -> dict:
         return await self._read(self.store.enqueue_counts)
 
-    async def stats(self, auth: Signature | None = None) -> ShardStats:
-        check_admin(await self.gate.account(auth, "", "stats"), "shard statistics")
-        await self._remember(auth)
+    @signed(SHARD_OPS["stats"])
+    async def stats(self, *, caller: Caller) -> ShardStats:
+        await self._remember(caller.auth)
         store_stats = await self._read(self.store.stats)
         return ShardStats(self.index, store_stats, self._commits, self._calls,
                           dict(self._ops), dict(self._throttled), await self._queue_counts(),
@@ -445,14 +444,14 @@ class ShardActor:
         return {"pid": os.getpid(), "rss_bytes": info.rss, "private_bytes": info.rss - info.shared}
 
     async def _collect_events(self) -> None:
-        id_prefix, groups = await self._read(self.store.take_enqueued)
+        id_of, groups = await self._read(self.store.take_enqueued)
         if groups:  # the columns are built off the event loop
-            await asyncio.to_thread(self.events.append_enqueues, id_prefix, groups)
+            await asyncio.to_thread(self.events.append_enqueues, id_of, groups)
 
-    async def flush_events(self, auth: Signature | None = None) -> int:
+    @signed(SHARD_OPS["flush_events"])
+    async def flush_events(self, *, caller: Caller) -> int:
         """Write buffered events now (``client.report`` does this first)."""
-        await self.gate.admin(auth, "flush_events")
-        await self._remember(auth)
+        await self._remember(caller.auth)
         await self._collect_events()
         return await asyncio.to_thread(self.events.flush)
 
@@ -463,9 +462,10 @@ class ShardActor:
     async def ping(self) -> int:
         return self.index
 
-    async def noisy(self, auth: Signature | None = None) -> list[NoisyKey]:
+    @signed(SHARD_OPS["noisy"])
+    async def noisy(self, *, caller: Caller) -> list[NoisyKey]:
         """The keys this shard's fair dispatch treats as noisy, and since when (admin)."""
-        check_admin(await self.gate.account(auth, "", "noisy"), "noisy keys")
+        await self._remember(caller.auth)
         return await self._read(self.store.noisy)
 
     async def _review_dispatch(self) -> None:

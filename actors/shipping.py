@@ -15,6 +15,7 @@ from rayq.config import Config
 from rayq.core.control.placement import LOCAL_NODE, ShardPlace
 from rayq.core.control.shipping import Shipper
 from rayq.core.kit.kv import LmdbKV, Write, WriteSet
+from rayq.core.kit.private import make_private_dir
 from rayq.core.storage.layout import REPLICA_KEY, read_replica_state, replica_state
 from rayq.remote import IN_RUNTIME, NO_RETRY, call_async
 
@@ -63,7 +64,7 @@ SEED_CHUNK_BYTES = 4 << 20  # a copy travels to a new follower in chunks this la
 def copy_store(kv: LmdbKV, folder: str) -> None:
     """A consistent copy of ``kv`` in ``folder`` (as of one read transaction)."""
     shutil.rmtree(folder, ignore_errors=True)
-    os.makedirs(folder)
+    make_private_dir(folder)
     with kv.env.begin() as txn:
         kv.env.copy(folder, compact=True, txn=txn)
 

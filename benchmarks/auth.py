@@ -33,7 +33,8 @@ from _report import Timer, report, run_threads  # noqa: E402
 import rayq  # noqa: E402
 from rayq.config import StoreConfig  # noqa: E402
 from rayq.core.auth import nonces  # noqa: E402
-from rayq.core.auth.accounts import Accounts, Signer, Verifier, request_body  # noqa: E402
+from rayq.core.auth.accounts import Accounts, Signer, Verifier  # noqa: E402
+from rayq.core.auth.operations import SHARD_OPS  # noqa: E402
 from rayq.core.codec.wire import encode_messages  # noqa: E402
 from rayq.core.codec.model import NewMessage, encode_body  # noqa: E402
 from rayq.core.storage.store import open_store  # noqa: E402
@@ -41,6 +42,7 @@ from rayq.testing import MemoryKV  # noqa: E402
 
 BATCH = 500
 BODY = "x" * 200
+PUT = SHARD_OPS["put"]
 
 
 def single_sends(client: rayq.Client, queue: str, seconds: float, producers: int = 4) -> float:
@@ -93,7 +95,7 @@ def nonce_commits(root: str, n: int = 200, calls: int = 8) -> tuple[float, float
         for with_nonces in (True, False):
             with Timer() as t:
                 for _ in range(n):
-                    keys = [nonces.nonce_key(signer.sign("q", "put", i)) for i in range(calls)]
+                    keys = [nonces.nonce_key(signer.sign(PUT, i, b"", queue="q")) for i in range(calls)]
                     also = (lambda txn, keys=keys: nonces.remember(txn, keys, time.time())
                             ) if with_nonces else None
                     store.group([("put", (1, message), {})] * calls, also)
@@ -107,11 +109,11 @@ def verifications(n: int = 20_000) -> tuple[float, float]:
     accounts = Accounts(MemoryKV())
     signer = Signer("acme", accounts.create("acme"))
     args = (7, [BODY] * 10)
-    sigs = [signer.sign("jobs", "put", *args) for _ in range(n)]
+    sigs = [signer.sign(PUT, *args, queue="jobs") for _ in range(n)]
     verifier = Verifier(accounts.keys)
     with Timer() as t:
         for sig in sigs:
-            verifier.verify(sig, "jobs", "put", request_body(*args), time.time())
+            verifier.verify(sig, "jobs", PUT.name, PUT.body(PUT.bind(*args)), time.time())
     key, message = os.urandom(32), b"x" * 300
     with Timer() as bare:
         for _ in range(n):

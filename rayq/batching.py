@@ -35,8 +35,8 @@ class ThreadBatcher:
     the lead to the oldest waiting caller and returns; the new leader lingers for the
     callers the last flush answered (:meth:`Batcher.linger`)."""
 
-    def __init__(self, batcher: Batcher):
-        self._batcher = batcher
+    def __init__(self, batcher: Batcher, flush: Callable[[list], list]):
+        self._batcher, self._flush = batcher, flush
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
 
@@ -45,11 +45,15 @@ class ThreadBatcher:
         with self._lock:
             return len(self._batcher)
 
-    def call(self, item: Any, flush: Callable[[list], list]) -> Any:
+    @property
+    def in_flight(self) -> int:
+        """Flushes under way (see :attr:`Batcher.in_flight`)."""
+        with self._lock:
+            return self._batcher.in_flight
+
+    def call(self, item: Any) -> Any:
         """Flush ``item`` with whatever else is pending; return its result or raise its
-        error. ``flush`` takes the items and returns their results. Every caller of one
-        batcher passes an equivalent ``flush``: whoever leads uses its own, and none is
-        kept, so a batcher holds no reference back to its owner."""
+        error. The flush takes the items and returns their results."""
         slot = _Slot()
         with self._lock:
             slot.lead = self._batcher.add(item, slot)
@@ -57,7 +61,7 @@ class ThreadBatcher:
         while True:  # flags are read after each wake-up is cleared: none is lost
             if slot.lead:  # also when another leader already flushed this slot's call
                 slot.lead = False
-                self._lead(flush)
+                self._lead()
             elif slot.done:
                 break
             else:
@@ -67,7 +71,7 @@ class ThreadBatcher:
             raise slot.result
         return slot.result
 
-    def _lead(self, flush: Callable[[list], list]) -> None:
+    def _lead(self) -> None:
         """One flush, then the lead passes on."""
         with self._lock:
             linger = self._batcher.linger(MAX_LINGER_S)
@@ -79,7 +83,7 @@ class ThreadBatcher:
             return
         started = time.monotonic()
         try:
-            results = batch.results(flush(batch.items))
+            results = batch.results(self._flush(batch.items))
         except BaseException as err:  # every caller of this flush learns of the failure
             results = batch.failed(err)
         with self._lock:

@@ -1,7 +1,8 @@
 """Client: a session with a runtime: queue administration, tasks, accounts, fairness,
 flooders and analytics. Queue operations are in :mod:`rayq.queue`; a client and
 its queues reach the runtime through one :class:`~rayq.transport.Transport`
-(actor handles, signer, route cache, send coalescers)."""
+(actor handles, signer, route cache, producers), which clients connected with the
+same credentials share."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from actors import COORDINATOR, FLOOD_DETECTOR
 from rayq.analytics.report import Report
 from rayq.config import Config
 from rayq.core.auth.accounts import ADMIN, QUEUE_SEP, Signer
+from rayq.core.auth.operations import COORDINATOR_OPS, FLOOD_OPS, MANAGER_OPS, SHARD_OPS
 from rayq.core.codec.model import check_count
 from rayq.core.fairness.policy import FairnessReport
 from rayq.core.flood.detection import Flooder
@@ -26,14 +28,19 @@ from rayq.core.codec.tasks import TallyRow, TaskFunction, encode_call
 from rayq.errors import InvalidMessage, RuntimeFailure
 from rayq.queue import Queue
 from rayq.remote import call, named
+from rayq.sending import MAX_BATCH
 from rayq.transport import Transport
 
 
 class Client:
     """A session with a rayq runtime. Build it with ``rayq.start()`` or ``rayq.connect()``."""
 
-    def __init__(self, manager, shards: Sequence, config: Config, signer: Signer | None = None):
-        self.transport = Transport(manager, shards, config, signer)
+    def __init__(self, manager, shards: Sequence, config: Config, signer: Signer | None = None,
+                 *, transport: Transport | None = None):
+        """``transport``: one to share with other clients of the same runtime and
+        credentials (``rayq.connect``'s; made over these same arguments); by default the
+        client makes its own."""
+        self.transport = transport or Transport(manager, shards, config, signer)
         self.config = config
         self._registered: dict[str, tuple] = {}  # type -> (spec, pickled handler) sent
 
@@ -43,29 +50,26 @@ class Client:
         """The account this client acts for: its signer's, or ``default`` when unsigned."""
         return self.transport.account
 
-    def _call(self, method, queue: str, operation: str, *args: Any) -> Any:
-        return self.transport.call(method, queue, operation, *args)
-
-    def _admin_call(self, method, operation: str, *args: Any) -> Any:
-        """A request about no one queue (signed over queue "")."""
-        return self.transport.call(method, "", operation, *args)
+    def _manager(self, method: str, *args: Any) -> Any:
+        """The result of the manager's signed operation ``method``."""
+        return self.transport.call(MANAGER_OPS[method], self.transport.manager, *args)
 
     def whoami(self) -> str:
         """The account the runtime sees this client as (checks the credentials)."""
-        return self._admin_call(self.transport.manager.whoami, "whoami")
+        return self._manager("whoami")
 
     def create_account(self, name: str) -> str:
         """Create account ``name`` (``default`` account only); returns its primary key.
         Hand it to the account's owner: ``rayq.connect(account=name, key=key)``. The name
         (letters, digits, '_', '-', '.') is also the account's queue namespace."""
-        return self._admin_call(self.transport.manager.create_account, "create_account", name)
+        return self._manager("create_account", name)
 
     def rotate_key(self, slot: int = 1, account: str | None = None) -> str:
         """Replace key ``slot`` (1 or 2) of ``account`` (``default`` account only; default:
         this client's own); returns the new key. The other slot's key keeps working, so
         clients move over one slot at a time; the replaced key is refused from now on."""
         account = self.account if account is None else account
-        return self._admin_call(self.transport.manager.rotate_key, "rotate_key", account, slot)
+        return self._manager("rotate_key", account, slot)
 
     # -- administration ------------------------------------------------------
     def create_queue(self, name: str, subqueues: int = 1, max_receives: int | None = 5) -> "Queue":
@@ -73,8 +77,7 @@ class Client:
         returns the queue. Another account may have a queue of the same name: it is a
         different queue. The ``default`` account may create ``account/name``."""
         check_queue_ref(name)
-        self._call(self.transport.manager.create_queue, name, "create_queue",
-                   name, subqueues, max_receives)
+        self._manager("create_queue", name, subqueues, max_receives)
         self.transport.forget_route(name)
         return Queue(self.transport, name)
 
@@ -89,18 +92,18 @@ class Client:
     def list_queues(self) -> list[str]:
         """The names of this account's queues. For the ``default`` account: every
         account's queues, its own by plain name and the others' as ``account/name``."""
-        return self._admin_call(self.transport.manager.list_queues, "list_queues")
+        return self._manager("list_queues")
 
     def delete_queue(self, name: str) -> None:
         """Delete a queue, its dead-letter queue and all their messages."""
         check_queue_ref(name)
-        self._call(self.transport.manager.delete_queue, name, "delete_queue", name)
+        self._manager("delete_queue", name)
         self.transport.forget_route(name)
 
     def stats(self) -> list:
         """Every shard's statistics (``default`` account only); each shard's ``queues``
         maps every account's queues on it, by unambiguous name, to their messages there."""
-        return [self._admin_call(s.stats, "stats") for s in self.transport.shards]
+        return [self.transport.call(SHARD_OPS["stats"], s) for s in self.transport.shards]
 
     # -- tasks ------------------------------------------------------------------
     def register(self, fn: TaskFunction) -> None:
@@ -111,8 +114,7 @@ class Client:
         if self._registered.get(fn.spec.type, (None, None))[0] is fn:
             return  # pickled and sent once per registration, not on every submit
         handler = cloudpickle.dumps(fn.fn)
-        self._call(self.transport.manager.register_task, fn.spec.queue, "register_task",
-                   fn.spec, handler)
+        self._manager("register_task", fn.spec, handler)
         self._registered[fn.spec.type] = (fn, handler)
 
     def submit(self, fn: TaskFunction, *args: Any, tenant: str | None = None, delay_s: float = 0,
@@ -135,19 +137,18 @@ class Client:
         ``ray.ObjectRef`` per call, in order (see :meth:`submit`). ``kwargs`` go to every
         call."""
         self.register(fn)
-        if not isinstance(args_list, (list, tuple)) or not 1 <= len(args_list) <= 1000:
-            raise InvalidMessage("submit_many takes a list of 1 to 1000 argument tuples")
+        if not isinstance(args_list, (list, tuple)) or not 1 <= len(args_list) <= MAX_BATCH:
+            raise InvalidMessage(f"submit_many takes a list of 1 to {MAX_BATCH} argument tuples")
         spec = fn.spec
         # Task queues are the default account's: named so from every account.
-        queue = Queue(self.transport, ADMIN + QUEUE_SEP + spec.queue)
-        attrs = queue._attrs(tenant, spec.type, delay_s, None, task=True)
+        producer = self.transport.producer(ADMIN + QUEUE_SEP + spec.queue)
+        attrs = producer.attrs(tenant, spec.type, delay_s, None, task=True)
         if not all(isinstance(args, (list, tuple)) for args in args_list):
             raise InvalidMessage("submit_many takes a list of argument tuples")
         entries = [(attrs, encode_call(spec.type, tuple(args), kwargs or {},
                                        self.config.store.max_message_bytes))
                    for args in args_list]
-        placed = queue._put(entries)
-        return self._outcome_refs(placed)
+        return self._outcome_refs(producer.put(entries))
 
     def _outcome_refs(self, placed: list[tuple[str, int]]) -> list[ray.ObjectRef]:
         """One ObjectRef per task, in order: one ``wait_outcomes`` call per shard with a
@@ -170,36 +171,39 @@ class Client:
         return refs
 
     # -- fairness ----------------------------------------------------------------
-    def _coordinator(self):
-        return named(COORDINATOR)
+    def _coordinator(self, method: str, *args: Any) -> Any:
+        """The result of the fairness coordinator's signed operation ``method``."""
+        return self.transport.call(COORDINATOR_OPS[method], named(COORDINATOR), *args)
 
     def fairness(self) -> FairnessReport:
         """Intervention state, victims, offenders, starvation per key, listen order,
         permits, suspension rules and recent decisions (see rayq.FairnessReport)."""
-        return self._admin_call(self._coordinator().report, "fairness")
+        return self._coordinator("report")
 
     def suspend(self, key: str, reason: str, by: str) -> SuspensionRule:
         """Stop dispatching fairness key ``key``; the rule keeps who, when and why."""
-        return self._admin_call(self._coordinator().suspend, "suspend", key, reason, by)
+        return self._coordinator("suspend", key, reason, by)
 
     def resume(self, key: str, by: str = "unknown") -> SuspensionRule | None:
         """Lift the suspension of ``key`` (its history stays); None if it was not suspended."""
-        return self._admin_call(self._coordinator().resume, "resume", key, by)
+        return self._coordinator("resume", key, by)
 
     # -- flooders ----------------------------------------------------------------
     def flooders(self) -> list[Flooder]:
         """The flooder list: queue, type, tenant ("*" for a whole type), since, spilled."""
-        return self._admin_call(named(FLOOD_DETECTOR).flooders_now, "flooders")
+        return self.transport.call(FLOOD_OPS["flooders_now"], named(FLOOD_DETECTOR))
 
     def flood_events(self) -> tuple[dict, ...]:
         """Recent detections, isolations, sweep batches, pauses and removals, oldest first."""
-        return self._admin_call(named(FLOOD_DETECTOR).events, "flood_events")
+        return self.transport.call(FLOOD_OPS["events"], named(FLOOD_DETECTOR))
 
     # -- analytics ---------------------------------------------------------------
     def flush_events(self) -> int:
         """Write every runtime actor's buffered events to the event log now."""
-        handles = [*self.transport.shards, *(named(name) for name in (COORDINATOR, FLOOD_DETECTOR))]
-        refs = [self.transport.request(h.flush_events, "", "flush_events") for h in handles]
+        flushes = [*((SHARD_OPS["flush_events"], s) for s in self.transport.shards),
+                   (COORDINATOR_OPS["flush_events"], named(COORDINATOR)),
+                   (FLOOD_OPS["flush_events"], named(FLOOD_DETECTOR))]
+        refs = [self.transport.request(op, handle) for op, handle in flushes]
         ray.wait(refs, num_returns=len(refs))  # every answer in, before any error is raised
         return sum(call(lambda ref=ref: ref) for ref in refs)
 
@@ -210,7 +214,7 @@ class Client:
         from rayq.analytics.report import current_thresholds, run_report
 
         self.flush_events()
-        data_dir = self._admin_call(self.transport.manager.info, "info")["data_dir"]
+        data_dir = self._manager("info")["data_dir"]
         return run_report(os.path.join(data_dir, "events"), os.path.abspath(out_dir),
                           self.config.analytics, progress or (lambda step: None),
                           current_thresholds(self.config))
@@ -219,7 +223,7 @@ class Client:
         """Run ``count`` consumer actors from now on (kept across restarts); returns it.
         On a cluster with an autoscaler, room for them is requested too."""
         check_count(count, "consumers", 0, 1000)
-        return self._admin_call(self.transport.manager.scale_consumers, "scale_consumers", count)
+        return self._manager("scale_consumers", count)
 
     def consumer_stats(self) -> list:
         """Every running consumer's :class:`~actors.consumer.ConsumerStats`."""
@@ -238,4 +242,4 @@ class Client:
         """Finished tasks since the runtime started: outcomes, usage, wait p50/p99, per
         (tenant, type), or per tenant (``by="tenant"``) or per type (``by="type"``).
         Counted by the coordinator from every consumer's reports."""
-        return self._admin_call(self._coordinator().task_stats, "task_stats", by)
+        return self._coordinator("task_stats", by)

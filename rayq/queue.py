@@ -1,9 +1,10 @@
 """Queue: one virtual queue's operations, over its client's transport.
 
 The data path goes straight from the client to the shard actors; the manager
-is asked only for routing (cached by the transport for a moment). A client is
-one producer session: its puts to a queue stick to one subqueue (enqueuer
-affinity, docs/shards-and-storage.md) so they stay in order.
+is asked only for routing (cached by the transport for a moment). Sends go
+through the transport's producer of the queue (:mod:`rayq.sending`). A
+transport is one producer session: its puts to a queue stick to one subqueue
+(enqueuer affinity, docs/shards-and-storage.md) so they stay in order.
 """
 
 from __future__ import annotations
@@ -12,17 +13,21 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from rayq.core.auth.accounts import ADMIN
-from rayq.core.codec.model import (DLQ_SUFFIX, Outgoing, Received, check_count, check_name,
-                             check_seconds, encode_body, fairness_key, receipt_subqueue, to_us)
-from rayq.core.codec.wire import Attrs, Entry, decode_received, encode_put
+from rayq.core.auth.operations import MANAGER_OPS, SHARD_OPS
+from rayq.core.codec.model import (DLQ_SUFFIX, Outgoing, Received, check_count, check_seconds,
+                                   receipt_subqueue)
+from rayq.core.codec.wire import decode_received
 from rayq.core.control.registry import QueueInfo
 from rayq.errors import InvalidMessage, QueueDisabled, RayqError, ReceiptInvalid
 from rayq.remote import call_all
+from rayq.sending import MAX_BATCH
 
 if TYPE_CHECKING:
+    from rayq.sending import Producer
     from rayq.transport import Transport
 
 MAX_WAIT_S = 20.0
@@ -59,58 +64,30 @@ class Queue:
     def __repr__(self) -> str:
         return f"Queue({self.name!r})"
 
-    # -- sending -------------------------------------------------------------------
-    def _attrs(self, tenant: str | None, type: str, delay_s: float, ttl_s: float | None,
-               task: bool = False) -> Attrs:
-        """A message's attributes, checked once, here (sends and task submissions)."""
-        store = self._transport.config.store
-        tenant = self._transport.account if tenant is None else tenant
-        check_name(tenant, "tenant")
-        check_name(type, "type")
-        check_seconds(delay_s, "delay_s", 0, store.max_delay_s)
-        if ttl_s is not None:
-            check_seconds(ttl_s, "ttl_s", 0.001, store.max_ttl_s)
-        key = fairness_key(tenant, type, self._transport.config.fairness.key)
-        return Attrs(tenant, type, key, to_us(delay_s), None if ttl_s is None else to_us(ttl_s),
-                     task)
-
-    def _message(self, body: Any, tenant: str | None, type: str, delay_s: float,
-                 ttl_s: float | None) -> Entry:
-        """(attributes, encoded body): a message checked and encoded once, here."""
-        return (self._attrs(tenant, type, delay_s, ttl_s),
-                encode_body(body, self._transport.config.store.max_message_bytes))
+    # -- sending ----------------------------------------------------------------------
+    @cached_property
+    def _producer(self) -> Producer:
+        """The transport's producer of this queue, which checks, encodes and puts sends:
+        looked up on the first send (a queue only received from, or a name an SQS request
+        names, makes none)."""
+        return self._transport.producer(self.name)
 
     def send(self, body: Any, tenant: str | None = None, type: str = "default",
              delay_s: float = 0, ttl_s: float | None = None) -> str:
         """Store one message durably (fsync'd before this returns); returns its id.
         ``tenant`` defaults to the client's account (a signed client sends only as it)."""
-        return self._put([self._message(body, tenant, type, delay_s, ttl_s)])[0][0]
+        producer = self._producer
+        return producer.put([producer.message(body, tenant, type, delay_s, ttl_s)])[0][0]
 
     def send_batch(self, messages: Sequence[Outgoing]) -> list[str]:
         """Store up to 1000 messages in one durable transaction; returns their ids in order."""
-        if not isinstance(messages, (list, tuple)) or not 1 <= len(messages) <= MAX_RECEIVE:
-            raise InvalidMessage(f"send_batch takes a list of 1 to {MAX_RECEIVE} Outgoing")
+        if not isinstance(messages, (list, tuple)) or not 1 <= len(messages) <= MAX_BATCH:
+            raise InvalidMessage(f"send_batch takes a list of 1 to {MAX_BATCH} Outgoing")
         if not all(isinstance(m, Outgoing) for m in messages):
             raise InvalidMessage("send_batch takes rayq.Outgoing values")
-        return [mid for mid, _ in self._put([
-            self._message(m.body, m.tenant, m.type, m.delay_s, m.ttl_s) for m in messages])]
-
-    def _put(self, entries: list[Entry]) -> list[tuple[str, int]]:
-        """Put durably; (message id, shard index) per message. Concurrent sends through
-        this client's transport share one put call, signed with this client's key."""
-        return self._transport.send(self.name, entries, self._put_now)
-
-    def _put_now(self, entries: list[Entry]) -> list[tuple[str, int]]:
-        batch = encode_put(entries)  # one buffer crosses Ray, however many senders share it
-        for attempt in range(3):
-            queue, _, target = self._transport.route(self.name, refresh=attempt > 0)
-            index = queue.subqueue(target).shard
-            try:
-                return [(mid, index) for mid in self._transport.call(
-                    self._transport.shards[index].put, self.name, "put", target, batch)]
-            except QueueDisabled:
-                continue  # the subqueue was retired: ask for another
-        raise QueueDisabled(f"queue {self.name!r} accepts no messages")
+        producer = self._producer
+        return [mid for mid, _ in producer.put([
+            producer.message(m.body, m.tenant, m.type, m.delay_s, m.ttl_s) for m in messages])]
 
     # -- receiving -------------------------------------------------------------------
     def receive(self, max_messages: int = 1, visibility_timeout_s: float = 30,
@@ -153,12 +130,10 @@ class Queue:
             dead_letter = queue.dead_letter_on(shard_index) if queue.max_receives else None
             want = n - len(out)
             try:
-                got = self._transport.call_signed(
-                    lambda auth: shard.receive.remote(
-                        subqueues, want, visibility_timeout_s, max_receives=queue.max_receives,
-                        dead_letter=dead_letter, wait_s=wait_s, auth=auth),
-                    self.name, "receive", subqueues, want, visibility_timeout_s, None,
-                    queue.max_receives, dead_letter, wait_s, None)
+                got = self._transport.call(
+                    SHARD_OPS["receive"], shard, subqueues, want, visibility_timeout_s,
+                    max_receives=queue.max_receives, dead_letter=dead_letter, wait_s=wait_s,
+                    queue=self.name)
             except QueueDisabled:  # dropped since we routed (drained, retired): route anew
                 self._transport.route(self.name, refresh=True)
                 continue
@@ -175,8 +150,7 @@ class Queue:
         for sq in order:
             shard = self._transport.shard_of(queue, sq)
             want = max_messages - len(out)
-            got = self._transport.call_signed(lambda auth: shard.peek.remote(sq, want, auth=auth),
-                                              self.name, "peek", sq, want, None)
+            got = self._transport.call(SHARD_OPS["peek"], shard, sq, want, queue=self.name)
             out.extend(Received.from_stored(m) for m in got)
             if len(out) >= max_messages:
                 break
@@ -204,7 +178,7 @@ class Queue:
     def delete(self, receipt: str) -> None:
         """Delete a received message. Raises ReceiptInvalid when the receipt is stale."""
         shard = self._locate(receipt)
-        if self._transport.call(shard.delete, self.name, "delete", [receipt]):
+        if self._transport.call(SHARD_OPS["delete"], shard, [receipt], queue=self.name):
             raise ReceiptInvalid("pop receipt is stale: the message was deleted, received "
                                  "again or had its visibility changed", (receipt,))
 
@@ -226,7 +200,7 @@ class Queue:
                 by_shard[shard].append(receipt)
         for stale in call_all([
                 lambda shard=shard, batch=batch: self._transport.request(
-                    self._transport.shards[shard].delete, self.name, "delete", batch)
+                    SHARD_OPS["delete"], self._transport.shards[shard], batch, queue=self.name)
                 for shard, batch in by_shard.items()]):
             invalid.extend(stale)
         if invalid:
@@ -237,8 +211,8 @@ class Queue:
         """Hide a received message for ``timeout_s`` from now; returns the new receipt
         (the old one is invalid from then on)."""
         shard = self._locate(receipt)
-        return self._transport.call(shard.change_visibility, self.name, "change_visibility",
-                                    receipt, timeout_s)
+        return self._transport.call(SHARD_OPS["change_visibility"], shard, receipt, timeout_s,
+                                    queue=self.name)
 
     # -- inspection ------------------------------------------------------------------------
     def _counts(self, queue: QueueInfo, operation: str = "counts") -> dict[int, Any]:
@@ -246,7 +220,7 @@ class Queue:
         for sq in queue.subqueues:
             by_shard[sq.shard].append(sq.id)
         parts = call_all([lambda shard=shard, ids=ids: self._transport.request(
-            getattr(self._transport.shards[shard], operation), self.name, operation, ids)
+            SHARD_OPS[operation], self._transport.shards[shard], ids, queue=self.name)
             for shard, ids in by_shard.items()])
         return {sq: n for part in parts for sq, n in part.items()}
 
@@ -268,8 +242,7 @@ class Queue:
         """Delete every message of the queue, spilled ones too (not of its dead-letter
         queue): ``count()`` is 0 when this returns, and the old messages are removed in
         the background. O(subqueues)."""
-        self._transport.call(self._transport.manager.clear_queue, self.name, "clear_queue",
-                             self.name)
+        self._transport.call(MANAGER_OPS["clear_queue"], self._transport.manager, self.name)
         self._transport.route(self.name, refresh=True)
 
     def stats(self) -> QueueStats:
@@ -282,8 +255,8 @@ class Queue:
         shard_ids = sorted({sq.shard for sq in queue.subqueues})
         for shard in shard_ids:
             ids = sorted(sq.id for sq in queue.subqueues if sq.shard == shard)
-            for d in self._transport.call(self._transport.shards[shard].depths, self.name,
-                                          "depths", ids):
+            for d in self._transport.call(SHARD_OPS["depths"], self._transport.shards[shard], ids,
+                                          queue=self.name):
                 if d.subqueue in mine:
                     old = keys.get(d.key, KeyStats(0, 0.0))
                     keys[d.key] = KeyStats(old.depth + d.count, max(old.oldest_age_s, d.latency_s))
@@ -297,6 +270,7 @@ class Queue:
         shards = ()
         if self._transport.account == ADMIN:  # shard caches hold every account's messages
             shards = tuple({"shard": st.index, **vars(st.store.cache)}
-                           for st in (self._transport.call(self._transport.shards[s].stats, "",
-                                                           "stats") for s in shard_ids))
+                           for st in (self._transport.call(SHARD_OPS["stats"],
+                                                           self._transport.shards[s])
+                                      for s in shard_ids))
         return QueueStats(self.name, sum(counts.values()), dlq, subqueues, keys, shards)

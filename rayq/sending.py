@@ -1,35 +1,130 @@
-"""Client-side group commit: concurrent sends through one transport share one durable put.
+"""The producer path: one :class:`Producer` per queue and transport takes a message
+from its attributes to a durable put.
 
-No Ray here: the flush function is handed in (the transport's put call). Each
-:class:`~rayq.transport.Transport` owns its coalescers, so a send is signed by
-the client that makes it, with that client's key.
+It checks a message's attributes and encodes its body (once, where it enters),
+lets concurrent senders of any thread share one put call (client-side group
+commit, :class:`~rayq.batching.ThreadBatcher`), routes the put to the transport's
+put subqueue, and routes anew when that subqueue was retired
+(``QueueDisabled``). ``Queue.send``/``send_batch``, ``Client.submit_many`` and,
+through ``Queue``, the SQS endpoint all send through it; nothing here calls back
+into them.
+
+No Ray here: the producer reaches the runtime only through its transport
+(:class:`Link`), so a unit test drives it with a fake one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rayq.batching import ThreadBatcher
+from rayq.core.auth.operations import SHARD_OPS, Operation
+from rayq.core.codec.model import check_name, check_seconds, encode_body, fairness_key, to_us
+from rayq.core.codec.wire import Attrs, Entry, encode_put
 from rayq.core.kit.batcher import Batcher
-from rayq.core.codec.model import NewMessage
+from rayq.errors import QueueDisabled
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from rayq.config import Config
+    from rayq.core.control.routes import Route
+
+MAX_BATCH = 1000       # messages one send_batch or submit_many takes (and one put carries)
+PUT_ATTEMPTS = 3       # routes tried when subqueues are retired under the sender
+
+Placed = tuple[str, int]  # a stored message's id and the index of the shard holding it
 
 
-class SendCoalescer(ThreadBatcher):
-    """Client-side group commit: concurrent sends from threads of one process share
-    put calls. A sender that finds fewer than ``max_in_flight`` flushes under way
-    leads one, taking what is pending (whole sends, up to ``max_messages``); the others
-    wait, and the lead then passes to the oldest of them (:class:`ThreadBatcher`).
-    One in flight is the default: measured with 8 threads on 2 cores over the local
-    channel, it made the largest puts and the most messages a second (2 846 and 3 056,
-    beside 1 935 and 2 278 with two in flight, 1 791 and 2 220 with three). Each caller
-    still returns only after its own messages are durable."""
+class Link(Protocol):
+    """What a producer needs of its transport (:class:`~rayq.transport.Transport`)."""
 
-    def __init__(self, max_messages: int = 1000, max_in_flight: int = 1):
-        super().__init__(Batcher(max_items=max_messages, max_in_flight=max_in_flight,
-                                 sized=True, name="send coalescer"))
+    config: Config
+    shards: Sequence[Any]
 
-    def send(self, messages: list[NewMessage], flush: Callable[[list[NewMessage]], list]) -> list:
-        """Put ``messages`` (with whatever else is pending) through ``flush``, a call that
-        stores a list durably and returns a result per message; returns this caller's
-        results (see :meth:`ThreadBatcher.call`)."""
-        return self.call(messages, flush)
+    @property
+    def account(self) -> str: ...
+
+    def route(self, name: str, refresh: bool = False) -> Route: ...
+
+    def call(self, operation: Operation, handle: Any, *args: Any, queue: str | None = None,
+             **kwargs: Any) -> Any: ...
+
+
+class Producer:
+    """Sends to queue ``name`` through ``transport`` (see the module docstring).
+
+    Group commit: a sender that finds fewer than ``max_in_flight`` puts under way leads
+    one, taking whole pending sends up to ``max_messages``; the others wait, and the lead
+    then passes to the oldest of them. One in flight is the default: measured with 8
+    threads on 2 cores over the local channel, it made the largest puts and the most
+    messages a second (2 846 and 3 056, beside 1 935 and 2 278 with two in flight, 1 791
+    and 2 220 with three). Each sender returns only after its own messages are durable.
+    """
+
+    def __init__(self, transport: Link, name: str, *, max_messages: int = MAX_BATCH,
+                 max_in_flight: int = 1):
+        self.name = name
+        self._transport = transport
+        self._coalescer = ThreadBatcher(
+            Batcher(max_items=max_messages, max_in_flight=max_in_flight, sized=True,
+                    name=f"sends to {name}"),
+            self._put_now)
+
+    def __repr__(self) -> str:
+        return f"Producer({self.name!r})"
+
+    def __len__(self) -> int:
+        """Sends waiting for a put (not those in one)."""
+        return len(self._coalescer)
+
+    @property
+    def in_flight(self) -> int:
+        """Puts under way."""
+        return self._coalescer.in_flight
+
+    # -- a message's shape -------------------------------------------------------------
+    def attrs(self, tenant: str | None, type: str, delay_s: float, ttl_s: float | None,
+              task: bool = False) -> Attrs:
+        """A message's attributes, checked once, here (sends and task submissions).
+        ``tenant`` None is the transport's account. Raises InvalidMessage."""
+        config = self._transport.config
+        tenant = self._transport.account if tenant is None else tenant
+        check_name(tenant, "tenant")
+        check_name(type, "type")
+        check_seconds(delay_s, "delay_s", 0, config.store.max_delay_s)
+        if ttl_s is not None:
+            check_seconds(ttl_s, "ttl_s", 0.001, config.store.max_ttl_s)
+        key = fairness_key(tenant, type, config.fairness.key)
+        return Attrs(tenant, type, key, to_us(delay_s), None if ttl_s is None else to_us(ttl_s),
+                     task)
+
+    def message(self, body: Any, tenant: str | None = None, type: str = "default",
+                delay_s: float = 0, ttl_s: float | None = None) -> Entry:
+        """(attributes, encoded body): a message checked and encoded once, here. Raises
+        InvalidMessage, or MessageTooLarge past the store's ``max_message_bytes``."""
+        return (self.attrs(tenant, type, delay_s, ttl_s),
+                encode_body(body, self._transport.config.store.max_message_bytes))
+
+    # -- putting -----------------------------------------------------------------------
+    def put(self, entries: list[Entry]) -> list[Placed]:
+        """Store ``entries`` durably (fsync'd before this returns), with whatever other
+        senders of this producer have pending; (message id, shard index) per entry, in
+        order. Raises the put's error (QueueDisabled when every route tried was retired)."""
+        return self._coalescer.call(entries)
+
+    def _put_now(self, entries: list[Entry]) -> list[Placed]:
+        """One put call of the pending entries, encoded into one buffer (however many
+        senders share it), to the queue's put subqueue as last routed; routed anew and sent again
+        while the shard says that subqueue was retired."""
+        batch = encode_put(entries)
+        for attempt in range(PUT_ATTEMPTS):
+            queue, _, target = self._transport.route(self.name, refresh=attempt > 0)
+            index = queue.subqueue(target).shard
+            try:
+                ids = self._transport.call(SHARD_OPS["put"], self._transport.shards[index],
+                                           target, batch, queue=self.name)
+            except QueueDisabled:
+                continue  # the subqueue was retired: ask for another
+            return [(mid, index) for mid in ids]
+        raise QueueDisabled(f"queue {self.name!r} accepts no messages")

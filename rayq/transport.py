@@ -1,33 +1,39 @@
 """Transport: how a Client and its Queues reach a runtime. One object holds what they
-share: the actor handles, the signer, the route cache and the send coalescers.
+share: the actor handles, the signer, the route cache and the producers (one per
+queue, :mod:`rayq.sending`).
 
-Each client owns its own transport, so every request it makes is signed with its
-own credentials (two clients of one account in one process never sign for each
-other, before or after a key rotation), and a dropped client takes its
-coalescers with it.
+A transport signs every request with one set of credentials. Clients that
+``rayq.connect`` to one runtime with the same address, account and key share a
+transport (:class:`Transports`), so their threads' sends coalesce into shared puts;
+clients with different keys never share one, so none signs for another (before or
+after a key rotation). A transport no client holds any more goes, producers and
+all.
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import ray
 
 from rayq.config import Config
 from rayq.core.auth.accounts import ADMIN, ReplayedRequest, Signature, Signer
+from rayq.core.auth.operations import MANAGER_OPS, Operation
 from rayq.core.kit.clock import SystemClock
-from rayq.core.codec.model import NewMessage
 from rayq.core.control.registry import QueueInfo
 from rayq.core.control.routes import Route, RouteCache
 from rayq.remote import call
 from rayq.channel import ShardLink
-from rayq.sending import SendCoalescer
+from rayq.sending import Producer
 
 
 class Transport:
-    """A session's connection to one runtime (see the module docstring)."""
+    """A connection to one runtime, shared by the clients of one credential
+    (see the module docstring)."""
 
     def __init__(self, manager, shards: Sequence, config: Config, signer: Signer | None = None):
         self.manager = manager
@@ -37,8 +43,8 @@ class Transport:
         self.config = config
         self._signer = signer
         self._routes = RouteCache(SystemClock())
-        self._senders: dict[str, SendCoalescer] = {}
-        self._senders_lock = threading.Lock()
+        self._producers: dict[str, Producer] = {}
+        self._producers_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"Transport({self.account!r}, shards={len(self.shards)})"
@@ -49,22 +55,23 @@ class Transport:
         return self._signer.account if self._signer else ADMIN
 
     # -- requests ----------------------------------------------------------------
-    def sign(self, queue: str, operation: str, *args: Any) -> Signature | None:
-        """The signature of one request over exactly ``args`` (None when unsigned)."""
-        return self._signer.sign(queue, operation, *args) if self._signer else None
+    def sign(self, operation: Operation, *args: Any, queue: str | None = None,
+             **kwargs: Any) -> Signature | None:
+        """The signature of one request of ``operation`` over exactly these arguments,
+        bound by name (None when unsigned); ``queue``: see :meth:`Signer.sign`."""
+        if self._signer is None:
+            return None
+        return self._signer.sign(operation, *args, queue=queue, **kwargs)
 
-    def request(self, method, queue: str, operation: str, *args: Any) -> ray.ObjectRef:
-        """``method.remote(*args)``, signed over exactly those arguments."""
-        return method.remote(*args, auth=self.sign(queue, operation, *args))
+    def request(self, operation: Operation, handle, *args: Any, queue: str | None = None,
+                **kwargs: Any) -> ray.ObjectRef:
+        """``handle.<method>.remote(*args, **kwargs)``, signed over exactly those arguments."""
+        auth = self.sign(operation, *args, queue=queue, **kwargs)
+        return getattr(handle, operation.method).remote(*args, auth=auth, **kwargs)
 
-    def call(self, method, queue: str, operation: str, *args: Any) -> Any:
-        """A signed request's result; retried (signed anew) while the actor restarts."""
-        return self.call_signed(lambda auth: method.remote(*args, auth=auth), queue, operation,
-                                *args)
-
-    def call_signed(self, make: Callable[[Signature | None], ray.ObjectRef], queue: str,
-                    operation: str, *args: Any) -> Any:
-        """The result of ``make(signature over args)``, retried while the actor restarts.
+    def call(self, operation: Operation, handle, *args: Any, queue: str | None = None,
+             **kwargs: Any) -> Any:
+        """A signed request's result; retried (signed anew) while the actor restarts.
 
         Ray re-delivers a call that met an actor restart with its arguments, signature
         included; if the first delivery's nonce was stored before the restart, the
@@ -73,7 +80,7 @@ class Transport:
         once more (at least once, as for any call retried over a restart).
         """
         def send() -> Any:
-            return call(lambda: make(self.sign(queue, operation, *args)))
+            return call(lambda: self.request(operation, handle, *args, queue=queue, **kwargs))
         try:
             return send()
         except ReplayedRequest:
@@ -85,25 +92,53 @@ class Transport:
 
     # -- routing -------------------------------------------------------------------
     def route(self, name: str, refresh: bool = False) -> Route:
-        """(queue, receive order, this session's put subqueue), kept for
+        """(queue, receive order, the put subqueue this transport uses), kept for
         rayq.core.control.routes.ROUTE_TTL_S; a refreshed route keeps our put subqueue while it
         takes puts (enqueuer affinity)."""
         kept = None if refresh else self._routes.get(name)
         if kept is not None:
             return kept
-        queue, order, target = self.call(self.manager.routing, name, "routing", name)
+        queue, order, target = self.call(MANAGER_OPS["routing"], self.manager, name)
         return self._routes.put(name, queue, order, target)
 
     def forget_route(self, name: str) -> None:
         self._routes.forget(name)
 
     # -- sending ---------------------------------------------------------------------
-    def send(self, name: str, messages: list[NewMessage],
-             flush: Callable[[list[NewMessage]], list]) -> list:
-        """Put ``messages`` to queue ``name`` through this transport's coalescer of that
-        queue: concurrent senders on any thread share one durable put call."""
-        with self._senders_lock:
-            sender = self._senders.get(name)
-            if sender is None:
-                sender = self._senders[name] = SendCoalescer()
-        return sender.send(messages, flush)
+    def producer(self, name: str) -> Producer:
+        """The one producer of queue ``name`` over this transport: every sender to that
+        queue through it, on any thread, shares its puts."""
+        with self._producers_lock:
+            producer = self._producers.get(name)
+            if producer is None:
+                producer = self._producers[name] = Producer(self, name)
+            return producer
+
+    def serves(self, manager, shards: Sequence) -> bool:
+        """Whether this transport reaches the runtime of ``manager`` and ``shards`` (actor
+        handles): False once that runtime was stopped and started again."""
+        return self.manager == manager and [s.handle for s in self.shards] == list(shards)
+
+
+class Transports:
+    """The transports of one process, one per (address, account, key): the clients
+    :func:`rayq.connect` makes with the same ones share it. Held weakly: a transport goes
+    with the last client using it. Thread-safe."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._kept: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+    def get(self, address: Hashable, account: str | None, key: str | None, runtime: dict,
+            signer: Signer | None) -> Transport:
+        """The shared transport of these credentials to ``runtime`` (find_runtime's
+        ``manager``, ``shards`` and ``config``), made with ``signer`` if there is none
+        or the one kept reaches a runtime since stopped."""
+        # The key is kept as a digest: the signer alone holds the secret.
+        name = (address, account, None if key is None else hashlib.sha256(key.encode()).digest())
+        with self._lock:
+            kept = self._kept.get(name)
+            if kept is None or not kept.serves(runtime["manager"], runtime["shards"]):
+                kept = self._kept[name] = Transport(runtime["manager"], runtime["shards"],
+                                                    runtime["config"], signer)
+            return kept

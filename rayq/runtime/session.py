@@ -13,7 +13,9 @@ from rayq import config as config_module
 from rayq.client import Client
 from rayq.config import Config
 from rayq.core.auth.accounts import Signer
+from rayq.core.kit.private import prepare_data_dir
 from rayq.errors import AuthError
+from rayq.transport import Transports
 
 DEFAULT_DATA_DIR = ".rayq-data"
 LOOPBACK = "127.0.0.1"
@@ -22,6 +24,9 @@ DASHBOARD_ENV = "RAYQ_DASHBOARD"  # "0" starts the embedded Ray without its dash
 # address 127.0.0.1, and every Ray server (GCS, raylet, workers, agents) on loopback.
 SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 RAY_LOG_LEVEL_ENV = "RAYQ_RAY_LOG_LEVEL"  # Ray's Python log level in this process
+# The transports rayq.connect's clients share in this process (one per address, account
+# and key), so that a client per thread still coalesces its sends with the others'.
+CONNECTED = Transports()
 
 
 def _init_ray(address: str | None = None, dashboard: bool = True) -> None:
@@ -77,13 +82,14 @@ def start(data_dir: str | os.PathLike | None = None, config: Config | None = Non
     or ``ray start`` / ``rayq start`` left one on this machine. That embedded Ray
     listens on 127.0.0.1 only and runs the Ray dashboard (also on 127.0.0.1)
     unless ``dashboard=False`` or ``$RAYQ_DASHBOARD=0``. Data lives in
-    ``data_dir`` (default ``./.rayq-data``). If a runtime already runs, it is
-    reused with its own configuration.
+    ``data_dir`` (default ``./.rayq-data``), created mode 0700; a data directory other
+    users may read raises DataDirExposed. If a runtime already runs, it is reused with
+    its own configuration.
     """
     config = config or config_module.load()
     if consumers is not None:
         config = config_module.with_consumers(config, consumers)
-    data_dir = os.path.abspath(data_dir or DEFAULT_DATA_DIR)
+    data_dir = prepare_data_dir(os.path.abspath(data_dir or DEFAULT_DATA_DIR))
     _init_ray(os.environ.get("RAY_ADDRESS"), _dashboard_wanted(dashboard))
     ensure_runtime(data_dir, config, consumers)
     found = find_runtime()
@@ -97,13 +103,19 @@ def connect(address: str = "auto", account: str | None = None, key: str | None =
     client sees and touches only that account's queues and messages; the
     credentials are checked here, so wrong ones raise AuthError at once.
     Without them the client acts for the ``default`` account.
+
+    The clients connected in one process with the same address, account and key share
+    one transport: sends from their threads to one queue coalesce into shared puts
+    (a client per thread sends as fast as one client shared by the threads).
     """
     if (account is None) != (key is None):
         raise AuthError("connect takes both account= and key=, or neither")
     signer = Signer(account, key) if account is not None else None
     _init_ray(address)
     found = find_runtime()
-    client = Client(found["manager"], found["shards"], found["config"], signer)
+    transport = CONNECTED.get(address, account, key, found, signer)
+    client = Client(found["manager"], found["shards"], found["config"], signer,
+                    transport=transport)
     if signer is not None:
         client.whoami()
     return client

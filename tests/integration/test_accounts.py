@@ -11,7 +11,8 @@ import ray
 
 import rayq
 import rayq.remote
-from rayq.core.auth.accounts import Signer, Verifier, request_body
+from rayq.core.auth.accounts import Signer, Verifier
+from rayq.core.auth.operations import SHARD_OPS
 from rayq.core.codec.model import NewMessage, encode_body
 from rayq.core.codec.wire import decode_delivered, encode_messages
 
@@ -94,15 +95,16 @@ def test_forged_expired_and_replayed_requests_change_nothing(client, accounts):
     messages = encode_messages([NewMessage(encode_body("sneaked", 1 << 20), "acme", "default",
                                            "default")])
     good = Signer("acme", keys["acme"])
-    forged = dataclasses.replace(good.sign("acme-jobs", "put", target, messages), mac="0" * 64)
+    put = SHARD_OPS["put"]
+    forged = dataclasses.replace(good.sign(put, target, messages, queue="acme-jobs"), mac="0" * 64)
     stale = Signer("acme", keys["acme"], clock=lambda: time.time() - 16 * 60)
-    wrong_body = good.sign("acme-jobs", "put", target, messages[:0])
-    for auth in (forged, stale.sign("acme-jobs", "put", target, messages), wrong_body):
+    wrong_body = good.sign(put, target, messages[:0], queue="acme-jobs")
+    for auth in (forged, stale.sign(put, target, messages, queue="acme-jobs"), wrong_body):
         with pytest.raises(rayq.AuthError):
             rayq.remote.call(lambda a=auth: shard.put.remote(target, messages, auth=a))
     assert _stored(client, "acme/acme-jobs") == before
 
-    once = good.sign("acme-jobs", "put", target, messages)
+    once = good.sign(put, target, messages, queue="acme-jobs")
     rayq.remote.call(lambda: shard.put.remote(target, messages, auth=once))
     with pytest.raises(rayq.AuthError, match="replayed"):
         rayq.remote.call(lambda: shard.put.remote(target, messages, auth=once))
@@ -121,18 +123,18 @@ def test_cross_account_requests_are_refused_and_change_nothing(client, accounts)
     shard, target = _put_target(acme, "acme-jobs")
     # globex signs its own requests genuinely, but names acme's queue or subqueues
     attempts = [
-        ("receive", (target, 10, 30, None, 3, None, 0.0, None),
-         lambda a: shard.receive.remote(target, 10, 30, max_receives=3, wait_s=0.0, auth=a)),
-        ("delete", ([held.receipt],), lambda a: shard.delete.remote([held.receipt], auth=a)),
-        ("change_visibility", (held.receipt, 0),
-         lambda a: shard.change_visibility.remote(held.receipt, 0, auth=a)),
-        ("peek", (target, 10, None), lambda a: shard.peek.remote(target, 10, auth=a)),
-        ("clear", (target,), lambda a: shard.clear.remote(target, auth=a)),
-        ("counts", ([target],), lambda a: shard.counts.remote([target], auth=a)),
+        ("receive", (target, 10, 30), {"max_receives": 3, "wait_s": 0.0}),
+        ("delete", ([held.receipt],), {}),
+        ("change_visibility", (held.receipt, 0), {}),
+        ("peek", (target, 10), {}),
+        ("clear", (target,), {}),
+        ("counts", ([target],), {}),
     ]
     for queue_name in ("acme-jobs", "globex-jobs"):
-        for operation, args, make in attempts:
-            auth = mallory.sign(queue_name, operation, *args)
+        for method, args, kwargs in attempts:
+            auth = mallory.sign(SHARD_OPS[method], *args, queue=queue_name, **kwargs)
+            make = (lambda a, m=method, args=args, kwargs=kwargs:
+                    getattr(shard, m).remote(*args, auth=a, **kwargs))
             with pytest.raises(rayq.AuthError):
                 rayq.remote.call(lambda make=make, auth=auth: make(auth))
     assert q.count() == 1
@@ -196,7 +198,7 @@ def test_an_account_cannot_rekey_its_messages_or_squat_a_task_queue(client, acco
     before = _stored(client, "acme/acme-jobs")
     # keyed "x" instead of its type: would dodge a suspension of "report"
     dodging = encode_messages([NewMessage(encode_body("m", 1 << 20), "acme", "report", "x")])
-    auth = Signer("acme", keys["acme"]).sign("acme-jobs", "put", target, dodging)
+    auth = Signer("acme", keys["acme"]).sign(SHARD_OPS["put"], target, dodging, queue="acme-jobs")
     with pytest.raises(rayq.AuthError, match="fairness key"):
         rayq.remote.call(lambda: shard.put.remote(target, dodging, auth=auth))
     assert _stored(client, "acme/acme-jobs") == before
@@ -268,19 +270,21 @@ def test_two_clients_of_one_account_each_sign_their_own_sends(client, monkeypatc
     second = client.rotate_key(1, account="pair")
     new = rayq.connect(account="pair", key=second)
     signed = []  # (signature, signed arguments) of every request the new client makes
-    sign = new.transport.sign
+    sign, put = new.transport.sign, SHARD_OPS["put"]
     monkeypatch.setattr(new.transport, "sign",
-                        lambda queue, op, *args: signed.append((sign(queue, op, *args), args))
+                        lambda op, *args, **kwargs: signed.append(
+                            (sign(op, *args, **kwargs), op.bind(*args, **{
+                                k: v for k, v in kwargs.items() if k != "queue"})))
                         or signed[-1][0])
     new.queue("pair-jobs").send("sent by the new client")
-    puts = [(sig, args) for sig, args in signed if sig.operation == "put"]
+    puts = [(sig, args) for sig, args in signed if sig.operation == put.name]
     assert len(puts) == 1
-    sig, args = puts[0]
-    body = request_body(*args)
-    assert Verifier(lambda account: [second]).verify(sig, "pair-jobs", "put", body,
+    sig, arguments = puts[0]
+    body = put.body(arguments)
+    assert Verifier(lambda account: [second]).verify(sig, "pair-jobs", put.name, body,
                                                      time.time()) == "pair"
     with pytest.raises(rayq.AuthError):  # not made with the rotated-out key
-        Verifier(lambda account: [first]).verify(sig, "pair-jobs", "put", body, time.time())
+        Verifier(lambda account: [first]).verify(sig, "pair-jobs", put.name, body, time.time())
     with pytest.raises(rayq.AuthError):  # the old client's key is refused once rotated out
         old_queue.send("refused")
     assert sorted(m.body for m in new.queue("pair-jobs").peek(max_messages=10)) == [
@@ -298,10 +302,12 @@ def test_requests_replayed_after_a_shard_restart_are_refused(client, accounts):
     messages = encode_messages([NewMessage(encode_body("captured", 1 << 20), "acme", "default",
                                            "default")])
     signer = Signer("acme", keys["acme"])
-    put = signer.sign("acme-jobs", "put", target, messages)
-    read = signer.sign("acme-jobs", "counts", [target])
+    put = signer.sign(SHARD_OPS["put"], target, messages, queue="acme-jobs")
+    read = signer.sign(SHARD_OPS["counts"], [target], queue="acme-jobs")
     rayq.remote.call(lambda: shard.put.remote(target, messages, auth=put))
     counted = rayq.remote.call(lambda: shard.counts.remote([target], auth=read))
+    sqs_read = signer.sign("acme-jobs", "visibility_counts", [target])  # every signed read
+    rayq.remote.call(lambda: shard.visibility_counts.remote([target], auth=sqs_read))
     before = rayq.remote.call(lambda: shard.process.remote())["pid"]
 
     ray.kill(shard.handle, no_restart=False)  # a real kill; Ray restarts the shard
@@ -313,9 +319,11 @@ def test_requests_replayed_after_a_shard_restart_are_refused(client, accounts):
         rayq.remote.call(lambda: shard.put.remote(target, messages, auth=put))
     with pytest.raises(rayq.AuthError, match="replayed"):
         rayq.remote.call(lambda: shard.counts.remote([target], auth=read))
+    with pytest.raises(rayq.AuthError, match="replayed"):
+        rayq.remote.call(lambda: shard.visibility_counts.remote([target], auth=sqs_read))
     stored = [body for _, body, _ in _stored(client, "acme/acme-jobs")]
     assert stored.count("captured") == 1  # stored exactly once
-    fresh = signer.sign("acme-jobs", "counts", [target])  # the shard serves new requests
+    fresh = signer.sign(SHARD_OPS["counts"], [target], queue="acme-jobs")  # the shard serves new requests
     assert rayq.remote.call(lambda: shard.counts.remote([target], auth=fresh)) == counted
 
 
@@ -329,15 +337,16 @@ def test_a_client_whose_own_request_comes_back_as_a_replay_signs_it_anew(client,
     shard, target = _put_target(acme, "acme-jobs")
     messages = encode_messages([NewMessage(encode_body("twice", 1 << 20), "acme", "default",
                                            "default")])
-    delivered = acme.transport.sign("acme-jobs", "put", target, messages)
+    put = SHARD_OPS["put"]
+    delivered = acme.transport.sign(put, target, messages, queue="acme-jobs")
     rayq.remote.call(lambda: shard.put.remote(target, messages, auth=delivered))
     sign, signed = acme.transport.sign, []
 
-    def redeliver_first(queue, operation, *args):
-        signed.append(delivered if not signed else sign(queue, operation, *args))
+    def redeliver_first(operation, *args, **kwargs):
+        signed.append(delivered if not signed else sign(operation, *args, **kwargs))
         return signed[-1]
 
     monkeypatch.setattr(acme.transport, "sign", redeliver_first)
-    ids = acme.transport.call(shard.put, "acme-jobs", "put", target, messages)
+    ids = acme.transport.call(put, shard, target, messages, queue="acme-jobs")
     assert len(ids) == 1 and len(signed) == 2 and signed[1].nonce != delivered.nonce
     assert q.count() == 2  # at least once: the re-delivered put is stored again

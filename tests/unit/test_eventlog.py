@@ -4,7 +4,7 @@ written beside the dict events of the same hour."""
 import datetime as dt
 
 from rayq.analytics.eventlog import EventLog, read_events
-from rayq.core.storage.batch import Enqueued
+from rayq.core.storage.ledger import Enqueued
 
 HOUR_END = dt.datetime(2026, 11, 22, 17, 59, 59, 500_000, tzinfo=dt.timezone.utc).timestamp()
 
@@ -13,7 +13,7 @@ def test_enqueue_groups_become_one_event_per_message_with_their_ids(tmp_path):
     log = EventLog(tmp_path, "shard-0")
     groups = [Enqueued(HOUR_END, 3, "render", "acme", "render", 0x10, 3),
               Enqueued(HOUR_END + 1.0, 4, "mail", "zeta", "mail", 0xff, 2)]  # the next hour
-    log.append_enqueues("ab12-", groups)
+    log.append_enqueues(lambda seq: f"ab12-{seq:x}", groups)
     log.append("completion", HOUR_END, tenant="acme", type="render", key="render",
                message_id="ab12-10", usage_s=0.5, outcome="succeeded", attempt=1)
     assert log.pending() == 6

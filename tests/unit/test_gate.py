@@ -9,6 +9,7 @@ from rayq.core.auth import gate as gate_module
 from rayq.core.auth.gate import Gate, check_reads_own, of_subqueues, per_queue, queues_on
 from rayq.core.storage.store import KeyDepth
 from rayq.core.auth.accounts import ADMIN, Accounts, Place, Signer
+from rayq.core.auth.operations import FLOOD_OPS, MANAGER_OPS, SHARD_OPS
 from rayq.errors import AuthError
 from rayq.testing import MemoryKV
 
@@ -34,37 +35,45 @@ def run(coro):
     return asyncio.run(coro)
 
 
+PEEK, WHOAMI = SHARD_OPS["peek"], MANAGER_OPS["whoami"]
+
+
+def admit(gate, operation, auth, *args, **kwargs):
+    """The gate's check of a call of ``operation`` with these arguments (a coroutine)."""
+    return gate.admit(operation, auth, operation.bind(*args, **kwargs))
+
+
 def test_unsigned_requests_act_for_the_default_account(manager):
-    gate = Gate(manager.fetch)
-    assert run(gate.allow(None, "clear", 0, [99], 99)) == ADMIN and manager.fetches == 0
+    gate = Gate(manager.fetch, shard=0)
+    assert run(admit(gate, SHARD_OPS["clear"], None, 99)) == ADMIN and manager.fetches == 0
 
 
 def test_new_accounts_are_known_after_forget_and_new_subqueues_by_refreshing(manager):
     async def scenario():
-        gate = Gate(manager.fetch)
+        gate = Gate(manager.fetch, shard=0)
         key = manager.accounts.create("acme")
         signer = Signer("acme", key)
-        assert await gate.allow(signer.sign("jobs", "peek", 1), "peek", 0, [1], 1) == "acme"
+        assert await admit(gate, PEEK, signer.sign(PEEK, 1, queue="jobs"), 1) == "acme"
         globex = Signer("globex", manager.accounts.create("globex"))
         with pytest.raises(AuthError):  # not in the copy yet: the manager has not said so
-            await gate.account(globex.sign("", "whoami"), "", "whoami")
+            await admit(gate, WHOAMI, globex.sign(WHOAMI))
         gate.forget()  # what the manager does before create_account returns
-        assert await gate.account(globex.sign("", "whoami"), "", "whoami") == "globex"
+        assert await admit(gate, WHOAMI, globex.sign(WHOAMI)) == "globex"
         manager.places[2] = Place("acme/jobs", "acme", 0)  # a subqueue added since
-        assert await gate.allow(signer.sign("jobs", "peek", 2), "peek", 0, [2], 2) == "acme"
+        assert await admit(gate, PEEK, signer.sign(PEEK, 2, queue="jobs"), 2) == "acme"
         return manager.fetches
     assert run(scenario()) == 3
 
 
 def test_forged_requests_never_make_the_gate_fetch(manager):
     async def scenario():
-        gate = Gate(manager.fetch)
-        await gate.account(Signer("default", manager.accounts.keys("default")[0]).sign(
-            "", "whoami"), "", "whoami")
+        gate = Gate(manager.fetch, shard=0)
+        await admit(gate, WHOAMI, Signer("default", manager.accounts.rotate("default", 1)).sign(
+            WHOAMI))
         forged = Signer("acme", Accounts(MemoryKV()).create("acme"))  # a key nobody issued
         for _ in range(20):
             with pytest.raises(AuthError):
-                await gate.account(forged.sign("jobs", "peek", 1), "jobs", "peek", 1)
+                await admit(gate, PEEK, forged.sign(PEEK, 1, queue="jobs"), 1)
         return manager.fetches
     assert run(scenario()) == 1
 
@@ -86,7 +95,7 @@ def test_a_key_rotated_during_a_fetch_is_not_trusted(manager):
 
         gate = Gate(slow_fetch)
         old = Signer("acme", key)
-        pending = asyncio.ensure_future(gate.account(old.sign("", "whoami"), "", "whoami"))
+        pending = asyncio.ensure_future(admit(gate, WHOAMI, old.sign(WHOAMI)))
         await fetching.wait()
         manager.accounts.rotate("acme", 1)
         gate.forget()
@@ -98,22 +107,27 @@ def test_a_key_rotated_during_a_fetch_is_not_trusted(manager):
 
 def test_subqueue_ids_must_be_integers(manager):
     async def scenario():
-        gate = Gate(manager.fetch)
+        gate = Gate(manager.fetch, shard=0)
         signer = Signer("acme", manager.accounts.create("acme"))
+        counts = SHARD_OPS["counts"]
         for junk in ([1], "1", True, None):
             with pytest.raises(AuthError):
-                await gate.allow(signer.sign("jobs", "counts", [junk]), "counts", 0, [junk], [junk])
+                await admit(gate, counts, signer.sign(counts, [junk], queue="jobs"), [junk])
+        for junk in ("1", None):  # not a list of ids: names none that may be used
+            with pytest.raises(AuthError):
+                await admit(gate, counts, signer.sign(counts, junk, queue="jobs"), junk)
     run(scenario())
 
 
 def test_admin_operations_and_foreign_subqueues_are_refused(manager):
     async def scenario():
-        gate = Gate(manager.fetch)
+        gate = Gate(manager.fetch, shard=0)
         signer = Signer("globex", manager.accounts.create("globex"))
+        flooders, clear = FLOOD_OPS["flooders_now"], SHARD_OPS["clear"]
+        with pytest.raises(AuthError, match="default"):
+            await admit(gate, flooders, signer.sign(flooders))
         with pytest.raises(AuthError):
-            await gate.admin(signer.sign("", "flooders"), "flooders")
-        with pytest.raises(AuthError):
-            await gate.allow(signer.sign("jobs", "clear", 1), "clear", 0, [1], 1)
+            await admit(gate, clear, signer.sign(clear, 1, queue="jobs"), 1)
     run(scenario())
 
 

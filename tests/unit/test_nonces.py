@@ -9,6 +9,7 @@ import pytest
 from rayq.core.auth.gate import durable_gate
 from rayq.core.auth import nonces
 from rayq.core.auth.accounts import MAX_SKEW_S, Accounts, Signer, Verifier, sign
+from rayq.core.auth.operations import MANAGER_OPS
 from rayq.core.kit.kv import LmdbKV
 from rayq.core.codec.model import NewMessage, encode_body
 from rayq.core.storage.store import ShardStore
@@ -86,11 +87,10 @@ def test_a_durable_gate_remembers_across_a_restart(accounts):
     async def fetch():
         return accounts.table(), {}
 
-    signer = Signer("acme", key)
-    captured = signer.sign("", "whoami")
-    assert asyncio.run(durable_gate(fetch, kv).account(captured, "", "whoami")) == "acme"
+    signer, whoami = Signer("acme", key), MANAGER_OPS["whoami"]
+    captured = signer.sign(whoami)
+    assert asyncio.run(durable_gate(fetch, kv).admit(whoami, captured, {})) == "acme"
     with pytest.raises(AuthError, match="replayed"):  # a new gate on the same table: restarted
-        asyncio.run(durable_gate(fetch, kv).account(captured, "", "whoami"))
-    assert asyncio.run(durable_gate(fetch, kv).account(signer.sign("", "whoami"), "",
-                                                       "whoami")) == "acme"
+        asyncio.run(durable_gate(fetch, kv).admit(whoami, captured, {}))
+    assert asyncio.run(durable_gate(fetch, kv).admit(whoami, signer.sign(whoami), {})) == "acme"
     assert len(_seen_nonces(kv)) == 2

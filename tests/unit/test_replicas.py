@@ -3,12 +3,12 @@
 import pytest
 
 from rayq.core.control.placement import ShardPlace
-from rayq.core.control.replicas import (ShipLog, acked_through, check_epoch, check_in_sync,
-                                        decode_places, drop_replica, encode_places, fresh_count,
+from rayq.core.control.replicas import (ShipLog, acked_through, check_in_sync,
+                                        decode_places, drop_replica, encode_places,
                                         leader_lost, newest, promote, rejoin, role_of, shrink,
                                         seed_target, seeds_wanted, with_followers)
 from rayq.core.kit.kv import LmdbKV, Write
-from rayq.core.storage.replica import Replica
+from rayq.core.storage.replica import Replica, check_epoch, fresh_count
 from rayq.core.storage.layout import read_replica_state, replica_state
 from rayq.errors import NotEnoughReplicas, ReplicaBehind, StaleEpoch
 

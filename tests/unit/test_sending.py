@@ -1,117 +1,233 @@
-"""The send coalescer: concurrent senders share one flush, each gets its own results,
-and a coalescer keeps no reference to the flush (so to the client) it was led with."""
+"""The producer over a fake transport (no Ray): attribute checks, one encode per message,
+concurrent senders sharing one put, each getting its own ids, and a retired subqueue
+routed around."""
 
-import gc
 import threading
 import time
-import weakref
 
 import pytest
 
-from rayq.sending import SendCoalescer
+from rayq.config import Config
+from rayq.core.codec.model import SubqueueState, decode_body, fairness_key
+from rayq.core.codec.wire import decode_put
+from rayq.core.control.registry import QueueInfo, SubqueueInfo
+from rayq.core.control.routes import Route
+from rayq.errors import InvalidMessage, MessageTooLarge, QueueDisabled
+from rayq.sending import MAX_BATCH, PUT_ATTEMPTS, Producer
+
+WAIT_S = 10.0  # bounds a hang only: every held put here is released
 
 
-class Owner:
-    """Stands for a client's transport: a put call that records each flush it makes."""
+class FakeShard:
+    """A shard's put: records each put call's decoded batch and answers an id a message.
+    ``hold`` keeps the first put waiting until set; ``retired`` subqueues refuse puts."""
 
-    def __init__(self, release: threading.Event | None = None):
-        self.flushes: list[list] = []
-        self.release = release
+    def __init__(self, index: int, transport: "FakeTransport"):
+        self.index, self.transport = index, transport
+        self.puts: list[tuple[int, list]] = []  # (subqueue, bodies) per call
+        self.hold: threading.Event | None = None
+        self.delay_s = 0.0
 
-    def flush(self, messages: list) -> list:
-        release, self.release = self.release, None
-        if release is not None:
-            release.wait(10)  # hold the first flush so the others queue behind it
-        self.flushes.append(list(messages))
-        return [f"id-{m}" for m in messages]
+    def put(self, subqueue: int, batch: bytes) -> list[str]:
+        hold, self.hold = self.hold, None
+        if hold is not None:
+            hold.wait(WAIT_S)
+        if self.delay_s:
+            time.sleep(self.delay_s)  # a put's round trip
+        if subqueue in self.transport.retired:
+            raise QueueDisabled(f"subqueue {subqueue} takes no puts")
+        store = Config().store
+        got = decode_put(batch, max_message_bytes=store.max_message_bytes,
+                         max_delay_s=store.max_delay_s, max_ttl_s=store.max_ttl_s)
+        bodies = [decode_body(b) for b in got.bodies]
+        self.puts.append((subqueue, bodies))
+        return [f"id-{b}" for b in bodies]
 
 
-def test_senders_waiting_behind_a_flush_share_the_next_one_and_get_their_own_ids():
-    release = threading.Event()
-    owner, coalescer = Owner(release), SendCoalescer(max_in_flight=1)
+class FakeTransport:
+    """What a Producer needs of a transport: config, account, shards, route and call.
+    Subqueue i lives on shard i; the route's put subqueue is the first not retired."""
+
+    def __init__(self, shards: int = 2, account: str = "acme"):
+        self.config = Config()
+        self.account = account
+        self.shards = [FakeShard(i, self) for i in range(shards)]
+        self.retired: set[int] = set()
+        self.routes = self.refreshes = 0
+        self.calls: list[tuple[str, str]] = []
+
+    def route(self, name: str, refresh: bool = False) -> Route:
+        self.routes += 1
+        self.refreshes += refresh
+        subqueues = tuple(SubqueueInfo(i, i, SubqueueState.ALL, 1) for i in range(len(self.shards)))
+        info = QueueInfo(name, subqueues, 1, None, (), 0.0)
+        target = next((i for i in range(len(self.shards)) if i not in self.retired), 0)
+        return Route(info, list(range(len(self.shards))), target)
+
+    def call(self, operation, handle, *args, queue=None, **kwargs):
+        self.calls.append((queue, operation.method))
+        return getattr(handle, operation.method)(*args, **kwargs)
+
+    def flushes(self) -> list[list]:
+        return [bodies for shard in self.shards for _, bodies in shard.puts]
+
+
+def wait_until(condition) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+# -- a message's shape ------------------------------------------------------------------
+def test_a_message_is_checked_and_encoded_once_with_the_account_as_its_default_tenant():
+    producer = Producer(FakeTransport(account="acme"), "jobs")
+    attrs, body = producer.message({"n": 1}, type="email", delay_s=2, ttl_s=60)
+    assert (attrs.tenant, attrs.type, attrs.delay_us, attrs.ttl_us, attrs.task) == (
+        "acme", "email", 2_000_000, 60_000_000, False)
+    assert attrs.key == fairness_key("acme", "email", Config().fairness.key)
+    assert isinstance(body, bytes) and decode_body(body) == {"n": 1}
+
+
+@pytest.mark.parametrize("attrs, error", [
+    ({"tenant": "bell\a"}, InvalidMessage),
+    ({"tenant": 7}, InvalidMessage),
+    ({"type": ""}, InvalidMessage),
+    ({"delay_s": -1}, InvalidMessage),
+    ({"delay_s": Config().store.max_delay_s + 1}, InvalidMessage),
+    ({"ttl_s": 0}, InvalidMessage),
+    ({"ttl_s": "soon"}, InvalidMessage),
+])
+def test_bad_attributes_raise_before_anything_is_sent(attrs, error):
+    transport = FakeTransport()
+    with pytest.raises(error):
+        Producer(transport, "jobs").message("body", **attrs)
+    assert transport.calls == []
+
+
+def test_a_body_past_the_size_limit_raises_message_too_large():
+    transport = FakeTransport()
+    with pytest.raises(MessageTooLarge):
+        Producer(transport, "jobs").message(b"x" * (Config().store.max_message_bytes + 1))
+
+
+def test_task_attributes_are_marked_as_tasks():
+    assert Producer(FakeTransport(), "tasks").attrs("t1", "resize", 0, None, task=True).task
+
+
+# -- putting ---------------------------------------------------------------------------
+def test_a_batch_is_one_put_call_and_its_ids_come_back_in_order_with_the_shard():
+    transport = FakeTransport()
+    producer = Producer(transport, "jobs")
+    placed = producer.put([producer.message(n) for n in range(MAX_BATCH)])
+    assert placed == [(f"id-{n}", 0) for n in range(MAX_BATCH)]
+    assert transport.calls == [("jobs", "put")] and transport.flushes() == [list(range(MAX_BATCH))]
+
+
+def test_a_retired_subqueue_is_routed_around_and_the_put_lands_on_the_next():
+    transport = FakeTransport()
+    producer = Producer(transport, "jobs")
+    real_route = transport.route
+
+    def stale_then_fresh(name, refresh=False):  # the kept route names subqueue 0, retired
+        route = real_route(name, refresh)
+        return route if refresh else route._replace(target=0)
+
+    transport.route = stale_then_fresh
+    transport.retired.add(0)
+    assert producer.put([producer.message("m")]) == [("id-m", 1)]
+    assert transport.refreshes == 1 and transport.shards[1].puts == [(1, ["m"])]
+
+
+def test_a_queue_whose_every_route_is_retired_raises_queue_disabled_after_a_few_tries():
+    transport = FakeTransport(shards=1)
+    transport.retired.add(0)
+    producer = Producer(transport, "jobs")
+    with pytest.raises(QueueDisabled, match="jobs"):
+        producer.put([producer.message("m")])
+    assert len(transport.calls) == PUT_ATTEMPTS and producer.in_flight == 0
+
+
+def test_senders_waiting_behind_a_put_share_the_next_one_and_get_their_own_ids():
+    transport = FakeTransport()
+    transport.shards[0].hold = release = threading.Event()
+    producer = Producer(transport, "jobs")
     results = {}
 
     def send(n):
-        results[n] = coalescer.send([n, n + 100], owner.flush)
+        results[n] = producer.put([producer.message(n), producer.message(n + 100)])
 
     leader = threading.Thread(target=send, args=(0,))
     leader.start()
+    wait_until(lambda: transport.calls)  # the first put is under way, held
     followers = [threading.Thread(target=send, args=(n,)) for n in (1, 2, 3)]
     for t in followers:
         t.start()
-    deadline = time.monotonic() + 10
-    while len(coalescer) < 3 and time.monotonic() < deadline:  # followers queued
-        time.sleep(0.001)
+    wait_until(lambda: len(producer) == 3)
     release.set()
     for t in [leader, *followers]:
-        t.join(10)
-    assert results == {n: [f"id-{n}", f"id-{n + 100}"] for n in range(4)}
-    assert len(owner.flushes) == 2 and sorted(owner.flushes[1]) == [1, 2, 3, 101, 102, 103]
+        t.join(WAIT_S)
+    assert results == {n: [(f"id-{n}", 0), (f"id-{n + 100}", 0)] for n in range(4)}
+    flushes = transport.flushes()
+    assert len(flushes) == 2 and sorted(flushes[1]) == [1, 2, 3, 101, 102, 103]
 
 
-def test_with_two_flushes_in_flight_a_sender_is_not_held_behind_a_slow_flush():
-    release = threading.Event()
-    owner, coalescer = Owner(release), SendCoalescer(max_in_flight=2)
-    first = threading.Thread(target=coalescer.send, args=([0], owner.flush))
+def test_with_two_puts_in_flight_a_sender_is_not_held_behind_a_slow_put():
+    transport = FakeTransport()
+    transport.shards[0].hold = release = threading.Event()
+    producer = Producer(transport, "jobs", max_in_flight=2)
+    first = threading.Thread(target=producer.put, args=([producer.message(0)],))
     first.start()
-    deadline = time.monotonic() + 10
-    while owner.release is not None and time.monotonic() < deadline:  # first flush held
-        time.sleep(0.001)
-    assert coalescer.send([1], owner.flush) == ["id-1"]  # went out while the first is held
+    wait_until(lambda: transport.shards[0].hold is None)  # the first put is held
+    assert producer.put([producer.message(1)]) == [("id-1", 0)]
     release.set()
-    first.join(10)
-    assert owner.flushes == [[1], [0]]
+    first.join(WAIT_S)
+    assert transport.flushes() == [[1], [0]]
 
 
-def test_a_failed_flush_reaches_every_sender_of_it():
-    def broken(messages):
+def test_a_failed_put_reaches_every_sender_of_it():
+    transport = FakeTransport()
+
+    def broken(subqueue, batch):
         raise RuntimeError("shard gone")
 
+    transport.shards[0].put = broken
+    producer = Producer(transport, "jobs")
     with pytest.raises(RuntimeError, match="shard gone"):
-        SendCoalescer().send([1], broken)
+        producer.put([producer.message("m")])
+    assert producer.in_flight == 0
 
 
-def test_a_coalescer_does_not_keep_its_owner_alive():
-    owner, coalescer = Owner(), SendCoalescer()
-    assert coalescer.send(["m"], owner.flush) == ["id-m"]
-    gone = weakref.ref(owner)
-    del owner
-    gc.collect()
-    assert gone() is None and coalescer.send(["n"], Owner().flush) == ["id-n"]
-
-
-def test_a_sender_answered_in_a_loop_joins_the_next_flush_whole():
-    """Eight threads sending in a loop: each flush after the first carries (nearly) all
-    of them, not the one that arrived during the previous flush and then the rest."""
-    owner, coalescer = Owner(), SendCoalescer(max_in_flight=1)
-
-    def slow_flush(messages):
-        time.sleep(0.002)  # a put's round trip
-        return owner.flush(messages)
+def test_senders_answered_in_a_loop_join_the_next_put_whole():
+    """Eight threads sending in a loop: each put after the first carries (nearly) all of
+    them, not the one that arrived during the previous put and then the rest."""
+    transport = FakeTransport()
+    transport.shards[0].delay_s = 0.002
+    producer = Producer(transport, "jobs")
 
     def loop(n):
         for i in range(20):
-            assert coalescer.send([(n, i)], slow_flush) == [f"id-{(n, i)}"]
+            assert producer.put([producer.message(f"{n}.{i}")]) == [(f"id-{n}.{i}", 0)]
 
     threads = [threading.Thread(target=loop, args=(n,)) for n in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(30)
-    sizes = [len(f) for f in owner.flushes]
+    sizes = [len(f) for f in transport.flushes()]
     assert sum(sizes) == 160
-    assert sorted(sizes)[len(sizes) // 2] >= 6  # median flush: most of the eight senders
+    assert sorted(sizes)[len(sizes) // 2] >= 6  # median put: most of the eight senders
 
 
 def test_many_leaders_never_lose_the_lead():
-    """With several flushes in flight, a sender handed the lead after another leader
-    took its messages still leads (or gives the lead back): nobody waits forever."""
-    owner, coalescer = Owner(), SendCoalescer(max_in_flight=3)
+    """With several puts in flight, a sender handed the lead after another leader took
+    its messages still leads (or gives the lead back): nobody waits forever."""
+    transport = FakeTransport()
+    producer = Producer(transport, "jobs", max_in_flight=3)
     done = []
 
     def loop(n):
         for i in range(50):
-            coalescer.send([(n, i)], owner.flush)
+            producer.put([producer.message(f"{n}.{i}")])
         done.append(n)
 
     threads = [threading.Thread(target=loop, args=(n,)) for n in range(12)]
@@ -120,5 +236,4 @@ def test_many_leaders_never_lose_the_lead():
     for t in threads:
         t.join(30)
     assert sorted(done) == list(range(12))
-    assert coalescer._batcher.in_flight == 0
-    assert sum(len(f) for f in owner.flushes) == 600
+    assert producer.in_flight == 0 and sum(len(f) for f in transport.flushes()) == 600

@@ -10,6 +10,11 @@ manager tells every gate to forget its copy before it answers, so a new
 key works and a replaced one is refused from the next request on. A forged
 request never causes a fetch.
 
+What a request is checked against is its entry in :mod:`rayq.core.auth.operations`: an
+actor method carries it with ``@signed(entry)``, and :meth:`Gate.admit` checks the
+signature over the arguments bound by name, the queue it names, the subqueues and
+receipts the call touches, and whether the operation is the admin's alone.
+
 Seen nonces outlive a restart (rayq.core.auth.nonces): a gate starts with the nonces
 its actor stored, and with a ``journal`` it stores each verified request's nonce
 before the request acts. Shards pass none: they store nonces in the group commit
@@ -19,16 +24,19 @@ of the request itself.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rayq.core.auth import nonces
 from rayq.core.auth.accounts import (ADMIN, MAX_SKEW_S, Place, Signature, Verifier, check_access,
-                            check_admin, request_body)
+                                     check_admin)
+from rayq.core.auth.operations import Operation, Scope
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.kv import KV
-from rayq.core.codec.model import Receipt
-from rayq.errors import AuthError, ReceiptInvalid
+from rayq.errors import AuthError
 
 MAX_AGE_S = 30.0
 MIN_REFRESH_S = 1.0
@@ -39,8 +47,10 @@ Directory = tuple[dict[str, list[str]], dict[int, Place]]
 class Gate:
     def __init__(self, fetch: Callable[[], Awaitable[Directory]], skew_s: float = MAX_SKEW_S, *,
                  seen: Sequence[int] = (), journal: Callable[[bytes], None] | None = None,
-                 clock: Clock | None = None):
+                 clock: Clock | None = None, shard: int | None = None):
+        """``shard``: the index of the shard this gate guards (SUBQUEUES operations)."""
         self._fetch = fetch
+        self.shard = shard
         self.clock = clock or SystemClock()
         self._journal = journal
         self._keys: dict[str, list[str]] = {}
@@ -79,24 +89,37 @@ class Gate:
         await self._refresh()
         return dict(self._places)
 
-    async def account(self, auth: Signature | None, queue: str, operation: str, *args: Any) -> str:
-        """The account a request acts for; raises AuthError if its signature does not hold."""
+    async def admit(self, operation: Operation, auth: Signature | None,
+                    arguments: Mapping[str, Any]) -> str:
+        """The account a request for ``operation`` with ``arguments`` (bound by name) acts
+        for. Raises AuthError unless its signature holds for exactly these, it names the
+        queue it was signed for, and its account may run it (and touch every subqueue it
+        touches)."""
+        if auth is None:
+            return ADMIN
+        queue = (getattr(auth, "queue", "") if operation.scope is Scope.SUBQUEUES
+                 else operation.signed_queue(arguments))
+        account = await self.account(auth, queue, operation.name, operation.body(arguments))
+        if operation.scope is Scope.ADMIN:
+            check_admin(account, operation.name)
+        elif operation.scope is Scope.SUBQUEUES:
+            await self.check(account, queue, operation.method, self.shard,
+                             operation.touched(arguments))
+        return account
+
+    async def account(self, auth: Signature | None, queue: str, operation: str,
+                      body: bytes) -> str:
+        """The account a request acts for; raises AuthError if its signature over ``body``
+        does not hold."""
         if auth is None:
             return ADMIN
         await self._refresh()
-        account = self.verifier.verify(auth, queue, operation, request_body(*args),
-                                       self.clock.now())
+        account = self.verifier.verify(auth, queue, operation, body, self.clock.now())
         if self._journal is not None:  # durable before the request acts
             self._journal(nonces.nonce_key(auth))
         return account
 
-    async def admin(self, auth: Signature | None, operation: str, *args: Any) -> str:
-        """Like :meth:`account`, for operations only the ``default`` account may run."""
-        account = await self.account(auth, "", operation, *args)
-        check_admin(account, operation)
-        return account
-
-    async def check(self, account: str, queue: str, operation: str, shard: int,
+    async def check(self, account: str, queue: str, operation: str, shard: int | None,
                     subqueues: Iterable[Any]) -> None:
         """Raise AuthError unless ``account`` may run ``operation`` on every subqueue."""
         if account == ADMIN:
@@ -109,14 +132,70 @@ class Gate:
         for sq in subqueues:
             check_access(account, queue, self._places.get(sq), shard, operation)
 
-    async def allow(self, auth: Signature | None, operation: str, shard: int,
-                    subqueues: Iterable[Any], *args: Any) -> str:
-        """Verify a shard request and check it touches only subqueues of the queue it is
-        signed for that its account may use; returns the account."""
-        queue = getattr(auth, "queue", "")
-        account = await self.account(auth, queue, operation, *args)
-        await self.check(account, queue, operation, shard, subqueues)
-        return account
+    def task_types(self, account: str, subqueue: int) -> frozenset[str] | None:
+        """The job types ``account`` may put into ``subqueue``, when it is another owner's
+        task queue (None: no such limit). Call after :meth:`check` passed."""
+        place = self._places.get(subqueue)
+        if account == ADMIN or place is None or not place.tasks or place.owner == account:
+            return None
+        return place.types
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who a request acts for, handed to a ``@signed`` method that takes a ``caller``
+    parameter: its account, and its signature (None when unsigned; a shard stores the
+    signature's nonce in the request's own group commit)."""
+
+    account: str
+    auth: Signature | None = None
+
+
+UNSIGNED = Caller(ADMIN)
+
+
+def signed(operation: Operation) -> Callable:
+    """Make an actor method the signed operation ``operation``: the method takes the
+    entry's parameters (checked here, at import: TypeError if they differ) and, if it
+    wants to know who calls, a keyword-only ``caller``; callers pass ``auth=`` instead,
+    which ``self.gate`` (a :class:`Gate`) admits before the method runs."""
+    def wrap(method: Callable) -> Callable:
+        public, wants_caller = _public_signature(method, operation)
+
+        @functools.wraps(method)
+        async def admitted(self, *args: Any, auth: Signature | None = None, **kwargs: Any) -> Any:
+            caller = UNSIGNED
+            if auth is not None:
+                arguments = operation.bind(*args, **kwargs)
+                caller = Caller(await self.gate.admit(operation, auth, arguments), auth)
+            if wants_caller:
+                kwargs["caller"] = caller
+            return await method(self, *args, **kwargs)
+
+        # What Ray and the local channel bind calls to. Ray reads the signature of the
+        # innermost function a __wrapped__ chain leads to: the chain ends here.
+        admitted.__signature__ = public
+        del admitted.__wrapped__
+        admitted.operation = operation
+        return admitted
+    return wrap
+
+
+def _public_signature(method: Callable, operation: Operation) -> tuple[inspect.Signature, bool]:
+    """(``method``'s signature as callers see it: ``caller`` replaced by ``auth``, whether
+    it takes ``caller``). Raises TypeError unless it takes the entry's parameters."""
+    own = inspect.signature(method)
+    params = [p for p in own.parameters.values() if p.name != "caller"]
+    shape = [(p.name, p.kind, p.default) for p in params[1:]]  # without self
+    if shape != [(p.name, p.kind, p.default) for p in operation.signature.parameters.values()]:
+        raise TypeError(f"{method.__qualname__} does not take the parameters of "
+                        f"{operation.name}: {operation.signature}")
+    wants_caller = "caller" in own.parameters
+    if wants_caller and own.parameters["caller"].kind is not inspect.Parameter.KEYWORD_ONLY:
+        raise TypeError(f"{method.__qualname__}: caller is a keyword-only parameter")
+    auth = inspect.Parameter("auth", inspect.Parameter.KEYWORD_ONLY, default=None,
+                             annotation="Signature | None")
+    return own.replace(parameters=[*params, auth]), wants_caller
 
 
 def durable_gate(fetch: Callable[[], Awaitable[Directory]], kv: KV,
@@ -129,23 +208,6 @@ def durable_gate(fetch: Callable[[], Awaitable[Directory]], kv: KV,
     def journal(key: bytes) -> None:
         kv.transact(lambda txn: nonces.remember(txn, [key], clock.now()))
     return Gate(fetch, seen=nonces.load(kv, clock.now()), journal=journal, clock=clock)
-
-
-def named_subqueues(subqueues: Any) -> list:
-    """The subqueues a request names, for :meth:`Gate.check` (a non-list names none
-    that may be used: the gate refuses it for an account)."""
-    return list(subqueues) if isinstance(subqueues, (list, tuple)) else [None]
-
-
-def receipt_subqueues(receipts: Any) -> list:
-    """The subqueues receipts point into; malformed ones are left to the store to refuse."""
-    out = []
-    for receipt in named_subqueues(receipts):
-        try:
-            out.append(Receipt.decode(receipt).subqueue)
-        except ReceiptInvalid:
-            pass
-    return out
 
 
 def check_reads_own(account: str, subqueues: Any) -> None:

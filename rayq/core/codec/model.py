@@ -6,16 +6,18 @@ types, fairness keys or limits lives here.
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
 from rayq.errors import InvalidMessage, MessageTooLarge, ReceiptInvalid
 
 US = 1_000_000
+ALL_TENANTS = "*"  # a flooder entry naming every tenant of a type
 MAX_NAME_CHARS = 128
 # Explicit limits for every msgpack decode of untrusted bytes.
 _UNPACK_LIMITS = dict(max_str_len=16 << 20, max_bin_len=16 << 20,
@@ -108,6 +110,27 @@ def check_seconds(value: Any, what: str, low: float, high: float) -> float:
     if not low <= value <= high:
         raise InvalidMessage(f"{what} must be within [{low}, {high}] seconds, got {value}")
     return float(value)
+
+
+ID_TAG_BYTES = 8
+
+
+def message_id(store_hex: str, id_key: bytes, seq: int) -> str:
+    """A message's id: its store, its seq (rows stay ordered by seq; the id is never
+    parsed back) and a tag keyed with the store's secret ``id_key``, so that knowing
+    one id does not tell another (a task's id is what its outcome is read by)."""
+    tag = hashlib.blake2b(seq.to_bytes(8, "big"), key=id_key, digest_size=ID_TAG_BYTES)
+    return f"{store_hex}-{seq:x}-{tag.hexdigest()}"
+
+
+MAX_WAIT_S = 20.0  # the longest a receive parks, as SQS's WaitTimeSeconds
+
+
+def long_poll_s(wait_s: Any) -> float:
+    """How long a receive asked to wait ``wait_s`` parks: at most MAX_WAIT_S, so that a
+    caller cannot park one forever. Raises InvalidMessage for a negative, NaN or
+    non-numeric wait."""
+    return min(check_seconds(wait_s or 0.0, "wait_s", 0.0, float("inf")), MAX_WAIT_S)
 
 
 def check_count(value: Any, what: str, low: int, high: int) -> int:
@@ -205,6 +228,23 @@ class SubqueueState(Enum):
 # message of one fairness key in one subqueue is the first row of its prefix.
 ROW_KEY = struct.Struct(">IIQQ")
 PREFIX = struct.Struct(">II")
+
+
+class CountKind(str, Enum):
+    """Where the messages of a shard's tenant count are: live rows or the spill store.
+    A str value, so a count travels to policy as plain data."""
+
+    LIVE = "L"
+    SPILLED = "S"
+
+
+class TenantCount(NamedTuple):
+    """The name of one of a shard's tenant counts: (kind, subqueue, type, tenant)."""
+
+    kind: CountKind
+    subqueue: int
+    type: str
+    tenant: str
 
 
 class Ending(Enum):

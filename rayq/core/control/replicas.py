@@ -15,22 +15,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from rayq.core.control.placement import ShardPlace, new_follower_node
 from rayq.core.kit.kv import WriteSet
-from rayq.errors import NotEnoughReplicas, ReplicaBehind, StaleEpoch
-
-
-def check_epoch(held: int, offered: int, what: str = "write") -> None:
-    """Raise StaleEpoch when ``offered`` is older than the ``held`` epoch."""
-    if offered < held:
-        raise StaleEpoch(f"{what} under epoch {offered} refused: this replica holds epoch {held}")
-
-
-def fresh_count(applied_seq: int, first_seq: int, count: int) -> int:
-    """How many of ``count`` write sets numbered from ``first_seq`` a follower that
-    applied through ``applied_seq`` still lacks (the rest came before: a resend).
-    Raises ReplicaBehind when they start past a gap: the follower missed some."""
-    if first_seq > applied_seq + 1:
-        raise ReplicaBehind(f"write sets from {first_seq} offered to a replica at {applied_seq}")
-    return max(0, first_seq + count - 1 - applied_seq)
+from rayq.core.storage.replica import check_epoch
+from rayq.errors import NotEnoughReplicas
 
 
 def acked_through(acked: Mapping[str, int], followers: Collection[str], committed: int) -> int:

@@ -10,9 +10,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rayq.core.control.replicas import check_epoch, fresh_count
 from rayq.core.kit.kv import KV, WriteSet, apply_writes
 from rayq.core.storage.layout import REPLICA_KEY, read_replica_state, replica_state
+from rayq.errors import ReplicaBehind, StaleEpoch
+
+
+def check_epoch(held: int, offered: int, what: str = "write") -> None:
+    """Raise StaleEpoch when ``offered`` is older than the ``held`` epoch."""
+    if offered < held:
+        raise StaleEpoch(f"{what} under epoch {offered} refused: this replica holds epoch {held}")
+
+
+def fresh_count(applied_seq: int, first_seq: int, count: int) -> int:
+    """How many of ``count`` write sets numbered from ``first_seq`` a follower that
+    applied through ``applied_seq`` still lacks (the rest came before: a resend).
+    Raises ReplicaBehind when they start past a gap: the follower missed some."""
+    if first_seq > applied_seq + 1:
+        raise ReplicaBehind(f"write sets from {first_seq} offered to a replica at {applied_seq}")
+    return max(0, first_seq + count - 1 - applied_seq)
 
 
 class Replica:
