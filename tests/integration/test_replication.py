@@ -50,7 +50,7 @@ def test_a_paused_leader_is_replaced_and_its_later_writes_are_refused():
     assert result["epochs"][1] > result["epochs"][0]
     # refused by the followers' newer epoch, or the old leader was stopped for good
     assert result["old_write"] in ("refused: StaleEpoch", "refused: ActorDiedError"), result
-    assert result["lost"] == 0 and result["acked"] == 400
+    assert result["lost"] == 0 and result["acked"] == 401
 
 
 def test_a_data_node_that_joins_gets_a_seeded_follower_of_every_shard():

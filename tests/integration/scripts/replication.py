@@ -28,6 +28,8 @@ from ray.cluster_utils import Cluster
 import rayq
 from actors import NAMESPACE, shard_name
 from rayq.config import Config, ConsumerConfig, ScalingConfig, StoreConfig
+from rayq.core.codec.model import NewMessage, encode_body
+from rayq.core.codec.wire import encode_messages
 
 NODES = ("n1", "n2", "n3")
 SYSTEM = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500,
@@ -173,6 +175,10 @@ def pause(cluster, nodes, data_dir) -> dict:
     places = ray.get(manager.places.remote())
     shard = next(k for k, p in places.items() if p.leader != "n1")  # not the control node's
     old = ray.get_actor(shard_name(shard), namespace=NAMESPACE)
+    route = queue._transport.route(queue.name)
+    [sq] = [s.id for s in route.queue.subqueues if s.shard == shard]
+    batch = encode_messages([NewMessage(encode_body("late", 1 << 20), "t", "k", "k")])
+    acked |= set(ray.get(old.put.remote(sq, batch, auth=None)))  # the same write, acked now
     pid = ray.get(old.process.remote())["pid"]
     os.kill(pid, signal.SIGSTOP)
     deadline = time.monotonic() + 60
@@ -185,9 +191,8 @@ def pause(cluster, nodes, data_dir) -> dict:
     acked |= set(queue.send_batch([rayq.Outgoing(i) for i in range(100, 300)]))
     os.kill(pid, signal.SIGCONT)
     # the old leader, resumed, must not acknowledge a write any more
-    old_write = "refused"
     try:
-        ray.get(old.put.remote(0, b"", None), timeout=30)  # any write: refused or dead
+        ray.get(old.put.remote(sq, batch, auth=None), timeout=30)
         old_write = "acknowledged"
     except Exception as err:  # StaleEpoch, or the actor was killed for good
         old_write = f"refused: {type(err).__name__}"
