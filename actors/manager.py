@@ -35,7 +35,7 @@ from rayq.core.control.registry import (QueueInfo, QueueRegistry, check_queue_re
 from rayq.core.control.scaling import OpRates, QuietTracker, decide, loads_of
 from rayq.core.codec.tasks import TaskRegistry, TaskSpec
 from rayq.errors import RayqError
-from rayq.remote import NO_RETRY, call_all_async, call_async, running, shard_link
+from rayq.remote import NO_RETRY, call_all_async, call_async, running
 
 MAX_CONSUMERS = 1000
 FORGET_TIMEOUT_S = 10.0

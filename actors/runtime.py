@@ -6,7 +6,7 @@ import time
 
 import ray
 
-from actors import COORDINATOR, FLOOD_DETECTOR, MANAGER, NAMESPACE, consumer_name, shard_name
+from actors import COORDINATOR, FLOOD_DETECTOR, MANAGER, consumer_name, shard_name
 from actors.coordinator import CoordinatorRemote
 from actors.flood import FloodRemote
 from actors.kit import manager_handle, shard_handles

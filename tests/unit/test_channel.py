@@ -557,3 +557,35 @@ def test_a_restarted_server_binds_in_the_same_folder_and_leaves_nothing_behind(t
 
     path = asyncio.run(both())
     assert not os.path.exists(os.path.dirname(path))
+
+
+class _Handle:
+    """A stand-in for an actor handle: an id, and a method whose remote call says who ran."""
+
+    def __init__(self, actor_id: str):
+        self._actor_id = actor_id
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        handle = self
+
+        class _M:
+            def remote(self, *args, **kwargs):
+                return (handle._actor_id, name)
+        return _M()
+
+
+def test_a_link_finds_its_shards_new_leader_once_a_call_met_a_lost_actor():
+    from rayq.channel import actor_lost
+
+    current = {"handle": _Handle("old")}
+    link = ShardLink(current["handle"], use_channel=False, resolve=lambda: current["handle"])
+    assert link.request("put", (1, b""), {}) == ("old", "put")
+    current["handle"] = _Handle("new")           # failover: a new actor under the name
+    assert link.stats.remote() == ("old", "stats")  # nothing lost yet: the old handle
+    actor_lost()
+    assert link.request("put", (1, b""), {}) == ("new", "put")
+    assert link.stats.remote() == ("new", "stats")
+    revived = pickle.loads(pickle.dumps(ShardLink(_Handle("x"), False, None)))
+    assert revived.handle._actor_id == "x"
