@@ -137,9 +137,11 @@ class ShardActor:
                      signed: Signature | None = None, **kwargs) -> Any:
         """Run store call ``name`` in the next group commit, with the nonce of the
         request that ``signed`` it (None: unsigned, or a later round of a long poll)."""
-        if self.shipper is not None:
+        if self.shipper is not None:  # refused before it is stored: too few copies
             self.shipper.check()
-        result = await acknowledged(self._enqueue(subqueue, name, *args, signed=signed, **kwargs))
+        pending = self._enqueue(subqueue, name, *args, signed=signed, **kwargs)
+        # one copy: the commit is the acknowledgement
+        result = await (pending if self.shipper is None else acknowledged(pending))
         if isinstance(result, BaseException):
             raise result
         return result
