@@ -13,6 +13,7 @@ from actors.kit import manager_handle, shard_handles
 from actors.manager import QueueManager
 from actors.placement import data_nodes, pinned, publish, published_places, shards_on_disk
 from actors.replicas import ACTOR_OPTIONS, start_followers, start_shard
+from actors.shipping import FOLLOWER_PREFIX
 from rayq.config import Config
 from rayq.core.control.placement import (DataNode, ShardPlace, default_replicas, node_folder,
                                          plan_shards)
@@ -96,11 +97,14 @@ def find_runtime() -> dict:
 
 def stop_runtime(timeout_s: float = 30.0, clock: Clock = SystemClock()) -> None:
     """Kill every runtime actor (data stays on disk) and wait until they are gone."""
-    # Callers before callees: consumers, then the coordinator and manager, shards last.
-    names = sorted(actor_names(), key=lambda n: (n.startswith(shard_name("")),
-                                                 not n.startswith(consumer_name(""))))
-    for handle in running(names).values():
-        ray.kill(handle, no_restart=True)
     deadline = clock.monotonic() + timeout_s
-    while actor_names() and clock.monotonic() < deadline:
-        time.sleep(0.05)
+    # Callers before callees: consumers, then the coordinator and manager, shards, and
+    # the shards' followers once their leaders are gone (nothing left to ship to them).
+    for followers in (False, True):
+        names = sorted((n for n in actor_names() if n.startswith(FOLLOWER_PREFIX) == followers),
+                       key=lambda n: (n.startswith(shard_name("")),
+                                      not n.startswith(consumer_name(""))))
+        for handle in running(names).values():
+            ray.kill(handle, no_restart=True)
+        while set(names) & set(actor_names()) and clock.monotonic() < deadline:
+            time.sleep(0.05)

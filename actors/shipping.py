@@ -20,8 +20,11 @@ from rayq.core.storage.layout import REPLICA_KEY, read_replica_state, replica_st
 from rayq.remote import IN_RUNTIME, NO_RETRY, call_async
 
 
+FOLLOWER_PREFIX = "rayq-follower-"
+
+
 def follower_name(index: int, node: str) -> str:
-    return f"rayq-follower-{index}-{node}"
+    return f"{FOLLOWER_PREFIX}{index}-{node}"
 
 
 class RayPeers:

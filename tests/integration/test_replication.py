@@ -60,3 +60,9 @@ def test_a_data_node_that_joins_gets_a_seeded_follower_of_every_shard():
         assert "n3" in in_sync and epoch > 1
         assert len(set(result["rows"][shard].values())) == 1, result["rows"]  # same rows
     assert result["lost"] == 0
+
+
+def test_a_restarted_runtime_keeps_its_places_and_its_followers_in_sync():
+    result = scenario("restart")
+    assert result["after"] == result["before"]  # no follower fell out of sync
+    assert result["lost"] == 0 and result["acked"] == 400

@@ -8,6 +8,8 @@ Modes:
   deleted; every acknowledged message is received afterwards;
 - ``pause``: a leader is paused (SIGSTOP) until the manager promotes its follower,
   then resumed: its later writes are refused and nothing acknowledged is lost;
+- ``restart``: the runtime stopped and started again keeps its places, its followers
+  in sync and every acknowledged message;
 - ``grow``: two data nodes and three copies wanted; a third node joins while senders
   run, and every shard gets a follower seeded there (a copy, then the write sets
   after it) that joins the in-sync set with the same rows as its leader.
@@ -203,6 +205,22 @@ def pause(cluster, nodes, data_dir) -> dict:
             "acked": len(acked), "lost": len(acked - received)}
 
 
+def restart(cluster, nodes, data_dir) -> dict:
+    client, queue = start(data_dir)
+    acked = set(queue.send_batch([rayq.Outgoing(i) for i in range(300)]))
+    before = {k: [list(p.in_sync), p.epoch]
+              for k, p in ray.get(ray.get_actor("rayq-manager").places.remote()).items()}
+    rayq.shutdown()
+    client, queue = start(data_dir)
+    acked |= set(queue.send_batch([rayq.Outgoing(i) for i in range(300, 400)]))
+    time.sleep(3.0)  # a follower found out of sync would have been taken out by now
+    after = {k: [list(p.in_sync), p.epoch]
+             for k, p in ray.get(ray.get_actor("rayq-manager").places.remote()).items()}
+    received = drain(queue, acked)
+    return {"before": before, "after": after, "acked": len(acked),
+            "lost": len(acked - received)}
+
+
 def rows(folder: str) -> int:
     """Rows in the LMDB store at ``folder`` (read-only, beside the running shard)."""
     import lmdb
@@ -244,7 +262,8 @@ def main() -> None:
     cluster, nodes = cluster_up(NODES[:2] if mode == "grow" else NODES)
     data_dir = tempfile.mkdtemp(prefix=f"rayq-replication-{mode}-")
     try:
-        result = {"copies": copies, "node_kill": node_kill, "pause": pause, "grow": grow}[mode](
+        result = {"copies": copies, "node_kill": node_kill, "pause": pause, "grow": grow,
+                  "restart": restart}[mode](
             cluster, nodes, data_dir)
         print(json.dumps(result), flush=True)
     finally:
