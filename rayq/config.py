@@ -100,6 +100,10 @@ class FloodConfig:
     healthy_depth: int = 50_000
     exit_dedicated: int = 5_000
     exit_shared: int = 50_000
+    # Every n-th receive on a shard that holds a flooder's dedicated subqueue behind
+    # live ones serves the dedicated one first (docs/flood-detection.md): the source
+    # text's dedicated queue is one more broker queue, served in turn with the rest.
+    dedicated_turn_every: int = 2
 
 
 @dataclass(frozen=True)

@@ -173,3 +173,54 @@ def test_one_receive_reads_a_constant_number_of_rows_whatever_lies_ahead(tmp_pat
     assert [decode_body(m.body) for m in store.receive(0, 1, 30)] == ["fresh"]
     assert store.stats().rows_scanned - before <= 2
     store.close()
+
+
+# -- a key's latency: the age of its oldest message -------------------------------------
+def latency_of(store) -> float:
+    [depth] = store.depths()
+    return depth.latency_s
+
+
+def test_a_redelivered_message_keeps_its_age_from_its_enqueue(tmp_path):
+    clock = FakeClock(1000.0)
+    store = open_store(tmp_path / "db", clock)
+    store.put(0, [message("a")])
+    clock.advance(4)
+    assert store.receive(0, 1, 1.0)  # hidden for 1 s, then visible again
+    clock.advance(2)
+    assert latency_of(store) == pytest.approx(6.0)
+
+
+def test_a_deferred_message_keeps_its_age_from_its_enqueue(tmp_path):
+    clock = FakeClock(1000.0)
+    store = open_store(tmp_path / "db", clock)
+    store.put(0, [message("a")])
+    clock.advance(3)
+    [got] = store.receive(0, 1, 30)
+    store.defer(got.receipt, 1.0)
+    clock.advance(2)
+    assert latency_of(store) == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize("delay_s, after_s, latency_s", [
+    (0, 5, 5.0),    # waiting since it was sent
+    (10, 12, 2.0),  # a delay is the sender's choice: the wait starts when it ends
+    (10, 5, 0.0),   # still delayed: nothing of the key is waiting
+])
+def test_a_never_received_message_waits_from_when_it_became_visible(tmp_path, delay_s, after_s,
+                                                                     latency_s):
+    clock = FakeClock(1000.0)
+    store = open_store(tmp_path / "db", clock)
+    store.put(0, [message("a", delay_s=delay_s)])
+    clock.advance(after_s)
+    assert latency_of(store) == pytest.approx(latency_s)
+
+
+def test_a_message_in_flight_is_not_waiting(tmp_path):
+    clock = FakeClock(1000.0)
+    store = open_store(tmp_path / "db", clock)
+    store.put(0, [message("a")])
+    clock.advance(4)
+    assert store.receive(0, 1, 30)
+    clock.advance(2)
+    assert latency_of(store) == 0.0

@@ -79,6 +79,14 @@ def enqueued_us(value: bytes) -> int:
     return _U64.unpack(value[:8])[0]
 
 
+def waiting_since_us(value: bytes, visible_us: int) -> int:
+    """When the message of a visible row started to wait, in µs: when it became visible
+    if never received (no nonce yet: its delay is the sender's choice, not a wait), else
+    when it was enqueued (a redelivery, a retry's back-off or a deferral does not restart
+    its age)."""
+    return visible_us if nonce_of(value) == NO_NONCE else _U64.unpack(value[:8])[0]
+
+
 def flags_of(value: bytes) -> int:
     return value[20]
 

@@ -48,7 +48,9 @@ from rayq.errors import InvalidMessage, RayqError, StoreBug, StoreError
 class KeyDepth:
     """Depth and latency of one fairness key in one subqueue.
 
-    latency_s: how long the oldest visible message has been waiting (0 when none is visible).
+    latency_s: the age of the oldest visible message (0 when none is visible): from its
+    enqueue, or from the end of its delay if it was never received, so a redelivery or a
+    retry's back-off does not reset it (docs/fairness-coordinator.md).
     """
 
     subqueue: int
@@ -459,7 +461,8 @@ class ShardStore:
                 for row_key, value in txn.scan("rows", PREFIX.pack(sq, kid), PREFIX.pack(sq, kid + 1)):
                     visible_us = ROW_KEY.unpack(row_key)[2]
                     oldest = rows.enqueued_us(value) / US
-                    latency = max(0.0, (now_us - visible_us) / US)
+                    if visible_us <= now_us:  # else every row of the key is hidden
+                        latency = (now_us - rows.waiting_since_us(value, visible_us)) / US
                     break
                 out.append(KeyDepth(sq, self._key_names[kid], n, latency, oldest))
             return out
