@@ -104,3 +104,28 @@ def test_a_queues_metadata_state_and_approximate_count(client):
     assert [m.body for m in owner_queue.receive(wait_s=5)] == ["welcome again"]
     with pytest.raises(rayq.InvalidMessage):
         owner_queue.set_metadata({"bad name": "x"})
+
+
+def test_a_queue_scales_out_past_the_number_of_shards_losing_nothing(ray_session,
+                                                                    tmp_path_factory):
+    scaling = rayq.ScalingConfig(interval_s=0.2, scale_up_ops_per_s=300, idle_s=3600,
+                                 max_subqueues=3)
+    client, _ = start_runtime(tmp_path_factory, Config(store=StoreConfig(shards=1),
+                                                       consumers=ConsumerConfig(count=0),
+                                                       scaling=scaling), name="one-shard")
+    queue = client.create_queue("wide", max_receives=None)
+    sent: list[str] = []
+
+    def grown():
+        producer = rayq.connect().queue("wide")  # new sessions spread over the subqueues
+        for _ in range(3):
+            sent.extend(producer.send_batch([rayq.Outgoing(i) for i in range(100)]))
+        live = [s for s in queue.stats().subqueues if s["state"] == "all"]
+        return len(live) == 3 and live
+
+    live = wait_until(grown, 120, interval_s=0, what="three subqueues on one shard")
+    assert {s["shard"] for s in live} == {0}
+    received = set()
+    while got := queue.receive(max_messages=1000, visibility_timeout_s=600):
+        received.update(m.id for m in got)
+    assert received == set(sent)
