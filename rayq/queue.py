@@ -286,7 +286,7 @@ class Queue:
                                           queue=self.name):
                 if d.subqueue in mine:
                     old = keys.get(d.key, KeyStats(0, 0.0))
-                    keys[d.key] = KeyStats(old.depth + d.count, max(old.oldest_age_s, d.latency_s))
+                    keys[d.key] = KeyStats(old.depth + d.count, max(old.oldest_age_s, d.oldest_age_s))
         try:  # the dead-letter queue is in the same account's namespace
             dlq = Queue(self._transport, self.name + DLQ_SUFFIX).count() if not queue.is_dlq else 0
         except RayqError:
