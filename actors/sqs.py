@@ -6,7 +6,11 @@ spreads connections over them. A replica verifies each request's SigV4
 signature against the account keys it copies from the manager, then runs the
 operation (:class:`rayq.sqs.api.SqsApi`) on a thread pool through a rayq Client
 that signs for the caller's account, so the runtime's gates check every
-request as they check any client's. :class:`SqsState` persists the queue
+request as they check any client's. A request's Authorization header (account,
+scope, time) is checked before its body is read; bodies are read against a
+size limit, a deadline and a budget shared by all connections; each account gets
+a bounded share of threads and requests (:mod:`rayq.sqs.admission`), and a long
+poll waits on the event loop, not on a thread. :class:`SqsState` persists the queue
 settings rayq's registry does not keep and forwards changed receipt handles.
 """
 
@@ -14,9 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import threading
 import uuid
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 import ray
@@ -29,20 +33,26 @@ from rayq.core.auth.accounts import Signer
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.codec.model import pack, unpack
 from rayq.remote import call, call_async, named
+from rayq.sqs.admission import BodyBudget, Forwards, Shares, long_poll
 from rayq.sqs.api import SqsApi
 from rayq.sqs.attributes import Settings
 from rayq.sqs.errors import SqsError
 from rayq.sqs.protocol import JSON_TYPE, decode_request
-from rayq.sqs.sigv4 import Caller, SignedRequest, verify
+from rayq.sqs.sigv4 import Caller, Claim, SignedRequest, claim, verify, verify_claim
 
 STATE = "rayq-sqs-state"
 KEYS_MAX_AGE_S = 2.0      # a replaced key is refused here at most this long after rotation
 KEYS_MIN_REFRESH_S = 1.0  # unknown keys refetch at most this often (forgeries cannot flood)
 SETTINGS_TTL_S = 2.0      # another replica's SetQueueAttributes shows here within this
-MAX_FORWARDS = 100_000
-WORKER_THREADS = 64       # long polls hold a thread up to 20 s each
+WORKER_THREADS = 64       # a thread is held for one rayq call, never for a parked long poll
+THREADS_PER_ACCOUNT = WORKER_THREADS // 4
+IN_FLIGHT_PER_ACCOUNT = 256  # admitted requests of one account, parked long polls included
 # A batch carries up to 1 MiB of bodies; JSON escapes (\uXXXX for non-ASCII) can triple it.
 MAX_REQUEST_BYTES = 8 << 20
+MAX_BUFFERED_BYTES = 8 * MAX_REQUEST_BYTES  # bodies being read at once, all connections
+BODY_TIMEOUT_S = 10.0     # a body must arrive within this of its headers
+MAX_CONNECTIONS = 1024    # open connections per replica; more are closed at once
+KEEPALIVE_S = 15.0        # an idle keep-alive connection is closed after this
 
 
 def replica_name(index: int | str) -> str:
@@ -52,11 +62,13 @@ def replica_name(index: int | str) -> str:
 class SqsState:
     """Queue settings, persisted (LMDB, fsync'd), and receipt forwards, in memory: after a
     ChangeMessageVisibility rayq's receipt changes while the client keeps its handle.
-    Forwards are lost when this actor restarts; the handle then needs a new receive."""
+    Forwards are lost when this actor restarts; the handle then needs a new receive.
+    Each queue owner keeps its own bounded share (:class:`Forwards`), so one account's changes
+    never push out another's."""
 
     def __init__(self, data_dir: str):
         self.kv = open_kv(data_dir, "sqs", map_size=16 << 20)
-        self._forwards: OrderedDict[str, str] = OrderedDict()
+        self._forwards = Forwards()
 
     def settings(self, account: str, queue: str) -> dict | None:
         raw = self.kv.read(lambda txn: txn.get("meta", _key(account, queue)))
@@ -69,14 +81,11 @@ class SqsState:
         else:
             self.kv.transact(lambda txn: txn.put("meta", key, pack(record)))
 
-    def forward(self, handle: str) -> str | None:
-        return self._forwards.get(handle)
+    def forward(self, owner: str, handle: str) -> str | None:
+        return self._forwards.get(owner, handle)
 
-    def record(self, handle: str, receipt: str) -> None:
-        self._forwards[handle] = receipt
-        self._forwards.move_to_end(handle)
-        while len(self._forwards) > MAX_FORWARDS:
-            self._forwards.popitem(last=False)
+    def record(self, owner: str, handle: str, receipt: str) -> None:
+        self._forwards.put(owner, handle, receipt)
 
     def ping(self) -> int:
         return 1
@@ -93,7 +102,7 @@ class ReplicaState:
     def __init__(self, state, clock: Clock):
         self._state, self.clock = state, clock
         self._settings: dict[tuple[str, str], tuple[float, Settings]] = {}
-        self._forwards: OrderedDict[str, str] = OrderedDict()
+        self._forwards = Forwards()
 
     def settings(self, account: str, queue: str) -> Settings:
         cached = self._settings.get((account, queue))
@@ -108,14 +117,13 @@ class ReplicaState:
         call(lambda: self._state.save.remote(account, queue, record))
         self._settings.pop((account, queue), None)
 
-    def forward(self, handle: str) -> str | None:
-        return self._forwards.get(handle) or call(lambda: self._state.forward.remote(handle))
+    def forward(self, owner: str, handle: str) -> str | None:
+        return (self._forwards.get(owner, handle)
+                or call(lambda: self._state.forward.remote(owner, handle)))
 
-    def record(self, handle: str, receipt: str) -> None:
-        call(lambda: self._state.record.remote(handle, receipt))
-        self._forwards[handle] = receipt
-        while len(self._forwards) > MAX_FORWARDS:
-            self._forwards.popitem(last=False)
+    def record(self, owner: str, handle: str, receipt: str) -> None:
+        call(lambda: self._state.record.remote(owner, handle, receipt))
+        self._forwards.put(owner, handle, receipt)
 
 
 class AccountSigner(Signer):
@@ -158,7 +166,7 @@ class SqsEndpoint:
     """One HTTP replica of the SQS endpoint, serving from its constructor on."""
 
     def __init__(self, host: str, port: int, manager, shards: list, config: Config,
-                 clock: Clock | None = None):
+                 clock: Clock | None = None, tls: tuple[str, str] | None = None):
         self._manager, self._shards, self._config = manager, shards, config
         self.clock = clock or SystemClock()
         self.address = (host, port)
@@ -167,14 +175,23 @@ class SqsEndpoint:
         self._keys = Keys(manager, self.clock)
         self._api = SqsApi(self._client, ReplicaState(named(STATE), self.clock))
         self._pool = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="sqs")
-        self._served = asyncio.get_running_loop().create_task(self._listen(host, port))
+        self._shares = Shares(in_flight_per_account=IN_FLIGHT_PER_ACCOUNT,
+                              threads_per_account=THREADS_PER_ACCOUNT)
+        self._budget = BodyBudget(MAX_BUFFERED_BYTES)
+        self._served = asyncio.get_running_loop().create_task(self._listen(host, port, tls))
 
-    async def _listen(self, host: str, port: int) -> None:
+    async def _listen(self, host: str, port: int, tls: tuple[str, str] | None) -> None:
         app = web.Application(client_max_size=MAX_REQUEST_BYTES)
         app.router.add_route("*", "/{tail:.*}", self._serve)
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, access_log=None, keepalive_timeout=KEEPALIVE_S)
         await runner.setup()
-        await web.TCPSite(runner, host, port, reuse_port=True, reuse_address=True).start()
+        server = runner.server
+
+        def connection():  # past the cap a connection is closed before it is read
+            return server() if len(server.connections) < MAX_CONNECTIONS else _Refused()
+
+        self._server = await asyncio.get_running_loop().create_server(
+            connection, host, port, reuse_port=True, reuse_address=True, ssl=_tls_context(tls))
 
     async def ready(self) -> tuple[str, int]:
         """(host, port) once the server listens (raises if it could not bind)."""
@@ -195,16 +212,17 @@ class SqsEndpoint:
 
     async def _serve(self, request: web.Request) -> web.Response:
         try:
-            body = await request.read()
-            signed = SignedRequest(request.method, request.path, request.query_string,
-                                   {k.lower(): ",".join(request.headers.getall(k))
-                                    for k in request.headers.keys()}, body)
-            caller = await self._verify(signed)
-            action, params = decode_request(request.method,
-                                            request.headers.get("X-Amz-Target", ""), body)
-            result = await asyncio.get_running_loop().run_in_executor(
-                self._pool, self._api.handle, action, params, caller, request.host)
-            return _reply(200, result)
+            headers = {k.lower(): ",".join(request.headers.getall(k))
+                       for k in request.headers.keys()}
+            found = await self._claim(headers)  # before a byte of the body is read
+            with self._shares.admit(found.account):
+                body = await self._body(request)
+                signed = SignedRequest(request.method, request.path, request.query_string,
+                                       headers, body)
+                caller = await self._verify(signed, found)
+                action, params = decode_request(request.method, headers.get("x-amz-target", ""),
+                                                body)
+                return _reply(200, await self._run(action, params, caller, request.host))
         except SqsError as err:
             if err.code == "InvalidClientTokenId":
                 self._keys.forget()  # the runtime refused a key our copy still had
@@ -213,16 +231,70 @@ class SqsEndpoint:
             failure = SqsError("InternalFailure", f"{type(err).__name__}: {err}", 500, sender=False)
             return _reply(500, failure.body(), x_amzn_query_error=failure.query_error())
 
-    async def _verify(self, signed: SignedRequest) -> Caller:
+    async def _claim(self, headers: dict[str, str]) -> Claim:
         await self._keys.fresh()
         try:
-            return verify(signed, self._keys.get, self.clock.now())
+            return claim(headers, self._keys.get, self.clock.now())
         except SqsError as err:
-            if err.code not in ("InvalidClientTokenId", "SignatureDoesNotMatch"):
+            if err.code != "InvalidClientTokenId" or not await self._keys.fresh(force=True):
                 raise
-            if not await self._keys.fresh(force=True):  # a key made since our copy?
+            return claim(headers, self._keys.get, self.clock.now())  # an account made since
+
+    async def _body(self, request: web.Request) -> bytes:
+        """The body, read within BODY_TIMEOUT_S and the replica's byte budget. Raises
+        SqsError (411 without a length, 413 past MAX_REQUEST_BYTES, 408 when slow)."""
+        size = request.content_length
+        if size is None:
+            if request.body_exists:
+                raise SqsError("MissingContentLength", "A request body needs a Content-Length.",
+                               status=411)
+            size = 0
+        if size > MAX_REQUEST_BYTES:
+            raise SqsError("RequestEntityTooLarge", f"The request body is over "
+                           f"{MAX_REQUEST_BYTES} bytes.", status=413)
+        with self._budget.hold(size):
+            try:
+                return await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                raise SqsError("RequestTimeout", "The request body did not arrive within "
+                               f"{BODY_TIMEOUT_S:.0f} s.", status=408) from None
+
+    async def _verify(self, signed: SignedRequest, found: Claim) -> Caller:
+        try:
+            return verify_claim(signed, found)
+        except SqsError as err:
+            if err.code != "SignatureDoesNotMatch" or not await self._keys.fresh(force=True):
                 raise
-            return verify(signed, self._keys.get, self.clock.now())
+            return verify(signed, self._keys.get, self.clock.now())  # a key rotated since
+
+    async def _run(self, action: str, params, caller: Caller, host: str) -> dict:
+        """The action's answer. A long poll retries a non-waiting receive, parked on the
+        event loop between tries; every try holds one of the account's threads briefly."""
+        def in_thread(fn, *args):
+            return self._shares.in_thread(caller.account, self._pool, fn, *args)
+
+        wait_s = await in_thread(self._api.long_poll_s, action, params, caller, host)
+        if not wait_s:
+            return await in_thread(self._api.handle, action, params, caller, host)
+        once = {**params, "WaitTimeSeconds": 0}
+        return await long_poll(lambda: in_thread(self._api.handle, action, once, caller, host),
+                               wait_s, self.clock.monotonic)
+
+
+def _tls_context(tls: tuple[str, str] | None) -> ssl.SSLContext | None:
+    """A server context for (certificate, key) PEM files; None: plain HTTP."""
+    if tls is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(*tls)
+    return context
+
+
+class _Refused(asyncio.Protocol):
+    """A connection past MAX_CONNECTIONS: closed unread."""
+
+    def connection_made(self, transport) -> None:
+        transport.close()
 
 
 def _reply(status: int, payload: dict, **headers: str) -> web.Response:

@@ -41,8 +41,8 @@ MAX_BATCH_BYTES = 1_048_576  # SQS's limit on a batch's bodies together, whateve
 class State(Protocol):
     def settings(self, account: str, queue: str) -> attrs.Settings: ...
     def save(self, account: str, queue: str, settings: attrs.Settings | None) -> None: ...
-    def forward(self, handle: str) -> str | None: ...
-    def record(self, handle: str, receipt: str) -> None: ...
+    def forward(self, owner: str, handle: str) -> str | None: ...
+    def record(self, owner: str, handle: str, receipt: str) -> None: ...
 
 
 class Target:
@@ -84,6 +84,22 @@ class SqsApi:
             return method(target, params)
         except RayqError as err:
             raise from_rayq(err) from err
+
+    def long_poll_s(self, action: str, params: Any, caller: Caller, host: str) -> int:
+        """How long a request may park: a ReceiveMessage's WaitTimeSeconds (else its
+        queue's ReceiveMessageWaitTimeSeconds), 0 for anything else. The endpoint then
+        runs it with WaitTimeSeconds 0 until a message comes or this passes. Raises
+        SqsError."""
+        if action != "ReceiveMessage" or not isinstance(params, dict):
+            return 0
+        try:
+            target = Target(caller, self.clients(caller), self._queue_name(params, caller), host)
+            if target.name is None:
+                return 0
+            settings = self.state.settings(target.owner, target.name)
+        except RayqError as err:
+            raise from_rayq(err) from err
+        return _int(params, "WaitTimeSeconds", 0, MAX_WAIT_S, settings.wait_s) or 0
 
     @staticmethod
     def _queue_name(params: dict, caller: Caller) -> tuple[str, str] | None:
@@ -256,16 +272,16 @@ class SqsApi:
 
     def _delete_message(self, t: Target, p: dict) -> dict:
         queue, handle = _need_queue(t), self._receipt(p)
-        self._forwarded(handle, lambda receipt: queue.delete(receipt))
+        self._forwarded(t.owner, handle, lambda receipt: queue.delete(receipt))
         return {}
 
-    def _forwarded(self, handle: str, act: Callable[[str], Any]) -> Any:
+    def _forwarded(self, owner: str, handle: str, act: Callable[[str], Any]) -> Any:
         """``act(receipt)`` for a handle, or for the receipt ChangeMessageVisibility gave
-        in its place when rayq refuses the handle itself."""
+        in its place (on a queue of ``owner``) when rayq refuses the handle itself."""
         try:
             return act(handle)
         except ReceiptInvalid:
-            current = self.state.forward(handle)
+            current = self.state.forward(owner, handle)
             if current is None:
                 raise
             return act(current)
@@ -278,14 +294,15 @@ class SqsApi:
                 handles[entry["Id"]] = self._receipt(entry)
             except SqsError as err:
                 failed.append(failure(entry["Id"], err))
-        refused = self._delete_all(queue, list(handles.values()))
+        refused = self._delete_all(t.owner, queue, list(handles.values()))
         for entry_id, handle in handles.items():
             if handle in refused:
                 failed.append(failure(entry_id, from_rayq(refused[handle])))
         done = [{"Id": i} for i, h in handles.items() if h not in refused]
         return {"Successful": done, "Failed": failed}
 
-    def _delete_all(self, queue: Queue, handles: list[str]) -> dict[str, ReceiptInvalid]:
+    def _delete_all(self, owner: str, queue: Queue, handles: list[str]
+                    ) -> dict[str, ReceiptInvalid]:
         """Delete by handles in one batch (then once more for forwarded ones); returns the
         handles refused, each with its error."""
         if not handles:
@@ -295,7 +312,7 @@ class SqsApi:
             return {}
         except ReceiptInvalid as err:
             refused = set(err.receipts)
-        forwards = {h: self.state.forward(h) for h in handles if h in refused}
+        forwards = {h: self.state.forward(owner, h) for h in handles if h in refused}
         retry = {current: h for h, current in forwards.items() if current is not None}
         if retry:
             try:
@@ -314,8 +331,9 @@ class SqsApi:
         if "VisibilityTimeout" not in p:
             raise missing("VisibilityTimeout")
         timeout_s = _int(p, "VisibilityTimeout", 0, MAX_VISIBILITY_S, None)
-        receipt = self._forwarded(handle, lambda r: queue.change_visibility(r, timeout_s))
-        self.state.record(handle, receipt)
+        receipt = self._forwarded(t.owner, handle,
+                                  lambda r: queue.change_visibility(r, timeout_s))
+        self.state.record(t.owner, handle, receipt)
 
     def _change_message_visibility_batch(self, t: Target, p: dict) -> dict:
         _need_queue(t)

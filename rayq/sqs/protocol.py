@@ -19,6 +19,6 @@ def decode_request(method: str, target: str, body: bytes) -> tuple[str, dict]:
                        "X-Amz-Target: AmazonSQS.<Action> header.")
     try:
         params = json.loads(body) if body else {}
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser's depth: the sender's fault
         raise SqsError("SerializationException", "The request body is not valid JSON.") from None
     return action, params
