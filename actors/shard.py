@@ -122,8 +122,7 @@ class ShardActor:
                          clock=self.clock, shard=index)
         self.key_mode = config.fairness.key
         self._dedicated: frozenset[int] = frozenset()  # flooders' subqueues here (set_diverts)
-        self._dedicated_turns = 0
-        self._dedicated_every = config.flood.dedicated_turn_every
+        self._dedicated_turns, self._dedicated_every = 0, config.flood.dedicated_turn_every
 
     # -- group commit ------------------------------------------------------
     async def _write(self, subqueue: int | None, name: str | None, *args,
@@ -261,9 +260,8 @@ class ShardActor:
             await self._park(subqueues, min(remaining, MAX_WAIT_SLICE_S))
 
     def _serving_order(self, subqueues: list[int]) -> list[int]:
-        """The order this receive tries ``subqueues`` in: theirs, but on every
-        ``FloodConfig.dedicated_turn_every``-th receive that finds a flooder's dedicated
-        subqueue behind live ones, that one first (docs/flood-detection.md)."""
+        """``subqueues`` in the order this receive tries them: a flooder's dedicated one
+        first on its turns (docs/flood-detection.md)."""
         if len(subqueues) < 2 or self._dedicated.isdisjoint(subqueues):
             return subqueues
         self._dedicated_turns += 1
