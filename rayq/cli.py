@@ -314,11 +314,14 @@ def _interrupt(signum, frame) -> None:
 
 
 def _status(client) -> Group:
-    queues = _table("queues", "queue", "depth", "subqueues", "oldest age s")
+    queues = _table("queues", "queue", "state", "depth", "subqueues", "oldest age s", "metadata")
     for name in client.list_queues():
-        stats = client.queue(name).stats()
+        queue = client.queue(name)
+        stats, meta = queue.stats(), queue.metadata()
         oldest = max((k.oldest_age_s for k in stats.keys.values()), default=0.0)
-        queues.add_row(name, str(stats.depth), str(len(stats.subqueues)), f"{oldest:.1f}")
+        queues.add_row(name, "enabled" if meta.enabled else "disabled", str(stats.depth),
+                       str(len(stats.subqueues)), f"{oldest:.1f}",
+                       ", ".join(f"{k}={v}" for k, v in meta.metadata.items()) or "-")
     shards = _table("shards", "shard", "node", "role", "messages", "calls/commit", "cache MiB",
                     "hits", "bypasses", "pressure", "spilled")
     for s in client.stats():
