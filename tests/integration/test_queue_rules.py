@@ -14,6 +14,7 @@ import rayq
 from rayq.cli import main
 from rayq.config import Config, ConsumerConfig, FloodConfig, StoreConfig
 from tests.integration.conftest import start_runtime, wait_until
+from tests.integration.flooding import send
 
 FLOOD = FloodConfig(window_s=1.0, windows=30, interval_s=0.5, depth_threshold=300,
                     enqueue_threshold=500, type_depth_threshold=1_000_000, sweep_batch=100,
@@ -26,14 +27,6 @@ def client(ray_session, tmp_path_factory):
     client, _ = start_runtime(tmp_path_factory, config, name="queue-rules")
     yield client
     rayq.shutdown()
-
-
-def send(queue, tenant: str, n: int) -> list[str]:
-    ids = []
-    for start in range(0, n, 100):
-        ids += queue.send_batch([rayq.Outgoing(f"{tenant}-{i}", tenant=tenant, type="job")
-                                 for i in range(start, min(n, start + 100))])
-    return ids
 
 
 def test_an_isolated_flooder_keeps_a_share_of_receives_while_others_wait(client):
