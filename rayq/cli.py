@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import signal
-import sys
 import time
 
 import click
@@ -56,7 +54,7 @@ def start(data_dir: str | None, consumers: int | None, port: int, dashboard: boo
 
     import ray
 
-    from rayq import local
+    from rayq.runtime import local
     from rayq.runtime.session import local_cluster
 
     address = local_cluster(None)
@@ -92,7 +90,7 @@ def stop() -> None:
     """Stop the runtime's actors and the Ray head `rayq start` started; the data stays."""
     import ray
 
-    from rayq import local
+    from rayq.runtime import local
 
     _connect()
     node = ray._private.worker.global_worker.node
@@ -171,14 +169,14 @@ def report(out_dir: str) -> None:
 
 def _report(client, out_dir: str):
     """Run the report under one progress bar over its steps; a failure is one line
-    (with Spark's log file when Spark failed)."""
+    (with Spark's log file when Spark failed). Spark runs in the runtime's analytics
+    actor: its output goes to Ray's logs and its own log file, not to this console."""
     from rayq.analytics.report import STEPS
 
     columns = (TextColumn("report"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.description}"))
-    log = os.path.join(out_dir, "spark.log")
     try:
-        with _output_to(log) as screen, Progress(*columns, console=screen) as progress:
+        with Progress(*columns, console=console) as progress:
             bar = progress.add_task("", total=STEPS)
             result = client.report(out_dir, progress=lambda step: progress.update(
                 bar, advance=1, description=step))
@@ -187,31 +185,6 @@ def _report(client, out_dir: str):
         raise click.ClickException(str(err)) from None
     console.print(f"report of {result.events:,} events in {result.seconds:.0f}s: {result.html}")
     return result
-
-
-@contextlib.contextmanager
-def _output_to(path: str):
-    """Send this process's stdout and stderr (file descriptors 1 and 2) to ``path`` for a
-    while; yields a console on the real stdout. The JVMs Spark starts inherit them:
-    what they print outside Spark's log configuration (the Ray core worker's start-up
-    lines, Ray's log4j set-up inside Spark's driver) lands in the log file."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = {fd: os.dup(fd) for fd in (1, 2)}
-    screen = Console(file=os.fdopen(os.dup(saved[1]), "w", encoding="utf-8"))
-    with open(path, "a", encoding="utf-8") as log:
-        for fd in saved:
-            os.dup2(log.fileno(), fd)
-    try:
-        yield screen
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        for fd, copy in saved.items():
-            os.dup2(copy, fd)
-            os.close(copy)
-        screen.file.close()
 
 
 @main.command()
