@@ -20,6 +20,7 @@ console = Console()
 
 
 NO_RUNTIME = "no rayq runtime is running here; start one with `rayq start`"
+TOKEN_MODE_ENV = "RAY_AUTH_MODE"  # Ray's CLI and job client use ~/.ray/auth_token when "token"
 
 
 @click.group()
@@ -49,40 +50,59 @@ def _connect():
               help="Run the Ray dashboard (on 127.0.0.1).")
 def start(data_dir: str | None, consumers: int | None, port: int, dashboard: bool) -> None:
     """Start a Ray head on 127.0.0.1 and the runtime's actors, detached: they run until
-    `rayq stop`, and scripts and `rayq status` on this machine attach to them."""
+    `rayq stop`, and scripts, `rayq status` and Ray jobs on this machine attach to them."""
     import subprocess
 
     import ray
 
     from rayq.runtime import local
-    from rayq.runtime.session import local_cluster
+    from rayq.runtime.session import live_cluster
 
-    address = local_cluster(None)
-    if address is None:
+    try:
+        address = live_cluster(None, say=lambda line: console.print(line, soft_wrap=True))
+    except rayq.RuntimeFailure as err:  # $RAY_ADDRESS names a Ray that does not answer
+        raise click.ClickException(str(err)) from None
+    started = address is None
+    if started:
         try:
-            address = local.start_head(port or local.free_port(), dashboard)
+            address = local.start_head(port, dashboard)
         except subprocess.CalledProcessError as err:
             raise click.ClickException(f"ray start failed: {(err.stderr or err.stdout).strip()[-2000:]}")
-        started = True
-    else:
-        started = False
     try:
         client = rayq.start(data_dir=data_dir, consumers=consumers)
-    except ConnectionError as err:  # e.g. ray_current_cluster names a Ray that is gone
+    except (ConnectionError, rayq.RuntimeFailure) as err:
         raise click.ClickException(f"the Ray at {address} does not answer: {err}") from None
     node = ray._private.worker.global_worker.node
     if started:
         local.mark_started(node.get_session_dir_path())
     count = len(client.consumer_stats())
+    token = _token_auth()
     ray.shutdown()
     where = os.path.abspath(data_dir or ".rayq-data")
     console.print(f"rayq runtime running on Ray at {address} "
                   f"({'started' if started else 'already running'}); data in {where}, "
-                  f"{count} consumer(s)")
-    if dashboard and started:
-        console.print(f"Ray dashboard: http://{node.webui_url or '127.0.0.1:8265'}")
+                  f"{count} consumer(s)", soft_wrap=True)
     console.print("Attach from this machine: rayq.connect() in Python, or `rayq status`; "
-                  "stop with `rayq stop` (the data stays).")
+                  "stop with `rayq stop` (the data stays).", soft_wrap=True)
+    if node.webui_url:
+        _print_jobs(f"http://{node.webui_url}", token)
+
+
+def _token_auth() -> bool:
+    """Whether the Ray this process attached to checks an auth token."""
+    from ray._private.authentication.authentication_utils import is_token_auth_enabled
+
+    return is_token_auth_enabled()
+
+
+def _print_jobs(dashboard_url: str, token: bool) -> None:
+    """The dashboard's address and how to submit a Ray job to it from a shell here
+    (Ray's CLI reads the token in ~/.ray/auth_token only when told the mode)."""
+    console.print(f"Ray dashboard: {dashboard_url}", soft_wrap=True)
+    console.print("Submit Ray jobs from this machine (rayq.connect() inside them):")
+    exports = [f"export {TOKEN_MODE_ENV}=token"] if token else []
+    for line in [*exports, f"ray job submit --address {dashboard_url} --working-dir . -- python job.py"]:
+        console.print(f"  {line}", soft_wrap=True, highlight=False)
 
 
 @main.command()
