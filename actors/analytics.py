@@ -31,11 +31,12 @@ class AnalyticsActor(ReportService):
 AnalyticsRemote = ray.remote(AnalyticsActor)
 
 
-def analytics_actor(config: Config):
-    """The runtime's analytics actor, started unless it runs."""
+def analytics_actor(config: Config, warm: str | None = None):
+    """The runtime's analytics actor, started unless it runs; one started here with
+    ``warm`` (the events directory) starts Spark at once."""
     options = {**_placed(config), "max_concurrency": 4}
     return AnalyticsRemote.options(name=ANALYTICS, max_restarts=0, **options).remote(
-        config.analytics)
+        config.analytics, warm=warm)
 
 
 def report(config: Config, events_dir: str, out_dir: str,
@@ -58,6 +59,11 @@ def _report_on(handle, config: Config, events_dir: str, out_dir: str,
         lambda ref: bool(ray.wait([ref], timeout=POLL_S)[0]),
         lambda since: call(lambda: handle.steps.remote(since), NO_RETRY),
         lambda ref: call(lambda: ref, NO_RETRY), progress)
+
+
+def warm_up(config: Config, events_dir: str) -> None:
+    """Start the analytics actor and Spark in it, without waiting for either."""
+    analytics_actor(config, warm=events_dir)
 
 
 def stats():

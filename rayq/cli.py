@@ -48,7 +48,11 @@ def _connect():
 @click.option("--port", default=0, help="The Ray head's port (default: a free one).")
 @click.option("--dashboard/--no-dashboard", default=True, show_default=True,
               help="Run the Ray dashboard (on 127.0.0.1).")
-def start(data_dir: str | None, consumers: int | None, port: int, dashboard: bool) -> None:
+@click.option("--warm-report", is_flag=True, default=False,
+              help="Start Spark for reports now, in the background (it holds an executor's CPU "
+                   "until AnalyticsConfig.idle_stop_s passes without a report).")
+def start(data_dir: str | None, consumers: int | None, port: int, dashboard: bool,
+          warm_report: bool) -> None:
     """Start a Ray head on 127.0.0.1 and the runtime's actors, detached: they run until
     `rayq stop`, and scripts, `rayq status` and Ray jobs on this machine attach to them."""
     import subprocess
@@ -76,9 +80,13 @@ def start(data_dir: str | None, consumers: int | None, port: int, dashboard: boo
     if started:
         local.mark_started(node.get_session_dir_path())
     count = len(client.consumer_stats())
+    where = os.path.abspath(data_dir or ".rayq-data")
+    if warm_report:
+        from actors.analytics import warm_up
+
+        warm_up(client.config, os.path.join(where, "events"))
     token = _token_auth()
     ray.shutdown()
-    where = os.path.abspath(data_dir or ".rayq-data")
     console.print(f"rayq runtime running on Ray at {address} "
                   f"({'started' if started else 'already running'}); data in {where}, "
                   f"{count} consumer(s)", soft_wrap=True)

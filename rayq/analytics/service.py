@@ -41,7 +41,7 @@ class ReportService:
     ``exit()`` ends the process once retired (an actor kills itself)."""
 
     def __init__(self, config: AnalyticsConfig, clock: Clock = SystemClock(),
-                 watch: bool = True):
+                 watch: bool = True, warm: str | None = None):
         self._warm, self._clock = WarmSpark(config), clock
         self._idle_stop_s = config.idle_stop_s
         self._lock = threading.Lock()      # one report at a time
@@ -50,6 +50,8 @@ class ReportService:
         self._retiring = False
         if watch and self._idle_stop_s > 0:
             threading.Thread(target=self._watch, daemon=True).start()
+        if warm:  # the events directory: Spark starts now, on a thread of its own
+            threading.Thread(target=self.warm_up, args=(warm,), daemon=True).start()
 
     def report(self, events_dir: str, out_dir: str, window_s: float,
                current: Mapping[str, float]):
@@ -58,15 +60,21 @@ class ReportService:
             while self._retiring:   # wait for the exit: the caller then asks a fresh one
                 time.sleep(POLL_S)
             self._steps = []
-            log_dir = os.path.join(os.path.dirname(os.path.abspath(events_dir)), "spark")
             try:
                 return self._warm.report(events_dir, out_dir, window_s, self._steps.append,
-                                         current, log_dir)
+                                         current, _log_dir(events_dir))
             except RuntimeFailure:
                 self._retire(RETIRE_AFTER_S)  # Spark may be broken: the next report starts anew
                 raise
             finally:
                 self._since = self._clock.monotonic()
+
+    def warm_up(self, events_dir: str) -> None:
+        """Start Spark before the first report (``rayq start --warm-report``)."""
+        with self._lock:
+            if not self._retiring:
+                self._warm.start(_log_dir(events_dir))
+            self._since = self._clock.monotonic()
 
     def steps(self, since: int = 0) -> list[str]:
         """The steps of the report running (or last run), from ``since`` on."""
@@ -109,6 +117,11 @@ class ReportService:
             finally:
                 self.exit()
         threading.Thread(target=stop, daemon=True).start()
+
+
+def _log_dir(events_dir: str) -> str:
+    """Spark logs in ``<data_dir>/spark``, beside the event log."""
+    return os.path.join(os.path.dirname(os.path.abspath(events_dir)), "spark")
 
 
 def follow(start: Callable[[], object], done: Callable[[object], bool],

@@ -87,6 +87,10 @@ class WarmSpark:
         self.reports += 1
         return Report(html, tables, plots, count, time.monotonic() - started)
 
+    def start(self, log_dir: str) -> None:
+        """Start Spark now (a report would start it anyway), logging under ``log_dir``."""
+        self._start(log_dir, lambda step: None)
+
     def stop(self) -> None:
         """Stop Spark (its executors leave the cluster); this object cannot start again."""
         if self._spark is not None:
