@@ -129,6 +129,9 @@ class WarmSpark:
             # Kept in Spark's block store, cut from the files: one scan serves every table.
             parts = _partitions(self._count, self.config.shuffle_partitions)
             self._events = held.coalesce(parts).localCheckpoint(eager=True)
+            # The copy it replaces is no longer reachable: a JVM collection lets Spark's
+            # cleaner free its blocks now rather than at its next periodic one.
+            self._spark.sparkContext._jvm.System.gc()
         self._root, self._files = root, frozenset(files)
         return self._events, self._count
 
