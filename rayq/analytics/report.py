@@ -86,8 +86,9 @@ def spark_session(config: AnalyticsConfig, log_config: str | None = None):
                "spark.driver.host": host, "spark.driver.bindAddress": host,
                "spark.sql.shuffle.partitions": str(config.shuffle_partitions),
                "spark.sql.session.timeZone": "UTC", "spark.ui.enabled": "false",
-               # Times in the tables as UTC instants (pyarrow reads them back tz-aware).
-               "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+               # The report's queries are small aggregates: re-planning each stage at run
+               # time (adaptive execution) costs more than it saves (benchmarks/report.py).
+               "spark.sql.adaptive.enabled": "false",
                "spark.ui.showConsoleProgress": "false"}
     if log_config:
         configs["spark.log4j.config.file.name"] = log_config  # RayDP's -Dlog4j2.configurationFile

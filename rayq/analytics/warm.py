@@ -32,6 +32,9 @@ PLOTTED = ("usage_share_by_window", "wait_by_window", "fairness_index_by_window"
 SMALL_ROWS = 200  # tables up to this size are shown on the page
 JOBS_IN_FLIGHT = 2  # Spark jobs collected at once
 EVENTS_PER_PARTITION = 250_000  # held events per Spark partition (a task's share)
+# Whole-stage code generation compiles each query first: on a few thousand events the
+# compiling costs more than the running saves; on many, it pays.
+CODEGEN_FROM_EVENTS = 200_000
 
 
 class WarmSpark:
@@ -73,6 +76,8 @@ class WarmSpark:
         try:
             self._start(log_dir or out_dir, progress)
             events, count = self._refresh(os.path.abspath(events_dir), files, progress)
+            self._spark.conf.set("spark.sql.codegen.wholeStage",
+                                 "true" if count >= CODEGEN_FROM_EVENTS else "false")
             tables, small = self._tables(events, window_s, out_dir, progress)
         except Exception as err:
             if isinstance(err, RayqError):
