@@ -75,7 +75,7 @@ class WarmSpark:
         started = time.monotonic()
         try:
             self._start(log_dir or out_dir, progress)
-            events, count = self._refresh(os.path.abspath(events_dir), files, progress)
+            events, count = self._refresh(os.path.abspath(events_dir), files)
             self._spark.conf.set("spark.sql.codegen.wholeStage",
                                  "true" if count >= CODEGEN_FROM_EVENTS else "false")
             tables, small = self._tables(events, window_s, out_dir, progress)
@@ -119,7 +119,7 @@ class WarmSpark:
         log_config, self.log = spark_log_config(log_dir)
         self._spark = spark_session(self.config, log_config)
 
-    def _refresh(self, root: str, files: list[str], progress: Callable[[str], None]):
+    def _refresh(self, root: str, files: list[str]):
         """The events held, with ``files`` not read before added; (DataFrame, count)."""
         known = self._files if root == self._root else frozenset()
         if not known <= set(files):  # a file read earlier has gone: read everything again
