@@ -172,6 +172,9 @@ class AnalyticsConfig:
     executor_memory: str = "700M"
     driver_memory: str = "700m"
     shuffle_partitions: int = 4
+    # The analytics actor keeps Spark warm between reports; after this long without one
+    # it stops Spark and exits, so an idle runtime holds no JVM (0: never).
+    idle_stop_s: float = 600.0
 
 
 @dataclass(frozen=True)
