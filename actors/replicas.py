@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections import Counter
 
 import ray
 
@@ -22,8 +21,9 @@ from actors.shipping import follower_name
 from rayq.config import Config
 from rayq.core.control.placement import (LOCAL_NODE, DataNode, ShardPlace, default_replicas,
                                          node_folder)
-from rayq.core.control.replicas import (check_epoch, decode_places, encode_places, leader_lost,
-                                        newest, promote, rejoin, seeds_wanted, shrink)
+from rayq.core.control.replicas import (check_epoch, count_missed, decode_places, encode_places,
+                                        lost_leaders, newest, promote, rejoin, seeds_wanted,
+                                        shrink, watched)
 from rayq.core.kit.kv import LmdbKV
 from rayq.errors import RayqError
 from rayq.remote import NO_RETRY, call_async
@@ -95,7 +95,7 @@ class ReplicaKeeper:
         stored = decode_places(kv.read(lambda txn: txn.get("meta", PLACES_KEY)))
         self.places = newest(stored, published_places())
         self._save()
-        self._missed: Counter[int] = Counter()
+        self._missed: dict[int, int] = {}
         self._seeding: dict[int, asyncio.Task] = {}
         self._lock = asyncio.Lock()
 
@@ -137,14 +137,14 @@ class ReplicaKeeper:
         self._reseed(nodes)
 
     async def _check_leaders(self, nodes: list[DataNode]) -> None:
-        replicated = [p for p in self.places.values() if len(p.in_sync) > 1]
-        alive = {n.name for n in nodes}
+        replicated = watched(self.places.values())
         answered = await asyncio.gather(*(self._ping(p.shard) for p in replicated))
-        for place, ok in zip(replicated, answered):
-            self._missed[place.shard] = 0 if ok else self._missed[place.shard] + 1
-            if leader_lost(place, alive, self._missed[place.shard], MAX_FAILED_PINGS):
-                async with self._lock:
-                    await self._fail_over(self.places[place.shard], nodes)
+        self._missed = count_missed(self._missed, {p.shard: ok for p, ok in zip(replicated, answered)})
+        for shard in lost_leaders(replicated, {n.name for n in nodes}, self._missed,
+                                  MAX_FAILED_PINGS):
+            async with self._lock:
+                await self._fail_over(self.places[shard], nodes)
+                self._missed[shard] = 0
 
     def _reseed(self, nodes: list[DataNode]) -> None:
         copies = self.config.store.replicas or default_replicas(len(nodes))
@@ -195,7 +195,6 @@ class ReplicaKeeper:
         self.places[place.shard] = new
         self._save()  # the new leader reads its place (followers, epoch) as it starts
         start_shard(place.shard, alive[new.leader], self.data_dir, self.config)
-        self._missed[place.shard] = 0
 
     async def _fence(self, shard: int, node: str, epoch: int) -> tuple[str, int] | None:
         """(node, last sequence number it applied) once fenced; None if unreachable."""

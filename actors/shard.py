@@ -45,13 +45,14 @@ from rayq.core.storage.dispatch import DispatchPolicy, NoisyKey
 from rayq.core.control.consuming import check_end_calls
 from rayq.core.auth.gate import (Caller, Gate, check_reads_own, of_subqueues, per_queue,
                                  queues_on, signed)
-from rayq.core.codec.wire import delivered_count
+from rayq.core.codec.wire import delivered_count, join_delivered
+from rayq.core.flood.isolation import serving_order
 from rayq.core.codec.model import SubqueueState, long_poll_s
 from rayq.core.control.replicas import role_of
-from rayq.core.control.shipping import acknowledged, value_of
+from rayq.core.control.shipping import value_of
 from rayq.core.storage.store import KeyDepth, StoreStats, open_store
 from rayq.core.storage.waiters import OutcomeWaiters, outcome_value
-from rayq.errors import Overloaded, RayqError, StoreError, TaskError
+from rayq.errors import Overloaded, QueueDisabled, RayqError, StoreError, TaskError
 
 log = logging.getLogger("rayq.shard")
 MAX_PENDING_CALLS = 10_000
@@ -123,9 +124,11 @@ class ShardActor:
         self.gate = Gate(manager_directory, seen=nonces.load(self.store.kv, self.clock.now()),
                          clock=self.clock, shard=index)
         self.key_mode = config.fairness.key
-        # replication (docs/replication.md): None for one copy, nothing recorded
+        self._dedicated: frozenset[int] = frozenset()  # flooders' subqueues here (set_diverts)
+        self._dedicated_turns, self._dedicated_every = 0, config.flood.dedicated_turn_every
+        # replication (docs/replication.md); with one copy nothing is recorded
         self.replication = replication_of(self.index, path, self.store.kv, config)
-        self.shipper = self.replication.shipper if self.replication else None
+        self.shipper = self.replication.shipper
 
     async def seed(self, node: str) -> int:
         """Seed a follower on ``node`` (the manager started it there); see
@@ -137,11 +140,9 @@ class ShardActor:
                      signed: Signature | None = None, **kwargs) -> Any:
         """Run store call ``name`` in the next group commit, with the nonce of the
         request that ``signed`` it (None: unsigned, or a later round of a long poll)."""
-        if self.shipper is not None:  # refused before it is stored: too few copies
-            self.shipper.check()
-        pending = self._enqueue(subqueue, name, *args, signed=signed, **kwargs)
-        # one copy: the commit is the acknowledgement
-        result = await (pending if self.shipper is None else acknowledged(pending))
+        self.shipper.check()  # refused before it is stored: too few copies in sync
+        result = await self.shipper.acked(
+            self._enqueue(subqueue, name, *args, signed=signed, **kwargs))
         if isinstance(result, BaseException):
             raise result
         return result
@@ -171,8 +172,7 @@ class ShardActor:
             results, finished, shipment = await self._loop.run_in_executor(
                 self._thread, self._group, calls)
             self.outcomes.notify(finished)
-            if shipment is not None:  # acknowledged once the followers applied it
-                results = self.shipper.ship(results, shipment)
+            results = self.shipper.ship(results, shipment)  # acked once followers applied it
         except RayqError as err:
             results = [err] * len(calls)
         except Exception as err:
@@ -189,16 +189,14 @@ class ShardActor:
         """One transaction: the store calls, the nonces of the requests they serve, and
         (replicating) the group's sequence number; its write set to ship, if any."""
         keys = [c[3] for c in calls if c[3] is not None]
-        stamp = self.replication.stamp if self.replication is not None else None
 
         def also(txn) -> None:
             if keys:
                 nonces.remember(txn, keys, self.clock.now())
-            if stamp is not None:
-                stamp(txn)
+            self.replication.stamp(txn)
         done = iter(self.store.group([c[:3] for c in calls if c[0] is not None], also))
         results = [next(done) if c[0] is not None else None for c in calls]
-        shipment = self.replication.take() if stamp is not None else None
+        shipment = self.replication.take()
         return results, self.store.take_finished(), shipment
 
     async def _read(self, fn, *args) -> Any:
@@ -248,27 +246,49 @@ class ShardActor:
                       visibility_timeout_s: float | None = None, *, keys=None,
                       max_receives: int | None = None, dead_letter: int | None = None,
                       wait_s: float = 0.0, exclude=None, caller: Caller) -> bytes:
-        """Receive from one subqueue, or from the first of several (this shard's
-        subqueues of one queue, in receive order) that has messages. With ``wait_s``
-        the call parks until a put wakes it: one parked call, however many subqueues.
+        """Receive from one subqueue, or from several (this shard's subqueues of one
+        queue, in receive order), going on through them until it has ``max_messages``
+        or has tried them all. With ``wait_s`` the call parks until a put wakes it: one
+        parked call, however many subqueues.
         The answer is one buffer (:func:`rayq.core.codec.wire.decode_delivered` reads it)."""
-        subqueues = subqueue if isinstance(subqueue, list) else [subqueue]
+        subqueues = self._serving_order(subqueue if isinstance(subqueue, list) else [subqueue])
         deadline = self._loop.time() + long_poll_s(wait_s)
         signed = caller.auth  # its nonce goes with the first round
         while True:
-            for sq in subqueues:
-                got = await self._write(sq, "receive", sq, max_messages, visibility_timeout_s,
-                                        keys=keys, exclude=exclude, max_receives=max_receives,
-                                        dead_letter=dead_letter, signed=signed)
-                signed = None
-                count = delivered_count(got)
-                self._ops[sq] += max(1, count)
-                if count:
-                    return got
+            parts, count, refused = [], 0, None
+            for sq in subqueues:  # on until it has max_messages or has tried them all
+                try:
+                    got = await self._write(sq, "receive", sq, max_messages - count,
+                                            visibility_timeout_s, keys=keys, exclude=exclude,
+                                            max_receives=max_receives,
+                                            dead_letter=dead_letter, signed=signed)
+                except QueueDisabled as err:  # dropped since the caller routed: the others
+                    refused = err             # still serve; raised if none had anything
+                    continue
+                finally:
+                    signed = None
+                found = delivered_count(got)
+                self._ops[sq] += max(1, found)
+                if found or not parts:
+                    parts.append(got)
+                count += found
+                if count >= max_messages:
+                    break
+            if refused is not None and not count:
+                raise refused
             remaining = deadline - self._loop.time()
-            if remaining <= 0:
-                return got
+            if count or remaining <= 0:
+                return join_delivered(parts)
             await self._park(subqueues, min(remaining, MAX_WAIT_SLICE_S))
+
+    def _serving_order(self, subqueues: list[int]) -> list[int]:
+        """``subqueues`` in the order this receive tries them: a flooder's dedicated one
+        first on its turns (docs/flood-detection.md)."""
+        if len(subqueues) < 2 or self._dedicated.isdisjoint(subqueues):
+            return subqueues
+        self._dedicated_turns += 1
+        return serving_order(subqueues, self._dedicated, self._dedicated_turns,
+                             self._dedicated_every)
 
     @signed(SHARD_OPS["delete"])
     async def delete(self, receipts: list[str], *, caller: Caller) -> list[str]:
@@ -288,10 +308,9 @@ class ShardActor:
     async def end_many(self, calls: list[tuple[str, tuple]]) -> list:
         """Many ``finish``/``defer``/``change_visibility`` calls in one round trip (consumers
         batch the ends of their tasks); each result is the value or the RayqError raised."""
-        if self.shipper is not None:
-            self.shipper.check()
+        self.shipper.check()
         futures = [self._enqueue(None, name, *args) for name, args in check_end_calls(calls)]
-        return list(await asyncio.gather(*(acknowledged(f) for f in futures)))
+        return list(await asyncio.gather(*(self.shipper.acked(f) for f in futures)))
 
     # -- task outcomes -------------------------------------------------------------
     @ray.method(concurrency_group=OUTCOME_GROUP)
@@ -349,9 +368,11 @@ class ShardActor:
         await self._read(self.store.set_state, subqueue, SubqueueState(state))
 
     # -- flooders ------------------------------------------------------------------
-    async def set_diverts(self, diverts: dict) -> None:
-        """Flooders whose new messages to a subqueue go to the spill store."""
+    async def set_diverts(self, diverts: dict, dedicated: list[int] = ()) -> None:
+        """Flooders whose new messages to a subqueue go to the spill store, and the
+        flooders' dedicated subqueues on this shard (served on their turns)."""
         await self._read(self.store.set_diverts, diverts)
+        self._dedicated = frozenset(dedicated)
 
     async def sweep(self, type_: str, tenant: str, target: int, limit: int) -> int:
         return await self._write(target, "sweep", type_, tenant, target, limit)
@@ -426,7 +447,7 @@ class ShardActor:
         return ShardStats(self.index, store_stats, self._commits, self._calls,
                           dict(self._ops), dict(self._throttled), await self._queue_counts(),
                           self.failures.total, node=self.node,
-                          role=role_of(self.shipper.place if self.shipper else None, self.node))
+                          role=role_of(self.shipper.place, self.node))
 
     async def _queue_counts(self) -> dict[str, int]:
         """Messages here per queue by unambiguous name; empty while the manager is away

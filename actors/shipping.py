@@ -13,7 +13,8 @@ from actors import MANAGER, NAMESPACE
 from actors.placement import published_places
 from rayq.config import Config
 from rayq.core.control.placement import LOCAL_NODE, ShardPlace
-from rayq.core.control.shipping import Shipper
+from rayq.core.control.shipping import OneCopy as _OneCopyShipper, Shipper
+from rayq.errors import RuntimeFailure
 from rayq.core.kit.kv import LmdbKV, Write, WriteSet
 from rayq.core.kit.private import make_private_dir
 from rayq.core.storage.layout import REPLICA_KEY, read_replica_state, replica_state
@@ -61,6 +62,7 @@ class RayPeers:
                                 IN_RUNTIME)
 
 
+ONE_COPY = _OneCopyShipper()
 SEED_CHUNK_BYTES = 4 << 20  # a copy travels to a new follower in chunks this large
 
 
@@ -83,13 +85,28 @@ async def send_copy(index: int, node: str, folder: str, epoch: int, seq: int) ->
     await call_async(lambda: follower.end_seed.remote(epoch, seq), NO_RETRY)
 
 
-def replication_of(index: int, path: str, kv: LmdbKV, config: Config) -> "Replication | None":
+def replication_of(index: int, path: str, kv: LmdbKV, config: Config) -> "Replication | OneCopy":
     """The leader's replication, unless the shard keeps one copy (the embedded runtime,
     ``replicas=1``) or was never placed: then nothing is recorded or changes."""
     place = published_places().get(index)
     if place is None or place.leader == LOCAL_NODE or config.store.replicas == 1:
-        return None
+        return OneCopy()
     return Replication(index, path, kv, place, config.store.min_in_sync)
+
+
+class OneCopy:
+    """No replication: nothing stamped, nothing taken, nothing to seed."""
+
+    shipper = ONE_COPY
+
+    def stamp(self, txn) -> None:
+        pass
+
+    def take(self) -> None:
+        return None
+
+    async def seed(self, node: str, on_store_thread) -> int:
+        raise RuntimeFailure(f"a shard that keeps one copy seeds no follower (on {node})")
 
 
 class Replication:

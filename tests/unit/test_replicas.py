@@ -6,7 +6,8 @@ from rayq.core.control.placement import ShardPlace
 from rayq.core.control.replicas import (ShipLog, acked_through, check_in_sync,
                                         decode_places, drop_replica, encode_places,
                                         leader_lost, newest, promote, rejoin, role_of, shrink,
-                                        seed_target, seeds_wanted, with_followers)
+                                        seed_target, seeds_wanted, with_followers, watched,
+                                        count_missed, lost_leaders)
 from rayq.core.kit.kv import LmdbKV, Write
 from rayq.core.storage.replica import Replica, check_epoch, fresh_count
 from rayq.core.storage.layout import read_replica_state, replica_state
@@ -234,3 +235,13 @@ def test_seeding_skips_shards_already_seeding_or_without_a_leader_and_spreads_fo
               2: ShardPlace(2, ("x",), ("x",), 2), 3: ShardPlace(3, ("a",), ("a",), 2)}
     assert seeds_wanted(places, ["a", "b", "c"], 2, busy={3}) == [(0, "b"), (1, "a")]
     assert seeds_wanted(places, ["a", "b", "c"], 1, busy=()) == []
+
+
+def test_a_leader_is_watched_while_it_has_a_follower_and_lost_after_missed_pings():
+    one = ShardPlace(1, ("b",), ("b",), 1)
+    assert watched([THREE, one]) == [THREE]
+    missed = count_missed({0: 2, 1: 5}, {0: False, 1: True})
+    assert missed == {0: 3, 1: 0}
+    assert lost_leaders([THREE], {"a", "b", "c"}, missed, 3) == [0]
+    assert lost_leaders([THREE], {"a", "b", "c"}, {0: 2}, 3) == []
+    assert lost_leaders([THREE], {"b", "c"}, {}, 3) == [0]

@@ -261,3 +261,20 @@ def seeds_wanted(places: Mapping[int, ShardPlace], alive: Sequence[str], copies:
             wanted.append((place.shard, node))
             counts[node] = counts.get(node, 0) + 1
     return wanted
+
+
+def watched(places: Iterable[ShardPlace]) -> list[ShardPlace]:
+    """The places whose leader is watched: those with an in-sync follower to promote."""
+    return [p for p in places if len(p.in_sync) > 1]
+
+
+def count_missed(missed: Mapping[int, int], answered: Mapping[int, bool]) -> dict[int, int]:
+    """Pings missed in a row per shard, after a round that ``answered`` or not."""
+    return {shard: 0 if ok else missed.get(shard, 0) + 1 for shard, ok in answered.items()}
+
+
+def lost_leaders(places: Iterable[ShardPlace], alive: Collection[str], missed: Mapping[int, int],
+                 max_failed_pings: int) -> list[int]:
+    """The shards whose leader is lost (:func:`leader_lost`)."""
+    return [p.shard for p in places
+            if leader_lost(p, alive, missed.get(p.shard, 0), max_failed_pings)]

@@ -67,6 +67,22 @@ async def acknowledged(pending: asyncio.Future) -> Any:
     return result.value
 
 
+class OneCopy:
+    """The shipper of a shard that keeps one copy: every commit is its acknowledgement,
+    nothing is recorded or shipped (the default on one machine)."""
+
+    place = None
+
+    def check(self) -> None:
+        pass
+
+    def acked(self, pending: asyncio.Future) -> Awaitable:
+        return pending
+
+    def ship(self, results: list, writes: WriteSet | None) -> list:
+        return results
+
+
 class Shipper:
     def __init__(self, index: int, place: ShardPlace, committed: int, min_in_sync: int,
                  peers: Peers, follower_timeout_s: float = FOLLOWER_TIMEOUT_S):
@@ -84,6 +100,10 @@ class Shipper:
         if self.refused is not None:
             raise self.refused
         check_in_sync(self.place, self.min_in_sync)
+
+    def acked(self, pending: asyncio.Future) -> Awaitable:
+        """A call's result once acknowledged (see :func:`acknowledged`)."""
+        return acknowledged(pending)
 
     def ship(self, results: list, writes: WriteSet) -> list:
         """The results of a group commit, acknowledged once every in-sync follower
