@@ -245,3 +245,20 @@ def test_a_leader_is_watched_while_it_has_a_follower_and_lost_after_missed_pings
     assert lost_leaders([THREE], {"a", "b", "c"}, missed, 3) == [0]
     assert lost_leaders([THREE], {"a", "b", "c"}, {0: 2}, 3) == []
     assert lost_leaders([THREE], {"b", "c"}, {}, 3) == [0]
+
+
+@pytest.mark.parametrize("store", [dict(replicas=0), dict(replicas=4), dict(replicas=True),
+                                   dict(replicas=2.0), dict(min_in_sync=0), dict(min_in_sync="2")])
+def test_copies_out_of_range_are_refused_as_configuration_errors(store):
+    from rayq.config import Config, StoreConfig
+    from rayq.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        Config(store=StoreConfig(**store))
+
+
+def test_copies_default_to_the_data_nodes_up_to_two():
+    from rayq.config import Config, StoreConfig
+
+    assert Config().store.replicas is None and Config().store.min_in_sync == 1
+    assert Config(store=StoreConfig(replicas=3, min_in_sync=2)).store.replicas == 3
