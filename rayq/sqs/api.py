@@ -27,7 +27,8 @@ from rayq.queue import Queue
 from rayq.sqs import attributes as attrs
 from rayq.sqs import messages as msgs
 from rayq.sqs.batches import check_entries, failure
-from rayq.sqs.errors import SqsError, from_rayq, invalid, missing, no_queue
+from rayq.sqs.errors import (SqsError, bad_handle, from_rayq, invalid, missing, no_queue,
+                             out_of_range)
 from rayq.sqs.sigv4 import Caller
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
@@ -75,12 +76,16 @@ class SqsApi:
     def handle(self, action: str, params: Any, caller: Caller, host: str) -> dict:
         """The response of one action. Raises SqsError."""
         method = self._actions.get(action)
-        if method is None:
+        if method is None and action not in UNSUPPORTED:
             raise _unsupported(action)
         if not isinstance(params, dict):
             raise invalid("The request body must be a JSON object.")
         target = Target(caller, self.clients(caller), self._queue_name(params, caller), host)
         try:
+            if method is None:  # SQS names a missing queue before anything else
+                if target.name is not None:
+                    _info(target.client, target.ref)
+                raise _unsupported(action)
             return method(target, params)
         except RayqError as err:
             raise from_rayq(err) from err
@@ -96,7 +101,7 @@ class SqsApi:
             raise invalid("QueueUrl must be a string.")
         parts = urlsplit(url).path.strip("/").split("/")
         if len(parts) != 2 or not _QUEUE_NAME.match(parts[1]) or not parts[0]:
-            raise SqsError("InvalidAddress", f"The address {url} is not valid for this endpoint.")
+            raise no_queue()  # SQS answers a malformed QueueUrl as a queue it does not have
         if parts[0] != caller.account and caller.account != ADMIN:
             raise no_queue()  # another account's queue: as if it did not exist
         return parts[0], parts[1]
@@ -119,8 +124,9 @@ class SqsApi:
         if info is not None:
             same = dataclasses.replace(change.settings, modified_at=base.modified_at) == base
             if not same or change.max_receives not in (None, info.max_receives or 0):
-                raise SqsError("QueueNameExists", f"A queue named {name} already exists with "
-                                                  "different attributes.")
+                raise SqsError("QueueNameExists", "A queue already exists with the same name "
+                                                  "and a different value for attribute "
+                                                  f"{_first_difference(base, change)}")
             return {"QueueUrl": t.url(name)}
         t.client.create_queue(name, max_receives=change.max_receives or None)
         self.state.save(t.owner, name, dataclasses.replace(change.settings, modified_at=now))
@@ -220,8 +226,9 @@ class SqsApi:
         settings = self.state.settings(t.owner, t.name)
         size = sum(len(str(e.get("MessageBody", "")).encode()) for e in entries)
         if size > MAX_BATCH_BYTES:
-            raise SqsError("BatchRequestTooLong", f"Batch requests must be at most "
-                                                  f"{MAX_BATCH_BYTES} bytes in total.")
+            raise SqsError("BatchRequestTooLong", f"Batch requests cannot be longer than "
+                                                  f"{MAX_BATCH_BYTES} bytes. You have sent "
+                                                  f"{size} bytes.")
         good, failed = [], []
         for entry in entries:
             try:
@@ -251,7 +258,7 @@ class SqsApi:
         if handle is None or handle == "":
             raise missing("ReceiptHandle")
         if not isinstance(handle, str):
-            raise SqsError("ReceiptHandleIsInvalid", "The input receipt handle is invalid.")
+            raise bad_handle(handle)
         return handle
 
     def _delete_message(self, t: Target, p: dict) -> dict:
@@ -347,6 +354,14 @@ def _unsupported(action: str) -> SqsError:
     return SqsError("InvalidAction", f"The action {action!r:.80} is not valid for this endpoint.")
 
 
+def _first_difference(base: attrs.Settings, change: attrs.Change) -> str:
+    """The SQS name of the first attribute a CreateQueue of an existing queue changes."""
+    for name, (field, _, _) in attrs.SETTABLE.items():
+        if getattr(base, field) != getattr(change.settings, field):
+            return name
+    return attrs.REDRIVE
+
+
 def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
@@ -380,8 +395,7 @@ def _int(p: dict, name: str, low: int, high: int, default: int | None) -> int | 
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise invalid(f"Value {value!r:.40} for parameter {name} is invalid. Reason: must be "
-                      f"between {low} and {high}.")
+        raise out_of_range(name, value, f"Must be between {low} and {high}, if provided.")
     return value
 
 

@@ -51,8 +51,7 @@ class Settings:
 
 
 def unsupported_attribute(name: str, known: tuple[str, ...] = READABLE) -> SqsError:
-    return SqsError("InvalidAttributeName",
-                    f"Unknown or unsupported attribute {name}: rayq supports {', '.join(known)}.")
+    return SqsError("InvalidAttributeName", f"Unknown Attribute {name!s:.80}.")
 
 
 def check_names(names: Any, known: tuple[str, ...] = READABLE) -> list[str]:
@@ -108,9 +107,10 @@ def _int_in(name: str, value: str, low: int, high: int) -> int:
     return int(value)
 
 
-def _bad_value(name: str, value: Any, why: str = "must be a string") -> SqsError:
-    return SqsError("InvalidAttributeValue", f"Invalid value for the parameter {name}: "
-                                             f"{value!r:.80} {why}.")
+def _bad_value(name: str, value: Any = None, why: str = "") -> SqsError:
+    """SQS's InvalidAttributeValue; its message names only the attribute (as SQS's does),
+    ``value`` and ``why`` are for the reader of the code."""
+    return SqsError("InvalidAttributeValue", f"Invalid value for the parameter {name}.")
 
 
 def dead_letter_name(queue: str) -> str:

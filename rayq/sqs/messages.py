@@ -11,7 +11,7 @@ import struct
 from typing import Any
 
 from rayq.sqs.attributes import check_names
-from rayq.sqs.errors import SqsError, invalid
+from rayq.sqs.errors import SqsError, invalid, too_long
 
 TYPE_ATTRIBUTE = "type"
 SYSTEM_ATTRIBUTES = ("SentTimestamp", "ApproximateReceiveCount", "SenderId", "MessageGroupId")
@@ -25,7 +25,8 @@ def md5_hex(data: bytes) -> str:
 
 
 def check_body(body: Any, max_bytes: int) -> str:
-    """A SendMessage body. Raises MissingParameter, InvalidMessageContents, MessageTooLong."""
+    """A SendMessage body. Raises MissingParameter, InvalidMessageContents, or
+    InvalidParameterValue when it is too long."""
     if body is None or body == "":
         raise SqsError("MissingParameter", "The request must contain the parameter MessageBody.")
     if not isinstance(body, str):
@@ -35,7 +36,7 @@ def check_body(body: Any, max_bytes: int) -> str:
                        "Invalid characters found. Valid unicode characters are #x9 | #xA | #xD "
                        "| #x20 to #xD7FF | #xE000 to #xFFFD | #x10000 to #x10FFFF")
     if len(body.encode("utf-8")) > max_bytes:
-        raise SqsError("MessageTooLong", f"Message must be shorter than {max_bytes} bytes.")
+        raise too_long(max_bytes)
     return body
 
 

@@ -366,6 +366,11 @@ def test_bad_input_on_every_operation_gets_sqs_errors_and_loses_nothing(endpoint
         (client.list_queues, {"MaxResults": 0}, "InvalidParameterValue"),
         (client.delete_queue, {"QueueUrl": gone}, "QueueDoesNotExist"),
         (client.purge_queue, {"QueueUrl": gone}, "QueueDoesNotExist"),
+        (client.tag_queue, {"QueueUrl": gone, "Tags": {"a": "b"}}, "QueueDoesNotExist"),
+        (client.add_permission, {"QueueUrl": gone, "Label": "l", "AWSAccountIds": ["1"],
+                                 "Actions": ["SendMessage"]}, "QueueDoesNotExist"),
+        (client.send_message, {"QueueUrl": url + "/extra/part", "MessageBody": "x"},
+         "QueueDoesNotExist"),
         (client.get_queue_attributes, {"QueueUrl": url, "AttributeNames": ["Policy"]},
          "InvalidAttributeName"),
         (client.set_queue_attributes, {"QueueUrl": url, "Attributes": {"QueueArn": "x"}},
@@ -373,7 +378,7 @@ def test_bad_input_on_every_operation_gets_sqs_errors_and_loses_nothing(endpoint
         (client.set_queue_attributes, {"QueueUrl": url, "Attributes": {"VisibilityTimeout": "-1"}},
          "InvalidAttributeValue"),
         (client.send_message, {"QueueUrl": url, "MessageBody": ""}, "MissingParameter"),
-        (client.send_message, {"QueueUrl": url, "MessageBody": "x" * 1025}, "MessageTooLong"),
+        (client.send_message, {"QueueUrl": url, "MessageBody": "x" * 1025}, "InvalidParameterValue"),
         (client.send_message, {"QueueUrl": url, "MessageBody": "nul \x00"},
          "InvalidMessageContents"),
         (client.send_message, {"QueueUrl": url, "MessageBody": "x", "DelaySeconds": 901},
@@ -418,7 +423,7 @@ def test_bad_input_on_every_operation_gets_sqs_errors_and_loses_nothing(endpoint
     partial = client.send_message_batch(QueueUrl=url, Entries=[
         {"Id": "ok", "MessageBody": "fine"}, {"Id": "bad", "MessageBody": "x" * 1025}])
     assert [e["Id"] for e in partial["Successful"]] == ["ok"]
-    assert [(e["Id"], e["Code"]) for e in partial["Failed"]] == [("bad", "MessageTooLong")]
+    assert [(e["Id"], e["Code"]) for e in partial["Failed"]] == [("bad", "InvalidParameterValue")]
     failed = client.delete_message_batch(QueueUrl=url, Entries=[
         {"Id": "bad", "ReceiptHandle": "not-a-handle"}])["Failed"]
     assert [(e["Id"], e["Code"]) for e in failed] == [("bad", "ReceiptHandleIsInvalid")]

@@ -157,7 +157,7 @@ def test_attribute_md5_follows_sqs_length_prefixed_encoding():
 
 
 @pytest.mark.parametrize("body, code", [("", "MissingParameter"), ("\x00", "InvalidMessageContents"),
-                                        ("x" * 1025, "MessageTooLong")])
+                                        ("x" * 1025, "InvalidParameterValue")])
 def test_bodies_sqs_refuses_are_refused(body, code):
     with pytest.raises(SqsError) as info:
         messages.check_body(body, 1024)
