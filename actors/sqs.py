@@ -94,6 +94,7 @@ class ReplicaState:
         self._state, self.clock = state, clock
         self._settings: dict[tuple[str, str], tuple[float, Settings]] = {}
         self._forwards: OrderedDict[str, str] = OrderedDict()
+        self._first_ms: OrderedDict[str, int] = OrderedDict()
 
     def settings(self, account: str, queue: str) -> Settings:
         cached = self._settings.get((account, queue))
@@ -116,6 +117,14 @@ class ReplicaState:
         self._forwards[handle] = receipt
         while len(self._forwards) > MAX_FORWARDS:
             self._forwards.popitem(last=False)
+
+    def first_received(self, message_id: str, receive_count: int, now_ms: int) -> int:
+        """When this replica first handed the message out (ms): kept in memory, so another
+        replica's (or a restarted one's) first receive shows as the next one seen here."""
+        first = self._first_ms.setdefault(message_id, now_ms)
+        while len(self._first_ms) > MAX_FORWARDS:
+            self._first_ms.popitem(last=False)
+        return first
 
 
 class AccountSigner(Signer):

@@ -44,6 +44,7 @@ class State(Protocol):
     def save(self, account: str, queue: str, settings: attrs.Settings | None) -> None: ...
     def forward(self, handle: str) -> str | None: ...
     def record(self, handle: str, receipt: str) -> None: ...
+    def first_received(self, message_id: str, receive_count: int, now_ms: int) -> int: ...
 
 
 class Target:
@@ -194,31 +195,39 @@ class SqsApi:
         return {}
 
     # -- messages -------------------------------------------------------------------
-    def _outgoing(self, t: Target, entry: dict, settings: attrs.Settings) -> Outgoing:
-        """A SendMessage (or batch entry) as a rayq message. Raises SqsError."""
-        body = msgs.check_body(entry.get("MessageBody"), settings.max_message_bytes)
-        for name in ("MessageDeduplicationId", "MessageSystemAttributes"):
-            if entry.get(name) is not None:
-                raise invalid(f"{name} is not supported on rayq's (standard) queues.")
-        tenant = entry.get("MessageGroupId")
-        if tenant is not None:
-            _check_group(tenant, t.caller.account)
+    def _outgoing(self, t: Target, entry: dict,
+                  settings: attrs.Settings) -> tuple[Outgoing, msgs.Envelope]:
+        """A SendMessage (or batch entry) as a rayq message, and its envelope. Raises
+        SqsError."""
+        attributes = msgs.check_attributes(entry.get("MessageAttributes"))
+        system = msgs.check_attributes(entry.get("MessageSystemAttributes"), system=True)
+        body = msgs.check_body(entry.get("MessageBody"), settings.max_message_bytes,
+                               msgs.attributes_bytes(attributes))
+        if entry.get("MessageDeduplicationId") is not None:
+            raise invalid("The request include parameter that is not valid for this queue "
+                          "type.")
+        tenant, group = _group(entry.get("MessageGroupId"), t.caller.account)
         delay = _int(entry, "DelaySeconds", 0, MAX_DELAY_S, settings.delay_s)
-        return Outgoing(body, tenant=tenant, type=msgs.message_type(entry.get("MessageAttributes")),
-                        delay_s=delay, ttl_s=settings.retention_s)
+        trace = system.get(msgs.TRACE_HEADER, {}).get("StringValue")
+        envelope = msgs.Envelope(body, attributes, trace=trace, group=group)
+        return Outgoing(envelope.stored(), tenant=tenant, type=msgs.message_type(attributes),
+                        delay_s=delay, ttl_s=settings.retention_s), envelope
 
     @staticmethod
-    def _sent(message_id: str, out: Outgoing, attributes: Any) -> dict:
-        sent = {"MessageId": message_id, "MD5OfMessageBody": msgs.md5_hex(out.body.encode())}
-        if attributes:
-            sent["MD5OfMessageAttributes"] = msgs.attributes_md5(attributes)
+    def _sent(message_id: str, envelope: msgs.Envelope, system: Any) -> dict:
+        sent = {"MessageId": message_id, "MD5OfMessageBody": msgs.md5_hex(envelope.body.encode())}
+        if envelope.attributes:
+            sent["MD5OfMessageAttributes"] = msgs.attributes_md5(envelope.attributes)
+        if system:
+            sent["MD5OfMessageSystemAttributes"] = msgs.attributes_md5(
+                msgs.check_attributes(system, system=True))
         return sent
 
     def _send_message(self, t: Target, p: dict) -> dict:
         queue = _need_queue(t)
-        out = self._outgoing(t, p, self.state.settings(t.owner, t.name))
+        out, envelope = self._outgoing(t, p, self.state.settings(t.owner, t.name))
         [message_id] = queue.send_batch([out])
-        return self._sent(message_id, out, p.get("MessageAttributes"))
+        return self._sent(message_id, envelope, p.get("MessageSystemAttributes"))
 
     def _send_message_batch(self, t: Target, p: dict) -> dict:
         queue = _need_queue(t)
@@ -235,9 +244,9 @@ class SqsApi:
                 good.append((entry, self._outgoing(t, entry, settings)))
             except SqsError as err:
                 failed.append(failure(entry["Id"], err))
-        ids = queue.send_batch([out for _, out in good]) if good else []
-        done = [{"Id": e["Id"], **self._sent(mid, out, e.get("MessageAttributes"))}
-                for (e, out), mid in zip(good, ids)]
+        ids = queue.send_batch([out for _, (out, _) in good]) if good else []
+        done = [{"Id": e["Id"], **self._sent(mid, envelope, e.get("MessageSystemAttributes"))}
+                for (e, (_, envelope)), mid in zip(good, ids)]
         return {"Successful": done, "Failed": failed}
 
     def _receive_message(self, t: Target, p: dict) -> dict:
@@ -248,9 +257,29 @@ class SqsApi:
         wait_s = _int(p, "WaitTimeSeconds", 0, MAX_WAIT_S, settings.wait_s)
         system = msgs.check_system_names(p.get("MessageSystemAttributeNames",
                                                p.get("AttributeNames")))
-        with_type = msgs.wants_type(p.get("MessageAttributeNames"))
+        names = p.get("MessageAttributeNames")
+        msgs.pick_attributes({}, names)  # checks the names before anything is received
         got = queue.receive(max_messages=count, visibility_timeout_s=hide_s, wait_s=wait_s)
-        return {"Messages": [_message(m, system, with_type) for m in got]} if got else {}
+        now_ms = int(self.clock() * 1000)
+        return {"Messages": [self._message(t, m, system, names, now_ms) for m in got]} \
+            if got else {}
+
+    def _message(self, t: Target, m, system: list[str], names: Any, now_ms: int) -> dict:
+        """A received message in SQS's shape, with the attributes the receive asked for."""
+        envelope = msgs.opened(m.body)
+        out = {"MessageId": m.id, "ReceiptHandle": m.receipt,
+               "MD5OfBody": msgs.md5_hex(envelope.body.encode()), "Body": envelope.body}
+        if system:
+            first_ms = self.state.first_received(m.id, m.dequeue_count, now_ms)
+            out["Attributes"] = msgs.system_attributes(m, envelope, system, first_ms,
+                                                       sender=m.tenant)
+        attributes = envelope.attributes or (
+            msgs.type_attributes(m.type) if m.type != "default" else {})
+        picked = msgs.pick_attributes(attributes, names)
+        if picked:
+            out["MessageAttributes"] = msgs.rendered(picked)
+            out["MD5OfMessageAttributes"] = msgs.attributes_md5(picked)
+        return out
 
     @staticmethod
     def _receipt(p: dict) -> str:
@@ -408,24 +437,17 @@ def _token(token: Any) -> str:
         raise invalid("Invalid NextToken value.") from None
 
 
-def _check_group(group: Any, account: str) -> None:
-    """MessageGroupId is the rayq tenant; an account other than the admin sends only as
-    itself (the runtime refuses a message sent as another tenant)."""
-    if not isinstance(group, str) or not 1 <= len(group) <= 128 or not group.isprintable():
-        raise invalid("MessageGroupId must be 1 to 128 printable characters.")
-    if account != ADMIN and group != account:
-        raise invalid(f"MessageGroupId is the rayq tenant, and account {account!r} sends only "
-                      f"as tenant {account!r}; got {group!r}.")
-
-
-def _message(m, system: list[str], with_type: bool) -> dict:
-    body = msgs.body_text(m.body)
-    out = {"MessageId": m.id, "ReceiptHandle": m.receipt, "MD5OfBody": msgs.md5_hex(body.encode()),
-           "Body": body}
-    if system:
-        out["Attributes"] = msgs.system_attributes(m, system)
-    if with_type:
-        attributes = msgs.type_attributes(m.type)
-        out["MessageAttributes"] = attributes
-        out["MD5OfMessageAttributes"] = msgs.attributes_md5(attributes)
-    return out
+def _group(group: Any, account: str) -> tuple[str | None, str | None]:
+    """(rayq tenant, MessageGroupId to keep in the envelope) of a MessageGroupId. The
+    ``default`` account sends as any tenant, so its group is the tenant; another account
+    sends as itself, and a group other than its name travels in the envelope."""
+    if group is None:
+        return None, None
+    if not isinstance(group, str) or not 1 <= len(group) <= 128 \
+            or not re.fullmatch(r"[!-~]+", group):
+        raise invalid(f"Value {group!s:.130} for parameter MessageGroupId is invalid. Reason: "
+                      "MessageGroupId can only include alphanumeric and punctuation "
+                      "characters. 1 to 128 in length.")
+    if account == ADMIN or group == account:
+        return group, None
+    return None, group

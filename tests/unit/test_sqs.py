@@ -140,13 +140,69 @@ def test_a_redrive_policy_to_the_queues_own_dlq_sets_max_receives():
 
 
 # -- message attributes ---------------------------------------------------------------
-def test_the_type_attribute_is_the_rayq_type_and_others_are_refused():
-    assert messages.message_type(None) == "default"
-    assert messages.message_type(messages.type_attributes("report")) == "report"
-    for bad in ({"color": {"DataType": "String", "StringValue": "red"}},
-                {"type": {"DataType": "Number", "StringValue": "1"}}):
-        with pytest.raises(SqsError):
-            messages.message_type(bad)
+ATTRIBUTES = {"color": {"DataType": "String", "StringValue": "red"},
+              "price": {"DataType": "Number.float", "StringValue": "-1.5e3"},
+              "blob": {"DataType": "Binary.gz", "BinaryValue": "AAEC/w=="},
+              "doc": {"DataType": "String.json", "StringValue": '{"a": "é"}'},
+              "type": {"DataType": "String", "StringValue": "report"}}
+
+
+def test_string_number_and_binary_attributes_with_custom_types_are_kept():
+    checked = messages.check_attributes(ATTRIBUTES)
+    assert checked["blob"] == {"DataType": "Binary.gz", "BinaryValue": b"\x00\x01\x02\xff"}
+    assert messages.rendered(checked) == ATTRIBUTES
+    assert messages.message_type(checked) == "report"
+    assert messages.message_type({}) == "default"
+
+
+@pytest.mark.parametrize("bad", [
+    {f"a{i}": {"DataType": "String", "StringValue": "x"} for i in range(11)},
+    {"color": {"DataType": "Text", "StringValue": "red"}},
+    {"price": {"DataType": "Number", "StringValue": "cheap"}},
+    {"color": {"DataType": "String", "StringValue": ""}},
+    {"blob": {"DataType": "Binary", "BinaryValue": "not base64!"}},
+    {"AWS.reserved": {"DataType": "String", "StringValue": "x"}},
+    {"bad..name": {"DataType": "String", "StringValue": "x"}},
+    {"color": {"StringValue": "red"}},
+])
+def test_attributes_sqs_refuses_are_invalid_parameter_values(bad):
+    with pytest.raises(SqsError) as info:
+        messages.check_attributes(bad)
+    assert info.value.code == "InvalidParameterValue"
+
+
+def test_only_aws_trace_header_is_a_system_attribute():
+    trace = {"AWSTraceHeader": {"DataType": "String", "StringValue": "Root=1-5759e988"}}
+    assert messages.check_attributes(trace, system=True) == trace
+    with pytest.raises(SqsError):
+        messages.check_attributes({"Other": trace["AWSTraceHeader"]}, system=True)
+
+
+def test_attribute_md5_matches_moto_which_matches_sqs():
+    from moto.sqs.models import Message
+    checked = messages.check_attributes(ATTRIBUTES)  # Binary values decoded, as moto keeps them
+    expected = Message.__new__(Message)
+    expected.message_attributes = checked
+    assert messages.attributes_md5(checked) == expected.attribute_md5
+    assert messages.attributes_md5(messages.rendered(checked)) == expected.attribute_md5
+
+
+def test_the_envelope_keeps_what_storage_does_not_and_a_bare_body_stays_bare():
+    assert messages.Envelope("hi").stored() == "hi"
+    assert messages.opened("hi") == messages.Envelope("hi")
+    full = messages.Envelope("hi", messages.check_attributes(ATTRIBUTES), trace="Root=1",
+                             group="g1", dedup="d", sequence="7", source="arn", sent_ms=5)
+    assert messages.opened(full.stored()) == full
+    assert messages.opened({"b": "x"}) == messages.Envelope('{"b": "x"}')
+
+
+def test_attribute_names_pick_by_name_prefix_or_all():
+    checked = messages.check_attributes(ATTRIBUTES)
+    assert set(messages.pick_attributes(checked, ["All"])) == set(ATTRIBUTES)
+    assert set(messages.pick_attributes(checked, ["color", "pr.*"])) == {"color"}
+    dotted = {"price.eur": checked["price"], "price": checked["price"]}
+    assert set(messages.pick_attributes(dotted, ["price.*"])) == {"price.eur"}
+    assert messages.pick_attributes(checked, None) == {}
 
 
 def test_attribute_md5_follows_sqs_length_prefixed_encoding():
