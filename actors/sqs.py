@@ -95,6 +95,7 @@ class ReplicaState:
         self._settings: dict[tuple[str, str], tuple[float, Settings]] = {}
         self._forwards: OrderedDict[str, str] = OrderedDict()
         self._first_ms: OrderedDict[str, int] = OrderedDict()
+        self._latest: OrderedDict[str, str] = OrderedDict()
 
     def settings(self, account: str, queue: str) -> Settings:
         cached = self._settings.get((account, queue))
@@ -117,6 +118,15 @@ class ReplicaState:
         self._forwards[handle] = receipt
         while len(self._forwards) > MAX_FORWARDS:
             self._forwards.popitem(last=False)
+
+    def latest(self, message_id: str, receipt: str | None = None) -> str | None:
+        """The receipt this replica last gave the message (recording ``receipt`` first)."""
+        if receipt is not None:
+            self._latest[message_id] = receipt
+            self._latest.move_to_end(message_id)
+            while len(self._latest) > MAX_FORWARDS:
+                self._latest.popitem(last=False)
+        return self._latest.get(message_id)
 
     def first_received(self, message_id: str, receive_count: int, now_ms: int) -> int:
         """When this replica first handed the message out (ms): kept in memory, so another
@@ -174,7 +184,8 @@ class SqsEndpoint:
         self._clients: dict[str, tuple[AccountSigner, Client]] = {}
         self._clients_lock = threading.Lock()
         self._keys = Keys(manager, self.clock)
-        self._api = SqsApi(self._client, ReplicaState(named(STATE), self.clock))
+        self._api = SqsApi(self._client, ReplicaState(named(STATE), self.clock),
+                           accounts=lambda: self._keys.table)
         self._pool = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="sqs")
         self._served = asyncio.get_running_loop().create_task(self._listen(host, port))
 

@@ -25,6 +25,7 @@ from botocore.exceptions import ClientError
 
 import rayq
 from rayq.config import with_consumers
+from rayq.sqs.names import account_id
 
 from .conftest import start_runtime
 
@@ -92,25 +93,28 @@ def test_boto3_creates_finds_lists_configures_purges_and_deletes_queues(endpoint
     client = sqs(endpoint)
     url = client.create_queue(QueueName="orders-x", Attributes={"VisibilityTimeout": "45",
                                                                 "DelaySeconds": "2"})["QueueUrl"]
-    assert url == f"{endpoint['url']}/acme/orders-x"
+    assert url == f"{endpoint['url']}/{account_id('acme')}/orders-x"
     assert client.create_queue(QueueName="orders-x", Attributes={"VisibilityTimeout": "45"})[
         "QueueUrl"] == url  # same attributes: idempotent
     assert refused(client.create_queue, QueueName="orders-x",
                    Attributes={"VisibilityTimeout": "50"})[0] == "QueueNameExists"
     assert client.get_queue_url(QueueName="orders-x")["QueueUrl"] == url
     assert url in client.list_queues(QueueNamePrefix="orders-")["QueueUrls"]
+    dlq = client.create_queue(QueueName="orders-x-dlq")["QueueUrl"]  # any name SQS allows
     first = client.list_queues(QueueNamePrefix="orders-x", MaxResults=1)
     rest = client.list_queues(QueueNamePrefix="orders-x", MaxResults=1, NextToken=first["NextToken"])
-    assert first["QueueUrls"] + rest["QueueUrls"] == [url, url + "-dlq"]
+    assert first["QueueUrls"] + rest["QueueUrls"] == [url, dlq]  # rayq's own DLQs never show
+    by_name = url.replace(account_id("acme"), "acme")  # a URL naming the account still works
+    assert client.get_queue_attributes(QueueUrl=by_name, AttributeNames=["QueueArn"])
 
     client.set_queue_attributes(QueueUrl=url, Attributes={"ReceiveMessageWaitTimeSeconds": "1",
-                                                          "MessageRetentionPeriod": "3600"})
+                                                          "MessageRetentionPeriod": "1209600"})
     got = client.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
     assert {k: got[k] for k in ("VisibilityTimeout", "DelaySeconds", "MessageRetentionPeriod",
                                 "ReceiveMessageWaitTimeSeconds", "MaximumMessageSize")} == {
-        "VisibilityTimeout": "45", "DelaySeconds": "2", "MessageRetentionPeriod": "3600",
+        "VisibilityTimeout": "45", "DelaySeconds": "2", "MessageRetentionPeriod": "1209600",
         "ReceiveMessageWaitTimeSeconds": "1", "MaximumMessageSize": "1048576"}
-    assert got["QueueArn"] == f"arn:aws:sqs:{REGION}:acme:orders-x"
+    assert got["QueueArn"] == f"arn:aws:sqs:{REGION}:{account_id('acme')}:orders-x"
     assert abs(int(got["CreatedTimestamp"]) - time.time()) < 3600
     assert "RedrivePolicy" not in got
 
@@ -118,6 +122,7 @@ def test_boto3_creates_finds_lists_configures_purges_and_deletes_queues(endpoint
     assert got_counts(client, url) == (0, 0, 1)  # the queue's DelaySeconds applies
     client.purge_queue(QueueUrl=url)
     assert got_counts(client, url) == (0, 0, 0)
+    assert refused(client.purge_queue, QueueUrl=url)[0] == "PurgeQueueInProgress"
     client.delete_queue(QueueUrl=url)
     assert refused(client.get_queue_url, QueueName="orders-x")[0] == "QueueDoesNotExist"
     assert url not in client.list_queues().get("QueueUrls", [])
@@ -185,7 +190,7 @@ def test_any_message_attributes_round_trip_with_the_md5_sqs_computes(endpoint):
         got["Attributes"]["SentTimestamp"])
     client.change_message_visibility(QueueUrl=url, ReceiptHandle=got["ReceiptHandle"],
                                      VisibilityTimeout=0)
-    [stored] = endpoint["admin"].queue(f"acme/{url.rsplit('/', 1)[1]}").peek()
+    [stored] = endpoint["admin"].queue(f"acme/{REGION}.{url.rsplit('/', 1)[1]}").peek()
     assert stored.type == "report"  # the type attribute is still rayq's type
     [again] = client.receive_message(QueueUrl=url, MessageAttributeNames=["color", "pr.*"],
                                      AttributeNames=["ApproximateFirstReceiveTimestamp",
@@ -205,9 +210,9 @@ def test_a_received_message_comes_back_after_its_visibility_timeout(endpoint):
     [second] = eventually(lambda: client.receive_message(
         QueueUrl=url, AttributeNames=["ApproximateReceiveCount"]).get("Messages"))
     assert second["Body"] == "again" and second["Attributes"]["ApproximateReceiveCount"] == "2"
-    assert refused(client.delete_message, QueueUrl=url,
-                   ReceiptHandle=first["ReceiptHandle"])[0] == "ReceiptHandleIsInvalid"
-    client.delete_message(QueueUrl=url, ReceiptHandle=second["ReceiptHandle"])
+    client.delete_message(QueueUrl=url, ReceiptHandle=first["ReceiptHandle"])  # the older handle
+    assert got_counts(client, url) == (0, 0, 0)  # deleted the message it was received again as
+    client.delete_message(QueueUrl=url, ReceiptHandle=second["ReceiptHandle"])  # gone: still fine
 
 
 def test_a_handle_stays_valid_after_its_visibility_changes(endpoint):
@@ -239,24 +244,35 @@ def test_a_handle_stays_valid_after_its_visibility_changes(endpoint):
     assert got_counts(client, url) == (0, 0, 0)
 
 
-def test_dead_letters_land_in_the_dlq_after_max_receive_count(endpoint):
+def test_dead_letters_land_in_any_queue_a_redrive_policy_names_and_move_back(endpoint):
     client = sqs(endpoint)
-    name = f"sqs{next(_names)}"
-    policy = json.dumps({"deadLetterTargetArn": f"arn:aws:sqs:{REGION}:acme:{name}-dlq",
-                         "maxReceiveCount": 2})
-    url = client.create_queue(QueueName=name, Attributes={"RedrivePolicy": policy})["QueueUrl"]
-    dlq = client.get_queue_url(QueueName=f"{name}-dlq")["QueueUrl"]
+    dlq = new_queue(client)
+    dlq_arn = client.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])[
+        "Attributes"]["QueueArn"]
+    url = new_queue(client)
+    assert refused(client.set_queue_attributes, QueueUrl=url, Attributes={
+        "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn + "-gone",
+                                     "maxReceiveCount": 2})})[0] == "InvalidParameterValue"
+    client.set_queue_attributes(QueueUrl=url, Attributes={"RedrivePolicy": json.dumps(
+        {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 2})})
     assert json.loads(client.get_queue_attributes(QueueUrl=url, AttributeNames=["RedrivePolicy"])[
-        "Attributes"]["RedrivePolicy"])["maxReceiveCount"] == 2
-    client.send_message(QueueUrl=url, MessageBody="poison")
+        "Attributes"]["RedrivePolicy"]) == {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 2}
+    assert client.list_dead_letter_source_queues(QueueUrl=dlq)["queueUrls"] == [url]
+    client.send_message(QueueUrl=url, MessageBody="poison", MessageAttributes={
+        "color": {"DataType": "String", "StringValue": "red"}})
     receives = []
 
     def dead_lettered():
         receives.extend(client.receive_message(QueueUrl=url, VisibilityTimeout=0).get("Messages", []))
-        return client.receive_message(QueueUrl=dlq).get("Messages")
+        return client.receive_message(QueueUrl=dlq, AttributeNames=["All"],
+                                      MessageAttributeNames=["All"]).get("Messages")
     [dead] = eventually(dead_lettered)
     assert dead["Body"] == "poison" and len(receives) == 2
+    assert dead["MessageAttributes"]["color"]["StringValue"] == "red"
+    assert dead["Attributes"]["DeadLetterQueueSourceArn"].endswith(url.rsplit("/", 1)[1])
     assert got_counts(client, url) == (0, 0, 0)
+    client.set_queue_attributes(QueueUrl=url, Attributes={"RedrivePolicy": ""})
+    assert client.list_dead_letter_source_queues(QueueUrl=dlq)["queueUrls"] == []
 
 
 def test_a_long_poll_returns_a_message_sent_while_it_waits(endpoint):
@@ -269,6 +285,46 @@ def test_a_long_poll_returns_a_message_sent_while_it_waits(endpoint):
     client.send_message(QueueUrl=url, MessageBody="awaited")
     poller.join()
     assert [m["Body"] for m in out["Messages"]] == ["awaited"]
+
+
+def test_tags_policies_and_permissions_are_kept_and_returned(endpoint):
+    client = sqs(endpoint)
+    name = f"sqs{next(_names)}"
+    policy = json.dumps({"Version": "2012-10-17", "Statement": []})
+    url = client.create_queue(QueueName=name, tags={"team": "a"}, Attributes={
+        "Policy": policy, "KmsMasterKeyId": "alias/aws/sqs", "SqsManagedSseEnabled": "false"})[
+        "QueueUrl"]
+    client.tag_queue(QueueUrl=url, Tags={"env": "dev", "team": "b"})
+    client.untag_queue(QueueUrl=url, TagKeys=["env"])
+    assert client.list_queue_tags(QueueUrl=url)["Tags"] == {"team": "b"}
+    got = client.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert (got["Policy"], got["KmsMasterKeyId"], got["KmsDataKeyReusePeriodSeconds"],
+            got["SqsManagedSseEnabled"]) == (policy, "alias/aws/sqs", "300", "false")
+    client.add_permission(QueueUrl=url, Label="send", AWSAccountIds=["111122223333"],
+                          Actions=["SendMessage"])
+    assert refused(client.add_permission, QueueUrl=url, Label="send",
+                   AWSAccountIds=["111122223333"], Actions=["SendMessage"])[0] == \
+        "InvalidParameterValue"
+    [statement] = json.loads(client.get_queue_attributes(
+        QueueUrl=url, AttributeNames=["Policy"])["Attributes"]["Policy"])["Statement"]
+    assert statement["Sid"] == "send" and statement["Action"] == ["SQS:SendMessage"]
+    client.remove_permission(QueueUrl=url, Label="send")
+    assert "Policy" not in client.get_queue_attributes(QueueUrl=url, AttributeNames=["Policy"]
+                                                       ).get("Attributes", {})
+
+
+def test_regions_are_separate_namespaces(endpoint):
+    west = sqs(endpoint)
+    east = boto3.client("sqs", endpoint_url=endpoint["url"], region_name="us-east-1",
+                        aws_access_key_id="acme", aws_secret_access_key=endpoint["keys"]["acme"])
+    west_url = west.create_queue(QueueName="regional")["QueueUrl"]
+    assert refused(east.get_queue_url, QueueName="regional")[0] == "QueueDoesNotExist"
+    east_url = east.create_queue(QueueName="regional", Attributes={"DelaySeconds": "3"})[
+        "QueueUrl"]
+    east.send_message(QueueUrl=east_url, MessageBody="east")
+    assert got_counts(west, west_url) == (0, 0, 0) and got_counts(east, east_url) == (0, 0, 1)
+    assert endpoint["admin"].queue("acme/regional").count() == 1  # us-east-1 is rayq's own
+    assert east.list_queues(QueueNamePrefix="regional")["QueueUrls"] == [east_url]  # one, not two
 
 
 # -- accounts and credentials ---------------------------------------------------------
@@ -284,8 +340,8 @@ def test_two_accounts_see_and_touch_only_their_own_queues(endpoint):
                          (beta.get_queue_attributes, {"AttributeNames": ["All"]})]:
         assert refused(call, QueueUrl=acme_url, **kwargs) == ("QueueDoesNotExist", 400)
     # acme's queue name in beta's namespace: not there, and nothing says acme has one
-    assert refused(beta.receive_message, QueueUrl=acme_url.replace("/acme/", "/beta/"))[0] == \
-        "QueueDoesNotExist"
+    assert refused(beta.receive_message, QueueUrl=acme_url.replace(
+        account_id("acme"), account_id("beta")))[0] == "QueueDoesNotExist"
     assert refused(beta.get_queue_url, QueueName="iso-acme")[0] == "QueueDoesNotExist"
     [kept] = acme.receive_message(QueueUrl=acme_url)["Messages"]
     assert kept["Body"] == "acme's"
@@ -297,8 +353,8 @@ def test_two_accounts_each_have_their_own_queue_of_one_name(endpoint):
         "QueueUrl"]
     beta_url = beta.create_queue(QueueName="orders-same", Attributes={"DelaySeconds": "5"})[
         "QueueUrl"]
-    assert (acme_url, beta_url) == (f"{endpoint['url']}/acme/orders-same",
-                                    f"{endpoint['url']}/beta/orders-same")
+    assert (acme_url, beta_url) == (f"{endpoint['url']}/{account_id('acme')}/orders-same",
+                                    f"{endpoint['url']}/{account_id('beta')}/orders-same")
     acme.send_message(QueueUrl=acme_url, MessageBody="for acme")
     beta.send_message(QueueUrl=beta_url, MessageBody="for beta")
     assert [m["Body"] for m in acme.receive_message(QueueUrl=acme_url)["Messages"]] == ["for acme"]
@@ -315,7 +371,7 @@ def test_the_default_account_reaches_every_accounts_queues_by_their_urls(endpoin
     acme.send_message(QueueUrl=url, MessageBody="seen by the admin")
     assert url in admin.list_queues(QueueNamePrefix="watched")["QueueUrls"]
     assert admin.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
-        "QueueArn"] == f"arn:aws:sqs:{REGION}:acme:watched"
+        "QueueArn"] == f"arn:aws:sqs:{REGION}:{account_id('acme')}:watched"
     [got] = admin.receive_message(QueueUrl=url)["Messages"]
     assert got["Body"] == "seen by the admin"
     admin.delete_message(QueueUrl=url, ReceiptHandle=got["ReceiptHandle"])
@@ -389,13 +445,18 @@ def test_bad_input_on_every_operation_gets_sqs_errors_and_loses_nothing(endpoint
     arn = f"arn:aws:sqs:{REGION}:acme:elsewhere"
     cases = [
         (client.create_queue, {"QueueName": "bad name!"}, "InvalidParameterValue"),
-        (client.create_queue, {"QueueName": "jobs.fifo"}, "InvalidParameterValue"),
-        (client.create_queue, {"QueueName": "q-attrs", "Attributes": {"Policy": "{}"}},
+        (client.create_queue, {"QueueName": "jobs.fifo", "Attributes": {"FifoQueue": "false"}},
+         "InvalidParameterValue"),
+        (client.create_queue, {"QueueName": "jobs", "Attributes": {"FifoQueue": "true"}},
+         "InvalidParameterValue"),
+        (client.create_queue, {"QueueName": "q-attrs", "Attributes": {"Policy": "not json"}},
+         "InvalidAttributeValue"),
+        (client.create_queue, {"QueueName": "q-attrs", "Attributes": {"Bogus": "1"}},
          "InvalidAttributeName"),
         (client.create_queue, {"QueueName": "q-attrs", "Attributes": {"DelaySeconds": "901"}},
          "InvalidAttributeValue"),
         (client.create_queue, {"QueueName": "q-attrs", "Attributes": {"RedrivePolicy": json.dumps(
-            {"deadLetterTargetArn": arn, "maxReceiveCount": 3})}}, "InvalidAttributeValue"),
+            {"deadLetterTargetArn": arn, "maxReceiveCount": 3})}}, "InvalidParameterValue"),
         (client.get_queue_url, {"QueueName": "never-made"}, "QueueDoesNotExist"),
         (client.list_queues, {"MaxResults": 0}, "InvalidParameterValue"),
         (client.delete_queue, {"QueueUrl": gone}, "QueueDoesNotExist"),
@@ -405,7 +466,7 @@ def test_bad_input_on_every_operation_gets_sqs_errors_and_loses_nothing(endpoint
                                  "Actions": ["SendMessage"]}, "QueueDoesNotExist"),
         (client.send_message, {"QueueUrl": url + "/extra/part", "MessageBody": "x"},
          "QueueDoesNotExist"),
-        (client.get_queue_attributes, {"QueueUrl": url, "AttributeNames": ["Policy"]},
+        (client.get_queue_attributes, {"QueueUrl": url, "AttributeNames": ["Bogus"]},
          "InvalidAttributeName"),
         (client.set_queue_attributes, {"QueueUrl": url, "Attributes": {"QueueArn": "x"}},
          "InvalidAttributeName"),
@@ -447,11 +508,15 @@ def test_bad_input_on_every_operation_gets_sqs_errors_and_loses_nothing(endpoint
         (client.change_message_visibility_batch, {"QueueUrl": url, "Entries": [
             {"Id": str(i), "ReceiptHandle": "x"} for i in range(11)]},
          "TooManyEntriesInBatchRequest"),
-        (client.tag_queue, {"QueueUrl": url, "Tags": {"a": "b"}}, "UnsupportedOperation"),
-        (client.list_dead_letter_source_queues, {"QueueUrl": url}, "UnsupportedOperation"),
+        (client.remove_permission, {"QueueUrl": url, "Label": "never-added"},
+         "InvalidParameterValue"),
     ]
     for call, kwargs, expected in cases:
-        assert refused(call, **kwargs)[0] == expected, (call.__name__, kwargs)
+        try:
+            got = refused(call, **kwargs)[0]
+        except BaseException as err:  # pytest's "did not raise" names no case
+            raise AssertionError((call.__name__, kwargs)) from err
+        assert got == expected, (call.__name__, kwargs)
     partial = client.send_message_batch(QueueUrl=url, Entries=[
         {"Id": "ok", "MessageBody": "fine"}, {"Id": "bad", "MessageBody": "x" * 1025}])
     assert [e["Id"] for e in partial["Successful"]] == ["ok"]

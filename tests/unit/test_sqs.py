@@ -99,44 +99,82 @@ def test_a_malformed_authorization_header_is_incomplete(monkeypatch, value):
 
 
 # -- queue attributes ------------------------------------------------------------------
-def parse(values: dict):
-    return attributes.parse(values, attributes.Settings(), "acme", "orders", now=5.0)
+def parse(values: dict, base=attributes.Settings(), creating=True):
+    return attributes.parse(values, base, now=5.0, creating=creating)
 
 
 def test_attributes_set_the_settings_rayq_keeps_for_sqs():
-    change = parse({"VisibilityTimeout": "45", "DelaySeconds": "900",
-                    "MessageRetentionPeriod": "60", "ReceiveMessageWaitTimeSeconds": "20",
-                    "MaximumMessageSize": "1024"})
-    assert change.settings == attributes.Settings(45, 60, 900, 20, 1024, modified_at=5.0)
-    assert change.max_receives is None
+    settings = parse({"VisibilityTimeout": "45", "DelaySeconds": "900",
+                      "MessageRetentionPeriod": "1209600", "ReceiveMessageWaitTimeSeconds": "20",
+                      "MaximumMessageSize": "1024"})
+    assert settings == attributes.Settings(45, 1_209_600, 900, 20, 1024, modified_at=5.0)
+    assert parse({}) == attributes.Settings()
+
+
+def test_policy_encryption_and_fifo_attributes_are_kept_and_returned():
+    values = {"Policy": json.dumps({"Version": "2012-10-17", "Statement": []}),
+              "KmsMasterKeyId": "alias/aws/sqs", "KmsDataKeyReusePeriodSeconds": "600",
+              "SqsManagedSseEnabled": "false", "FifoQueue": "true",
+              "ContentBasedDeduplication": "true", "DeduplicationScope": "messageGroup",
+              "FifoThroughputLimit": "perMessageGroupId"}
+    settings = parse(values)
+    assert settings.fifo and {k: settings.render()[k] for k in values} == values
+    again = attributes.Settings.from_record(settings.to_record())
+    assert again == settings and again.differs_from(settings) is None
+    assert parse({"VisibilityTimeout": "31"}, settings).differs_from(settings) == \
+        "VisibilityTimeout"
+    assert "FifoQueue" not in attributes.Settings().render()
 
 
 @pytest.mark.parametrize("values, code", [
     ({"VisibilityTimeout": "43201"}, "InvalidAttributeValue"),
     ({"DelaySeconds": "-1"}, "InvalidAttributeValue"),
-    ({"MessageRetentionPeriod": "1209600"}, "InvalidAttributeValue"),  # past rayq's 7 days
+    ({"MessageRetentionPeriod": "1209601"}, "InvalidAttributeValue"),
+    ({"MessageRetentionPeriod": "59"}, "InvalidAttributeValue"),
     ({"MaximumMessageSize": "1023"}, "InvalidAttributeValue"),
     ({"VisibilityTimeout": 30}, "InvalidAttributeValue"),
-    ({"Policy": "{}"}, "InvalidAttributeName"),
-    ({"FifoQueue": "true"}, "InvalidAttributeName"),
+    ({"Policy": "not json"}, "InvalidAttributeValue"),
+    ({"KmsDataKeyReusePeriodSeconds": "59"}, "InvalidAttributeValue"),
+    ({"SqsManagedSseEnabled": "maybe"}, "InvalidAttributeValue"),
+    ({"RedriveAllowPolicy": json.dumps({"redrivePermission": "byQueue"})},
+     "InvalidAttributeValue"),
+    ({"ContentBasedDeduplication": "true"}, "InvalidAttributeName"),  # not a FIFO queue
+    ({"Bogus": "1"}, "InvalidAttributeName"),
     ({"ApproximateNumberOfMessages": "3"}, "InvalidAttributeName"),
     ({"RedrivePolicy": "not json"}, "InvalidAttributeValue"),
-    ({"RedrivePolicy": json.dumps({"deadLetterTargetArn": "arn:aws:sqs:r:acme:orders-dlq",
+    ({"RedrivePolicy": json.dumps({"deadLetterTargetArn": "arn:aws:sqs:r:1:q",
                                    "maxReceiveCount": 0})}, "InvalidAttributeValue"),
-    ({"RedrivePolicy": json.dumps({"deadLetterTargetArn": "arn:aws:sqs:r:beta:orders-dlq",
-                                   "maxReceiveCount": 3})}, "InvalidAttributeValue"),
+    ({"RedrivePolicy": json.dumps({"maxReceiveCount": 3})}, "InvalidAttributeValue"),
 ])
-def test_attributes_rayq_cannot_keep_are_refused_by_name(values, code):
+def test_attributes_sqs_refuses_are_refused_by_name(values, code):
     with pytest.raises(SqsError) as info:
         parse(values)
     assert info.value.code == code and next(iter(values)) in info.value.message
 
 
-def test_a_redrive_policy_to_the_queues_own_dlq_sets_max_receives():
-    policy = json.dumps({"deadLetterTargetArn": "arn:aws:sqs:eu-west-1:acme:orders-dlq",
+def test_fifo_queue_is_set_only_at_creation():
+    with pytest.raises(SqsError) as info:
+        parse({"FifoQueue": "true"}, creating=False)
+    assert info.value.code == "InvalidAttributeName"
+
+
+def test_a_redrive_policy_names_any_queue_and_can_be_removed():
+    policy = json.dumps({"deadLetterTargetArn": "arn:aws:sqs:eu-west-1:123456789012:anything",
                          "maxReceiveCount": "4"})
-    assert parse({"RedrivePolicy": policy}).max_receives == 4
-    assert parse({"RedrivePolicy": ""}).max_receives == 0
+    settings = parse({"RedrivePolicy": policy})
+    assert attributes.redrive_target(settings) == (
+        "arn:aws:sqs:eu-west-1:123456789012:anything", 4)
+    assert attributes.redrive_target(parse({"RedrivePolicy": ""}, settings)) is None
+
+
+def test_a_redrive_allow_policy_says_which_sources_may_dead_letter():
+    def allows(policy, source="arn:a"):
+        return attributes.redrive_allows(parse({"RedriveAllowPolicy": json.dumps(policy)}), source)
+    assert attributes.redrive_allows(attributes.Settings(), "arn:a")
+    assert allows({"redrivePermission": "allowAll"})
+    assert not allows({"redrivePermission": "denyAll"})
+    assert allows({"redrivePermission": "byQueue", "sourceQueueArns": ["arn:a"]})
+    assert not allows({"redrivePermission": "byQueue", "sourceQueueArns": ["arn:b"]})
 
 
 # -- message attributes ---------------------------------------------------------------
