@@ -35,8 +35,8 @@ from actors.placement import this_node_name
 from rayq.analytics.eventlog import open_event_log
 from rayq.batching import AsyncBatcher
 from rayq.channel import CHANNEL_METHODS
-from rayq.config import Config
-from rayq.core.auth.accounts import ADMIN, Signature
+from rayq.config import Config, shard_store_config
+from rayq.core.auth.accounts import ADMIN, Signature, check_senders
 from rayq.core.auth.operations import SHARD_OPS
 from rayq.core.kit.batcher import Batcher
 from rayq.core.kit.clock import Clock, SystemClock
@@ -88,8 +88,9 @@ class ShardActor:
         self.index = index
         self.node = this_node_name()
         self.clock = clock or SystemClock()
-        self.store = open_store(path, config=config.store, clock=self.clock,
-                                dispatch=DispatchPolicy.of(config.fairness))
+        self.store = open_store(path, config=shard_store_config(config), clock=self.clock,
+                                dispatch=DispatchPolicy.of(config.fairness),
+                                check_senders=check_senders)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard-{index}")
         self._loop = asyncio.get_running_loop()
         # group commit of (store call or None for a nonce alone, args, kwargs, nonce key or None)

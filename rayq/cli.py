@@ -56,7 +56,7 @@ def start(data_dir: str | None, consumers: int | None, port: int, dashboard: boo
 
     import ray
 
-    from rayq import local
+    from rayq.runtime import local
     from rayq.runtime.session import local_cluster
 
     address = local_cluster(None)
@@ -92,7 +92,7 @@ def stop() -> None:
     """Stop the runtime's actors and the Ray head `rayq start` started; the data stays."""
     import ray
 
-    from rayq import local
+    from rayq.runtime import local
 
     _connect()
     node = ray._private.worker.global_worker.node

@@ -46,6 +46,8 @@ class StoreConfig:
     # Upper bound on rows one receive may step over (expired / dead-lettered).
     max_scan_rows: int = 1000
     outcome_ttl_s: float = DAY_S   # how long a task's outcome is kept for ray.get
+    # The store's enqueue count windows: a shard builds them from the flood look-back
+    # (shard_store_config: [flood] window_s and windows), not settings of their own.
     enqueue_window_s: float = 180.0
     enqueue_windows: int = 10
     durable: bool = True
@@ -68,7 +70,15 @@ class FairnessConfig:
     window_s: float = 300.0
     windows: int = 6
     latency_threshold_s: float = 1200.0
+    # A key's latency: "enqueue", the age of its oldest visible message since it was
+    # enqueued (the source text's), or "visible", since it became visible (a delay or
+    # a retry's back-off is not waiting for threads).
+    latency_since: str = "enqueue"
     band: float = 0.5
+    # Keep an intervention on, once started, while a latency victim is below its fair
+    # share at all (False: only while some key is both a latency and a usage victim,
+    # the source text's rule).
+    intervention_hysteresis: bool = False
     interval_s: float = 300.0
     max_boost_consumers: int = 2   # consumers added at most for booster permits
     history: int = 1000            # decisions kept for client.fairness() and the event log
@@ -90,6 +100,8 @@ class FloodConfig:
     """Flood detection, spill and sweep (docs/flood-detection.md)."""
 
     enabled: bool = True
+    # The look-back of enqueue counts, window_s x windows (30 minutes): shards count
+    # each (queue, type, tenant)'s enqueues in these windows.
     window_s: float = 180.0
     windows: int = 10
     interval_s: float = 120.0
@@ -114,6 +126,9 @@ class ConsumerConfig:
     smoothing: float = 0.3             # weight of the newest hit rate in the moving average
     adjust_interval_s: float = 1.0     # how often a consumer moves its load
     poll_wait_s: float = 2.0           # long-poll wait of one receive
+    # A receive is a hit for the balancer only when it found tasks within this wait:
+    # the source's reads do not block, so a long poll answered later would have missed.
+    hit_wait_s: float = 0.05
     prefetch: int = 1                  # at least this many a receive; more when the load has room
     visibility_timeout_s: float = 30.0  # tasks hidden while running; extended by heartbeats
     retry_backoff_s: float = 1.0       # first retry delay after a handler raised; doubles
@@ -170,12 +185,35 @@ class Config:
             raise ConfigError(f"store.shards must be an int of at least 1, got {shards!r}")
         if not 1 <= self.consumers.min_load <= self.consumers.max_load:
             raise ConfigError("consumers need 1 <= min_load <= max_load")
+        if not self.consumers.hit_wait_s >= 0:
+            raise ConfigError("consumers.hit_wait_s must be at least 0")
         _check_fair_dispatch(self.fairness)
+        _check_flood_window(self.flood, self.store)
+
+
+def _check_flood_window(flood: "FloodConfig", store: "StoreConfig") -> None:
+    if flood.window_s <= 0 or isinstance(flood.windows, bool) or not isinstance(
+            flood.windows, int) or flood.windows < 1:
+        raise ConfigError("flood needs window_s > 0 and windows an int of at least 1")
+    default = StoreConfig()
+    if (store.enqueue_window_s, store.enqueue_windows) != (default.enqueue_window_s,
+                                                           default.enqueue_windows):
+        raise ConfigError("the enqueue look-back is set by flood.window_s and flood.windows, "
+                          "not store.enqueue_window_s and store.enqueue_windows")
+
+
+def shard_store_config(config: "Config") -> StoreConfig:
+    """The store settings a shard runs with: enqueues counted over the flood
+    look-back (``flood.window_s`` x ``flood.windows``, the one setting of it)."""
+    return dataclasses.replace(config.store, enqueue_window_s=config.flood.window_s,
+                               enqueue_windows=config.flood.windows)
 
 
 def _check_fair_dispatch(fairness: "FairnessConfig") -> None:
     if fairness.dispatch not in ("fair", "fifo"):
         raise ConfigError("fairness.dispatch must be 'fair' or 'fifo'")
+    if fairness.latency_since not in ("enqueue", "visible"):
+        raise ConfigError("fairness.latency_since must be 'enqueue' or 'visible'")
     weights = dict(fairness.weights, **{"(default_weight)": fairness.default_weight})
     for key, weight in weights.items():
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < 1e6:

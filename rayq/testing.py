@@ -9,24 +9,29 @@ queue logic runs without disk and the same contract tests run against both.
 from __future__ import annotations
 
 import bisect
+import collections
 import contextlib
+import heapq
+import itertools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from rayq.config import ConsumerConfig, StoreConfig
+from rayq.config import Config, ConsumerConfig, StoreConfig
 from rayq.core.control.balancer import BalancerState
+from rayq.core.control.consumer_state import ConsumerState
 from rayq.core.storage.cache import MemoryReading
 from rayq.core.kit.clock import FakeClock
-from rayq.core.kit.kv import DATABASES
+from rayq.core.kit.kv import DATABASES, OnCommit, Write, apply_writes
 from rayq.core.storage.dispatch import DispatchPolicy
 from rayq.core.storage.store import ShardStore
 
 T = TypeVar("T")
 _MISSING = object()
 
-__all__ = ["FakeClock", "MemoryKV", "SimulatedConsumers", "memory_store", "plenty_of_memory"]
+__all__ = ["FakeClock", "MemoryKV", "SimulatedConsumers", "SimulatedLongPolls", "memory_store",
+           "plenty_of_memory"]
 
 
 class _Table:
@@ -36,11 +41,13 @@ class _Table:
 
 
 class _MemoryTxn:
-    """Writes apply at once; an undo log restores them if the transaction aborts."""
+    """Writes apply at once; an undo log restores them if the transaction aborts.
+    ``writes`` (a list when recording, else None) lists the mutations, as LMDB's does."""
 
-    def __init__(self, tables: dict[str, _Table], write: bool):
+    def __init__(self, tables: dict[str, _Table], write: bool, record: bool = False):
         self._tables, self._write = tables, write
         self.undo: list[tuple[str, bytes, object]] = []
+        self.writes: list[Write] | None = [] if record else None
 
     def get(self, db, key):
         return self._tables[db].values.get(bytes(key))
@@ -53,6 +60,8 @@ class _MemoryTxn:
             bisect.insort(table.keys, key)
         table.values[key] = bytes(value)
         self.undo.append((db, key, old))
+        if self.writes is not None:
+            self.writes.append(Write(db, key, bytes(value)))
 
     def delete(self, db, key):
         self._need_write()
@@ -62,6 +71,8 @@ class _MemoryTxn:
             return False
         del table.keys[bisect.bisect_left(table.keys, key)]
         self.undo.append((db, key, old))
+        if self.writes is not None:
+            self.writes.append(Write(db, key, None))
         return True
 
     def putmulti(self, db, items):
@@ -85,10 +96,13 @@ class _MemoryTxn:
     @contextlib.contextmanager
     def nested(self):
         mark = len(self.undo)
+        written = len(self.writes) if self.writes is not None else 0
         try:
             yield self
         except BaseException:
             self.rollback(mark)
+            if self.writes is not None:
+                del self.writes[written:]
             raise
 
     def rollback(self, mark: int = 0) -> None:
@@ -108,18 +122,32 @@ class _MemoryTxn:
 
 
 class MemoryKV:
-    """An ordered in-memory key-value store with LMDB's transaction semantics."""
+    """An ordered in-memory key-value store with LMDB's transaction semantics, and its
+    write sets (see :mod:`rayq.core.kit.kv`) when opened with ``on_commit``."""
 
-    def __init__(self):
+    def __init__(self, on_commit: OnCommit | None = None):
         self._tables = {name: _Table() for name in DATABASES}
+        self._on_commit = on_commit
+
+    def watch(self, on_commit: OnCommit | None) -> None:
+        """From now on hand each committed write set to ``on_commit`` (None: stop)."""
+        self._on_commit = on_commit
 
     def transact(self, fn: Callable[..., T]) -> T:
-        txn = _MemoryTxn(self._tables, write=True)
+        on_commit = self._on_commit
+        txn = _MemoryTxn(self._tables, write=True, record=on_commit is not None)
         try:
-            return fn(txn)
+            result = fn(txn)
         except BaseException:
             txn.rollback()
             raise
+        if txn.writes:
+            on_commit(tuple(txn.writes))
+        return result
+
+    def apply(self, writes: Iterable[Write]) -> None:
+        """Replay a write set in one transaction."""
+        self.transact(lambda txn: apply_writes(txn, writes))
 
     def read(self, fn: Callable[..., T]) -> T:
         return fn(_MemoryTxn(self._tables, write=False))
@@ -197,3 +225,109 @@ class SimulatedConsumers:
             for i, n in enumerate(self.tick(arrivals)):
                 totals[i] += n
         return totals
+
+
+class SimulatedLongPolls:
+    """Consumers (each a :class:`~rayq.core.control.consumer_state.ConsumerState`)
+    long-polling one queue on a fake clock, event by event.
+
+    Tasks arrive at random (a Poisson stream of ``rate_per_s``) and each runs
+    ``task_s``. A poller takes what is queued at once, or parks until a task
+    arrives (parked polls are served oldest first, as a shard serves them) or
+    until ``poll_wait_s`` passes; the state decides whether an answer that came
+    after a wait was a hit (``hit_wait_s``). A poller runs what it got and polls
+    again. Every ``adjust_interval_s`` each consumer moves its load and starts
+    pollers for it; a poller above the load leaves. No threads, no sleeps.
+    """
+
+    def __init__(self, config: ConsumerConfig, consumers: int, rate_per_s: float,
+                 task_s: float, seed: int = 0):
+        self.clock, self.task_s, self.rate_per_s = FakeClock(start=0.0), task_s, rate_per_s
+        self.states = [ConsumerState(i, Config(consumers=config), self.clock)
+                       for i in range(consumers)]
+        self.queued = 0
+        self.loads: list[list[int]] = [[] for _ in self.states]  # after every adjust
+        self._rng = random.Random(seed)
+        self._events: list[tuple[float, int, str, tuple]] = []
+        self._tokens = itertools.count()
+        self._parked: collections.deque = collections.deque()  # (token, consumer, slot, since, want)
+        self._waiting: set[int] = set()   # tokens of parked polls not answered yet
+        self._busy: dict[tuple[int, int], int] = {}   # (consumer, slot) -> tasks running
+        self._pollers: list[set[int]] = [set() for _ in self.states]
+        self._at(self._rng.expovariate(rate_per_s), "arrive")
+        for i in range(consumers):
+            self._at(0.0, "adjust", i)
+
+    def run(self, seconds: float) -> None:
+        """Simulate ``seconds`` more of the fake clock."""
+        end = self.clock.now() + seconds
+        while self._events and self._events[0][0] <= end:
+            at, _, kind, args = heapq.heappop(self._events)
+            self.clock.advance(at - self.clock.now())
+            getattr(self, "_" + kind)(*args)
+        self.clock.advance(end - self.clock.now())
+
+    def mean_loads(self, last: int) -> list[float]:
+        """Each consumer's mean load over its ``last`` adjustments."""
+        return [sum(loads[-last:]) / len(loads[-last:]) for loads in self.loads]
+
+    # -- events --------------------------------------------------------------------
+    def _at(self, delay_s: float, kind: str, *args) -> None:
+        heapq.heappush(self._events, (self.clock.now() + delay_s, next(self._tokens), kind, args))
+
+    def _arrive(self) -> None:
+        self._at(self._rng.expovariate(self.rate_per_s), "arrive")
+        while self._parked:
+            token, i, slot, since, want = self._parked.popleft()
+            if token in self._waiting:
+                self._waiting.discard(token)
+                self._got(i, slot, want, 1, self.clock.now() - since)
+                return
+        self.queued += 1
+
+    def _adjust(self, i: int) -> None:
+        for slot in self.states[i].adjust(False, self._pollers[i]):
+            self._pollers[i].add(slot)
+            self._poll(i, slot)
+        self.loads[i].append(self.states[i].load)
+        self._at(self.states[i].consumer_config.adjust_interval_s, "adjust", i)
+
+    def _poll(self, i: int, slot: int) -> None:
+        state = self.states[i]
+        if slot >= state.load:
+            self._pollers[i].discard(slot)  # the load dropped below this poller
+            return
+        want = state.claim()
+        if not want:
+            self._at(self.task_s, "poll", i, slot)  # no room: look again once tasks end
+        elif self.queued:
+            got = min(want, self.queued)
+            self.queued -= got
+            self._got(i, slot, want, got, 0.0)
+        else:
+            token = next(self._tokens)
+            self._waiting.add(token)
+            self._parked.append((token, i, slot, self.clock.now(), want))
+            self._at(state.consumer_config.poll_wait_s, "expire", token, i, slot, want)
+
+    def _expire(self, token: int, i: int, slot: int, want: int) -> None:
+        if token in self._waiting:  # nothing came: an empty long poll
+            self._waiting.discard(token)
+            self._got(i, slot, want, 0, self.states[i].consumer_config.poll_wait_s)
+
+    def _got(self, i: int, slot: int, want: int, got: int, waited_s: float) -> None:
+        self.states[i].received(want, got, waited_s)
+        if not got:
+            self._poll(i, slot)
+            return
+        self._busy[(i, slot)] = got
+        for _ in range(got):
+            self._at(self.task_s, "done", i, slot, self.states[i].started())
+
+    def _done(self, i: int, slot: int, started: float) -> None:
+        state = self.states[i]
+        state.finished(started)
+        state.released()
+        self._busy[(i, slot)] -= 1
+        if not self._busy[(i, slot)]:
+            self._poll(i, slot)

@@ -1,7 +1,10 @@
 """One local Ray per test session; runtimes are restarted per module when configs differ."""
 
+import contextlib
 import itertools
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,13 +29,59 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def ray_session():
+    """A Ray of this session's own, whatever else runs on the machine.
+
+    ``ray.init()`` would attach to a cluster named by ``$RAY_ADDRESS`` or by the
+    ``ray_current_cluster`` file a ``ray start`` / ``rayq start`` left in Ray's temp
+    directory, where ``num_cpus`` is refused. So: ``address="local"`` (always start
+    one), ``RAY_ADDRESS`` cleared and ``RAY_TMPDIR`` set to a private directory for the
+    session (subprocesses that run ``rayq.start`` or ``rayq start`` look there too,
+    and find no one else's cluster), on loopback only. Processes still running from
+    that directory at the end are this session's leftovers and are killed.
+    """
     import ray
 
+    from rayq.runtime.session import LOOPBACK, loopback_only
+
+    temp_dir = tempfile.mkdtemp(prefix="rq-it-", dir="/tmp")  # short: Ray's socket paths
+    saved = {name: os.environ.get(name) for name in ("RAY_ADDRESS", "RAY_TMPDIR")}
+    os.environ.pop("RAY_ADDRESS", None)
+    os.environ["RAY_TMPDIR"] = temp_dir
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    ray.init(num_cpus=2, namespace="rayq", include_dashboard=False, log_to_driver=False)
-    yield ray
-    rayq.shutdown()
-    ray.shutdown()
+    loopback_only()
+    ray.init(address="local", num_cpus=2, namespace="rayq", include_dashboard=False,
+             log_to_driver=False, _temp_dir=os.path.join(temp_dir, "ray"),
+             _node_ip_address=LOOPBACK)
+    try:
+        yield ray
+    finally:
+        rayq.shutdown()
+        ray.shutdown()
+        _kill_started_under(temp_dir)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _kill_started_under(temp_dir: str) -> None:
+    """Kill the processes whose command line names ``temp_dir`` (this session's Ray
+    and any head a test left running there) and their children; nothing else."""
+    import psutil
+
+    mine = set()
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if proc.pid != os.getpid() and any(temp_dir in arg for arg in proc.info["cmdline"] or ()):
+            mine.add(proc)
+            with contextlib.suppress(psutil.Error):  # its workers and agents rename themselves
+                mine.update(proc.children(recursive=True))
+    mine.discard(psutil.Process())
+    for proc in mine:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(list(mine), timeout=10)
 
 
 def start_runtime(tmp_path_factory, config: rayq.Config | None = None, name: str = "rayq"):

@@ -4,7 +4,7 @@ written beside the dict events of the same hour."""
 import datetime as dt
 
 from rayq.analytics.eventlog import EventLog, read_events
-from rayq.core.storage.batch import Enqueued
+from rayq.core.storage.ledger import Enqueued
 
 HOUR_END = dt.datetime(2026, 11, 22, 17, 59, 59, 500_000, tzinfo=dt.timezone.utc).timestamp()
 

@@ -6,12 +6,13 @@ minutes, band 50 %. Usage is in seconds of thread time per window.
 """
 
 import random
+from dataclasses import replace
 
 import pytest
 
 from rayq.config import FairnessConfig
-from rayq.core.fairness.policy import (KeyState, UsageTable, UsageWindows, evaluate, latency_threshold,
-                                listen_order)
+from rayq.core.fairness.policy import (KeyState, UsageTable, UsageWindows, evaluate, key_latency,
+                                       latency_threshold, listen_order)
 
 CONFIG = FairnessConfig(window_s=300, windows=6, latency_threshold_s=1200, band=0.5)
 MIN = 60.0
@@ -194,16 +195,22 @@ def test_usage_windows_sum_reports_per_key_and_count_deferrals_apart():
     assert t.first_window_start == -1200.0
 
 
-def test_an_intervention_goes_on_while_a_latency_victim_is_below_its_share_at_all():
+@pytest.mark.parametrize("b_s, hysteresis, was_on, on", [
+    (60, False, False, True),    # B at 20 % of its share: both victims, intervene
+    (120, False, True, False),   # 80 %: no usage victim, the source's rule stops
+    (120, True, True, True),     # ... the hysteresis keeps an intervention on
+    (120, True, False, False),   # ... but never starts one
+    (150, True, True, False),    # at its share: off either way
+])
+def test_an_intervention_needs_a_latency_and_usage_victim_unless_hysteresis_holds_it(
+        b_s, hysteresis, was_on, on):
     now = 1799.0
-    usage = {"A": [0, 0, 0, 0, 180, 180], "B": [0, 0, 0, 0, 120, 120]}  # B at 80 % of its share
+    usage = {"A": [0, 0, 0, 0, 300 - b_s, 300 - b_s], "B": [0, 0, 0, 0, b_s, b_s]}
     pending = {"A": waiting("A", 0.0, now), "B": waiting("B", 0.0, now)}
-    fresh = evaluate(table(now, usage), pending, now, CONFIG, threads=2)
-    ongoing = evaluate(table(now, usage), pending, now, CONFIG, threads=2, was_intervening=True)
-    assert not fresh.intervening and ongoing.intervening
-    even = {"A": [0, 0, 0, 0, 150, 150], "B": [0, 0, 0, 0, 150, 150]}
-    assert not evaluate(table(now, even), pending, now, CONFIG, threads=2,
-                        was_intervening=True).intervening
+    config = replace(CONFIG, intervention_hysteresis=hysteresis)
+    d = evaluate(table(now, usage), pending, now, config, threads=2, was_intervening=was_on)
+    assert d.latency_victims == {"A", "B"}
+    assert d.intervening is on
 
 
 def test_usage_spent_since_the_decision_moves_a_key_down_the_listen_list():
@@ -215,3 +222,21 @@ def test_usage_spent_since_the_decision_moves_a_key_down_the_listen_list():
     assert listen_order(d, pending, random.Random(0))[-1] == "A"
     order = listen_order(d, pending, random.Random(0), spent={"B": 150.0})
     assert order == ["C", "B", "A"]
+
+
+# A message enqueued at 0 that became visible at 1000 (a delay or a retry's back-off);
+# the threshold is 1200 s. The source measures the age of the oldest job.
+@pytest.mark.parametrize("since, visible_for_s, now, latency_s, victim", [
+    ("enqueue", 300.0, 1300.0, 1300.0, True),    # aged 1300 s since its enqueue
+    ("visible", 300.0, 1300.0, 300.0, False),    # visible for 300 s only
+    ("enqueue", 1199.0, 1199.0, 1199.0, False),  # never delayed: the same either way
+    ("visible", 1200.0, 1200.0, 1200.0, True),   # at least the threshold
+    ("enqueue", 0.0, 1300.0, 0.0, False),        # nothing visible: nothing waits
+])
+def test_latency_is_the_age_of_the_oldest_message_since_its_enqueue_unless_set_otherwise(
+        since, visible_for_s, now, latency_s, victim):
+    state = KeyState("A", latency_s=visible_for_s, oldest_enqueued_at=0.0)
+    assert key_latency(state, now, since) == latency_s
+    config = replace(CONFIG, latency_since=since)
+    d = evaluate(table(now, {"A": [0.0] * 6}), {"A": state}, now, config, threads=2)
+    assert ("A" in d.latency_victims) is victim

@@ -1,9 +1,11 @@
-"""The source's own figures (docs/fairness-coordinator.md) for the rules issue 16
-changed: the deferral revision (10 dequeued / 2 processed) and intervention at exactly
-the latency threshold.
+"""The source's own figures (docs/fairness-coordinator.md): the deferral revision
+(10 dequeued / 2 processed), intervention at exactly the latency threshold, and how
+long an intervention lasts.
 
 Windows are the source's: 5 minutes, 6 of look-back, threshold 20 minutes, band 50 %.
 """
+
+from dataclasses import replace
 
 import pytest
 
@@ -68,14 +70,27 @@ def test_the_seed_example_intervenes_at_exactly_twenty_minutes(now, intervening)
     assert d.permits == ({"M1": 1} if intervening else {})
 
 
-def test_the_hysteresis_is_kept_once_intervening_at_the_threshold():
-    # intervening from 20:00; M1 back at 80 % of its share keeps it on, at 100 % stops it
-    usage = {"M1": [0, 30, 30, 30, 30, 0], "M2": [0, 270, 270, 270, 270, 0]}
+HYSTERESIS = replace(CONFIG, intervention_hysteresis=True)
+
+
+# Intervening from 20:00, then M1 recovers: at 80 % of its share it is no usage
+# victim any more. The source's rule ends the intervention there; the hysteresis
+# setting keeps it on until M1 reaches its share.
+@pytest.mark.parametrize("m1_s, config, on", [
+    (30, CONFIG, True),         # 2 of 10 minutes: a usage victim, intervening
+    (120, CONFIG, False),       # 80 %: no usage victim, the source's rule stops
+    (150, CONFIG, False),       # 100 %
+    (30, HYSTERESIS, True),
+    (120, HYSTERESIS, True),    # 80 %: the hysteresis keeps it on
+    (150, HYSTERESIS, False),   # 100 %: at its share, off
+])
+def test_an_intervention_lasts_while_a_key_is_both_victims_unless_hysteresis_is_set(
+        m1_s, config, on):
+    usage = {"M1": [0, m1_s, m1_s, m1_s, m1_s, 0],
+             "M2": [0, 300 - m1_s, 300 - m1_s, 300 - m1_s, 300 - m1_s, 0]}
     pending = {"M1": waiting("M1", 0.0, 1200.0)}
-    assert evaluate(table(usage, now=1200.0), pending, 1200.0, CONFIG, threads=1).intervening
-    near = {"M1": [0, 120, 120, 120, 120, 0], "M2": [0, 180, 180, 180, 180, 0]}
-    fair = {"M1": [0, 150, 150, 150, 150, 0], "M2": [0, 150, 150, 150, 150, 0]}
-    for usage, on in ((near, True), (fair, False)):
-        d = evaluate(table(usage, now=1200.0), pending, 1200.0, CONFIG, threads=1,
-                     was_intervening=True)
-        assert d.intervening is on and not d.usage_victims
+    d = evaluate(table(usage, now=1200.0), pending, 1200.0, config, threads=1,
+                 was_intervening=True)
+    assert d.latency_victims == {"M1"}
+    assert d.intervening is on
+    assert (d.usage_victims == {"M1"}) is (m1_s == 30)

@@ -15,7 +15,7 @@ def view(depth=None, dedicated=None, enqueued=None, spilled=None):
 
 
 def test_a_deep_combination_whose_tenant_enqueued_a_lot_is_a_flooder():
-    v = view(depth={("q", "report", "acme"): 150, ("q", "report", "meek"): 150},
+    v = view(depth={("q", "report", "acme"): 150, ("q", "report", "meek"): 40},
              enqueued={("q", "report", "acme"): 60, ("q", "report", "meek"): 10})
     changes = detect(v, [], CONFIG, now=5.0)
     assert [(f.queue, f.type, f.tenant, f.since) for f in changes.added] == [("q", "report", "acme", 5.0)]
@@ -64,12 +64,12 @@ def test_a_type_level_flooder_leaves_under_the_shared_threshold():
 
 def test_flooders_that_go_on_are_kept_with_fresh_figures():
     flooder = Flooder("q", "report", "acme", since=0.0)
-    v = view(depth={("q", "report", "acme"): 300}, enqueued={("q", "report", "acme"): 100},
+    v = view(depth={("q", "report", "acme"): 180}, enqueued={("q", "report", "acme"): 100},
              spilled={("q", "report", "acme"): 40})
     changes = detect(v, [flooder], CONFIG, 3.0)
     assert not changes.added and not changes.removed
     [kept] = changes.kept
-    assert (kept.since, kept.spilled, kept.depth) == (0.0, 40, 340)
+    assert (kept.since, kept.spilled, kept.depth) == (0.0, 40, 220)
 
 
 @pytest.mark.parametrize("depth, pressure, healthy", [

@@ -60,6 +60,26 @@ def test_the_type_level_rule_still_works_on_top():
     assert [(f.tenant, f.type_level) for f in added] == [("*", True)]
 
 
+
+# "a certain message type may be flooding across many different tenants": the type's
+# queue over the type depth threshold (200 000) flags the type, whatever its tenants sent.
+@pytest.mark.parametrize("name, v, flagged", [
+    ("50 tenants x 5 000 (depth 250 000), none heavy",
+     flood(*[(f"org{i}", 5_000) for i in range(50)]), {("report", "*")}),
+    ("40 tenants x 5 000 (depth 200 000) is not over it",
+     flood(*[(f"org{i}", 5_000) for i in range(40)]), set()),
+    ("live and dedicated subqueues both count",
+     view(depth={("q", "report", "a"): 150_000}, dedicated={("q", "report", "b"): 60_000}),
+     {("report", "*")}),
+    ("one heavy tenant past both thresholds: the tenant and the type",
+     flood(("acme", 210_000)), {("report", "acme"), ("report", "*")}),
+    ("another type's depth does not count",
+     flood(*[(f"org{i}", 5_000) for i in range(30)], others=[("email", "x", 100_000)]), set()),
+])
+def test_a_type_whose_queue_is_over_the_type_threshold_is_a_type_level_flooder(name, v, flagged):
+    added = detect(v, [], DEFAULTS, now=1.0).added
+    assert {(f.type, f.tenant) for f in added} == flagged, name
+
 # -- leaving the list: "no messages left in the secondary store right after the last
 # sweeper run", then depth + enqueues since that sweep under 5 000 / 50 000 ------------
 ACME = ("q", "report", "acme")

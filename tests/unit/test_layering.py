@@ -1,13 +1,16 @@
-"""The dependency rule of docs/design.md: rayq.core never reaches ray or the actors."""
+"""The dependency rules of docs/design.md: rayq.core never reaches ray or the actors; the
+core's wings import each other in one order; no import cycle anywhere; small folders."""
 
 import ast
+import itertools
 import pathlib
 import subprocess
 import sys
 
 import pytest
 
-CORE = pathlib.Path(__file__).resolve().parents[2] / "rayq" / "core"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CORE = ROOT / "rayq" / "core"
 
 
 def imported_modules(path: pathlib.Path) -> set[str]:
@@ -40,8 +43,151 @@ def test_importing_the_core_loads_neither_ray_nor_actors():
     assert out.stdout.strip() == "[]"
 
 
+# -- the import graph of rayq/ and actors/ --------------------------------------------------
+def project_modules() -> dict[str, pathlib.Path]:
+    """Dotted name -> file of every module of rayq/ and actors/ (a package by its name)."""
+    found = {}
+    for top in ("rayq", "actors"):
+        for path in (ROOT / top).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def import_graph(modules: dict[str, pathlib.Path]) -> dict[str, set[str]]:
+    """Module -> the project modules it imports, from every import statement (inside
+    functions and ``if TYPE_CHECKING:`` blocks too). ``from a import b`` names module
+    ``a.b`` when there is one, else ``a``."""
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets |= {resolve(alias.name) for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                targets |= {resolve(f"{base}.{alias.name}") if f"{base}.{alias.name}" in modules
+                            else resolve(base) for alias in node.names}
+        graph[name] = targets - {None, name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+    counter = itertools.count()
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = next(counter)
+        stack.append(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+GRAPH = import_graph(project_modules())
+
+
+def test_no_import_cycle_among_the_modules_of_rayq_and_actors():
+    assert cycles(GRAPH) == []
+
+
+def test_the_cycle_finder_finds_a_cycle_through_three_modules():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
+    assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_the_graph_sees_imports_inside_type_checking_blocks():
+    assert "rayq.core.kit.kv" in GRAPH["rayq.core.storage.ledger"]
+
+
+# The wings of rayq/core and the wings each may import. codec is the base; kit's
+# history.py packs its records with codec.model, so kit sits on codec; storage holds no
+# policy (the sender check and flooders' diverts come in from its caller).
+WINGS = {
+    "codec": set(),
+    "kit": {"codec"},
+    "auth": {"kit", "codec"},
+    "storage": {"kit", "codec"},
+    "fairness": {"kit", "codec", "storage"},
+    "control": {"kit", "codec", "auth", "fairness", "storage"},
+    "flood": {"kit", "codec", "control"},
+}
+# Outside the wings, the core imports only these modules of rayq.
+CORE_MAY_IMPORT = {"rayq.errors", "rayq.config"}
+
+
+def wing_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[:2] == ["rayq", "core"] else None
+
+
+def wing_imports() -> dict[str, set[str]]:
+    """Wing -> the other wings its modules import."""
+    found: dict[str, set[str]] = {wing: set() for wing in WINGS}
+    for module, targets in GRAPH.items():
+        if wing_of(module):
+            found[wing_of(module)] |= {wing_of(t) for t in targets if wing_of(t)} - {wing_of(module)}
+    return found
+
+
+def test_every_folder_of_the_core_is_a_known_wing():
+    assert {p.name for p in CORE.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(WINGS)
+
+
+@pytest.mark.parametrize("wing", sorted(WINGS))
+def test_a_wing_imports_only_the_wings_below_it(wing):
+    assert wing_imports()[wing] <= WINGS[wing], {
+        module: sorted(t for t in GRAPH[module] if wing_of(t) and wing_of(t) != wing
+                       and wing_of(t) not in WINGS[wing])
+        for module in GRAPH if wing_of(module) == wing}
+
+
+def test_the_core_imports_no_module_of_rayq_outside_it_but_errors_and_config():
+    outside = {(module, target) for module, targets in GRAPH.items()
+               if module.startswith("rayq.core") for target in targets
+               if not target.startswith("rayq.core") and target not in CORE_MAY_IMPORT | {"rayq"}}
+    assert outside == set()
+
+
+MAX_MODULES_PER_FOLDER = 15
+
+
+@pytest.mark.parametrize("folder", sorted({p.parent for p in (ROOT / "rayq").rglob("*.py")}),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_folder_of_rayq_holds_more_than_fifteen_modules(folder):
+    assert len(list(folder.glob("*.py"))) <= MAX_MODULES_PER_FOLDER
+
+
 # -- actors/ holds no policy the engine should own ----------------------------------------
-ACTORS = CORE.parents[1] / "actors"
+ACTORS = ROOT / "actors"
 ACTOR_FILES = sorted(ACTORS.glob("*.py"))
 # Clock reads a component must take from its injected Clock (rayq.core.kit.clock) instead:
 # the time module's clocks and datetime's "now". time.sleep and asyncio.sleep wait, they

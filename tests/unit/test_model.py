@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from rayq.core.storage import layout as rows
 from rayq.core.storage.migrate import v2_value
-from rayq.core.codec.model import (ROW_KEY, US, Receipt, Received, StoredMessage, check_count,
+from rayq.core.codec.model import (ROW_KEY, US, Ending, Receipt, Received, StoredMessage, check_count,
                              check_name, check_seconds, decode_body, encode_body, fairness_key,
                              to_us)
 from rayq.errors import InvalidMessage, MessageTooLarge, ReceiptInvalid
@@ -215,3 +215,50 @@ def test_the_unpacker_limits_are_accepted_by_msgpack():
     # Regression: an unknown keyword made every packed body fail to decode.
     assert decode_body(encode_body({"a": [1]}, 100)) == {"a": [1]}
     assert msgpack.version >= (1, 0, 0)
+
+
+# -- the other tables' bytes (rayq.core.storage.layout) ------------------------------------
+def test_a_tenant_count_key_reads_back_as_the_count_it_names_and_sorts_by_kind_first():
+    from rayq.core.codec.model import CountKind, TenantCount
+
+    live = TenantCount(CountKind.LIVE, 7, "report", "acmé")
+    spilled = live._replace(kind=CountKind.SPILLED)
+    assert rows.parse_tenant_count_key(rows.tenant_count_key(live)) == live
+    assert rows.parse_tenant_count_key(rows.tenant_count_key(spilled)).kind is CountKind.SPILLED
+    assert rows.tenant_count_key(live) < rows.tenant_count_key(spilled)
+    assert live == ("L", 7, "report", "acmé")  # policy reads counts as plain data
+
+
+def test_a_spill_entry_keeps_its_source_key_visibility_and_row():
+    stored = rows.spill_value(3, 9, 123_456, b"row value")
+    assert rows.parse_spilled(stored) == rows.Spilled(3, 9, 123_456, b"row value")
+    assert rows.spill_source(stored) == 3
+    start, stop = rows.spill_range(5)
+    assert start <= rows.spill_key(5, 0) < rows.spill_key(5, 2 ** 63) < stop
+    assert rows.spill_seq(rows.spill_key(5, 42)) == 42
+
+
+def test_an_outcome_reads_back_and_matches_only_its_own_expiry_entry():
+    value = rows.outcome_value(1_000, Ending.RESULT, b"payload")
+    assert rows.parse_outcome(value) == (Ending.RESULT, b"payload")
+    assert rows.outcome_expires_with(value, rows.outcome_expiry_key(1_000, "m-1"))
+    assert not rows.outcome_expires_with(value, rows.outcome_expiry_key(999, "m-1"))
+    assert rows.outcome_of_expiry(rows.outcome_expiry_key(1_000, "m-1")) == rows.outcome_key("m-1")
+    assert rows.outcome_expiry_key(1_000, "z") < rows.outcome_expiry_stop(1_000) \
+        <= rows.outcome_expiry_key(1_001, "a")
+
+
+def test_meta_records_of_a_kind_fall_in_its_range_and_give_back_their_number():
+    start, stop = rows.meta_range(rows.STATE)
+    for sq in (0, 1, 2 ** 32):
+        key = rows.meta_key(rows.STATE, sq)
+        assert start <= key < stop and rows.meta_tail_int(rows.STATE, key) == sq
+    assert not start <= rows.meta_key(rows.PURGE, 1) < stop
+
+
+def test_row_keys_of_a_pair_fall_in_its_range_and_hidden_rows_after_visible_ones():
+    start, stop = rows.key_range(2, 5)
+    visible, hidden = rows.row_key(2, 5, 100, 9), rows.row_key(2, 5, 201, 1)
+    assert start <= visible < rows.hidden_from(2, 5, 200) <= hidden < stop
+    assert rows.parse_row_key(hidden) == (2, 5, 201, 1) and rows.pair_of(hidden) == (2, 5)
+    assert rows.subqueue_range(2)[0] <= start and stop <= rows.subqueue_range(2)[1]

@@ -30,6 +30,7 @@ from typing import Any
 from rayq.core.auth.operations import Operation
 from rayq.core.kit.kv import KV
 from rayq.core.codec.model import DLQ_SUFFIX, check_name, fairness_key, pack, unpack
+from rayq.core.codec.frames import Signature  # the value lives in codec: frames carry it
 from rayq.errors import AuthError, InvalidMessage, Overloaded
 
 ADMIN = "default"
@@ -56,16 +57,6 @@ def _secret_bytes(secret: Any) -> bytes:
     return raw
 
 
-@dataclass(frozen=True)
-class Signature:
-    """What travels with a signed request besides its arguments."""
-
-    account: str
-    queue: str
-    operation: str
-    timestamp: float
-    nonce: str
-    mac: str
 
 
 def nonce_digest(account: str, nonce: str) -> int:

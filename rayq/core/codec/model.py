@@ -9,13 +9,14 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
 from rayq.errors import InvalidMessage, MessageTooLarge, ReceiptInvalid
 
 US = 1_000_000
+ALL_TENANTS = "*"  # a flooder entry naming every tenant of a type
 MAX_NAME_CHARS = 128
 # Explicit limits for every msgpack decode of untrusted bytes.
 _UNPACK_LIMITS = dict(max_str_len=16 << 20, max_bin_len=16 << 20,
@@ -205,6 +206,23 @@ class SubqueueState(Enum):
 # message of one fairness key in one subqueue is the first row of its prefix.
 ROW_KEY = struct.Struct(">IIQQ")
 PREFIX = struct.Struct(">II")
+
+
+class CountKind(str, Enum):
+    """Where the messages of a shard's tenant count are: live rows or the spill store.
+    A str value, so a count travels to policy as plain data."""
+
+    LIVE = "L"
+    SPILLED = "S"
+
+
+class TenantCount(NamedTuple):
+    """The name of one of a shard's tenant counts: (kind, subqueue, type, tenant)."""
+
+    kind: CountKind
+    subqueue: int
+    type: str
+    tenant: str
 
 
 class Ending(Enum):

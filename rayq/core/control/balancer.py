@@ -2,7 +2,12 @@
 
 Each consumer has a *load* in ``[min_load, max_load]`` (here: how many pollers
 it runs at once) and keeps a moving average of its polling hit rate (receives
-that returned a message / receives attempted). The load maps linearly onto a
+that found a message / receives attempted). The source text's reads do not
+block, so a hit is a message that was there when the consumer looked: a long
+poll that had to wait longer than ``hit_wait_s`` for its message counts as a
+miss (:func:`is_hit`). Counting every answered long poll as a hit would make
+nearly every poll a hit under light steady traffic, and every consumer would
+climb to ``max_load``. The load maps linearly onto a
 target hit rate in ``[min_target, max_target]``; a consumer whose observed hit
 rate is above its target takes on more load, one below takes on less.
 
@@ -19,6 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from rayq.config import ConsumerConfig
+
+
+def is_hit(received: int, waited_s: float, config: ConsumerConfig) -> bool:
+    """A receive that got ``received`` tasks after a long-poll wait of ``waited_s``
+    seconds is a hit when it got some within ``config.hit_wait_s``."""
+    return received > 0 and waited_s <= config.hit_wait_s
 
 
 def target_hit_rate(load: int, config: ConsumerConfig) -> float:

@@ -12,12 +12,17 @@ over its span. Keys without pending messages take no part, so they never make
 others look greedy, and the shares follow capacity because they are shares
 of what was actually used.
 
+- latency: the age of a key's oldest visible message, since it was enqueued (the
+  source's "age of the oldest job"; ``latency_since = "visible"`` counts only from
+  when it became visible, leaving out delays and retry back-offs);
 - latency victims: the oldest message waited at least the threshold (the source's
   example intervenes at exactly 20:00; scaled up by threads / limit for
   concurrency-limited keys);
 - usage victims: actual < (1 - band) x expected; offenders: actual >
   (1 + band) x expected; starvation = (expected - actual) / expected;
-- intervene only when some key is both a latency and a usage victim;
+- intervene only while some key is both a latency and a usage victim (the
+  ``intervention_hysteresis`` setting, off by default, keeps an intervention on
+  while a latency victim is below its fair share at all);
 - zero-latency keys that used threads in the two most recent windows and
   more than a waiting key's fair share compete too (the long-running trickle);
 - a usage victim whose messages were deferred (concurrency limits, host
@@ -35,7 +40,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rayq.config import FairnessConfig
 from rayq.core.kit.windows import WindowedSums
@@ -47,7 +52,8 @@ MAX_PERMITS = 4        # per key: permits grow with latency / threshold up to th
 @dataclass(frozen=True)
 class KeyState:
     """A pending key as the shards see it: how long its oldest visible message has
-    waited, when its oldest message was enqueued, and its concurrency limit if any."""
+    waited since it became visible (0: none is visible), when its oldest message was
+    enqueued, and its concurrency limit if any."""
 
     key: str
     latency_s: float
@@ -123,6 +129,15 @@ class Decision:
 
 
 # -- the pieces ------------------------------------------------------------------
+def key_latency(state: KeyState, now: float, since: str) -> float:
+    """How long a key has waited by ``since``: "enqueue", the age of its oldest message
+    while one is visible (the source's measure), or "visible", how long its oldest
+    visible message has been visible."""
+    if since == "visible" or state.latency_s <= 0:
+        return state.latency_s
+    return max(state.latency_s, now - state.oldest_enqueued_at)
+
+
 def latency_threshold(state: KeyState, base_s: float, threads: int) -> float:
     """A concurrency-limited key waits by its own choice: scale by threads / limit."""
     if state.concurrency and 0 < state.concurrency < threads:
@@ -204,12 +219,11 @@ def evaluate(table: UsageTable, pending: Mapping[str, KeyState], now: float,
              suspended: Collection[str] = (), was_intervening: bool = False) -> Decision:
     """Classify every key and decide whether to intervene (see the module docstring).
 
-    An intervention starts when a latency victim (waited at least the threshold)
-    is a usage victim; once on, it goes on while a latency victim is below its
-    fair share at all (hysteresis: stopping at the band would hand the threads
-    straight back to the offender).
+    The coordinator intervenes while a latency victim (waited at least the
+    threshold) is a usage victim (:func:`intervenes`).
     """
-    waiting = {k: s for k, s in pending.items() if k not in suspended and s.latency_s > 0}
+    waiting = {k: replace(s, latency_s=key_latency(s, now, config.latency_since))
+               for k, s in pending.items() if k not in suspended and s.latency_s > 0}
     fractions = {key: waiting_fractions(state.oldest_enqueued_at, table, now)
                  for key, state in waiting.items()}
     weight = key_weight(config)
@@ -240,8 +254,8 @@ def evaluate(table: UsageTable, pending: Mapping[str, KeyState], now: float,
     latency_victims = frozenset(
         k for k, s in waiting.items()
         if s.latency_s >= latency_threshold(s, config.latency_threshold_s, threads))
-    intervening = bool(latency_victims & usage_victims) or (was_intervening and any(
-        starvation.get(k, 0.0) > 0 for k in latency_victims))
+    intervening = intervenes(latency_victims, usage_victims, starvation, was_intervening,
+                             config.intervention_hysteresis)
     permits, ignored = booster_permits(waiting, table, config, threads, offenders if intervening else ())
     return Decision(
         at=now, intervening=intervening, latency_victims=latency_victims,
@@ -250,6 +264,19 @@ def evaluate(table: UsageTable, pending: Mapping[str, KeyState], now: float,
         zero_latency=tuple(k for k in zero if k in pending and k not in competing),
         expected_s=expected, actual_s=actual, starvation=starvation,
         permits=permits, ignored_permits=ignored)
+
+
+def intervenes(latency_victims: Collection[str], usage_victims: Collection[str],
+               starvation: Mapping[str, float], was_intervening: bool,
+               hysteresis: bool) -> bool:
+    """Whether to intervene: while some key is both a latency and a usage victim (the
+    source text's rule). With ``hysteresis``, an intervention already on also goes on
+    while a latency victim is below its fair share at all (starvation > 0), so that
+    stopping at the band does not hand the threads straight back to the offender."""
+    if set(latency_victims) & set(usage_victims):
+        return True
+    return hysteresis and was_intervening and any(
+        starvation.get(k, 0.0) > 0 for k in latency_victims)
 
 
 def booster_permits(waiting: Mapping[str, KeyState], table: UsageTable, config: FairnessConfig,
@@ -318,8 +345,10 @@ class ListenPlan:
 class FairnessReport:
     """``client.fairness()``: the state of fair dispatch at the last evaluation.
 
-    starvation: (expected - actual) / expected per key; listen_order: the order a
-    regular consumer would use now; history: recent decisions, newest last;
+    starvation: (expected - actual) / expected per key; listen_order: while
+    intervening, the order a regular consumer asks for keys in now; outside an
+    intervention a shuffle that consumers do not follow (they leave the order to the
+    shards' fair dispatch, docs/fairness-coordinator.md); history: recent decisions, newest last;
     noisy: the keys the shards' fair dispatch treats as noisy (first layer), since when.
     """
 

@@ -11,8 +11,9 @@ back while the shard is healthy. The rules:
   into that queue within the look-back is a flooder. A tenant whose own
   dedicated subqueue is deeper than ``depth_threshold`` stays one whatever
   it enqueued (only it can be responsible);
-- type-level: the type's depth on the queue's dedicated subqueues is over
-  ``type_depth_threshold`` (flooding goes on although its tenants are isolated);
+- type-level: the type's queue (every tenant, live and dedicated subqueues) is
+  deeper than ``type_depth_threshold``, whatever each tenant enqueued: a type
+  flooding across many small tenants, none of them over ``enqueue_threshold``;
 - removal: the last sweep emptied the flooder's spill store (everything spilled
   before it went back) and its unprocessed messages (queue depth) plus what it
   enqueued since that sweep (spilled now) are under ``exit_dedicated`` (a
@@ -26,8 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from rayq.config import FloodConfig
+from rayq.core.codec.model import ALL_TENANTS
 
-ALL_TENANTS = "*"
 
 
 @dataclass(frozen=True)
@@ -113,11 +114,9 @@ def tenant_flooders(view: FloodView, config: FloodConfig) -> set[tuple[str, str,
 
 
 def type_flooders(view: FloodView, config: FloodConfig) -> set[tuple[str, str, str]]:
-    """Types whose dedicated subqueues hold more than the type depth threshold."""
-    per_type: dict[tuple[str, str], int] = {}
-    for (queue, type_, _), depth in view.dedicated_depth.items():
-        per_type[(queue, type_)] = per_type.get((queue, type_), 0) + depth
-    return {(q, t, ALL_TENANTS) for (q, t), depth in per_type.items()
+    """Types whose queue (all tenants, live and dedicated subqueues) is deeper than
+    the type depth threshold."""
+    return {(q, t, ALL_TENANTS) for (q, t), depth in type_depths(view).items()
             if depth > config.type_depth_threshold}
 
 

@@ -3,14 +3,23 @@
 The queue logic in :mod:`rayq.core.storage.store` sees only :class:`Txn` (get, put,
 delete, ordered scan, nested transaction); :mod:`rayq.testing` provides the
 same over plain dicts. Transactions are context managers that abort on error.
+
+The write set: a KV opened with ``on_commit`` hands it, after each committed write
+transaction, that transaction's mutations in the order they were made (a
+:class:`Write` per put or delete; a nested transaction's only when it committed),
+and write sets arrive in commit order. :func:`apply_writes` replays one in a
+transaction, so ``kv.transact(lambda txn: apply_writes(txn, writes))`` (or
+``kv.apply(writes)``) brings another KV to the same state: what replication ships.
+Without ``on_commit`` nothing is recorded and a transaction costs what it did.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
-from typing import Protocol, TypeVar
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple, Protocol, TypeVar
 
 import lmdb
 
@@ -19,6 +28,18 @@ from rayq.errors import StoreError
 T = TypeVar("T")
 DATABASES = ("rows", "expiry", "blobs", "counts", "keys", "meta", "outcomes", "outcome_expiry",
              "spill", "tcounts", "nonces")
+
+
+class Write(NamedTuple):
+    """One mutation of a write transaction: ``value`` None deletes ``key``."""
+
+    table: str
+    key: bytes
+    value: bytes | None
+
+
+WriteSet = tuple[Write, ...]
+OnCommit = Callable[[WriteSet], None]
 
 
 class Txn(Protocol):
@@ -34,8 +55,18 @@ class Txn(Protocol):
 class KV(Protocol):
     def transact(self, fn: Callable[[Txn], T]) -> T: ...
     def read(self, fn: Callable[[Txn], T]) -> T: ...
+    def apply(self, writes: Iterable[Write]) -> None: ...
     def info(self) -> dict[str, int]: ...
     def close(self) -> None: ...
+
+
+def apply_writes(txn: Txn, writes: Iterable[Write]) -> None:
+    """Replay a write set in ``txn``, in its order."""
+    for table, key, value in writes:
+        if value is None:
+            txn.delete(table, key)
+        else:
+            txn.put(table, key, value)
 
 
 class _LmdbTxn:
@@ -89,11 +120,48 @@ class _LmdbTxn:
         child.commit()
 
 
+class _RecordingTxn(_LmdbTxn):
+    """An LMDB write transaction that also lists its mutations (see :class:`Write`)."""
+
+    __slots__ = ("writes",)
+
+    def __init__(self, env: lmdb.Environment, txn: lmdb.Transaction, dbs: dict):
+        super().__init__(env, txn, dbs)
+        self.writes: list[Write] = []
+
+    def put(self, db: str, key: bytes, value: bytes) -> None:
+        self._txn.put(key, value, db=self._dbs[db])
+        self.writes.append(Write(db, bytes(key), bytes(value)))
+
+    def delete(self, db: str, key: bytes) -> bool:
+        deleted = self._txn.delete(key, db=self._dbs[db])
+        if deleted:
+            self.writes.append(Write(db, bytes(key), None))
+        return deleted
+
+    def putmulti(self, db: str, items: list[tuple[bytes, bytes]]) -> None:
+        super().putmulti(db, items)
+        self.writes.extend(Write(db, bytes(k), bytes(v)) for k, v in items)
+
+    @contextlib.contextmanager
+    def nested(self):
+        """A child transaction: its writes (and their record) vanish if the block raises."""
+        child = self._env.begin(write=True, parent=self._txn)
+        recording = _RecordingTxn(self._env, child, self._dbs)
+        try:
+            yield recording
+        except BaseException:
+            child.abort()
+            raise
+        child.commit()
+        self.writes.extend(recording.writes)
+
+
 class LmdbKV:
     """One LMDB environment: named sub-databases, fsync on commit, growing map."""
 
     def __init__(self, path: str | os.PathLike, *, map_size: int = 256 << 20,
-                 durable: bool = True):
+                 durable: bool = True, on_commit: OnCommit | None = None):
         os.makedirs(path, exist_ok=True)
         try:
             self.env = lmdb.open(str(path), map_size=map_size, max_dbs=len(DATABASES) + 2,
@@ -103,24 +171,50 @@ class LmdbKV:
             raise StoreError(f"cannot open LMDB environment at {path}: {err}") from err
         self.env.reader_check()  # clear reader slots left by crashed processes
         self._dbs = {name: self.env.open_db(name.encode()) for name in DATABASES}
+        self._on_commit = on_commit
+        self._commit_order = threading.Lock()  # write sets leave in commit order
+
+    def watch(self, on_commit: OnCommit | None) -> None:
+        """From now on hand each committed write set to ``on_commit`` (None: stop)."""
+        self._on_commit = on_commit
 
     def transact(self, fn: Callable[[Txn], T]) -> T:
         """Run ``fn`` in one write transaction (one commit, one fsync); grow the map when full."""
+        if self._on_commit is not None:
+            return self._transact_recorded(fn, self._on_commit)
         while True:
             txn = self.env.begin(write=True)
             try:
                 result = fn(self._wrap(txn))
                 txn.commit()
                 return result
-            except lmdb.MapFullError:
+            except BaseException as err:
                 txn.abort()
+                if not isinstance(err, lmdb.MapFullError):
+                    _raise_engine(err)
                 self._grow()
-            except lmdb.Error as err:  # the engine failed (disk, corruption): not a bug of ours
-                txn.abort()
-                raise StoreError(f"LMDB transaction failed: {err}") from err
-            except BaseException:
-                txn.abort()
-                raise
+
+    def _transact_recorded(self, fn: Callable[[Txn], T], on_commit: OnCommit) -> T:
+        with self._commit_order:
+            while True:
+                txn = self.env.begin(write=True)
+                recording = _RecordingTxn(self.env, txn, self._dbs)
+                try:
+                    result = fn(recording)
+                    txn.commit()
+                    break
+                except BaseException as err:
+                    txn.abort()
+                    if not isinstance(err, lmdb.MapFullError):
+                        _raise_engine(err)
+                    self._grow()
+            if recording.writes:
+                on_commit(tuple(recording.writes))
+            return result
+
+    def apply(self, writes: Iterable[Write]) -> None:
+        """Replay a write set in one transaction."""
+        self.transact(lambda txn: apply_writes(txn, writes))
 
     def read(self, fn: Callable[[Txn], T]) -> T:
         with self.env.begin(write=False, buffers=False) as txn:
@@ -140,3 +234,11 @@ class LmdbKV:
 
     def close(self) -> None:
         self.env.close()
+
+
+def _raise_engine(err: BaseException) -> None:
+    """Re-raise an aborted transaction's exception: an LMDB failure (disk, corruption:
+    not a bug of ours) as StoreError, anything else as it is."""
+    if isinstance(err, lmdb.Error):
+        raise StoreError(f"LMDB transaction failed: {err}") from err
+    raise err

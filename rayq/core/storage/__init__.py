@@ -1,8 +1,11 @@
 """The shard's storage engine: queue semantics over an ordered key-value store.
 
-``store`` is the shard store; ``layout`` owns every table's bytes; ``batch`` is one
-write transaction, with ``picking``, ``spill``, ``outcomes`` and ``purge`` as the
-operations it runs; ``dispatch`` orders a subqueue's fairness keys; ``cache`` is the
-memory-pressure-aware message cache; ``waiters`` parks calls on task outcomes; and
-``migrate`` opens stores written by older layouts. Storage imports no auth, fairness,
-control or flood module: the policy it needs comes in as arguments."""
+``store`` is the shard store; ``layout`` owns every table's bytes and lists the tables;
+``ledger`` is the row bookkeeping of one write transaction over the shard's in-memory
+index; ``operations`` names every write operation: ``messages`` (put, receive,
+receipts, expiry), ``picking`` (which rows a receive takes), ``spill``, ``outcomes``
+and ``purge``, each a function over a ledger. ``dispatch`` orders a subqueue's
+fairness keys; ``cache`` is the memory-pressure-aware message cache; ``waiters`` parks
+calls on task outcomes; and ``migrate`` opens stores written by older layouts.
+Storage imports no auth, fairness, control or flood module: the policy it needs
+comes in as arguments (a sender check, flooders' diverts)."""

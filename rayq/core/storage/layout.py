@@ -1,4 +1,25 @@
-"""How one message is stored: a row value with a fixed header, then the body as sent.
+"""Every byte a shard stores: each table's keys and values, built and parsed here only.
+
+Tables (LMDB named sub-databases; :data:`TABLES` names them in the order
+:mod:`rayq.core.kit.kv` opens them):
+
+- ``rows``: (subqueue, key id, visible_at µs, seq) -> row. Hidden and delayed rows
+  sort after every visible row of their prefix, so the oldest visible message of a
+  (subqueue, fairness key) is the first row of its prefix: one cursor seek.
+- ``expiry``: (expires_at µs, seq) -> row key: expired rows go in bounded batches.
+- ``blobs``: (blob id, chunk) -> bytes of a body over the blob threshold.
+- ``counts``: (subqueue, key id) -> rows of that pair (signed 64-bit).
+- ``keys``: ``n:`` fairness key name -> key id.
+- ``meta``: the shard's scalars (``seq``, ``store_id``, ``next_kid``, ``row_format``)
+  and per-subqueue records (``state:``, ``purge:``); other modules keep records of
+  their own here only through :func:`meta_key` and :func:`meta_range`.
+- ``outcomes``: message id -> (expires_at µs, ending, payload) of an ended task.
+- ``outcome_expiry``: (expires_at µs, message id) -> empty.
+- ``spill``: (spill key id, seq) -> (source subqueue, key id, visible_at µs, row).
+- ``tcounts``: (kind, subqueue, type, tenant) -> messages (kind live or spilled).
+- ``nonces``: signed requests' nonces; :mod:`rayq.core.auth.nonces` owns that table.
+
+A row value has a fixed header, then the body as sent:
 
     header  enqueued_at µs (8) | expires_at µs (8) | dequeue count (4) | flags (1)
             | nonce (8) | tenant bytes (2) | type bytes (2)
@@ -8,14 +29,19 @@ Every row of one put shares its header but for nothing at all, so a put writes
 ``prefix + body`` per message; a receive rewrites only the dequeue count and the
 nonce, a move (visibility change, dead-letter, sweep) copies the value as it is,
 and a pop receipt is checked by comparing 8 bytes. Nothing on these paths decodes
-or re-encodes a body. Row keys are (subqueue, key id, visible_at µs, seq); a
-message's id is its store's id and its seq, so it is not stored either.
+or re-encodes a body. A message's id is its store's id and its seq, so it is not
+stored either.
 """
 
 from __future__ import annotations
 
 import struct
 from typing import NamedTuple
+
+from rayq.core.codec.model import PREFIX, ROW_KEY, CountKind, Ending, TenantCount
+
+TABLES = ("rows", "expiry", "blobs", "counts", "keys", "meta", "outcomes", "outcome_expiry",
+          "spill", "tcounts", "nonces")
 
 HEAD = struct.Struct(">QQIB8sHH")
 DEQUEUE = struct.Struct(">I")
@@ -92,3 +118,202 @@ def redelivered(value: bytes, dequeue_count: int, nonce: bytes) -> bytes:
 def blob_ref(value: bytes, body_at: int) -> tuple[bytes, int, int]:
     """(blob id, size bytes, chunks) of a row whose body lives in the blobs table."""
     return BLOB_REF.unpack_from(value, body_at)
+
+
+# -- row keys ------------------------------------------------------------------------
+# The struct methods themselves: these run per row on the hot paths.
+row_key = ROW_KEY.pack              # (subqueue, key id, visible_at µs, seq) -> key
+parse_row_key = ROW_KEY.unpack      # key -> (subqueue, key id, visible_at µs, seq)
+pair_of = PREFIX.unpack_from        # key -> (subqueue, key id)
+
+
+def key_range(sq: int, kid: int) -> tuple[bytes, bytes]:
+    """Start and stop of the rows of (subqueue, key id)."""
+    return PREFIX.pack(sq, kid), PREFIX.pack(sq, kid + 1)
+
+
+def hidden_from(sq: int, kid: int, now_us: int) -> bytes:
+    """The first row key of (subqueue, key id) not visible at ``now_us``."""
+    return ROW_KEY.pack(sq, kid, now_us + 1, 0)
+
+
+def subqueue_range(sq: int) -> tuple[bytes, bytes]:
+    """Start and stop of every row of subqueue ``sq``."""
+    return PREFIX.pack(sq, 0), PREFIX.pack(sq + 1, 0)
+
+
+# -- expiry, blobs, counts, keys ----------------------------------------------------------
+EXPIRY = struct.Struct(">QQ")
+_U32 = struct.Struct(">I")
+_I64 = struct.Struct(">q")
+
+
+expiry_key = EXPIRY.pack  # (expires_at µs, seq) -> key
+
+
+def expiry_stop(now_us: int) -> bytes:
+    """Expiry keys before this one are due at ``now_us``."""
+    return EXPIRY.pack(now_us + 1, 0)
+
+
+def blob_id(store_id: bytes, seq: int) -> bytes:
+    return store_id + _U64.pack(seq)
+
+
+def blob_ref_value(blob: bytes, size_bytes: int, chunks: int) -> bytes:
+    """A row's body when it lives in the blobs table (see :func:`blob_ref`)."""
+    return BLOB_REF.pack(blob, size_bytes, chunks)
+
+
+def blob_chunk_key(blob: bytes, chunk: int) -> bytes:
+    return blob + _U32.pack(chunk)
+
+
+count_key = PREFIX.pack          # (subqueue, key id) -> key
+parse_count_key = PREFIX.unpack
+
+
+def pack_count(n: int) -> bytes:
+    return _I64.pack(n)
+
+
+def unpack_count(value: bytes) -> int:
+    return _I64.unpack(value)[0]
+
+
+_KEY_NAME = b"n:"
+KEY_NAMES = (_KEY_NAME, b"n;")  # start and stop of every key name
+
+
+def key_name_key(name: str) -> bytes:
+    return _KEY_NAME + name.encode()
+
+
+def parse_key_name(key: bytes) -> str:
+    return key[len(_KEY_NAME):].decode()
+
+
+def pack_u64(n: int) -> bytes:
+    return _U64.pack(n)
+
+
+def unpack_u64(value: bytes) -> int:
+    return _U64.unpack(value)[0]
+
+
+# -- meta ---------------------------------------------------------------------------------
+SEQ, STORE_ID, NEXT_KID, ROW_FORMAT = b"seq", b"store_id", b"next_kid", b"row_format"
+ROW_FORMAT_NOW = b"2"  # the value of ROW_FORMAT for rows in this layout
+STATE, PURGE = "state", "purge"
+
+
+def meta_key(kind: str, tail: bytes | int = b"") -> bytes:
+    """A ``meta`` record's key: ``kind:`` then ``tail`` (an int as 8 bytes)."""
+    return kind.encode() + b":" + (_U64.pack(tail) if isinstance(tail, int) else tail)
+
+
+def meta_range(kind: str) -> tuple[bytes, bytes]:
+    """Start and stop of every ``meta`` record of ``kind``."""
+    return kind.encode() + b":", kind.encode() + b";"
+
+
+def meta_tail_int(kind: str, key: bytes) -> int:
+    """The int a :func:`meta_key` of ``kind`` was built with."""
+    return _U64.unpack(key[len(kind) + 1:])[0]
+
+
+# -- tenant counts ------------------------------------------------------------------------
+def tenant_count_key(name: TenantCount) -> bytes:
+    """Names are printable, so NUL separates type from tenant. (Any 4-tuple in
+    TenantCount's order will do: ledgers key their deltas by plain tuples.)"""
+    kind, sq, type_, tenant = name
+    return kind.value.encode() + _U32.pack(sq) + type_.encode() + b"\x00" + tenant.encode()
+
+
+def parse_tenant_count_key(key: bytes) -> TenantCount:
+    type_, tenant = key[5:].decode().split("\x00", 1)
+    return TenantCount(CountKind(key[:1].decode()), _U32.unpack(key[1:5])[0], type_, tenant)
+
+
+# -- outcomes -----------------------------------------------------------------------------
+def outcome_key(message_id: str) -> bytes:
+    return message_id.encode()
+
+
+def outcome_value(expires: int, ending: Ending, payload: bytes) -> bytes:
+    return _U64.pack(expires) + bytes([ending.value]) + payload
+
+
+def parse_outcome(value: bytes) -> tuple[Ending, bytes]:
+    return Ending(value[8]), bytes(value[9:])
+
+
+def outcome_expiry_key(expires: int, message_id: str) -> bytes:
+    return _U64.pack(expires) + message_id.encode()
+
+
+def outcome_expiry_stop(now_us: int) -> bytes:
+    return _U64.pack(now_us + 1)
+
+
+def outcome_of_expiry(key: bytes) -> bytes:
+    """The outcomes key an outcome_expiry entry points at."""
+    return key[8:]
+
+
+def outcome_expires_with(value: bytes, expiry: bytes) -> bool:
+    """Whether an outcome is the one an outcome_expiry entry was written for."""
+    return value[:8] == expiry[:8]
+
+
+# -- spill ---------------------------------------------------------------------------------
+SPILL_KEY = struct.Struct(">QQ")
+SPILL_HEAD = struct.Struct(">IIQ")  # source subqueue, fairness key id, visible_at µs
+
+
+class Spilled(NamedTuple):
+    """A spill entry's value: where the message came from and its row value."""
+
+    source: int
+    kid: int
+    visible_us: int
+    value: bytes
+
+
+def spill_name(type_: str, tenant: str) -> str:
+    """The key name whose id heads a flooder's spill entries (never a fairness key)."""
+    return f"\x00spill\x00{type_}\x00{tenant}"
+
+
+def spill_key(spill_kid: int, seq: int) -> bytes:
+    return SPILL_KEY.pack(spill_kid, seq)
+
+
+def spill_seq(key: bytes) -> int:
+    return SPILL_KEY.unpack(key)[1]
+
+
+def spill_range(spill_kid: int) -> tuple[bytes, bytes]:
+    return SPILL_KEY.pack(spill_kid, 0), SPILL_KEY.pack(spill_kid + 1, 0)
+
+
+def key_after(key: bytes) -> bytes:
+    """The first key after ``key`` (a scan resumes there)."""
+    return key + b"\x00"
+
+
+def spill_value(source: int, kid: int, visible_us: int, value: bytes) -> bytes:
+    return SPILL_HEAD.pack(source, kid, visible_us) + value
+
+
+def parse_spilled(stored: bytes) -> Spilled:
+    return Spilled(*SPILL_HEAD.unpack_from(stored), stored[SPILL_HEAD.size:])
+
+
+def spill_source(stored: bytes) -> int:
+    return SPILL_HEAD.unpack_from(stored)[0]
+
+
+def dequeue_count(value: bytes) -> int:
+    """A row's dequeue count, read without the rest of its header."""
+    return DEQUEUE.unpack_from(value, 16)[0]

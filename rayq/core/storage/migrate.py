@@ -15,21 +15,19 @@ import msgpack
 from rayq.core.storage import layout as rows
 from rayq.core.kit.kv import Txn
 
-FORMAT_KEY = b"row_format"
-CURRENT = b"2"
-_SPILL_HEAD_BYTES = 16  # rayq.core.storage.spill.SPILL_HEAD: source, key id, visible_at
+_SPILL_HEAD_BYTES = rows.SPILL_HEAD.size  # the same in both formats
 
 
 def migrate_rows(txn: Txn, store_id: bytes) -> int:
     """Bring every row of the shard to the current format; returns how many changed."""
-    if txn.get("meta", FORMAT_KEY) == CURRENT:
+    if txn.get("meta", rows.ROW_FORMAT) == rows.ROW_FORMAT_NOW:
         return 0
     changed = [(key, v2_value(value)) for key, value in txn.scan("rows", b"")]
     spilled = [(key, value[:_SPILL_HEAD_BYTES] + v2_value(value[_SPILL_HEAD_BYTES:]))
                for key, value in txn.scan("spill", b"")]
     txn.putmulti("rows", changed)
     txn.putmulti("spill", spilled)
-    txn.put("meta", FORMAT_KEY, CURRENT)
+    txn.put("meta", rows.ROW_FORMAT, rows.ROW_FORMAT_NOW)
     return len(changed) + len(spilled)
 
 
@@ -40,4 +38,4 @@ def v2_value(v1: bytes) -> bytes:
     flags = (rows.TASK if rest and rest[0] else 0) | (rows.BLOB if blob is not None else 0)
     head = rows.prefix(enqueued_us, expires_us, flags, tenant.encode(), type_.encode())
     head = rows.redelivered(head, dequeue_count, nonce or rows.NO_NONCE)
-    return head + (rows.BLOB_REF.pack(*blob) if blob is not None else body)
+    return head + (rows.blob_ref_value(*blob) if blob is not None else body)

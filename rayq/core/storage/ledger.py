@@ -1,0 +1,388 @@
+"""The row bookkeeping of one write transaction, over a narrow index of the shard.
+
+:class:`ShardIndex` is what a shard knows in memory between transactions (sequence,
+key ids, counts, subqueue states); a :class:`Ledger` lives for one transaction,
+reads that index, writes rows through the transaction and records what the index
+and the rest of the shard must learn after the commit (count deltas, new keys,
+cache entries, dispatch events, outcomes, counters), so nothing in memory changes
+for a transaction that aborts. Every operation of :mod:`rayq.core.storage.operations`
+is a function over a Ledger; the bytes are :mod:`rayq.core.storage.layout`'s.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+from rayq.config import StoreConfig
+from rayq.core.codec.model import (US, Ending, StoredMessage, SubqueueState, parse_receipt,
+                                   receipt_text)
+from rayq.core.kit.kv import Txn
+from rayq.core.storage import layout as rows
+from rayq.core.storage.cache import MessageCache
+from rayq.core.storage.dispatch import Event, FairDispatch, Rehid, Released, Sent, Took
+from rayq.core.storage.layout import CountKind, TenantCount
+from rayq.errors import ReceiptInvalid, StoreError
+
+STAT_NAMES = ("puts", "receives", "deletes", "expired", "dead_lettered", "rows_scanned",
+              "spilled", "swept", "moved")
+_LIVE, _SPILLED = CountKind.LIVE, CountKind.SPILLED
+_STALE = "pop receipt is stale: the message was deleted, received again or had its visibility changed"
+
+
+class Enqueued(NamedTuple):
+    """Messages of one put with the same attributes: ``count`` seqs from ``first_seq``."""
+
+    at: float
+    subqueue: int
+    type: str
+    tenant: str
+    key: str
+    first_seq: int
+    count: int
+
+
+class Outcome(NamedTuple):
+    """How a task message ended (recorded in this transaction)."""
+
+    message_id: str
+    ending: Ending
+    payload: bytes
+
+
+SenderCheck = Callable[[str, Any, str], None]  # (account, messages, key mode): raises or not
+
+
+class Env:
+    """What operations use besides the ledger: limits, the message cache, fair dispatch,
+    and the policy the caller gives the store (flooders' diverts, a sender check)."""
+
+    __slots__ = ("config", "cache", "dispatch", "diverts", "check_senders")
+
+    def __init__(self, config: StoreConfig, cache: MessageCache, dispatch: FairDispatch,
+                 check_senders: SenderCheck | None):
+        self.config, self.cache, self.dispatch = config, cache, dispatch
+        self.diverts: Mapping[int, list[tuple[str, str]]] = {}  # subqueue -> (type, tenant)
+        self.check_senders = check_senders
+
+
+def first_row_at(txn: Txn, sq: int, kid: int) -> tuple[int, int] | None:
+    """(visible_at µs, seq) of the first row of (subqueue, key), one seek; None without rows."""
+    for row_key in txn.scan_keys("rows", *rows.key_range(sq, kid)):
+        return rows.parse_row_key(row_key)[2:]
+    return None
+
+
+class ShardIndex:
+    """The shard's committed state in memory: what a transaction reads instead of disk."""
+
+    def __init__(self, txn: Txn, store_id: bytes):
+        self.store_id, self.store_hex = store_id, store_id.hex()
+        raw = txn.get("meta", rows.SEQ)
+        self.seq = rows.unpack_u64(raw) if raw else 0
+        self.key_ids: dict[str, int] = {}
+        self.key_names: dict[int, str] = {}
+        self.counts: dict[tuple[int, int], int] = {}
+        self.sq_keys: dict[int, set[int]] = defaultdict(set)
+        self.states: dict[int, SubqueueState] = {}
+        self.tenant_counts: dict[TenantCount, int] = {}
+        self.spilled: dict[int, int] = defaultdict(int)  # per subqueue
+        for key, kid in txn.scan("keys", *rows.KEY_NAMES):
+            self.remember_key(rows.parse_key_name(key), rows.unpack_u64(kid))
+        for key, value in txn.scan("meta", *rows.meta_range(rows.STATE)):
+            self.states[rows.meta_tail_int(rows.STATE, key)] = SubqueueState(value.decode())
+        for key, value in txn.scan("counts", b""):
+            sq, kid = rows.parse_count_key(key)
+            self.counts[(sq, kid)] = rows.unpack_count(value)
+            self.sq_keys[sq].add(kid)
+        for key, value in txn.scan("tcounts", b""):
+            self._add_tenant_count(rows.parse_tenant_count_key(key), rows.unpack_count(value))
+        self.purging: set[int] = {rows.meta_tail_int(rows.PURGE, key) for key, _ in
+                                  txn.scan("meta", *rows.meta_range(rows.PURGE))}
+
+    def remember_key(self, name: str, kid: int) -> None:
+        self.key_ids[name], self.key_names[kid] = kid, name
+
+    def state(self, sq: int) -> SubqueueState:
+        return self.states.get(sq, SubqueueState.ALL)
+
+    def stored_count(self, sq: int) -> int:
+        """Rows and spilled messages a subqueue still has on disk, cleared or not."""
+        live = sum(self.counts.get((sq, kid), 0) for kid in self.sq_keys.get(sq, ()))
+        return live + self.spilled.get(sq, 0)
+
+    def _add_tenant_count(self, name: tuple, delta: int) -> None:
+        if name[0] is CountKind.SPILLED:
+            self.spilled[name[1]] += delta
+        count = self.tenant_counts.get(name, 0) + delta
+        if count:
+            self.tenant_counts[TenantCount(*name)] = count
+        else:
+            self.tenant_counts.pop(name, None)
+
+    def publish(self, ledger: "Ledger") -> None:
+        """After commit: learn what the transaction changed."""
+        self.seq = ledger.seq
+        for name, kid in ledger.new_keys:
+            self.remember_key(name, kid)
+        for pair, delta in ledger.count_deltas.items():
+            count = self.counts.get(pair, 0) + delta
+            if count:
+                self.counts[pair] = count
+                self.sq_keys[pair[0]].add(pair[1])
+            else:
+                self.counts.pop(pair, None)
+                self.sq_keys[pair[0]].discard(pair[1])
+        for name, delta in ledger.tenant_deltas.items():
+            self._add_tenant_count(name, delta)
+
+
+class Ledger:
+    """The rows one write transaction inserts, removes, moves and hides, and the deltas
+    the shard learns from them after the commit."""
+
+    def __init__(self, txn: Txn, index: ShardIndex, now_us: int, outcome_ttl_us: int):
+        self.txn, self.index, self.now_us = txn, index, now_us
+        self.outcome_ttl_us = outcome_ttl_us
+        self.seq = index.seq
+        self.new_keys: list[tuple[str, int]] = []
+        self.count_deltas: dict[tuple[int, int], int] = defaultdict(int)
+        self.tenant_deltas: dict[TenantCount, int] = defaultdict(int)
+        self.cached: list[tuple[bytes, bytes]] = []     # rows put: row key, value
+        self.uncached: list[bytes] = []                 # rows received, moved or gone
+        self.enqueued: list[Enqueued] = []
+        self.outcomes: list[Outcome] = []
+        self.flights: list[Event] = []                  # for fair dispatch
+        self.stats = dict.fromkeys(STAT_NAMES, 0)
+        # (subqueue, key) pairs whose first row may have moved; seal() reads them
+        self.heads: set[tuple[int, int]] = set()
+        self.new_heads: dict[tuple[int, int], tuple[int, int] | None] = {}
+        self._touched: dict[int, set[int]] = defaultdict(set)  # kids given rows per subqueue
+        self._taken: dict[tuple[int, int], int] = defaultdict(int)  # deliveries this txn
+
+    # -- savepoints (one call of a group commit undone alone) -------------------------
+    def savepoint(self) -> tuple:
+        lists = (self.new_keys, self.cached, self.uncached, self.enqueued, self.outcomes,
+                 self.flights)
+        return (lists, [len(items) for items in lists], dict(self.count_deltas),
+                dict(self.stats), self.seq, dict(self.tenant_deltas), dict(self._taken))
+
+    def rollback(self, point: tuple) -> None:
+        """Forget what was recorded since ``point`` (its writes went with their nested
+        transaction)."""
+        lists, marks, counts, stats, seq, tenants, taken = point
+        for items, mark in zip(lists, marks):
+            del items[mark:]
+        self.count_deltas = defaultdict(int, counts)
+        self.stats, self.seq = stats, seq
+        self.tenant_deltas = defaultdict(int, tenants)
+        self._taken = defaultdict(int, taken)
+
+    def seal(self) -> None:
+        """Persist counts and the sequence inside the transaction, just before commit."""
+        counts, txn = self.index.counts, self.txn
+        for (sq, kid), delta in self.count_deltas.items():
+            if delta:
+                count = counts.get((sq, kid), 0) + delta
+                if count:
+                    txn.put("counts", rows.count_key(sq, kid), rows.pack_count(count))
+                else:
+                    txn.delete("counts", rows.count_key(sq, kid))
+        for name, delta in self.tenant_deltas.items():
+            if delta:
+                count = self.index.tenant_counts.get(name, 0) + delta
+                if count:
+                    txn.put("tcounts", rows.tenant_count_key(name), rows.pack_count(count))
+                else:
+                    txn.delete("tcounts", rows.tenant_count_key(name))
+        if self.seq != self.index.seq:  # an empty receive writes nothing: no fsync at all
+            txn.put("meta", rows.SEQ, rows.pack_u64(self.seq))
+        for sq, kid in self.heads:
+            self.new_heads[(sq, kid)] = first_row_at(txn, sq, kid)
+
+    # -- names ---------------------------------------------------------------------
+    def message_id(self, seq: int) -> str:
+        return f"{self.index.store_hex}-{seq:x}"
+
+    def key_id(self, name: str, create: bool) -> int | None:
+        kid = self.index.key_ids.get(name)
+        if kid is not None:
+            return kid
+        for new_name, new_kid in self.new_keys:
+            if new_name == name:
+                return new_kid
+        if not create:
+            return None
+        raw = self.txn.get("meta", rows.NEXT_KID)
+        kid = rows.unpack_u64(raw) if raw else 1
+        self.txn.put("meta", rows.NEXT_KID, rows.pack_u64(kid + 1))
+        self.txn.put("keys", rows.key_name_key(name), rows.pack_u64(kid))
+        self.new_keys.append((name, kid))
+        return kid
+
+    def key_name(self, kid: int) -> str:
+        name = self.index.key_names.get(kid)
+        if name is None:
+            name = next(n for n, k in self.new_keys if k == kid)
+        return name
+
+    # -- counts and dispatch events ---------------------------------------------------
+    def count(self, sq: int, kid: int, type_: str, tenant: str, delta: int) -> None:
+        """Rows join (+) or leave (-) subqueue ``sq``: per key and per (type, tenant).
+        (A plain tuple in TenantCount's order: equal to it, and quicker to build.)"""
+        self.count_deltas[(sq, kid)] += delta
+        self.tenant_deltas[(_LIVE, sq, type_, tenant)] += delta
+
+    def count_spilled(self, sq: int, type_: str, tenant: str, delta: int) -> None:
+        self.tenant_deltas[(_SPILLED, sq, type_, tenant)] += delta
+
+    def joined(self, sq: int, kid: int) -> None:
+        """Rows of (subqueue, key) were put or moved in: its head may have changed."""
+        self._touched[sq].add(kid)
+        self.heads.add((sq, kid))
+
+    def sent(self, sq: int, kid: int) -> None:
+        self.flights.append(Sent(sq, kid))
+
+    def keys_joined(self, sq: int) -> list[int]:
+        """Key ids given rows in subqueue ``sq`` in this transaction."""
+        return list(self._touched[sq])
+
+    def taken(self, sq: int, kid: int) -> int:
+        """Rows of (subqueue, key) delivered in this transaction."""
+        return self._taken[(sq, kid)]
+
+    # -- rows ----------------------------------------------------------------------
+    def put_rows(self, items: list[tuple[bytes, bytes]], expiry: list[tuple[bytes, bytes]]) -> None:
+        """New rows (row key, value) and their expiry entries, in one C loop each."""
+        self.txn.putmulti("rows", items)
+        self.txn.putmulti("expiry", expiry)
+        self.cached.extend(items)
+
+    def insert(self, row_key: bytes, value: bytes, meta: rows.RowMeta) -> None:
+        """Write a row into the live queue with its expiry entry and counts."""
+        sq, kid, _, seq = rows.parse_row_key(row_key)
+        self.txn.put("rows", row_key, value)
+        self.txn.put("expiry", rows.expiry_key(meta.expires_us, seq), row_key)
+        self.count(sq, kid, meta.type, meta.tenant, +1)
+        self.joined(sq, kid)
+
+    def take_rows(self, found: list[tuple[bytes, bytes]], visible_us: int,
+                  nonces: bytes) -> list[tuple[bytes, bytes, rows.RowMeta, int, int, int]]:
+        """Hide the rows found: a new nonce, one more delivery, visible again at
+        ``visible_us``. Returns (new key, nonce, header, subqueue, key id, seq) of each,
+        in order."""
+        out, moved, expiry = [], [], []
+        for i, (row_key, value) in enumerate(found):
+            sq, kid, _, seq = rows.parse_row_key(row_key)
+            meta = rows.meta(value)
+            nonce = nonces[8 * i:8 * i + 8]
+            new_value = rows.redelivered(value, meta.dequeue_count + 1, nonce)
+            new_key = rows.row_key(sq, kid, visible_us, seq)
+            self.txn.delete("rows", row_key)
+            moved.append((new_key, new_value))
+            expiry.append((rows.expiry_key(meta.expires_us, seq), new_key))
+            self.uncached.append(row_key)
+            self.heads.add((sq, kid))
+            self.flights.append(Took(row_key, new_key, sq, kid, visible_us))
+            self._taken[(sq, kid)] += 1
+            out.append((new_key, nonce, meta, sq, kid, seq))
+        self.txn.putmulti("rows", moved)
+        self.txn.putmulti("expiry", expiry)
+        return out
+
+    def remove(self, row_key: bytes, value: bytes, ending: Ending | None = None) -> rows.RowMeta:
+        """Delete a row for good; a task message ends with ``ending`` (None: the caller
+        records its outcome)."""
+        sq, kid, _, seq = rows.parse_row_key(row_key)
+        meta = rows.meta(value)
+        if meta.flags & rows.TASK and ending is not None:
+            self.record(self.message_id(seq), ending)
+        self.txn.delete("rows", row_key)
+        self.txn.delete("expiry", rows.expiry_key(meta.expires_us, seq))
+        if meta.flags & rows.BLOB:
+            self.drop_blob(value, meta)
+        self.count(sq, kid, meta.type, meta.tenant, -1)
+        self.uncached.append(row_key)
+        self.heads.add((sq, kid))
+        self.flights.append(Released(row_key, used=True))
+        return meta
+
+    def _move(self, row_key: bytes, value: bytes, new_key: bytes) -> None:
+        """Rewrite a row under another key (its value as given), with its expiry entry."""
+        self.txn.delete("rows", row_key)
+        self.txn.put("rows", new_key, value)
+        self.txn.put("expiry", rows.expiry_key(rows.expires_us(value),
+                                               rows.parse_row_key(row_key)[3]), new_key)
+        self.uncached.append(row_key)
+        self.heads.add(rows.pair_of(row_key))
+        self.heads.add(rows.pair_of(new_key))
+
+    def move_to(self, row_key: bytes, value: bytes, target: int, visible_us: int,
+                used: bool) -> rows.RowMeta:
+        """Move a row to subqueue ``target``, keeping its key and seq. ``used``: its
+        delivery ended (dead-lettered) rather than handed back unused."""
+        sq, kid, _, seq = rows.parse_row_key(row_key)
+        meta = rows.meta(value)
+        self._move(row_key, value, rows.row_key(target, kid, visible_us, seq))
+        self.count(sq, kid, meta.type, meta.tenant, -1)
+        self.count(target, kid, meta.type, meta.tenant, +1)
+        self._touched[target].add(kid)
+        self.flights.append(Released(row_key, used=used))
+        return meta
+
+    def rehide(self, row_key: bytes, value: bytes, visible_us: int, undeliver: bool) -> str:
+        """Hide a received row until ``visible_us`` under a new nonce; returns its new
+        receipt. ``undeliver``: its delivery does not count (handed back unrun)."""
+        sq, kid, _, seq = rows.parse_row_key(row_key)
+        dequeues = rows.meta(value).dequeue_count
+        nonce = os.urandom(8)
+        new_value = rows.redelivered(value, max(0, dequeues - 1) if undeliver else dequeues, nonce)
+        new_key = rows.row_key(sq, kid, visible_us, seq)
+        self._move(row_key, new_value, new_key)
+        self.flights.append(Released(row_key, used=False) if undeliver
+                            else Rehid(row_key, new_key, visible_us))
+        return receipt_text(new_key, nonce)
+
+    def resolve(self, receipt: Any) -> tuple[bytes, bytes]:
+        """(row key, value) of the row a receipt holds; 8 bytes compared, nothing decoded."""
+        row_key, nonce = parse_receipt(receipt)
+        value = self.txn.get("rows", row_key)
+        if value is None or rows.nonce_of(value) != nonce or nonce == rows.NO_NONCE:
+            raise ReceiptInvalid(_STALE)
+        return row_key, value
+
+    # -- bodies and outcomes -----------------------------------------------------------
+    def body_of(self, value: bytes, meta: rows.RowMeta | None = None) -> bytes:
+        meta = meta or rows.meta(value)
+        if not meta.flags & rows.BLOB:
+            return value[meta.body_at:]
+        blob, size, chunks = rows.blob_ref(value, meta.body_at)
+        parts = [self.txn.get("blobs", rows.blob_chunk_key(blob, i)) for i in range(chunks)]
+        if any(p is None for p in parts) or sum(map(len, parts)) != size:
+            raise StoreError(f"blob of message {blob.hex()} is incomplete")
+        return b"".join(parts)
+
+    def drop_blob(self, value: bytes, meta: rows.RowMeta) -> None:
+        blob, _, chunks = rows.blob_ref(value, meta.body_at)
+        for i in range(chunks):
+            self.txn.delete("blobs", rows.blob_chunk_key(blob, i))
+
+    def stored(self, row_key: bytes, value: bytes, receipt: str | None) -> StoredMessage:
+        sq, kid, _, seq = rows.parse_row_key(row_key)
+        meta = rows.meta(value)
+        return StoredMessage(self.message_id(seq), receipt, self.body_of(value, meta),
+                             meta.tenant, meta.type, self.key_name(kid), meta.dequeue_count,
+                             meta.enqueued_us / US, sq)
+
+    def record(self, message_id: str, ending: Ending, payload: bytes = b"") -> None:
+        """A task's outcome, kept ``outcome_ttl_us``; a task ends once."""
+        key = rows.outcome_key(message_id)
+        if self.txn.get("outcomes", key) is not None:
+            return  # deleting its dead letter later changes nothing
+        expires = self.now_us + self.outcome_ttl_us
+        self.txn.put("outcomes", key, rows.outcome_value(expires, ending, payload))
+        self.txn.put("outcome_expiry", rows.outcome_expiry_key(expires, message_id), b"")
+        self.outcomes.append(Outcome(message_id, ending, payload))

@@ -1,0 +1,222 @@
+"""The message operations of a shard: put, receive, receipts (delete, change visibility,
+defer), expiry and peek, each a function over one transaction's
+:class:`~rayq.core.storage.ledger.Ledger`.
+
+Rows are ``(row key, value)`` pairs in the layout of :mod:`rayq.core.storage.layout`;
+the hot paths move values as bytes and never decode a body.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from rayq.core.codec.model import (US, Ending, StoredMessage, SubqueueState, check_count,
+                                   check_seconds, check_subqueue, receipt_text, to_us)
+from rayq.core.codec.wire import Attrs, decode_put, encode_delivered
+from rayq.core.storage import layout as rows
+from rayq.core.storage.ledger import Enqueued, Env, Ledger
+from rayq.core.storage.outcomes import collect_outcomes, dead_letter_row
+from rayq.core.storage.picking import Skip, pick
+from rayq.core.storage.spill import diverted, spill_one
+from rayq.errors import InvalidMessage, QueueDisabled, ReceiptInvalid
+
+MAX_BATCH = 1000
+
+
+# -- put ---------------------------------------------------------------------------------
+class _Group:
+    """One attribute group of a put: its key, times, shared row prefixes (inline body,
+    blob reference), the flooder it is spilled for (None: not diverted), and its seqs."""
+
+    __slots__ = ("attrs", "kid", "visible_us", "expires_us", "prefix", "blob_prefix",
+                 "flooder", "seqs")
+
+    def __init__(self, w: Ledger, env: Env, sq: int, attrs: Attrs):
+        now_us = w.now_us
+        ttl_us = to_us(env.config.default_ttl_s) if attrs.ttl_us is None else attrs.ttl_us
+        flags = rows.TASK if attrs.task else 0
+        tenant, type_ = attrs.tenant.encode(), attrs.type.encode()
+        self.attrs, self.kid = attrs, w.key_id(attrs.key, create=True)
+        self.visible_us, self.expires_us = now_us + attrs.delay_us, now_us + ttl_us
+        self.prefix = rows.prefix(now_us, self.expires_us, flags, tenant, type_)
+        self.blob_prefix = rows.prefix(now_us, self.expires_us, flags | rows.BLOB, tenant, type_)
+        self.flooder = diverted(env, sq, attrs.type, attrs.tenant)
+        self.seqs: list[int] = []
+
+
+def put(w: Ledger, env: Env, subqueue: int, batch: bytes,
+        sender: tuple[str, str] | None = None) -> list[str]:
+    """Store a put buffer (:mod:`rayq.core.codec.wire`); returns the message ids in order.
+    ``sender`` (account, fairness key mode): refuse messages that account may not
+    send, by the store's sender check."""
+    check_subqueue(subqueue)
+    config = env.config
+    decoded = decode_put(batch, max_message_bytes=config.max_message_bytes,
+                         max_delay_s=config.max_delay_s, max_ttl_s=config.max_ttl_s)
+    if sender is not None:
+        if env.check_senders is None:
+            raise InvalidMessage("this store checks no senders: put without a sender")
+        env.check_senders(sender[0], decoded.attrs, sender[1])
+    if w.index.state(subqueue) is not SubqueueState.ALL:
+        raise QueueDisabled(f"subqueue {subqueue} does not accept new messages")
+    first = w.seq + 1
+    groups = [_Group(w, env, subqueue, attrs) for attrs in decoded.attrs]
+    blob_threshold = config.blob_threshold_bytes
+    row_items, expiry_items = [], []
+    seq = w.seq
+    for ref, body in zip(decoded.refs, decoded.bodies):
+        seq += 1
+        group = groups[ref]
+        if len(body) <= blob_threshold:
+            value = group.prefix + body
+        else:  # the body goes to the blobs table; the row keeps a reference
+            value = group.blob_prefix + _write_blob(w, env, seq, body)
+        if group.flooder is not None:  # a flooder's new message: to the spill store
+            spill_one(w, subqueue, group.kid, group.visible_us, group.attrs.type,
+                      group.attrs.tenant, group.flooder, seq, value)
+        else:
+            row_key = rows.row_key(subqueue, group.kid, group.visible_us, seq)
+            row_items.append((row_key, value))
+            expiry_items.append((rows.expiry_key(group.expires_us, seq), row_key))
+        group.seqs.append(seq)
+    w.seq = seq
+    w.put_rows(row_items, expiry_items)
+    for group in groups:
+        _settle_group(w, subqueue, group)
+    w.stats["puts"] += len(decoded.bodies)
+    return [w.message_id(s) for s in range(first, seq + 1)]
+
+
+def _settle_group(w: Ledger, sq: int, group: _Group) -> None:
+    """Counts, events and flights of one attribute group of a put."""
+    if not group.seqs:
+        return
+    attrs = group.attrs
+    w.enqueued.append(Enqueued(w.now_us / US, sq, attrs.type, attrs.tenant, attrs.key,
+                               group.seqs[0], len(group.seqs)))
+    if group.flooder is None:
+        w.count(sq, group.kid, attrs.type, attrs.tenant, len(group.seqs))
+        w.joined(sq, group.kid)
+    w.sent(sq, group.kid)
+
+
+def _write_blob(w: Ledger, env: Env, seq: int, body: bytes) -> bytes:
+    blob = rows.blob_id(w.index.store_id, seq)
+    size = env.config.blob_chunk_bytes
+    chunks = range(0, len(body), size)
+    for i, offset in enumerate(chunks):
+        w.txn.put("blobs", rows.blob_chunk_key(blob, i), body[offset:offset + size])
+    return rows.blob_ref_value(blob, len(body), len(chunks))
+
+
+# -- receive -----------------------------------------------------------------------------
+def receive(w: Ledger, env: Env, subqueue: int, max_messages: int,
+            visibility_timeout_s: float | None, *, keys: Sequence[str] | None = None,
+            max_receives: int | None = None, dead_letter: int | None = None,
+            exclude: Sequence[str] | None = None) -> bytes:
+    """Hide and hand out up to ``max_messages`` messages; the answer is a buffer
+    (:func:`rayq.core.codec.wire.decode_delivered` reads it)."""
+    config = env.config
+    check_subqueue(subqueue)
+    check_count(max_messages, "max_messages", 1, MAX_BATCH)
+    if visibility_timeout_s is None:
+        visibility_timeout_s = config.default_visibility_timeout_s
+    check_seconds(visibility_timeout_s, "visibility_timeout_s", 0,
+                  config.max_visibility_timeout_s)
+    _check_keys(keys)
+    _check_keys(exclude)
+    if max_receives is not None:
+        check_count(max_receives, "max_receives", 1, 1000)
+        check_subqueue(dead_letter)
+    if w.index.state(subqueue) is SubqueueState.DISABLED:
+        raise QueueDisabled(f"subqueue {subqueue} is disabled")
+    found, skipped = pick(w, env, subqueue, max_messages, w.now_us, keys, max_receives, exclude)
+    for row_key, value, reason in skipped:
+        if reason is Skip.EXPIRED:
+            w.remove(row_key, value, Ending.EXPIRED)
+            w.stats["expired"] += 1
+        else:
+            dead_letter_row(w, row_key, value, dead_letter)
+    delivered = _deliver(w, env, found, to_us(visibility_timeout_s))
+    w.stats["receives"] += len(delivered)
+    return encode_delivered(delivered)
+
+
+def _deliver(w: Ledger, env: Env, found: list[tuple[bytes, bytes]], hide_us: int) -> list[list]:
+    """Hide the rows found and describe each for the receiver; bodies are copied, not decoded."""
+    taken = w.take_rows(found, w.now_us + hide_us, os.urandom(8 * len(found)))
+    out = []
+    cache = env.cache
+    for (row_key, value), (new_key, nonce, meta, sq, kid, seq) in zip(found, taken):
+        cache.take(row_key)  # a hit: this read came from memory, not LMDB
+        out.append([w.message_id(seq), receipt_text(new_key, nonce), w.body_of(value, meta),
+                    meta.tenant, meta.type, w.key_name(kid), meta.dequeue_count + 1,
+                    meta.enqueued_us, sq])
+    return out
+
+
+# -- receipts ----------------------------------------------------------------------------
+def delete(w: Ledger, env: Env, receipts: Sequence[str]) -> list[str]:
+    """Delete the messages of valid receipts; returns the receipts that were invalid."""
+    if not isinstance(receipts, (list, tuple)) or len(receipts) > MAX_BATCH:
+        raise InvalidMessage(f"delete takes a list of at most {MAX_BATCH} receipts")
+    invalid = []
+    for receipt in receipts:
+        try:
+            row_key, value = w.resolve(receipt)
+        except ReceiptInvalid:
+            invalid.append(receipt)
+            continue
+        w.remove(row_key, value, Ending.DELETED)
+    w.stats["deletes"] += len(receipts) - len(invalid)
+    return invalid
+
+
+def change_visibility(w: Ledger, env: Env, receipt: str, timeout_s: float) -> str:
+    """Hide a received message for ``timeout_s`` from now; returns its new receipt."""
+    return _hide(w, env, receipt, timeout_s, undeliver=False)
+
+
+def defer(w: Ledger, env: Env, receipt: str, delay_s: float) -> str:
+    """Put a received message back unrun for ``delay_s``: its delivery does not count
+    toward ``max_receives`` (a consumer declined it, e.g. at a concurrency limit)."""
+    return _hide(w, env, receipt, delay_s, undeliver=True)
+
+
+def _hide(w: Ledger, env: Env, receipt: str, timeout_s: float, undeliver: bool) -> str:
+    check_seconds(timeout_s, "timeout_s", 0, env.config.max_visibility_timeout_s)
+    row_key, value = w.resolve(receipt)
+    return w.rehide(row_key, value, w.now_us + to_us(timeout_s), undeliver)
+
+
+# -- housekeeping ------------------------------------------------------------------------
+def collect_expired(w: Ledger, env: Env, limit: int) -> int:
+    """Delete up to ``limit`` expired messages and as many expired outcomes."""
+    check_count(limit, "limit", 1, 10_000_000)
+    entries = list(itertools.islice(w.txn.scan("expiry", b"", rows.expiry_stop(w.now_us)),
+                                    limit))
+    for expiry_key, row_key in entries:
+        value = w.txn.get("rows", row_key)
+        if value is None:  # index entry of a row already gone
+            w.txn.delete("expiry", expiry_key)
+            continue
+        w.remove(row_key, value, Ending.EXPIRED)
+        w.stats["expired"] += 1
+    return len(entries) + collect_outcomes(w, limit)
+
+
+def peek(w: Ledger, env: Env, subqueue: int, max_messages: int,
+         keys: Sequence[str] | None) -> list[StoredMessage]:
+    """The messages a receive would return, without hiding them (receipt None)."""
+    picked, _ = pick(w, env, subqueue, max_messages, w.now_us, keys, None)
+    return [w.stored(key, value, None) for key, value in picked]
+
+
+def _check_keys(keys: Any) -> None:
+    if keys is None:
+        return
+    if not isinstance(keys, (list, tuple)) or not all(isinstance(k, str) for k in keys):
+        raise InvalidMessage("keys must be a list of fairness key names")

@@ -1,0 +1,152 @@
+"""Write sets: every committed write transaction, replayed on an empty second store,
+leaves both stores reading the same, table by table (what replication ships)."""
+
+import contextlib
+import dataclasses
+
+import pytest
+
+from rayq.config import StoreConfig
+from rayq.core.codec.model import encode_body
+from rayq.core.kit.kv import DATABASES, LmdbKV, Write
+from rayq.core.storage.layout import TABLES
+from rayq.core.storage.store import ShardStore
+from rayq.testing import MemoryKV, plenty_of_memory
+from tests.contract.helpers import batch, message
+
+CONFIG = StoreConfig(blob_threshold_bytes=64, blob_chunk_bytes=32)
+
+
+@pytest.fixture(params=["lmdb", "memory"])
+def make_kv(request, tmp_path):
+    opened = []
+
+    def make(on_commit=None):
+        if request.param == "lmdb":
+            kv = LmdbKV(tmp_path / f"kv{len(opened)}", on_commit=on_commit)
+        else:
+            kv = MemoryKV(on_commit=on_commit)
+        opened.append(kv)
+        return kv
+
+    yield make
+    for kv in opened:
+        kv.close()
+
+
+def everything(kv) -> dict[str, list[tuple[bytes, bytes]]]:
+    return kv.read(lambda txn: {table: [(bytes(k), bytes(v)) for k, v in txn.scan(table, b"")]
+                                for table in DATABASES})
+
+
+def run_a_day(store: ShardStore, clock) -> None:
+    """Puts (inline, blob, task, delayed), receives, deletes, visibility changes, a
+    dead letter, a group with a failing call, a spill and sweep, a purge, expiry."""
+    ids = store.put(0, [message(i, key=f"k{i % 3}") for i in range(6)])
+    store.put(0, [message(b"x" * 200, key="big")])
+    store.put(0, [dataclasses.replace(message(b"task"), task=True)])
+    store.put(1, [message(b"later", delay_s=30), message(b"short", ttl_s=5)])
+    got = store.receive(0, 4, 60)
+    store.delete([got[0].receipt])
+    store.change_visibility(got[1].receipt, 0)
+    store.defer(got[2].receipt, 10)
+    tasks = [m for m in store.receive(0, 10, 60) if m.body == encode_body(b"task", 1 << 30)]
+    for m in tasks:
+        store.finish(m.receipt, b"done")
+    results = store.group([("delete", (["not a receipt"],), {}), ("put", (2, b"junk"), {}),
+                           ("put", (2, batch(message(b"grouped"))), {})])
+    assert isinstance(results[1], Exception) and len(results[2]) == 1
+    store.receive(0, 2, 0, max_receives=1, dead_letter=3)
+    store.set_diverts({4: [("report", "*")]})
+    store.put(4, [message(i, tenant=f"t{i}") for i in range(3)])
+    store.set_diverts({})
+    store.sweep("report", "*", 5, limit=2)
+    store.set_state(6, store.state(6))
+    store.purge([5])
+    while store.purging:
+        store.purge_some(limit=1)
+    clock.advance(3600 * 24 * 30)
+    store.collect_expired(limit=100_000)
+    assert ids
+
+
+def test_replaying_each_write_set_on_an_empty_store_gives_the_same_tables(make_kv, clock):
+    replica_kv = make_kv()
+    seen = []
+
+    def ship(writes):  # compared after every transaction
+        replica_kv.apply(writes)
+        seen.append(everything(replica_kv) == everything(source_kv))
+
+    source_kv = make_kv(on_commit=ship)
+    store = ShardStore(source_kv, config=CONFIG, clock=clock, memory_probe=plenty_of_memory)
+    for _ in range(2):
+        run_a_day(store, clock)
+    assert len(seen) > 30 and all(seen), [i for i, same in enumerate(seen) if not same]
+    replica = ShardStore(replica_kv, config=CONFIG, clock=clock, memory_probe=plenty_of_memory)
+    assert replica.counts() == store.counts()
+    assert replica.tenant_counts() == store.tenant_counts()
+    assert replica.seq == store.seq and replica.store_id == store.store_id
+
+
+def test_a_write_set_lists_puts_and_deletes_in_order_and_nothing_of_a_rolled_back_call(
+        make_kv, clock):
+    write_sets = []
+    store = ShardStore(make_kv(on_commit=write_sets.append), clock=clock,
+                       memory_probe=plenty_of_memory)
+    write_sets.clear()  # opening wrote the store id
+    [mid] = store.put(0, [message(b"one")])
+    [put] = write_sets
+    assert all(isinstance(w, Write) for w in put)
+    assert [w.table for w in put if w.table in ("rows", "expiry")] == ["rows", "expiry"]
+    assert all(w.value is not None for w in put)
+    [got] = store.receive(0, 1, 60)
+    assert store.delete([got.receipt]) == []
+    delete = write_sets[-1]
+    assert ("rows", None) in [(w.table, w.value) for w in delete]
+    before = len(write_sets)
+    [error] = store.group([("put", (0, b"not a put buffer"), {})])
+    assert isinstance(error, Exception)
+    assert all(w.table not in ("rows", "expiry") for ws in write_sets[before:] for w in ws)
+
+
+def test_a_kv_without_a_watcher_records_nothing_and_a_read_writes_no_set(make_kv, clock):
+    write_sets = []
+    kv = make_kv()
+    store = ShardStore(kv, clock=clock, memory_probe=plenty_of_memory)
+    store.put(0, [message(b"unseen")])
+    kv.watch(write_sets.append)
+    store.peek(0)
+    store.receive(1, 1, 0)  # nothing to receive: nothing written
+    assert write_sets == []
+    store.put(0, [message(b"seen")])
+    assert len(write_sets) == 1
+
+
+def test_the_layout_documents_every_table_the_kv_opens():
+    assert sorted(TABLES) == sorted(DATABASES)
+
+
+def test_a_nested_transaction_lands_in_the_write_set_only_when_it_commits(make_kv):
+    write_sets = []
+    kv = make_kv(on_commit=write_sets.append)
+
+    def body(txn):
+        txn.put("meta", b"a", b"1")
+        with contextlib.suppress(ValueError), txn.nested() as child:
+            child.put("meta", b"b", b"2")
+            raise ValueError("undone")
+        with txn.nested() as child:
+            child.putmulti("meta", [(b"c", b"3")])
+            child.delete("meta", b"a")
+        txn.delete("meta", b"missing")  # deletes nothing: not a mutation
+    kv.transact(body)
+    assert write_sets == [(Write("meta", b"a", b"1"), Write("meta", b"c", b"3"),
+                           Write("meta", b"a", None))]
+    with pytest.raises(RuntimeError):
+        kv.transact(lambda txn: (txn.put("meta", b"d", b"4"), _fail()))
+    assert len(write_sets) == 1  # an aborted transaction ships nothing
+
+
+def _fail():
+    raise RuntimeError("abort")

@@ -1,0 +1,64 @@
+"""Several calls waiting on the same task's outcome (rayq.core.storage.waiters): one that
+leaves does not take the others' wake-ups with it."""
+
+import asyncio
+
+from rayq.core.codec.model import Ending
+from rayq.core.storage.waiters import OutcomeWaiters
+
+
+class Table:
+    """An outcomes table where nothing has ended; counts its reads."""
+
+    def __init__(self):
+        self.reads = 0
+
+    async def read(self, ids):
+        self.reads += 1
+        return [None] * len(ids)
+
+
+async def until(predicate) -> None:
+    """Let the loop run until ``predicate()`` holds (bounded in loop turns, not time)."""
+    for _ in range(1000):
+        if predicate():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the condition never held")
+
+
+def scenario(leaving: list[int], staying: list[int]):
+    """Waiters on message "a" (and on "b" for those listed twice); those in ``leaving``
+    are cancelled, then "a" ends. Returns the outcomes the others got and the reads.
+    ``recheck_s`` is an hour: only a wake-up can answer them."""
+    table = Table()
+    waiters = OutcomeWaiters(table.read, recheck_s=3600)
+
+    async def run():
+        calls = {n: asyncio.ensure_future(waiters.wait(["a"])) for n in leaving + staying}
+        await until(lambda: table.reads == len(calls))   # all registered and read
+        for n in leaving:
+            calls[n].cancel()
+        await until(lambda: all(calls[n].done() for n in leaving))
+        waiters.notify([("a", Ending.RESULT, b"1")])
+        rest = [calls[n] for n in staying]
+        await until(lambda: all(c.done() for c in rest))
+        return [c.result() for c in rest], table.reads
+
+    return asyncio.run(run())
+
+
+def test_the_other_waiters_of_a_task_are_woken_after_one_leaves():
+    got, reads = scenario(leaving=[0], staying=[1, 2])
+    assert got == [[(Ending.RESULT, b"1")]] * 2
+    assert reads == 3                       # woken, not re-read
+
+
+def test_the_first_waiter_is_woken_after_a_later_one_leaves():
+    got, _ = scenario(leaving=[1], staying=[0])
+    assert got == [[(Ending.RESULT, b"1")]]
+
+
+def test_waiters_that_all_left_leave_nothing_registered():
+    got, _ = scenario(leaving=[0, 1], staying=[])
+    assert got == []
