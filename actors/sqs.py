@@ -32,6 +32,7 @@ from rayq.remote import call, call_async, named
 from rayq.sqs.api import SqsApi
 from rayq.sqs.attributes import Settings
 from rayq.sqs.errors import SqsError
+from rayq.sqs.fifo import Admitted, Dedup
 from rayq.sqs.protocol import JSON_TYPE, decode_request
 from rayq.sqs.sigv4 import Caller, SignedRequest, verify
 
@@ -40,6 +41,7 @@ KEYS_MAX_AGE_S = 2.0      # a replaced key is refused here at most this long aft
 KEYS_MIN_REFRESH_S = 1.0  # unknown keys refetch at most this often (forgeries cannot flood)
 SETTINGS_TTL_S = 2.0      # another replica's SetQueueAttributes shows here within this
 MAX_FORWARDS = 100_000
+SWEEP_EVERY = 1000        # FIFO sends between two sweeps of a queue's old deduplication ids
 WORKER_THREADS = 64       # long polls hold a thread up to 20 s each
 # A batch carries up to 1 MiB of bodies; JSON escapes (\uXXXX for non-ASCII) can triple it.
 MAX_REQUEST_BYTES = 8 << 20
@@ -55,7 +57,9 @@ class SqsState:
     Forwards are lost when this actor restarts; the handle then needs a new receive."""
 
     def __init__(self, data_dir: str):
-        self.kv = open_kv(data_dir, "sqs", map_size=16 << 20)
+        self.kv = open_kv(data_dir, "sqs", map_size=256 << 20)
+        self.dedup = Dedup(self.kv)
+        self._records = 0
         self._forwards: OrderedDict[str, str] = OrderedDict()
 
     def settings(self, account: str, queue: str) -> dict | None:
@@ -68,6 +72,16 @@ class SqsState:
             self.kv.transact(lambda txn: txn.delete("meta", key))
         else:
             self.kv.transact(lambda txn: txn.put("meta", key, pack(record)))
+
+    def fifo_admit(self, account: str, queue: str, keys: list[str], now: float) -> list[Admitted]:
+        return self.dedup.admit(_key(account, queue).decode(), keys, now)
+
+    def fifo_record(self, account: str, queue: str, sent: list, now: float) -> None:
+        name = _key(account, queue).decode()
+        self.dedup.record(name, [tuple(s) for s in sent], now)
+        self._records = (self._records + 1) % SWEEP_EVERY
+        if self._records == 0:  # ids past the window go now and then, not on every send
+            self.dedup.forget(name, now)
 
     def forward(self, handle: str) -> str | None:
         return self._forwards.get(handle)
@@ -118,6 +132,12 @@ class ReplicaState:
         self._forwards[handle] = receipt
         while len(self._forwards) > MAX_FORWARDS:
             self._forwards.popitem(last=False)
+
+    def fifo_admit(self, account: str, queue: str, keys: list[str], now: float) -> list[Admitted]:
+        return call(lambda: self._state.fifo_admit.remote(account, queue, keys, now))
+
+    def fifo_record(self, account: str, queue: str, sent: list, now: float) -> None:
+        call(lambda: self._state.fifo_record.remote(account, queue, sent, now))
 
     def latest(self, message_id: str, receipt: str | None = None) -> str | None:
         """The receipt this replica last gave the message (recording ``receipt`` first)."""

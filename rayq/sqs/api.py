@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass, replace
 from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any, Protocol
@@ -27,6 +28,7 @@ from rayq.core.codec.model import RECEIPT_CHARS, Outgoing, receipt_subqueue
 from rayq.errors import RayqError, ReceiptInvalid
 from rayq.queue import Queue
 from rayq.sqs import attributes as attrs
+from rayq.sqs import fifo
 from rayq.sqs import messages as msgs
 from rayq.sqs import queues
 from rayq.sqs.batches import check_entries, failure
@@ -49,6 +51,43 @@ class State(Protocol):
     def record(self, handle: str, receipt: str) -> None: ...
     def first_received(self, message_id: str, receive_count: int, now_ms: int) -> int: ...
     def latest(self, message_id: str, receipt: str | None = None) -> str | None: ...
+    def fifo_admit(self, account: str, queue: str, keys: list[str],
+                   now: float) -> list[fifo.Admitted]: ...
+    def fifo_record(self, account: str, queue: str, sent: list[tuple[str, str, str]],
+                    now: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A checked send: the envelope and rayq attributes of the message to store, the
+    deduplication scope key (FIFO queues) and the system attributes it was sent with."""
+
+    envelope: msgs.Envelope
+    tenant: str | None
+    type: str
+    delay_s: int
+    ttl_s: float
+    key: str | None
+    system: dict
+
+    def sequenced(self, sequence: str) -> "Draft":
+        return replace(self, envelope=self.envelope.moved(sequence=sequence))
+
+    def outgoing(self) -> Outgoing:
+        return Outgoing(self.envelope.stored(), tenant=self.tenant, type=self.type,
+                        delay_s=self.delay_s, ttl_s=self.ttl_s)
+
+    def answer(self, message_id: str, sequence: str | None = None) -> dict:
+        """SendMessage's answer: the id, the MD5s SDKs check, a FIFO's sequence number."""
+        envelope = self.envelope
+        sent = {"MessageId": message_id, "MD5OfMessageBody": msgs.md5_hex(envelope.body.encode())}
+        if envelope.attributes:
+            sent["MD5OfMessageAttributes"] = msgs.attributes_md5(envelope.attributes)
+        if self.system:
+            sent["MD5OfMessageSystemAttributes"] = msgs.attributes_md5(self.system)
+        if sequence is not None:
+            sent["SequenceNumber"] = sequence
+        return sent
 
 
 class SqsApi:
@@ -75,44 +114,59 @@ class SqsApi:
             raise from_rayq(err) from err
 
     # -- sending ----------------------------------------------------------------------
-    def _outgoing(self, t: Target, entry: dict,
-                  settings: attrs.Settings) -> tuple[Outgoing, msgs.Envelope]:
-        """A SendMessage (or batch entry) as a rayq message, and its envelope. Raises
-        SqsError."""
+    def _draft(self, t: Target, entry: dict, settings: attrs.Settings) -> Draft:
+        """A SendMessage (or batch entry), checked. Raises SqsError."""
         attributes = msgs.check_attributes(entry.get("MessageAttributes"))
         system = msgs.check_attributes(entry.get("MessageSystemAttributes"), system=True)
         body = msgs.check_body(entry.get("MessageBody"), settings.max_message_bytes,
                                msgs.attributes_bytes(attributes))
-        if entry.get("MessageDeduplicationId") is not None:
-            raise invalid("The request include parameter that is not valid for this queue "
-                          "type.")
-        tenant, group = _group(entry.get("MessageGroupId"), t.caller.account)
+        dedup = None
+        if settings.fifo:
+            fifo.check_send(entry)
+            dedup = fifo.dedup_id(entry, body, settings.text(attrs.CONTENT_DEDUP) == "true")
+        elif entry.get("MessageDeduplicationId") is not None:
+            raise out_of_range("MessageDeduplicationId", entry["MessageDeduplicationId"],
+                               "The request include parameter that is not valid for this "
+                               "queue type.")
+        group = entry.get("MessageGroupId")
+        tenant, kept_group = _group(group, t.caller.account)
         delay = _int(entry, "DelaySeconds", 0, MAX_DELAY_S, settings.delay_s)
         trace = system.get(msgs.TRACE_HEADER, {}).get("StringValue")
-        envelope = msgs.Envelope(body, attributes, trace=trace, group=group)
-        return Outgoing(envelope.stored(), tenant=tenant, type=msgs.message_type(attributes),
-                        delay_s=delay, ttl_s=self._ttl_s(t, settings)), envelope
+        envelope = msgs.Envelope(body, attributes, trace=trace, group=kept_group, dedup=dedup)
+        key = fifo.scope_key(dedup, group, settings.text("DeduplicationScope") ==
+                             "messageGroup") if dedup is not None else None
+        return Draft(envelope, tenant, msgs.message_type(attributes), delay,
+                     self._ttl_s(t, settings), key, system)
 
     @staticmethod
     def _ttl_s(t: Target, settings: attrs.Settings) -> float:
         """MessageRetentionPeriod, within the longest time to live the runtime keeps."""
         return min(settings.retention_s, t.client.transport.config.store.max_ttl_s)
 
-    @staticmethod
-    def _sent(message_id: str, envelope: msgs.Envelope, system: Any) -> dict:
-        sent = {"MessageId": message_id, "MD5OfMessageBody": msgs.md5_hex(envelope.body.encode())}
-        if envelope.attributes:
-            sent["MD5OfMessageAttributes"] = msgs.attributes_md5(envelope.attributes)
-        if system:
-            sent["MD5OfMessageSystemAttributes"] = msgs.attributes_md5(
-                msgs.check_attributes(system, system=True))
-        return sent
+    def _send(self, t: Target, drafts: list[Draft], fifo_queue: bool) -> list[dict]:
+        """Store the drafts (in one batch); SendMessage's answer for each. On a FIFO queue,
+        a draft whose deduplication id was sent within 5 minutes is not stored again: its
+        answer names the message first sent."""
+        if not fifo_queue:
+            ids = t.queue().send_batch([d.outgoing() for d in drafts])
+            return [d.answer(mid) for d, mid in zip(drafts, ids)]
+        queue = t.need()
+        name, now = queue.rayq_name(t.home), self.clock()
+        admitted = self.state.fifo_admit(queue.account, name, [d.key for d in drafts], now)
+        fresh = [(d.sequenced(a.sequence), a) for d, a in zip(drafts, admitted)
+                 if a.duplicate_of is None]
+        ids = t.queue().send_batch([d.outgoing() for d, _ in fresh]) if fresh else []
+        sent = {d.key: mid for (d, _), mid in zip(fresh, ids)}
+        self.state.fifo_record(queue.account, name,
+                               [(d.key, mid, d.envelope.sequence) for (d, _), mid in
+                                zip(fresh, ids)], now)
+        return [d.answer(a.duplicate_of or sent[d.key], a.sequence)
+                for d, a in zip(drafts, admitted)]
 
     def _send_message(self, t: Target, p: dict) -> dict:
         t.need()
-        out, envelope = self._outgoing(t, p, queues.settings_of(self, t))
-        [message_id] = t.queue().send_batch([out])
-        return self._sent(message_id, envelope, p.get("MessageSystemAttributes"))
+        settings = queues.settings_of(self, t)
+        return self._send(t, [self._draft(t, p, settings)], settings.fifo)[0]
 
     def _send_message_batch(self, t: Target, p: dict) -> dict:
         t.need()
@@ -126,12 +180,11 @@ class SqsApi:
         good, failed = [], []
         for entry in entries:
             try:
-                good.append((entry, self._outgoing(t, entry, settings)))
+                good.append((entry["Id"], self._draft(t, entry, settings)))
             except SqsError as err:
                 failed.append(failure(entry["Id"], err))
-        ids = t.queue().send_batch([out for _, (out, _) in good]) if good else []
-        done = [{"Id": e["Id"], **self._sent(mid, envelope, e.get("MessageSystemAttributes"))}
-                for (e, (_, envelope)), mid in zip(good, ids)]
+        answers = self._send(t, [d for _, d in good], settings.fifo) if good else []
+        done = [{"Id": entry_id, **answer} for (entry_id, _), answer in zip(good, answers)]
         return {"Successful": done, "Failed": failed}
 
     # -- receiving --------------------------------------------------------------------------

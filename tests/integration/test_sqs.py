@@ -327,6 +327,63 @@ def test_regions_are_separate_namespaces(endpoint):
     assert east.list_queues(QueueNamePrefix="regional")["QueueUrls"] == [east_url]  # one, not two
 
 
+def test_a_fifo_queue_keeps_group_order_and_deduplicates_across_a_shard_restart(
+        endpoint, ray_session):
+    client = sqs(endpoint)
+    name = f"sqs{next(_names)}.fifo"
+    url = client.create_queue(QueueName=name, Attributes={"FifoQueue": "true"})["QueueUrl"]
+    got = client.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert (got["FifoQueue"], got["ContentBasedDeduplication"]) == ("true", "false")
+    assert refused(client.send_message, QueueUrl=url, MessageBody="x")[0] == "MissingParameter"
+    assert refused(client.send_message, QueueUrl=url, MessageBody="x",
+                   MessageGroupId="g")[0] == "InvalidParameterValue"  # no deduplication id
+    first = client.send_message(QueueUrl=url, MessageBody="0", MessageGroupId="g",
+                                MessageDeduplicationId="d0")
+    batch = client.send_message_batch(QueueUrl=url, Entries=[
+        {"Id": f"e{i}", "MessageBody": str(i), "MessageGroupId": "g",
+         "MessageDeduplicationId": f"d{i}"} for i in range(1, 10)])["Successful"]
+    sequences = [int(first["SequenceNumber"])] + [int(e["SequenceNumber"]) for e in batch]
+    assert sequences == sorted(sequences) and len(set(sequences)) == 10
+
+    ray_session.kill(ray_session.get_actor("rayq-shard-0", namespace="rayq"), no_restart=False)
+    again = eventually(lambda: _sent_or_none(client, url, "0 again", "d0"))
+    assert (again["MessageId"], again["SequenceNumber"]) == (first["MessageId"],
+                                                              first["SequenceNumber"])
+    received = []
+    while len(received) < 10:
+        messages = client.receive_message(QueueUrl=url, MaxNumberOfMessages=4,
+                                          AttributeNames=["All"]).get("Messages", [])
+        received += messages
+        client.delete_message_batch(QueueUrl=url, Entries=[
+            {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)])
+    assert [m["Body"] for m in received] == [str(i) for i in range(10)]  # none twice, in order
+    assert [m["Attributes"]["SequenceNumber"] for m in received] == [str(s).zfill(20)
+                                                                     for s in sequences]
+    assert {m["Attributes"]["MessageGroupId"] for m in received} == {"g"}
+    assert received[0]["Attributes"]["MessageDeduplicationId"] == "d0"
+
+
+def _sent_or_none(client, url, body, dedup):
+    """A FIFO send, or None while the restarted shard cannot take it yet."""
+    try:
+        return client.send_message(QueueUrl=url, MessageBody=body, MessageGroupId="g",
+                                   MessageDeduplicationId=dedup)
+    except ClientError:
+        return None
+
+
+def test_content_based_deduplication_drops_a_repeated_body(endpoint):
+    client = sqs(endpoint)
+    url = client.create_queue(QueueName=f"sqs{next(_names)}.fifo", Attributes={
+        "FifoQueue": "true", "ContentBasedDeduplication": "true",
+        "DeduplicationScope": "messageGroup", "FifoThroughputLimit": "perMessageGroupId"})[
+        "QueueUrl"]
+    ids = [client.send_message(QueueUrl=url, MessageBody="same", MessageGroupId=group)[
+        "MessageId"] for group in ("a", "a", "b")]
+    assert ids[0] == ids[1] != ids[2]  # deduplicated per group
+    assert got_counts(client, url) == (2, 0, 0)
+
+
 # -- accounts and credentials ---------------------------------------------------------
 def test_two_accounts_see_and_touch_only_their_own_queues(endpoint):
     acme, beta = sqs(endpoint), sqs(endpoint, "beta")
