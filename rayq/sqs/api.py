@@ -30,7 +30,7 @@ from rayq.queue import Queue
 from rayq.sqs import attributes as attrs
 from rayq.sqs import fifo
 from rayq.sqs import messages as msgs
-from rayq.sqs import queues
+from rayq.sqs import moves, queues
 from rayq.sqs.batches import check_entries, failure
 from rayq.sqs.errors import SqsError, bad_handle, from_rayq, invalid, missing, out_of_range
 from rayq.sqs.names import HOME_REGION
@@ -96,7 +96,8 @@ class SqsApi:
                  accounts: Callable[[], Iterable[str]] = tuple, home_region: str = HOME_REGION):
         self.clients, self.state, self.clock = clients, state, clock
         self.accounts, self.home = accounts, home_region
-        self._actions = {name: partial(action, self) for name, action in queues.ACTIONS.items()}
+        self._actions = {name: partial(action, self)
+                         for name, action in {**queues.ACTIONS, **moves.ACTIONS}.items()}
         self._actions.update({name: getattr(self, "_" + _snake(name)) for name in MESSAGE_ACTIONS})
 
     def handle(self, action: str, params: Any, caller: Caller, host: str) -> dict:
@@ -346,12 +347,9 @@ class SqsApi:
 MESSAGE_ACTIONS = ("SendMessage", "SendMessageBatch", "ReceiveMessage", "DeleteMessage",
                    "DeleteMessageBatch", "ChangeMessageVisibility",
                    "ChangeMessageVisibilityBatch")
-UNSUPPORTED = ("StartMessageMoveTask", "CancelMessageMoveTask", "ListMessageMoveTasks")
 
 
 def _unsupported(action: str) -> SqsError:
-    if action in UNSUPPORTED:
-        return SqsError("UnsupportedOperation", f"rayq does not support the SQS action {action}.")
     return SqsError("InvalidAction", f"The action {action!r:.80} is not valid for this endpoint.")
 
 

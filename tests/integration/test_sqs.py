@@ -271,6 +271,17 @@ def test_dead_letters_land_in_any_queue_a_redrive_policy_names_and_move_back(end
     assert dead["MessageAttributes"]["color"]["StringValue"] == "red"
     assert dead["Attributes"]["DeadLetterQueueSourceArn"].endswith(url.rsplit("/", 1)[1])
     assert got_counts(client, url) == (0, 0, 0)
+    client.change_message_visibility(QueueUrl=dlq, ReceiptHandle=dead["ReceiptHandle"],
+                                     VisibilityTimeout=0)
+    handle = client.start_message_move_task(SourceArn=dlq_arn)["TaskHandle"]
+    [task] = client.list_message_move_tasks(SourceArn=dlq_arn)["Results"]
+    assert (task["TaskHandle"], task["Status"], task["ApproximateNumberOfMessagesMoved"]) == (
+        handle, "COMPLETED", 1)
+    [back] = client.receive_message(QueueUrl=url, MessageAttributeNames=["All"])["Messages"]
+    assert back["Body"] == "poison" and back["MessageAttributes"]["color"]["StringValue"] == "red"
+    assert got_counts(client, dlq) == (0, 0, 0)
+    assert refused(client.cancel_message_move_task, TaskHandle=handle)[0] == \
+        "ResourceNotFoundException"
     client.set_queue_attributes(QueueUrl=url, Attributes={"RedrivePolicy": ""})
     assert client.list_dead_letter_source_queues(QueueUrl=dlq)["queueUrls"] == []
 
