@@ -33,7 +33,9 @@ from rayq.sqs.api import SqsApi
 from rayq.sqs.attributes import Settings
 from rayq.sqs.errors import SqsError
 from rayq.sqs.fifo import Admitted, Dedup
+from rayq.sqs import query as query_protocol
 from rayq.sqs.protocol import JSON_TYPE, decode_request
+from rayq.sqs.query import XML_TYPE
 from rayq.sqs.sigv4 import Caller, SignedRequest, verify
 
 STATE = "rayq-sqs-state"
@@ -234,24 +236,31 @@ class SqsEndpoint:
         return entry[1]
 
     async def _serve(self, request: web.Request) -> web.Response:
+        query = query_protocol.is_query(request.headers.get("Content-Type", ""),
+                                        request.query_string,
+                                        request.headers.get("X-Amz-Target", ""))
         try:
             body = await request.read()
             signed = SignedRequest(request.method, request.path, request.query_string,
                                    {k.lower(): ",".join(request.headers.getall(k))
                                     for k in request.headers.keys()}, body)
             caller = await self._verify(signed)
-            action, params = decode_request(request.method,
-                                            request.headers.get("X-Amz-Target", ""), body)
+            if query:
+                action, params = query_protocol.decode(body, request.query_string, request.path,
+                                                       request.host)
+            else:
+                action, params = decode_request(request.method,
+                                                request.headers.get("X-Amz-Target", ""), body)
             result = await asyncio.get_running_loop().run_in_executor(
                 self._pool, self._api.handle, action, params, caller, request.host)
-            return _reply(200, result)
+            return _reply(200, result, action if query else None)
         except SqsError as err:
             if err.code == "InvalidClientTokenId":
                 self._keys.forget()  # the runtime refused a key our copy still had
-            return _reply(err.status, err.body(), x_amzn_query_error=err.query_error())
+            return _refusal(err, query)
         except Exception as err:  # a bug or a broken runtime: still an answer SDKs parse (and retry)
             failure = SqsError("InternalFailure", f"{type(err).__name__}: {err}", 500, sender=False)
-            return _reply(500, failure.body(), x_amzn_query_error=failure.query_error())
+            return _refusal(failure, query)
 
     async def _verify(self, signed: SignedRequest) -> Caller:
         await self._keys.fresh()
@@ -265,11 +274,28 @@ class SqsEndpoint:
             return verify(signed, self._keys.get, self.clock.now())
 
 
-def _reply(status: int, payload: dict, **headers: str) -> web.Response:
-    """A JSON answer; ``headers`` by name with ``_`` for ``-`` (x_amzn_query_error)."""
-    return web.Response(status=status, body=json.dumps(payload).encode(), content_type=None,
-                        headers={"Content-Type": JSON_TYPE, "x-amzn-RequestId": str(uuid.uuid4()),
+def _reply(status: int, payload: dict, query_action: str | None = None,
+           **headers: str) -> web.Response:
+    """A JSON answer, or the Query protocol's XML one for ``query_action``; ``headers`` by
+    name with ``_`` for ``-`` (x_amzn_query_error)."""
+    request_id = str(uuid.uuid4())
+    if query_action is not None:
+        body, kind = query_protocol.encode(query_action, payload, request_id), XML_TYPE
+    else:
+        body, kind = json.dumps(payload).encode(), JSON_TYPE
+    return web.Response(status=status, body=body, content_type=None,
+                        headers={"Content-Type": kind, "x-amzn-RequestId": request_id,
                                  **{name.replace("_", "-"): v for name, v in headers.items()}})
+
+
+def _refusal(err: SqsError, query: bool) -> web.Response:
+    """An error in the protocol of its request."""
+    if not query:
+        return _reply(err.status, err.body(), x_amzn_query_error=err.query_error())
+    request_id = str(uuid.uuid4())
+    return web.Response(status=err.status, body=query_protocol.error(err, request_id),
+                        content_type=None, headers={"Content-Type": XML_TYPE,
+                                                    "x-amzn-RequestId": request_id})
 
 
 SqsStateRemote = ray.remote(SqsState)

@@ -12,6 +12,8 @@ import subprocess
 import sys
 import threading
 import time
+import xml.etree.ElementTree as ET
+from urllib.parse import urlencode
 
 import boto3
 import botocore.auth
@@ -460,6 +462,41 @@ def raw_request(endpoint, action: str, params: dict, account="acme", key=None,
 
 def refusal(response: requests.Response) -> tuple[int, str]:
     return response.status_code, response.json()["__type"].rsplit("#", 1)[1]
+
+
+def query_request(endpoint, params: dict, path: str = "/") -> ET.Element:
+    """A Query-protocol request as older SDKs send it (form body, SigV4), its XML answer."""
+    body = urlencode({"Version": "2012-11-05", **params})
+    request = AWSRequest(method="POST", url=endpoint["url"] + path, data=body, headers={
+        "Content-Type": "application/x-www-form-urlencoded; charset=utf-8"})
+    SigV4Auth(Credentials("acme", endpoint["keys"]["acme"]), "sqs", REGION).add_auth(request)
+    response = requests.post(request.url, data=body, headers=dict(request.headers.items()),
+                             timeout=30)
+    assert response.headers["Content-Type"] == "text/xml"
+    return ET.fromstring(response.content)
+
+
+def test_the_query_protocol_answers_in_xml(endpoint):
+    ns = {"q": "http://queue.amazonaws.com/doc/2012-11-05/"}
+    created = query_request(endpoint, {"Action": "CreateQueue", "QueueName": "by-query",
+                                       "Attribute.1.Name": "VisibilityTimeout",
+                                       "Attribute.1.Value": "40"})
+    url = created.find("q:CreateQueueResult/q:QueueUrl", ns).text
+    path = "/" + url.split("/", 3)[3]
+    sent = query_request(endpoint, {"Action": "SendMessage", "MessageBody": "old sdk",
+                                    "MessageAttribute.1.Name": "color",
+                                    "MessageAttribute.1.Value.DataType": "String",
+                                    "MessageAttribute.1.Value.StringValue": "red"}, path)
+    assert sent.find("q:SendMessageResult/q:MD5OfMessageBody", ns).text == md5("old sdk")
+    got = query_request(endpoint, {"Action": "ReceiveMessage", "QueueUrl": url,
+                                   "AttributeName.1": "All", "MessageAttributeName.1": "All"})
+    message = got.find("q:ReceiveMessageResult/q:Message", ns)
+    assert message.find("q:Body", ns).text == "old sdk"
+    assert message.find("q:MessageAttribute/q:Value/q:StringValue", ns).text == "red"
+    assert sqs(endpoint).get_queue_attributes(QueueUrl=url, AttributeNames=["VisibilityTimeout"])[
+        "Attributes"]["VisibilityTimeout"] == "40"  # one queue, whichever protocol
+    gone = query_request(endpoint, {"Action": "GetQueueUrl", "QueueName": "never-made"})
+    assert gone.find("q:Error/q:Code", ns).text == "AWS.SimpleQueueService.NonExistentQueue"
 
 
 def test_forged_wrong_stale_and_missing_credentials_are_refused(endpoint, monkeypatch):
