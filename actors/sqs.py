@@ -17,6 +17,7 @@ import json
 import threading
 import uuid
 from collections import OrderedDict
+from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 
 import ray
@@ -32,6 +33,7 @@ from rayq.remote import call, call_async, named
 from rayq.sqs.api import SqsApi
 from rayq.sqs.attributes import Settings
 from rayq.sqs.errors import SqsError
+from rayq.sqs.names import access_key_id
 from rayq.sqs.fifo import Admitted, Dedup
 from rayq.sqs import query as query_protocol
 from rayq.sqs.protocol import JSON_TYPE, decode_request
@@ -177,6 +179,7 @@ class Keys:
     def __init__(self, manager, clock: Clock):
         self._manager, self.clock = manager, clock
         self.table: dict[str, list[str]] = {}
+        self._by_id: dict[str, tuple[str, str]] = {}   # access key id -> (account, key)
         self._fetched_at = float("-inf")
 
     async def fresh(self, force: bool = False) -> bool:
@@ -185,14 +188,24 @@ class Keys:
         if age < (KEYS_MIN_REFRESH_S if force else KEYS_MAX_AGE_S):
             return False
         self.table, _ = await call_async(lambda: self._manager.directory.remote())
+        self._by_id = {access_key_id(account, key): (account, key)
+                       for account, keys in self.table.items() for key in keys}
         self._fetched_at = self.clock.monotonic()
         return True
 
     def forget(self) -> None:
         self._fetched_at = float("-inf")
 
-    def get(self, account: str) -> list[str]:
-        return self.table.get(account, [])
+    def get(self, account_or_key_id: str) -> list[str]:
+        """The keys of an account, or the one key of an AKIA access key id."""
+        if account_or_key_id in self._by_id:
+            return [self._by_id[account_or_key_id][1]]
+        return self.table.get(account_or_key_id, [])
+
+    def account_of(self, caller: Caller) -> Caller:
+        """The caller with its account name, when it signed with an access key id."""
+        found = self._by_id.get(caller.account)
+        return replace(caller, account=found[0]) if found else caller
 
 
 class SqsEndpoint:
@@ -265,13 +278,13 @@ class SqsEndpoint:
     async def _verify(self, signed: SignedRequest) -> Caller:
         await self._keys.fresh()
         try:
-            return verify(signed, self._keys.get, self.clock.now())
+            return self._keys.account_of(verify(signed, self._keys.get, self.clock.now()))
         except SqsError as err:
             if err.code not in ("InvalidClientTokenId", "SignatureDoesNotMatch"):
                 raise
             if not await self._keys.fresh(force=True):  # a key made since our copy?
                 raise
-            return verify(signed, self._keys.get, self.clock.now())
+            return self._keys.account_of(verify(signed, self._keys.get, self.clock.now()))
 
 
 def _reply(status: int, payload: dict, query_action: str | None = None,

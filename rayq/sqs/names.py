@@ -12,7 +12,9 @@ it, and a rayq name that does end in ``-dlq`` is one of rayq's own, never listed
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import hmac
 import re
 from dataclasses import dataclass
 
@@ -31,6 +33,14 @@ def account_id(account: str) -> str:
     """The 12-digit id of a rayq account, as SQS's URLs and ARNs name it."""
     digest = hashlib.sha256(b"rayq-account:" + account.encode()).digest()
     return f"{int.from_bytes(digest[:8], 'big') % 10**12:012d}"
+
+
+def access_key_id(account: str, key: str) -> str:
+    """The AKIA-shaped access key id of one of an account's keys: derived from the key, so
+    a rotated key has a new id, and the id tells nothing of the key. The account name
+    itself still works as an access key id."""
+    digest = hmac.new(key.encode(), b"rayq-access-key:" + account.encode(), hashlib.sha256)
+    return "AKIA" + base64.b32encode(digest.digest()).decode()[:16]
 
 
 def is_account_id(text: str) -> bool:

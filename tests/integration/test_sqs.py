@@ -27,7 +27,7 @@ from botocore.exceptions import ClientError
 
 import rayq
 from rayq.config import with_consumers
-from rayq.sqs.names import account_id
+from rayq.sqs.names import access_key_id, account_id
 
 from .conftest import start_runtime
 
@@ -415,6 +415,21 @@ def test_two_accounts_see_and_touch_only_their_own_queues(endpoint):
     assert refused(beta.get_queue_url, QueueName="iso-acme")[0] == "QueueDoesNotExist"
     [kept] = acme.receive_message(QueueUrl=acme_url)["Messages"]
     assert kept["Body"] == "acme's"
+
+
+def test_an_akia_access_key_id_signs_for_its_account(endpoint):
+    key = endpoint["keys"]["acme"]
+    key_id = access_key_id("acme", key)
+    assert key_id.startswith("AKIA") and len(key_id) == 20
+    by_id = boto3.client("sqs", endpoint_url=endpoint["url"], region_name=REGION,
+                         aws_access_key_id=key_id, aws_secret_access_key=key)
+    url = by_id.create_queue(QueueName="by-key-id")["QueueUrl"]
+    assert url == sqs(endpoint).get_queue_url(QueueName="by-key-id")["QueueUrl"]  # acme's queue
+    by_id.send_message(QueueUrl=url, MessageBody="x", MessageGroupId="any-group")
+    wrong = boto3.client("sqs", endpoint_url=endpoint["url"], region_name=REGION,
+                         aws_access_key_id=access_key_id("acme", "not-the-key"),
+                         aws_secret_access_key=key)
+    assert refused(wrong.list_queues)[0] == "InvalidClientTokenId"
 
 
 def test_two_accounts_each_have_their_own_queue_of_one_name(endpoint):

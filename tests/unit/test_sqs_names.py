@@ -72,3 +72,10 @@ def test_permissions_are_statements_of_the_queue_policy():
     assert policy.without_permission(text, arn, {"Label": "l1"}) == ""
     with pytest.raises(SqsError):
         policy.without_permission(text, arn, {"Label": "l2"})
+
+
+def test_an_access_key_id_is_akia_shaped_and_changes_with_the_key():
+    one, two = names.access_key_id("acme", "k1"), names.access_key_id("acme", "k2")
+    assert one.startswith("AKIA") and len(one) == 20 and one.isalnum() and one.isupper()
+    assert one != two and one == names.access_key_id("acme", "k1")
+    assert one != names.access_key_id("beta", "k1")
