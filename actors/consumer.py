@@ -34,13 +34,14 @@ from rayq.core.control.balancer import HostReading, host_pressed
 from rayq.core.control.consumer_state import ConsumerState, ConsumerStats
 from rayq.core.kit.batcher import Batcher
 from rayq.core.kit.clock import Clock, SystemClock
-from rayq.core.control.consuming import decide_end, long_poll_group, pause_after, receive_requests
+from rayq.core.control.consuming import (DeadLetter, decide_end, gives_up, long_poll_group,
+                                         pause_after, receive_requests)
 from rayq.core.control.managing import indexes_by_name
 from rayq.core.codec.model import StoredMessage
 from rayq.core.control.registry import QueueInfo
 from rayq.core.control.routes import RouteCache
 from rayq.core.codec.tasks import (DeferralCause, Outcome, TaskSpec, UsageReport, decode_call,
-                             encode_result, error_of)
+                             encode_error, encode_result, error_of)
 from rayq.core.codec.wire import decode_delivered
 from rayq.errors import RayqError, ReceiptInvalid
 from rayq.remote import actor_names, call_async, running
@@ -231,6 +232,10 @@ class ConsumerActor:
             await self._refresh_handlers()
             handler = self.state.handlers.get(m.type)
         cause = self.state.hold_back(handler is not None, m.key)
+        if cause is not None and gives_up(cause, m.enqueued_at, self.clock.now(),
+                                          self.consumer_config.unrunnable_after_s):
+            await self._give_up(held)
+            return
         if cause is not None:
             await self._defer(held, cause)
             await asyncio.sleep(pause_after(cause, self.consumer_config.defer_s))
@@ -300,6 +305,19 @@ class ConsumerActor:
         except ReceiptInvalid:
             self.state.lost_one()  # it became visible again and someone else took it
             return end.outcome_if_lost
+
+    async def _give_up(self, held: _Held) -> None:
+        """Dead-letter a task no handler was registered for in time, with that error."""
+        m, queue = held.message, held.queue
+        error = encode_error("LookupError", f"no handler is registered for task type {m.type!r}")
+        end = DeadLetter()
+        name, args = end.shard_call(held.receipt, error,
+                                    queue.dead_letter_on(queue.subqueue(m.subqueue).shard))
+        try:
+            await held.ends.call(name, *args)
+        except ReceiptInvalid:
+            self.state.lost_one()
+        self._report(held, 0.0, end.outcome, self.clock.now() - m.enqueued_at)
 
     async def _defer(self, held: _Held, cause: DeferralCause) -> None:
         """Put a task back unrun; it counts as a deferral of its key, with its cause."""

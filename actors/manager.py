@@ -59,8 +59,11 @@ class QueueManager(ControlActor):
 
     def directory(self) -> Directory:
         """(every account's keys, where every subqueue belongs): what gates verify with."""
-        task_queues = set(self.tasks.queues())  # the default account's, by plain name
-        places = {sq.id: Place(q.ref, q.owner, sq.shard, q.ref in task_queues)
+        task_types: dict[str, set[str]] = {}  # the default account's queues, by plain name
+        for spec, _ in self.tasks.all().values():
+            task_types.setdefault(spec.queue, set()).add(spec.type)
+        places = {sq.id: Place(q.ref, q.owner, sq.shard, q.ref in task_types,
+                               frozenset(task_types.get(q.ref, ())))
                   for q in self.registry.all() for sq in q.subqueues}
         return self.accounts.table(), places
 

@@ -45,7 +45,7 @@ from rayq.core.control.consuming import check_end_calls
 from rayq.core.auth.gate import (Caller, Gate, check_reads_own, of_subqueues, per_queue,
                                  queues_on, signed)
 from rayq.core.codec.wire import delivered_count
-from rayq.core.codec.model import SubqueueState
+from rayq.core.codec.model import SubqueueState, long_poll_s
 from rayq.core.storage.store import KeyDepth, StoreStats, open_store
 from rayq.core.storage.waiters import OutcomeWaiters, outcome_value
 from rayq.errors import Overloaded, RayqError, StoreError, TaskError
@@ -209,7 +209,9 @@ class ShardActor:
     @signed(SHARD_OPS["put"])
     async def put(self, subqueue: int, batch: bytes, *, caller: Caller) -> list[str]:
         """Store a put buffer (:mod:`rayq.core.codec.wire`) durably; the ids in order."""
-        sender = None if caller.account == ADMIN else (caller.account, self.key_mode)
+        account = caller.account
+        sender = None if account == ADMIN else (account, self.key_mode,
+                                                self.gate.task_types(account, subqueue))
         ids = await self._write(subqueue, "put", subqueue, batch, sender=sender, signed=caller.auth)
         self._ops[subqueue] += len(ids)
         return ids
@@ -224,7 +226,7 @@ class ShardActor:
         the call parks until a put wakes it: one parked call, however many subqueues.
         The answer is one buffer (:func:`rayq.core.codec.wire.decode_delivered` reads it)."""
         subqueues = subqueue if isinstance(subqueue, list) else [subqueue]
-        deadline = self._loop.time() + max(0.0, float(wait_s or 0.0))
+        deadline = self._loop.time() + long_poll_s(wait_s)
         signed = caller.auth  # its nonce goes with the first round
         while True:
             for sq in subqueues:
@@ -304,8 +306,10 @@ class ShardActor:
         return await self._read(lambda: {sq: self.store.count(sq) for sq in subqueues})
 
     @signed(SHARD_OPS["visibility_counts"])
-    async def visibility_counts(self, subqueues: list[int]) -> dict[int, tuple[int, int, int]]:
+    async def visibility_counts(self, subqueues: list[int], *, caller: Caller
+                                ) -> dict[int, tuple[int, int, int]]:
         """(visible, in flight, delayed) per subqueue (SQS's approximate counts)."""
+        await self._remember(caller.auth)  # a signed read is remembered: it never replays
         return await self._read(lambda: {sq: self.store.visibility_counts(sq) for sq in subqueues})
 
     async def forget_keys(self) -> None:
@@ -412,9 +416,9 @@ class ShardActor:
         return {"pid": os.getpid(), "rss_bytes": info.rss, "private_bytes": info.rss - info.shared}
 
     async def _collect_events(self) -> None:
-        id_prefix, groups = await self._read(self.store.take_enqueued)
+        id_of, groups = await self._read(self.store.take_enqueued)
         if groups:  # the columns are built off the event loop
-            await asyncio.to_thread(self.events.append_enqueues, id_prefix, groups)
+            await asyncio.to_thread(self.events.append_enqueues, id_of, groups)
 
     @signed(SHARD_OPS["flush_events"])
     async def flush_events(self, *, caller: Caller) -> int:
@@ -431,8 +435,9 @@ class ShardActor:
         return self.index
 
     @signed(SHARD_OPS["noisy"])
-    async def noisy(self) -> list[NoisyKey]:
+    async def noisy(self, *, caller: Caller) -> list[NoisyKey]:
         """The keys this shard's fair dispatch treats as noisy, and since when (admin)."""
+        await self._remember(caller.auth)
         return await self._read(self.store.noisy)
 
     async def _review_dispatch(self) -> None:

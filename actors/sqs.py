@@ -6,7 +6,11 @@ spreads connections over them. A replica verifies each request's SigV4
 signature against the account keys it copies from the manager, then runs the
 operation (:class:`rayq.sqs.api.SqsApi`) on a thread pool through a rayq Client
 that signs for the caller's account, so the runtime's gates check every
-request as they check any client's. :class:`SqsState` persists the queue
+request as they check any client's. A request's Authorization header (account,
+scope, time) is checked before its body is read; bodies are read against a
+size limit, a deadline and a budget shared by all connections; each account gets
+a bounded share of threads and requests (:mod:`rayq.sqs.admission`), and a long
+poll waits on the event loop, not on a thread. :class:`SqsState` persists the queue
 settings rayq's registry does not keep and forwards changed receipt handles.
 """
 
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import threading
 import uuid
 from collections import OrderedDict
@@ -30,25 +35,31 @@ from rayq.core.auth.accounts import Signer
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.codec.model import pack, unpack
 from rayq.remote import call, call_async, named
+from rayq.sqs.admission import BodyBudget, Forwards, Shares, long_poll
 from rayq.sqs.api import SqsApi
 from rayq.sqs.attributes import Settings
+from rayq.sqs import protocol
 from rayq.sqs.errors import SqsError
-from rayq.sqs.names import access_key_id
 from rayq.sqs.fifo import Admitted, Dedup
-from rayq.sqs import query as query_protocol
-from rayq.sqs.protocol import JSON_TYPE, decode_request
-from rayq.sqs.query import XML_TYPE
-from rayq.sqs.sigv4 import Caller, SignedRequest, verify
+from rayq.sqs.names import access_key_id
+from rayq.sqs.protocol import JSON_TYPE, XML_TYPE, decode_request
+from rayq.sqs.sigv4 import Caller, Claim, SignedRequest, claim, verify, verify_claim
 
 STATE = "rayq-sqs-state"
 KEYS_MAX_AGE_S = 2.0      # a replaced key is refused here at most this long after rotation
 KEYS_MIN_REFRESH_S = 1.0  # unknown keys refetch at most this often (forgeries cannot flood)
 SETTINGS_TTL_S = 2.0      # another replica's SetQueueAttributes shows here within this
-MAX_FORWARDS = 100_000
+MAX_REMEMBERED = 100_000  # messages whose first receive and latest receipt a replica keeps
 SWEEP_EVERY = 1000        # FIFO sends between two sweeps of a queue's old deduplication ids
-WORKER_THREADS = 64       # long polls hold a thread up to 20 s each
+WORKER_THREADS = 64       # a thread is held for one rayq call, never for a parked long poll
+THREADS_PER_ACCOUNT = WORKER_THREADS // 4
+IN_FLIGHT_PER_ACCOUNT = 256  # admitted requests of one account, parked long polls included
 # A batch carries up to 1 MiB of bodies; JSON escapes (\uXXXX for non-ASCII) can triple it.
 MAX_REQUEST_BYTES = 8 << 20
+MAX_BUFFERED_BYTES = 8 * MAX_REQUEST_BYTES  # bodies being read at once, all connections
+BODY_TIMEOUT_S = 10.0     # a body must arrive within this of its headers
+MAX_CONNECTIONS = 1024    # open connections per replica; more are closed at once
+KEEPALIVE_S = 15.0        # an idle keep-alive connection is closed after this
 
 
 def replica_name(index: int | str) -> str:
@@ -58,13 +69,15 @@ def replica_name(index: int | str) -> str:
 class SqsState:
     """Queue settings, persisted (LMDB, fsync'd), and receipt forwards, in memory: after a
     ChangeMessageVisibility rayq's receipt changes while the client keeps its handle.
-    Forwards are lost when this actor restarts; the handle then needs a new receive."""
+    Forwards are lost when this actor restarts; the handle then needs a new receive.
+    Each queue owner keeps its own bounded share (:class:`Forwards`), so one account's changes
+    never push out another's."""
 
     def __init__(self, data_dir: str):
         self.kv = open_kv(data_dir, "sqs", map_size=256 << 20)
         self.dedup = Dedup(self.kv)
         self._records = 0
-        self._forwards: OrderedDict[str, str] = OrderedDict()
+        self._forwards = Forwards()
 
     def settings(self, account: str, queue: str) -> dict | None:
         raw = self.kv.read(lambda txn: txn.get("meta", _key(account, queue)))
@@ -87,14 +100,11 @@ class SqsState:
         if self._records == 0:  # ids past the window go now and then, not on every send
             self.dedup.forget(name, now)
 
-    def forward(self, handle: str) -> str | None:
-        return self._forwards.get(handle)
+    def forward(self, owner: str, handle: str) -> str | None:
+        return self._forwards.get(owner, handle)
 
-    def record(self, handle: str, receipt: str) -> None:
-        self._forwards[handle] = receipt
-        self._forwards.move_to_end(handle)
-        while len(self._forwards) > MAX_FORWARDS:
-            self._forwards.popitem(last=False)
+    def record(self, owner: str, handle: str, receipt: str) -> None:
+        self._forwards.put(owner, handle, receipt)
 
     def ping(self) -> int:
         return 1
@@ -111,9 +121,9 @@ class ReplicaState:
     def __init__(self, state, clock: Clock):
         self._state, self.clock = state, clock
         self._settings: dict[tuple[str, str], tuple[float, Settings]] = {}
-        self._forwards: OrderedDict[str, str] = OrderedDict()
+        self._forwards = Forwards()
+        self._latest = Forwards()   # message id -> the receipt this replica last gave it
         self._first_ms: OrderedDict[str, int] = OrderedDict()
-        self._latest: OrderedDict[str, str] = OrderedDict()
 
     def settings(self, account: str, queue: str) -> Settings:
         cached = self._settings.get((account, queue))
@@ -128,14 +138,13 @@ class ReplicaState:
         call(lambda: self._state.save.remote(account, queue, record))
         self._settings.pop((account, queue), None)
 
-    def forward(self, handle: str) -> str | None:
-        return self._forwards.get(handle) or call(lambda: self._state.forward.remote(handle))
+    def forward(self, owner: str, handle: str) -> str | None:
+        return (self._forwards.get(owner, handle)
+                or call(lambda: self._state.forward.remote(owner, handle)))
 
-    def record(self, handle: str, receipt: str) -> None:
-        call(lambda: self._state.record.remote(handle, receipt))
-        self._forwards[handle] = receipt
-        while len(self._forwards) > MAX_FORWARDS:
-            self._forwards.popitem(last=False)
+    def record(self, owner: str, handle: str, receipt: str) -> None:
+        call(lambda: self._state.record.remote(owner, handle, receipt))
+        self._forwards.put(owner, handle, receipt)
 
     def fifo_admit(self, account: str, queue: str, keys: list[str], now: float) -> list[Admitted]:
         return call(lambda: self._state.fifo_admit.remote(account, queue, keys, now))
@@ -143,20 +152,17 @@ class ReplicaState:
     def fifo_record(self, account: str, queue: str, sent: list, now: float) -> None:
         call(lambda: self._state.fifo_record.remote(account, queue, sent, now))
 
-    def latest(self, message_id: str, receipt: str | None = None) -> str | None:
+    def latest(self, owner: str, message_id: str, receipt: str | None = None) -> str | None:
         """The receipt this replica last gave the message (recording ``receipt`` first)."""
         if receipt is not None:
-            self._latest[message_id] = receipt
-            self._latest.move_to_end(message_id)
-            while len(self._latest) > MAX_FORWARDS:
-                self._latest.popitem(last=False)
-        return self._latest.get(message_id)
+            self._latest.put(owner, message_id, receipt)
+        return self._latest.get(owner, message_id)
 
     def first_received(self, message_id: str, receive_count: int, now_ms: int) -> int:
         """When this replica first handed the message out (ms): kept in memory, so another
         replica's (or a restarted one's) first receive shows as the next one seen here."""
         first = self._first_ms.setdefault(message_id, now_ms)
-        while len(self._first_ms) > MAX_FORWARDS:
+        while len(self._first_ms) > MAX_REMEMBERED:
             self._first_ms.popitem(last=False)
         return first
 
@@ -202,17 +208,18 @@ class Keys:
             return [self._by_id[account_or_key_id][1]]
         return self.table.get(account_or_key_id, [])
 
-    def account_of(self, caller: Caller) -> Caller:
-        """The caller with its account name, when it signed with an access key id."""
-        found = self._by_id.get(caller.account)
-        return replace(caller, account=found[0]) if found else caller
+    def account_of(self, signer):
+        """``signer`` (a Claim or a Caller) naming its account, when it signed with an
+        access key id."""
+        found = self._by_id.get(signer.account)
+        return replace(signer, account=found[0]) if found else signer
 
 
 class SqsEndpoint:
     """One HTTP replica of the SQS endpoint, serving from its constructor on."""
 
     def __init__(self, host: str, port: int, manager, shards: list, config: Config,
-                 clock: Clock | None = None):
+                 clock: Clock | None = None, tls: tuple[str, str] | None = None):
         self._manager, self._shards, self._config = manager, shards, config
         self.clock = clock or SystemClock()
         self.address = (host, port)
@@ -222,14 +229,23 @@ class SqsEndpoint:
         self._api = SqsApi(self._client, ReplicaState(named(STATE), self.clock),
                            accounts=lambda: self._keys.table)
         self._pool = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="sqs")
-        self._served = asyncio.get_running_loop().create_task(self._listen(host, port))
+        self._shares = Shares(in_flight_per_account=IN_FLIGHT_PER_ACCOUNT,
+                              threads_per_account=THREADS_PER_ACCOUNT)
+        self._budget = BodyBudget(MAX_BUFFERED_BYTES)
+        self._served = asyncio.get_running_loop().create_task(self._listen(host, port, tls))
 
-    async def _listen(self, host: str, port: int) -> None:
+    async def _listen(self, host: str, port: int, tls: tuple[str, str] | None) -> None:
         app = web.Application(client_max_size=MAX_REQUEST_BYTES)
         app.router.add_route("*", "/{tail:.*}", self._serve)
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, access_log=None, keepalive_timeout=KEEPALIVE_S)
         await runner.setup()
-        await web.TCPSite(runner, host, port, reuse_port=True, reuse_address=True).start()
+        server = runner.server
+
+        def connection():  # past the cap a connection is closed before it is read
+            return server() if len(server.connections) < MAX_CONNECTIONS else _Refused()
+
+        self._server = await asyncio.get_running_loop().create_server(
+            connection, host, port, reuse_port=True, reuse_address=True, ssl=_tls_context(tls))
 
     async def ready(self) -> tuple[str, int]:
         """(host, port) once the server listens (raises if it could not bind)."""
@@ -249,24 +265,26 @@ class SqsEndpoint:
         return entry[1]
 
     async def _serve(self, request: web.Request) -> web.Response:
-        query = query_protocol.is_query(request.headers.get("Content-Type", ""),
+        query = protocol.is_query(request.headers.get("Content-Type", ""),
                                         request.query_string,
                                         request.headers.get("X-Amz-Target", ""))
         try:
-            body = await request.read()
-            signed = SignedRequest(request.method, request.path, request.query_string,
-                                   {k.lower(): ",".join(request.headers.getall(k))
-                                    for k in request.headers.keys()}, body)
-            caller = await self._verify(signed)
-            if query:
-                action, params = query_protocol.decode(body, request.query_string, request.path,
-                                                       request.host)
-            else:
-                action, params = decode_request(request.method,
-                                                request.headers.get("X-Amz-Target", ""), body)
-            result = await asyncio.get_running_loop().run_in_executor(
-                self._pool, self._api.handle, action, params, caller, request.host)
-            return _reply(200, result, action if query else None)
+            headers = {k.lower(): ",".join(request.headers.getall(k))
+                       for k in request.headers.keys()}
+            found = await self._claim(headers)  # before a byte of the body is read
+            with self._shares.admit(found.account):
+                body = await self._body(request)
+                signed = SignedRequest(request.method, request.path, request.query_string,
+                                       headers, body)
+                caller = await self._verify(signed, found)
+                if query:
+                    action, params = protocol.decode_query(body, request.query_string,
+                                                           request.path, request.host)
+                else:
+                    action, params = decode_request(request.method,
+                                                    headers.get("x-amz-target", ""), body)
+                result = await self._run(action, params, caller, request.host)
+                return _reply(200, result, action if query else None)
         except SqsError as err:
             if err.code == "InvalidClientTokenId":
                 self._keys.forget()  # the runtime refused a key our copy still had
@@ -275,16 +293,71 @@ class SqsEndpoint:
             failure = SqsError("InternalFailure", f"{type(err).__name__}: {err}", 500, sender=False)
             return _refusal(failure, query)
 
-    async def _verify(self, signed: SignedRequest) -> Caller:
+    async def _claim(self, headers: dict[str, str]) -> Claim:
         await self._keys.fresh()
         try:
-            return self._keys.account_of(verify(signed, self._keys.get, self.clock.now()))
+            return self._keys.account_of(claim(headers, self._keys.get, self.clock.now()))
         except SqsError as err:
-            if err.code not in ("InvalidClientTokenId", "SignatureDoesNotMatch"):
+            if err.code != "InvalidClientTokenId" or not await self._keys.fresh(force=True):
                 raise
-            if not await self._keys.fresh(force=True):  # a key made since our copy?
+            return self._keys.account_of(claim(headers, self._keys.get, self.clock.now()))  # an account made since
+
+    async def _body(self, request: web.Request) -> bytes:
+        """The body, read within BODY_TIMEOUT_S and the replica's byte budget. Raises
+        SqsError (411 without a length, 413 past MAX_REQUEST_BYTES, 408 when slow)."""
+        size = request.content_length
+        if size is None:
+            if request.body_exists:
+                raise SqsError("MissingContentLength", "A request body needs a Content-Length.",
+                               status=411)
+            size = 0
+        if size > MAX_REQUEST_BYTES:
+            raise SqsError("RequestEntityTooLarge", f"The request body is over "
+                           f"{MAX_REQUEST_BYTES} bytes.", status=413)
+        with self._budget.hold(size):
+            try:
+                return await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                raise SqsError("RequestTimeout", "The request body did not arrive within "
+                               f"{BODY_TIMEOUT_S:.0f} s.", status=408) from None
+
+    async def _verify(self, signed: SignedRequest, found: Claim) -> Caller:
+        try:
+            return self._keys.account_of(verify_claim(signed, found))
+        except SqsError as err:
+            if err.code != "SignatureDoesNotMatch" or not await self._keys.fresh(force=True):
                 raise
-            return self._keys.account_of(verify(signed, self._keys.get, self.clock.now()))
+            return self._keys.account_of(  # a key rotated since
+                verify(signed, self._keys.get, self.clock.now()))
+
+    async def _run(self, action: str, params, caller: Caller, host: str) -> dict:
+        """The action's answer. A long poll retries a non-waiting receive, parked on the
+        event loop between tries; every try holds one of the account's threads briefly."""
+        def in_thread(fn, *args):
+            return self._shares.in_thread(caller.account, self._pool, fn, *args)
+
+        wait_s = await in_thread(self._api.long_poll_s, action, params, caller, host)
+        if not wait_s:
+            return await in_thread(self._api.handle, action, params, caller, host)
+        once = {**params, "WaitTimeSeconds": 0}
+        return await long_poll(lambda: in_thread(self._api.handle, action, once, caller, host),
+                               wait_s, self.clock.monotonic)
+
+
+def _tls_context(tls: tuple[str, str] | None) -> ssl.SSLContext | None:
+    """A server context for (certificate, key) PEM files; None: plain HTTP."""
+    if tls is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(*tls)
+    return context
+
+
+class _Refused(asyncio.Protocol):
+    """A connection past MAX_CONNECTIONS: closed unread."""
+
+    def connection_made(self, transport) -> None:
+        transport.close()
 
 
 def _reply(status: int, payload: dict, query_action: str | None = None,
@@ -293,7 +366,7 @@ def _reply(status: int, payload: dict, query_action: str | None = None,
     name with ``_`` for ``-`` (x_amzn_query_error)."""
     request_id = str(uuid.uuid4())
     if query_action is not None:
-        body, kind = query_protocol.encode(query_action, payload, request_id), XML_TYPE
+        body, kind = protocol.encode_query(query_action, payload, request_id), XML_TYPE
     else:
         body, kind = json.dumps(payload).encode(), JSON_TYPE
     return web.Response(status=status, body=body, content_type=None,
@@ -306,7 +379,7 @@ def _refusal(err: SqsError, query: bool) -> web.Response:
     if not query:
         return _reply(err.status, err.body(), x_amzn_query_error=err.query_error())
     request_id = str(uuid.uuid4())
-    return web.Response(status=err.status, body=query_protocol.error(err, request_id),
+    return web.Response(status=err.status, body=protocol.query_error(err, request_id),
                         content_type=None, headers={"Content-Type": XML_TYPE,
                                                     "x-amzn-RequestId": request_id})
 

@@ -24,8 +24,8 @@ from rayq.core.fairness.policy import FairnessReport
 from rayq.core.flood.detection import Flooder
 from rayq.core.fairness.rules import SuspensionRule
 from rayq.core.codec.tasks import TaskFunction, task
-from rayq.errors import (AuthError, ConfigError, InvalidMessage, MessageTooLarge, NoEvents,
-                         Overloaded, QueueDisabled, QueueExists, QueueNotFound, RayqError,
+from rayq.errors import (AuthError, ConfigError, DataDirExposed, InvalidMessage,
+                         MessageTooLarge, NoEvents, Overloaded, QueueDisabled, QueueExists, QueueNotFound, RayqError,
                          ReceiptInvalid, RuntimeFailure, StoreBug, StoreError, TaskError,
                          UsageError)
 
@@ -41,7 +41,7 @@ __all__ = [
     "Config", "ConsumerConfig", "FairnessConfig", "FloodConfig", "ScalingConfig", "StoreConfig",
     "Outgoing", "Received", "task", "TaskFunction", "FairnessReport", "SuspensionRule",
     "Flooder",
-    "AuthError", "ConfigError", "InvalidMessage", "MessageTooLarge", "NoEvents", "Overloaded",
+    "AuthError", "ConfigError", "DataDirExposed", "InvalidMessage", "MessageTooLarge", "NoEvents", "Overloaded",
     "QueueDisabled", "QueueExists", "QueueNotFound", "RayqError", "ReceiptInvalid",
     "RuntimeFailure", "StoreBug", "StoreError", "TaskError", "UsageError",
 ]

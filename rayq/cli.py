@@ -56,9 +56,14 @@ def start(data_dir: str | None, consumers: int | None, port: int, dashboard: boo
 
     import ray
 
+    from rayq.core.kit.private import prepare_data_dir
     from rayq.runtime import local
-    from rayq.runtime.session import local_cluster
+    from rayq.runtime.session import DEFAULT_DATA_DIR, local_cluster
 
+    try:  # before a Ray head starts: a refused data directory leaves nothing running
+        prepare_data_dir(os.path.abspath(data_dir or DEFAULT_DATA_DIR))
+    except rayq.DataDirExposed as err:
+        raise click.ClickException(str(err)) from None
     address = local_cluster(None)
     if address is None:
         try:
@@ -85,6 +90,14 @@ def start(data_dir: str | None, consumers: int | None, port: int, dashboard: boo
         console.print(f"Ray dashboard: http://{node.webui_url or '127.0.0.1:8265'}")
     console.print("Attach from this machine: rayq.connect() in Python, or `rayq status`; "
                   "stop with `rayq stop` (the data stays).")
+
+
+def _start(**kwargs):
+    """rayq.start; a refused data directory is one line saying how to fix it."""
+    try:
+        return rayq.start(**kwargs)
+    except rayq.DataDirExposed as err:
+        raise click.ClickException(str(err)) from None
 
 
 @main.command()
@@ -123,7 +136,7 @@ def demo(data_dir: str | None, tasks: int, consumers: int) -> None:
         config, fairness=dataclasses.replace(config.fairness, window_s=5.0,
                                              latency_threshold_s=2.0, interval_s=1.0),
         analytics=dataclasses.replace(config.analytics, window_s=5.0))
-    client = rayq.start(data_dir=data_dir, consumers=consumers, config=config)
+    client = _start(data_dir=data_dir, consumers=consumers, config=config)
     console.print(f"runtime up in {time.monotonic() - started:.1f}s with {consumers} consumers")
     t0 = time.monotonic()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -252,19 +265,37 @@ def account_rotate(name: str, slot: int) -> None:
     click.echo(_connect().rotate_key(slot, account=name))
 
 
+@account.command("keys")
+@click.argument("name")
+@click.option("--slot", type=click.IntRange(1, 2), default=1, show_default=True,
+              help="Which key slot to fill (a key already there is replaced).")
+def account_keys(name: str, slot: int) -> None:
+    """Give account NAME a key in SLOT and print it. The default account has none until
+    given one here: its SQS clients, or signed clients acting as admin, need one."""
+    click.echo(_connect().rotate_key(slot, account=name))
+
+
 @main.command()
 @click.option("--data-dir", default=None, help="Where shards keep their data (default ./.rayq-data).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(1, 65535), default=9324, show_default=True)
 @click.option("--replicas", type=click.IntRange(1, 64), default=1, show_default=True,
               help="HTTP actors per node, sharing the port.")
-def serve(data_dir: str | None, host: str, port: int, replicas: int) -> None:
+@click.option("--tls-cert", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Serve HTTPS with this PEM certificate (chain); needs --tls-key.")
+@click.option("--tls-key", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="The PEM private key of --tls-cert.")
+def serve(data_dir: str | None, host: str, port: int, replicas: int, tls_cert: str | None,
+          tls_key: str | None) -> None:
     """Serve the Amazon SQS API (JSON protocol, SigV4) until interrupted. Starts the
     embedded runtime unless RAY_ADDRESS names a cluster whose runtime it then uses."""
     from rayq.runtime.serving import stop_sqs
 
-    rayq.start(data_dir=data_dir)
-    url = rayq.serve_sqs(host=host, port=port, replicas=replicas)
+    if (tls_cert is None) != (tls_key is None):
+        raise click.UsageError("--tls-cert and --tls-key go together")
+    _start(data_dir=data_dir)
+    url = rayq.serve_sqs(host=host, port=port, replicas=replicas, tls_cert=tls_cert,
+                         tls_key=tls_key)
     click.echo(url)
     click.echo("access key id: an account name; secret: its key (rayq account create NAME)",
                err=True)

@@ -134,6 +134,8 @@ class ConsumerConfig:
     retry_backoff_s: float = 1.0       # first retry delay after a handler raised; doubles
     max_backoff_s: float = 60.0
     defer_s: float = 0.5               # how long a message of a saturated type stays hidden
+    unrunnable_after_s: float = 600.0  # a task no handler was registered for this long after
+                                       # it was sent is dead-lettered, not put back again
     num_cpus: float = 0.5              # Ray CPUs reserved per consumer actor
     max_host_memory_percent: float = 95.0  # a consumer whose host is over this backs off
     max_host_cpu_percent: float = 100.0    # the same for CPU (100: never)

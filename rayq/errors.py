@@ -62,6 +62,11 @@ class AuthError(UsageError):
     """Raised when a request is unsigned, forged, expired, replayed or crosses accounts."""
 
 
+class DataDirExposed(UsageError):
+    """Raised when the data directory (or a folder rayq keeps in it) can be read or
+    entered by other users: it holds every message and every account key."""
+
+
 class Overloaded(RuntimeFailure):
     """Raised when the runtime sheds load; retry later with back-off."""
 

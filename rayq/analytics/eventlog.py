@@ -17,12 +17,13 @@ import os
 import threading
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rayq.analytics.schema import EVENT_SCHEMA, FIELDS, KINDS, SCHEMA_VERSION
+from rayq.core.kit.private import FILE_MODE, make_private_dir
 
 MAX_BUFFERED = 200_000   # past this, appends flush inline rather than grow without bound
 
@@ -55,14 +56,14 @@ class EventLog:
         if full:
             self.flush()
 
-    def append_enqueues(self, id_prefix: str, groups: Sequence) -> None:
+    def append_enqueues(self, id_of: Callable[[int], str], groups: Sequence) -> None:
         """Buffer one ``enqueue`` event per message of ``groups`` (``Enqueued``: at,
-        subqueue, type, tenant, key, first_seq, count; ids ``id_prefix`` + seq in hex),
+        subqueue, type, tenant, key, first_seq, count; ids ``id_of(seq)``),
         as columns."""
         by_hour: dict[str, list] = defaultdict(list)
         for group in groups:
             by_hour[_partition(_moment(group.at))].append(group)
-        tables = [(partition, _enqueue_table(id_prefix, part)) for partition, part in by_hour.items()]
+        tables = [(partition, _enqueue_table(id_of, part)) for partition, part in by_hour.items()]
         with self._lock:
             self._tables.extend(tables)
             self._buffered += sum(t.num_rows for _, t in tables)
@@ -93,11 +94,12 @@ class EventLog:
         written = 0
         for partition, parts in by_hour.items():
             folder = os.path.join(self.root, partition)
-            os.makedirs(folder, exist_ok=True)
+            make_private_dir(folder)
             name = f"part-{self.writer}-{uuid.uuid4().hex[:12]}.parquet"
             table = pa.concat_tables(parts)
             tmp = os.path.join(folder, "." + name + ".tmp")
             pq.write_table(table, tmp)
+            os.chmod(tmp, FILE_MODE)  # events name tenants and types: the owner's alone
             os.replace(tmp, os.path.join(folder, name))  # readers never see a half file
             written += table.num_rows
         self.written += written
@@ -112,7 +114,7 @@ def _partition(moment: dt.datetime) -> str:
     return moment.strftime("date=%Y-%m-%d/hour=%H")
 
 
-def _enqueue_table(id_prefix: str, groups: list) -> pa.Table:
+def _enqueue_table(id_of: Callable[[int], str], groups: list) -> pa.Table:
     """One row per message of ``groups``, in EVENT_SCHEMA: each group's fields repeated
     ``count`` times (C-level list repetition), the ids built from the seqs."""
     def repeated(field):
@@ -127,7 +129,7 @@ def _enqueue_table(id_prefix: str, groups: list) -> pa.Table:
         "tenant": pa.array(repeated(lambda g: g.tenant), pa.string()),
         "type": pa.array(repeated(lambda g: g.type), pa.string()),
         "key": pa.array(repeated(lambda g: g.key), pa.string()),
-        "message_id": pa.array([f"{id_prefix}{seq:x}" for g in groups
+        "message_id": pa.array([id_of(seq) for g in groups
                                 for seq in range(g.first_seq, g.first_seq + g.count)],
                                pa.string()),
     }

@@ -14,20 +14,24 @@ from actors.placement import data_nodes, pinned
 from actors.runtime import find_runtime
 from actors.sqs import STATE, SqsEndpointRemote, SqsStateRemote, replica_name
 from rayq.core.codec.model import check_count
-from rayq.errors import RuntimeFailure
+from rayq.errors import InvalidMessage, RuntimeFailure
 
 # Endpoint actors only parse, verify and forward: no CPU slot taken from consumers.
 _OPTIONS = dict(namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
                 max_restarts=-1)
 
 
-def serve_sqs(host: str = "127.0.0.1", port: int = 9324, replicas: int = 1) -> str:
-    """Serve the SQS JSON protocol for the running runtime at ``http://host:port``;
-    returns that URL. ``replicas`` HTTP actors per node share the port (SO_REUSEPORT);
-    on a cluster each alive node runs that many. Idempotent; stopped by ``rayq.shutdown()``.
-    Raises RuntimeFailure when no runtime runs or the port cannot be bound."""
+def serve_sqs(host: str = "127.0.0.1", port: int = 9324, replicas: int = 1, *,
+              tls_cert: str | None = None, tls_key: str | None = None) -> str:
+    """Serve the SQS JSON protocol for the running runtime at ``http://host:port``
+    (``https://`` with ``tls_cert`` and ``tls_key``, PEM files readable at the same
+    paths on every node); returns that URL. ``replicas`` HTTP actors per node share the
+    port (SO_REUSEPORT); on a cluster each alive node runs that many. Idempotent;
+    stopped by ``rayq.shutdown()``. Raises InvalidMessage for a lone or missing TLS file,
+    RuntimeFailure when no runtime runs or the port cannot be bound."""
     check_count(port, "port", 1, 65535)
     check_count(replicas, "replicas", 1, 64)
+    tls = _tls_files(tls_cert, tls_key)
     if not ray.is_initialized():
         ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), namespace=NAMESPACE,
                  log_to_driver=False)
@@ -44,7 +48,7 @@ def serve_sqs(host: str = "127.0.0.1", port: int = 9324, replicas: int = 1) -> s
             endpoints.append(SqsEndpointRemote.options(
                 name=replica_name(n * replicas + i), scheduling_strategy=strategy,
                 max_concurrency=1000, **_OPTIONS).remote(
-                    host, port, found["manager"], found["shards"], config))
+                    host, port, found["manager"], found["shards"], config, tls=tls))
     try:
         addresses = set(ray.get([e.ready.remote() for e in endpoints]))
     except ray.exceptions.RayError as err:
@@ -52,7 +56,18 @@ def serve_sqs(host: str = "127.0.0.1", port: int = 9324, replicas: int = 1) -> s
     if addresses != {(host, port)}:  # replicas of an earlier call, elsewhere
         raise RuntimeFailure(f"the SQS endpoint already serves at {sorted(addresses)}; "
                              "stop it first (rayq.shutdown())")
-    return f"http://{host}:{port}"
+    return f"{'https' if tls else 'http'}://{host}:{port}"
+
+
+def _tls_files(cert: str | None, key: str | None) -> tuple[str, str] | None:
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise InvalidMessage("TLS takes both a certificate and its key file")
+    missing = [path for path in (cert, key) if not os.path.isfile(path)]
+    if missing:
+        raise InvalidMessage(f"no such TLS file: {missing[0]}")
+    return os.path.abspath(cert), os.path.abspath(key)
 
 
 def _alive_nodes() -> list[str]:

@@ -13,6 +13,7 @@ from rayq import config as config_module
 from rayq.client import Client
 from rayq.config import Config
 from rayq.core.auth.accounts import Signer
+from rayq.core.kit.private import prepare_data_dir
 from rayq.errors import AuthError
 from rayq.transport import Transports
 
@@ -81,13 +82,14 @@ def start(data_dir: str | os.PathLike | None = None, config: Config | None = Non
     or ``ray start`` / ``rayq start`` left one on this machine. That embedded Ray
     listens on 127.0.0.1 only and runs the Ray dashboard (also on 127.0.0.1)
     unless ``dashboard=False`` or ``$RAYQ_DASHBOARD=0``. Data lives in
-    ``data_dir`` (default ``./.rayq-data``). If a runtime already runs, it is
-    reused with its own configuration.
+    ``data_dir`` (default ``./.rayq-data``), created mode 0700; a data directory other
+    users may read raises DataDirExposed. If a runtime already runs, it is reused with
+    its own configuration.
     """
     config = config or config_module.load()
     if consumers is not None:
         config = config_module.with_consumers(config, consumers)
-    data_dir = os.path.abspath(data_dir or DEFAULT_DATA_DIR)
+    data_dir = prepare_data_dir(os.path.abspath(data_dir or DEFAULT_DATA_DIR))
     _init_ray(os.environ.get("RAY_ADDRESS"), _dashboard_wanted(dashboard))
     ensure_runtime(data_dir, config, consumers)
     found = find_runtime()

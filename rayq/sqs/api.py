@@ -47,10 +47,10 @@ MAX_BATCH_BYTES = 1_048_576  # SQS's limit on a batch's bodies together, whateve
 class State(Protocol):
     def settings(self, account: str, queue: str) -> attrs.Settings: ...
     def save(self, account: str, queue: str, settings: attrs.Settings | None) -> None: ...
-    def forward(self, handle: str) -> str | None: ...
-    def record(self, handle: str, receipt: str) -> None: ...
+    def forward(self, owner: str, handle: str) -> str | None: ...
+    def record(self, owner: str, handle: str, receipt: str) -> None: ...
     def first_received(self, message_id: str, receive_count: int, now_ms: int) -> int: ...
-    def latest(self, message_id: str, receipt: str | None = None) -> str | None: ...
+    def latest(self, owner: str, message_id: str, receipt: str | None = None) -> str | None: ...
     def fifo_admit(self, account: str, queue: str, keys: list[str],
                    now: float) -> list[fifo.Admitted]: ...
     def fifo_record(self, account: str, queue: str, sent: list[tuple[str, str, str]],
@@ -113,6 +113,22 @@ class SqsApi:
             return method(target, params)
         except RayqError as err:
             raise from_rayq(err) from err
+
+    def long_poll_s(self, action: str, params: Any, caller: Caller, host: str) -> int:
+        """How long a request may park: a ReceiveMessage's WaitTimeSeconds (else its
+        queue's ReceiveMessageWaitTimeSeconds), 0 for anything else. The endpoint then
+        runs it with WaitTimeSeconds 0 until a message comes or this passes. Raises
+        SqsError."""
+        if action != "ReceiveMessage" or not isinstance(params, dict) \
+                or params.get("QueueUrl") is None:
+            return 0
+        try:
+            target = Target(caller, self.clients(caller), host, self.home, self.accounts,
+                            params["QueueUrl"])
+            settings = queues.settings_of(self, target)
+        except RayqError as err:
+            raise from_rayq(err) from err
+        return _int(params, "WaitTimeSeconds", 0, MAX_WAIT_S, settings.wait_s) or 0
 
     # -- sending ----------------------------------------------------------------------
     def _draft(self, t: Target, entry: dict, settings: attrs.Settings) -> Draft:
@@ -227,7 +243,7 @@ class SqsApi:
     def _message(self, t: Target, m, system: list[str], names: Any, now_ms: int) -> dict:
         """A received message in SQS's shape, with the attributes the receive asked for."""
         envelope = msgs.opened(m.body)
-        self.state.latest(m.id, m.receipt)
+        self.state.latest(t.need().account, m.id, m.receipt)
         out = {"MessageId": m.id, "ReceiptHandle": m.receipt + m.id,
                "MD5OfBody": msgs.md5_hex(envelope.body.encode()), "Body": envelope.body}
         if system:
@@ -257,19 +273,20 @@ class SqsApi:
             raise bad_handle(handle) from None
         return handle[:RECEIPT_CHARS], handle[RECEIPT_CHARS:] or None
 
-    def _candidates(self, receipt: str, message_id: str | None) -> list[str]:
-        """The rayq receipts a handle may stand for, most likely first: its own, the one
-        ChangeMessageVisibility gave in its place, the message's latest receive."""
+    def _candidates(self, owner: str, receipt: str, message_id: str | None) -> list[str]:
+        """The rayq receipts a handle (on a queue of ``owner``) may stand for, most likely
+        first: its own, the one ChangeMessageVisibility gave in its place, the message's
+        latest receive."""
         out = [receipt]
-        for other in (self.state.forward(receipt),
-                      self.state.latest(message_id) if message_id else None):
+        for other in (self.state.forward(owner, receipt),
+                      self.state.latest(owner, message_id) if message_id else None):
             if other is not None and other not in out:
                 out.append(other)
         return out
 
     def _delete_message(self, t: Target, p: dict) -> dict:
         t.need()
-        self._delete_all(t.queue(), [self._receipt(p)])
+        self._delete_all(t, [self._receipt(p)])
         return {}
 
     def _delete_message_batch(self, t: Target, p: dict) -> dict:
@@ -282,20 +299,21 @@ class SqsApi:
             except SqsError as err:
                 failed.append(failure(entry["Id"], err))
         if handles:
-            self._delete_all(t.queue(), list(handles.values()))
+            self._delete_all(t, list(handles.values()))
         return {"Successful": [{"Id": i} for i in handles], "Failed": failed}
 
-    def _delete_all(self, queue: Queue, handles: list[tuple[str, str | None]]) -> None:
+    def _delete_all(self, t: Target, handles: list[tuple[str, str | None]]) -> None:
         """Delete by handles in one batch, then once more through the receipts their
         messages were given since. A handle whose message is gone (deleted, or received
         again through another replica) is a success, as in SQS."""
+        queue, owner = t.queue(), t.need().account
         try:
             queue.delete_batch([receipt for receipt, _ in handles])
             return
         except ReceiptInvalid as err:
             refused = set(err.receipts)
         retry = [c for receipt, mid in handles if receipt in refused
-                 for c in self._candidates(receipt, mid)[1:]]
+                 for c in self._candidates(owner, receipt, mid)[1:]]
         if retry:
             try:
                 queue.delete_batch(retry)
@@ -316,15 +334,15 @@ class SqsApi:
                 or not 0 <= value <= MAX_VISIBILITY_S:
             raise out_of_range("VisibilityTimeout", value, "Total VisibilityTimeout for the "
                                f"message is beyond the limit [{MAX_VISIBILITY_S} seconds]")
-        queue = t.queue()
-        for candidate in self._candidates(receipt, message_id):
+        queue, owner = t.queue(), t.need().account
+        for candidate in self._candidates(owner, receipt, message_id):
             try:
                 new = queue.change_visibility(candidate, value)
             except ReceiptInvalid:
                 continue
-            self.state.record(receipt, new)
+            self.state.record(owner, receipt, new)
             if message_id:
-                self.state.latest(message_id, new)
+                self.state.latest(owner, message_id, new)
             return
         raise out_of_range("ReceiptHandle", p["ReceiptHandle"], "Message does not exist or is "
                            "not available for visibility timeout change.")

@@ -29,6 +29,9 @@ from rayq.sqs.errors import SqsError
 ALGORITHM = "AWS4-HMAC-SHA256"
 SERVICE = "sqs"
 MAX_SKEW_S = 900.0
+# Headers the endpoint acts on, so the signature must cover them (botocore signs them):
+# the action (x-amz-target), the time (x-amz-date) and how the body is read.
+REQUIRED_SIGNED = ("host", "x-amz-date", "x-amz-target", "content-type")
 _AUTH = re.compile(r"^AWS4-HMAC-SHA256\s+Credential=([^,\s]+),\s*SignedHeaders=([^,\s]+),"
                    r"\s*Signature=([0-9a-f]{64})\s*$")
 
@@ -66,11 +69,28 @@ def _mismatch(message: str) -> SqsError:
     return SqsError("SignatureDoesNotMatch", message, status=403)
 
 
-def verify(request: SignedRequest, keys: Callable[[str], Sequence[str]], now: float,
-           skew_s: float = MAX_SKEW_S) -> Caller:
-    """The caller of a SigV4-signed request. Raises SqsError (MissingAuthenticationToken,
-    IncompleteSignature, InvalidClientTokenId or SignatureDoesNotMatch) otherwise."""
-    header = request.headers.get("authorization")
+@dataclass(frozen=True)
+class Claim:
+    """What a request's ``Authorization`` and ``X-Amz-Date`` headers claim, checked
+    before its body is read: a known account, a well-formed scope, a fresh timestamp,
+    and the headers the endpoint acts on among the signed ones."""
+
+    account: str
+    date: str
+    region: str
+    service: str
+    stamp: str
+    signed_names: tuple[str, ...]
+    signature: str
+    keys: tuple[str, ...]
+
+
+def claim(headers: Mapping[str, str], keys: Callable[[str], Sequence[str]], now: float,
+          skew_s: float = MAX_SKEW_S) -> Claim:
+    """The claim of a request's headers (lower-case names). Raises SqsError
+    (MissingAuthenticationToken, IncompleteSignature, InvalidClientTokenId or
+    SignatureDoesNotMatch) for a missing, malformed, unknown or stale one."""
+    header = headers.get("authorization")
     if not header:
         raise _missing()
     match = _AUTH.match(header)
@@ -79,21 +99,41 @@ def verify(request: SignedRequest, keys: Callable[[str], Sequence[str]], now: fl
                           f"Signature parameters of {ALGORITHM}")
     credential, signed_names, signature = match.groups()
     account, date, region, service = _scope(credential)
-    stamp = _timestamp(request.headers.get("x-amz-date", ""), date, now, skew_s)
-    keys_now = list(keys(account))
+    stamp = _timestamp(headers.get("x-amz-date", ""), date, now, skew_s)
+    names = tuple(name.lower() for name in signed_names.split(";"))
+    # A Query-protocol request has no x-amz-target: its action is in the signed body or
+    # query string; a request that carries the header must sign it.
+    required = [n for n in REQUIRED_SIGNED if n != "x-amz-target" or "x-amz-target" in headers]
+    unsigned = [name for name in required if name not in names]
+    if unsigned:  # else a captured request could be replayed as another action
+        raise _incomplete(f"SignedHeaders must include {', '.join(unsigned)}")
+    keys_now = tuple(keys(account))
     if not keys_now:
         raise SqsError("InvalidClientTokenId",
                        "The security token included in the request is invalid.", status=403)
     if service != SERVICE:
         raise _mismatch(f"Credential should be scoped to correct service: '{SERVICE}'.")
-    scope = f"{date}/{region}/{service}/aws4_request"
-    to_sign = "\n".join([ALGORITHM, stamp, scope,
-                         _sha256(canonical_request(request, signed_names.split(";")))])
-    for key in keys_now:
-        mine = hmac.new(signing_key(key, date, region, service), to_sign.encode(),
-                        hashlib.sha256).hexdigest()
-        if hmac.compare_digest(mine, signature):
-            return Caller(account, key, region)
+    return Claim(account, date, region, service, stamp, names, signature, keys_now)
+
+
+def verify(request: SignedRequest, keys: Callable[[str], Sequence[str]], now: float,
+           skew_s: float = MAX_SKEW_S) -> Caller:
+    """The caller of a SigV4-signed request. Raises SqsError (MissingAuthenticationToken,
+    IncompleteSignature, InvalidClientTokenId or SignatureDoesNotMatch) otherwise."""
+    return verify_claim(request, claim(request.headers, keys, now, skew_s))
+
+
+def verify_claim(request: SignedRequest, found: Claim) -> Caller:
+    """The caller, once the body is read: the signature recomputed with each key of the
+    claimed account. Raises SqsError (IncompleteSignature, SignatureDoesNotMatch)."""
+    scope = f"{found.date}/{found.region}/{found.service}/aws4_request"
+    to_sign = "\n".join([ALGORITHM, found.stamp, scope,
+                         _sha256(canonical_request(request, found.signed_names))])
+    for key in found.keys:
+        mine = hmac.new(signing_key(key, found.date, found.region, found.service),
+                        to_sign.encode(), hashlib.sha256).hexdigest()
+        if hmac.compare_digest(mine, found.signature):
+            return Caller(found.account, key, found.region)
     raise _mismatch("The request signature we calculated does not match the signature you "
                     "provided. Check your AWS Secret Access Key and signing method.")
 
@@ -123,8 +163,6 @@ def _timestamp(stamp: str, date: str, now: float, skew_s: float) -> str:
 
 def canonical_request(request: SignedRequest, signed_names: Sequence[str]) -> str:
     """The canonical request of SigV4 over the headers named in ``signed_names``."""
-    if "host" not in signed_names:
-        raise _incomplete("SignedHeaders must include host")
     names = sorted(name.lower() for name in signed_names)
     headers = []
     for name in names:

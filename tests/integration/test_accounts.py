@@ -306,6 +306,8 @@ def test_requests_replayed_after_a_shard_restart_are_refused(client, accounts):
     read = signer.sign(SHARD_OPS["counts"], [target], queue="acme-jobs")
     rayq.remote.call(lambda: shard.put.remote(target, messages, auth=put))
     counted = rayq.remote.call(lambda: shard.counts.remote([target], auth=read))
+    sqs_read = signer.sign("acme-jobs", "visibility_counts", [target])  # every signed read
+    rayq.remote.call(lambda: shard.visibility_counts.remote([target], auth=sqs_read))
     before = rayq.remote.call(lambda: shard.process.remote())["pid"]
 
     ray.kill(shard.handle, no_restart=False)  # a real kill; Ray restarts the shard
@@ -317,6 +319,8 @@ def test_requests_replayed_after_a_shard_restart_are_refused(client, accounts):
         rayq.remote.call(lambda: shard.put.remote(target, messages, auth=put))
     with pytest.raises(rayq.AuthError, match="replayed"):
         rayq.remote.call(lambda: shard.counts.remote([target], auth=read))
+    with pytest.raises(rayq.AuthError, match="replayed"):
+        rayq.remote.call(lambda: shard.visibility_counts.remote([target], auth=sqs_read))
     stored = [body for _, body, _ in _stored(client, "acme/acme-jobs")]
     assert stored.count("captured") == 1  # stored exactly once
     fresh = signer.sign(SHARD_OPS["counts"], [target], queue="acme-jobs")  # the shard serves new requests

@@ -89,9 +89,16 @@ def test_account_names_and_keys_are_checked(accounts):
 
 
 def test_the_default_account_always_exists_and_cannot_be_made_again(accounts):
-    assert "default" in accounts and len(accounts.keys("default")) == 2
+    assert "default" in accounts
     with pytest.raises(InvalidMessage):
         accounts.create("default")
+
+
+def test_the_default_account_has_no_keys_until_an_operator_gives_it_one(accounts):
+    assert accounts.keys("default") == [] and accounts.table()["default"] == []
+    key = accounts.rotate("default", 2)
+    assert accounts.keys("default") == [key]
+    assert Accounts(accounts.kv).keys("default") == [key]  # remembered
 
 
 def test_a_signer_signs_the_arguments_themselves(accounts):
@@ -133,7 +140,7 @@ def test_nonces_are_remembered_for_twice_the_skew_and_bounded(accounts):
     from rayq.errors import Overloaded
 
     key = accounts.create("acme")
-    verifier = Verifier(accounts.keys, max_nonces=2)
+    verifier = Verifier(accounts.keys, max_nonces=2, max_nonces_per_account=2)
     for at in (NOW, NOW + 10):
         verifier.verify(sign("acme", key, "q", "op", b"", at), "q", "op", b"", at)
     with pytest.raises(Overloaded):  # full: shed, rather than forget a nonce too early
@@ -217,3 +224,50 @@ def test_an_account_sends_as_itself_keyed_as_the_runtime_keys(tenant, key, allow
         with pytest.raises(AuthError):
             check_senders("acme", junk, "type")
     check_senders("default", [NewMessage(b"\x01", "any", "report", "free")], "type")
+
+
+def test_an_account_puts_into_a_task_queue_only_the_types_registered_on_it():
+    from rayq.core.auth.accounts import check_senders
+    from rayq.core.codec.model import NewMessage
+
+    def message(type_):
+        return NewMessage(b"\x01", "acme", type_, type_)
+    check_senders("acme", [message("report")], "type", task_types={"report"})
+    with pytest.raises(AuthError, match="registered"):
+        check_senders("acme", [message("report"), message("nobody-runs-this")], "type",
+                      task_types={"report"})
+    check_senders("acme", [message("anything")], "type")  # its own queue: any type
+
+
+def test_the_gate_limits_types_only_on_another_owners_task_queue():
+    from rayq.core.auth.accounts import Place
+    from rayq.core.auth.gate import Gate
+
+    async def fetch():
+        return {}, {}
+    gate = Gate(fetch)
+    gate._places = {1: Place("jobs", "default", 0, True, frozenset({"report"})),
+                    2: Place("acme/orders", "acme", 0)}
+    assert gate.task_types("acme", 1) == {"report"}
+    assert gate.task_types("default", 1) is None and gate.task_types("acme", 2) is None
+
+
+def test_one_accounts_burst_fills_only_its_share_of_the_replay_window(accounts):
+    from rayq.core.auth.accounts import Signer
+    from rayq.core.auth.operations import SHARD_OPS
+    from rayq.errors import Overloaded
+    keys = {name: accounts.create(name) for name in ("noisy", "quiet")}
+    verifier = Verifier(accounts.keys, max_nonces=8, max_nonces_per_account=3)
+    clear = SHARD_OPS["clear"]
+
+    def send(name):
+        sig = Signer(name, keys[name], clock=lambda: NOW).sign(clear, 1, queue="q")
+        return verifier.verify(sig, "q", clear.name, clear.body(clear.bind(1)), NOW)
+    for _ in range(3):
+        send("noisy")
+    with pytest.raises(Overloaded):
+        send("noisy")
+    assert send("quiet") == "quiet"  # the other account is not shed
+    verifier = Verifier(accounts.keys, max_nonces=8, max_nonces_per_account=3)
+    verifier.preload([1, 2, 3, 4], NOW)  # read back after a restart: nobody's share
+    assert [send("noisy") for _ in range(3)] == ["noisy"] * 3

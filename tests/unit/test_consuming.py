@@ -254,3 +254,15 @@ def test_a_receive_tries_the_plans_order_first_then_any_key_but_the_excluded(ord
 def test_the_recent_task_time_starts_at_the_first_and_moves_a_fifth_of_the_way():
     assert recent_task_s(None, 0.5) == 0.5
     assert recent_task_s(0.5, 1.5) == pytest.approx(0.7)
+
+
+@pytest.mark.parametrize("cause, age_s, gives", [
+    (DeferralCause.CANNOT_RUN, 601.0, True),    # no handler for ten minutes: dead-lettered
+    (DeferralCause.CANNOT_RUN, 599.0, False),   # a handler may still be registered
+    (DeferralCause.CONCURRENCY, 10_000.0, False),
+    (DeferralCause.SUSPENDED, 10_000.0, False),
+    (DeferralCause.HOST_PRESSURE, 10_000.0, False),
+])
+def test_only_a_task_nobody_can_run_is_given_up_and_only_after_its_grace(cause, age_s, gives):
+    from rayq.core.control.consuming import gives_up
+    assert gives_up(cause, 1000.0, 1000.0 + age_s, 600.0) is gives

@@ -13,7 +13,7 @@ def test_enqueue_groups_become_one_event_per_message_with_their_ids(tmp_path):
     log = EventLog(tmp_path, "shard-0")
     groups = [Enqueued(HOUR_END, 3, "render", "acme", "render", 0x10, 3),
               Enqueued(HOUR_END + 1.0, 4, "mail", "zeta", "mail", 0xff, 2)]  # the next hour
-    log.append_enqueues("ab12-", groups)
+    log.append_enqueues(lambda seq: f"ab12-{seq:x}", groups)
     log.append("completion", HOUR_END, tenant="acme", type="render", key="render",
                message_id="ab12-10", usage_s=0.5, outcome="succeeded", attempt=1)
     assert log.pending() == 6

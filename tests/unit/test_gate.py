@@ -68,7 +68,7 @@ def test_new_accounts_are_known_after_forget_and_new_subqueues_by_refreshing(man
 def test_forged_requests_never_make_the_gate_fetch(manager):
     async def scenario():
         gate = Gate(manager.fetch, shard=0)
-        await admit(gate, WHOAMI, Signer("default", manager.accounts.keys("default")[0]).sign(
+        await admit(gate, WHOAMI, Signer("default", manager.accounts.rotate("default", 1)).sign(
             WHOAMI))
         forged = Signer("acme", Accounts(MemoryKV()).create("acme"))  # a key nobody issued
         for _ in range(20):

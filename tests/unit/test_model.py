@@ -262,3 +262,29 @@ def test_row_keys_of_a_pair_fall_in_its_range_and_hidden_rows_after_visible_ones
     assert start <= visible < rows.hidden_from(2, 5, 200) <= hidden < stop
     assert rows.parse_row_key(hidden) == (2, 5, 201, 1) and rows.pair_of(hidden) == (2, 5)
     assert rows.subqueue_range(2)[0] <= start and stop <= rows.subqueue_range(2)[1]
+
+
+@pytest.mark.parametrize("asked, parks", [(None, 0.0), (0, 0.0), (1.5, 1.5), (20, 20.0),
+                                          (21, 20.0), (1e9, 20.0), (float("inf"), 20.0)])
+def test_a_receive_parks_at_most_twenty_seconds_whatever_it_asks(asked, parks):
+    from rayq.core.codec.model import long_poll_s
+    assert long_poll_s(asked) == parks
+
+
+@pytest.mark.parametrize("asked", [-1, float("nan"), "20", True])
+def test_a_wait_that_is_no_duration_is_refused(asked):
+    from rayq.core.codec.model import long_poll_s
+    from rayq.errors import InvalidMessage
+    with pytest.raises(InvalidMessage):
+        long_poll_s(asked)
+
+
+def test_message_ids_carry_a_keyed_tag_so_one_id_does_not_tell_the_next():
+    from rayq.core.codec.model import message_id
+    key, other = b"k" * 16, b"o" * 16
+    first, second = message_id("ab12", key, 1), message_id("ab12", key, 2)
+    assert first.startswith("ab12-1-") and second.startswith("ab12-2-")
+    assert first.rsplit("-", 1)[1] != second.rsplit("-", 1)[1]
+    assert message_id("ab12", key, 2) == second  # the same message keeps its id
+    assert message_id("ab12", other, 2) != second  # without the store's key, no id
+    assert len(second.rsplit("-", 1)[1]) == 16  # 64 bits to guess

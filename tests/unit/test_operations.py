@@ -78,7 +78,7 @@ def world():
     async def fetch():
         return accounts.table(), dict(places)
     signers = {name: Signer(name, accounts.create(name)) for name in ("acme", "globex")}
-    signers[ADMIN] = Signer(ADMIN, accounts.keys(ADMIN)[0])
+    signers[ADMIN] = Signer(ADMIN, accounts.rotate(ADMIN, 1))  # default has no keys until given
     return fetch, signers
 
 

@@ -30,7 +30,9 @@ QUERIES = [
 def signed(monkeypatch, query: str, method: str = "GET", body: bytes = b""):
     """(the request as the endpoint sees it, botocore's canonical request for it)."""
     monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda *a, **k: SIGNED_AT)
-    request = AWSRequest(method=method, url=f"http://{HOST}/acme/q?{query}", data=body)
+    request = AWSRequest(method=method, url=f"http://{HOST}/acme/q?{query}", data=body,
+                         headers={"X-Amz-Target": "AmazonSQS.ListQueues",  # signed, as
+                                  "Content-Type": "application/x-amz-json-1.0"})  # required
     signer = SigV4Auth(Credentials("acme", "key-one"), "sqs", "eu-west-1")
     signer.add_auth(request)
     reference = signer.canonical_request(request)

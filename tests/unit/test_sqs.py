@@ -21,13 +21,19 @@ KEYS = {"acme": ["key-one", "key-two"]}
 
 
 def signed(monkeypatch, key="key-one", account="acme", service="sqs", body=b'{"QueueName":"q"}',
-           url="http://127.0.0.1:9324/") -> sigv4.SignedRequest:
-    """A request as botocore signs it for boto3, seen the way the endpoint sees it."""
+           url="http://127.0.0.1:9324/", unsigned=()) -> sigv4.SignedRequest:
+    """A request as botocore signs it for boto3, seen the way the endpoint sees it;
+    headers named in ``unsigned`` are added after signing."""
     monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda *a, **k: SIGNED_AT)
-    request = AWSRequest(method="POST", url=url, data=body, headers={
-        "Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": "AmazonSQS.CreateQueue"})
+    later = {"Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": "AmazonSQS.CreateQueue"}
+    request = AWSRequest(method="POST", url=url, data=body,
+                         headers={k: v for k, v in later.items() if k.lower() not in unsigned})
     SigV4Auth(Credentials(account, key), service, "eu-west-1").add_auth(request)
+    if "x-amz-date" in unsigned:  # botocore adds it itself: signed, then named unsigned
+        auth = request.headers["Authorization"].replace("x-amz-date;", "")
+        request.headers.replace_header("Authorization", auth)
     headers = {k.lower(): v for k, v in request.headers.items()}
+    headers.update({k.lower(): v for k, v in later.items() if k.lower() in unsigned})
     headers["host"] = url.split("/")[2]
     return sigv4.SignedRequest("POST", "/", "", headers, body)
 
@@ -79,6 +85,27 @@ def test_another_service_scope_is_refused(monkeypatch):
 ], ids=["body", "target", "path", "host"])
 def test_any_change_to_a_signed_part_breaks_the_signature(monkeypatch, change):
     assert error_of(change(signed(monkeypatch))) == ("SignatureDoesNotMatch", 403)
+
+
+@pytest.mark.parametrize("name", ["x-amz-target", "content-type", "x-amz-date"])
+def test_a_signature_must_cover_the_action_the_time_and_the_body_type(monkeypatch, name):
+    code, status = error_of(signed(monkeypatch, unsigned=(name,)))
+    assert (code, status) == ("IncompleteSignature", 400)
+
+
+def test_a_query_protocol_request_has_no_target_header_to_sign(monkeypatch):
+    request = signed(monkeypatch, unsigned=("x-amz-target",))
+    headers = {k: v for k, v in request.headers.items() if k != "x-amz-target"}
+    query = sigv4.SignedRequest("POST", "/", "", headers, request.body)  # the action: in the body
+    assert verify(query).account == "acme"
+
+
+def test_the_header_claim_is_refused_before_any_body_for_an_unknown_account(monkeypatch):
+    headers = signed(monkeypatch, account="nobody").headers
+    with pytest.raises(SqsError) as info:
+        sigv4.claim(headers, lambda account: KEYS.get(account, []), NOW)
+    assert info.value.code == "InvalidClientTokenId"
+    assert sigv4.claim(signed(monkeypatch).headers, KEYS.get, NOW).account == "acme"
 
 
 def test_a_request_without_authorization_misses_its_token(monkeypatch):

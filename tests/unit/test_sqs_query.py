@@ -7,14 +7,14 @@ import botocore.session
 import pytest
 from botocore.serialize import QuerySerializer
 
-from rayq.sqs import query
+from rayq.sqs import protocol as query
 from rayq.sqs.errors import SqsError
 
 NS = {"q": query.NAMESPACE}
 
 
 def decoded(params: dict, path="/", host="h:1"):
-    return query.decode(urlencode(params).encode(), "", path, host)
+    return query.decode_query(urlencode(params).encode(), "", path, host)
 
 
 def test_the_api_references_query_names_become_the_json_parameters():
@@ -50,7 +50,7 @@ def test_the_api_references_query_names_become_the_json_parameters():
 def test_what_botocores_query_serializer_writes_is_read_back(operation, params):
     model = botocore.session.get_session().get_service_model("sqs")
     body = QuerySerializer().serialize_to_request(params, model.operation_model(operation))["body"]
-    action, got = query.decode(urlencode(body).encode(), "", "/", "h")
+    action, got = query.decode_query(urlencode(body).encode(), "", "/", "h")
     expected = dict(params)
     if operation == "SendMessage":  # base64 on the wire, as in the JSON protocol
         expected["MessageAttributes"] = {"a": {"DataType": "Binary", "BinaryValue": "AAE="}}
@@ -58,7 +58,7 @@ def test_what_botocores_query_serializer_writes_is_read_back(operation, params):
 
 
 def test_results_are_sqs_xml():
-    out = ET.fromstring(query.encode("ReceiveMessage", {"Messages": [{
+    out = ET.fromstring(query.encode_query("ReceiveMessage", {"Messages": [{
         "MessageId": "m", "ReceiptHandle": "r", "MD5OfBody": "d", "Body": "<b>&",
         "Attributes": {"SentTimestamp": "1"},
         "MessageAttributes": {"c": {"DataType": "String", "StringValue": "red"}}}]}, "rid"))
@@ -67,17 +67,17 @@ def test_results_are_sqs_xml():
     assert message.find("q:Attribute/q:Name", NS).text == "SentTimestamp"
     assert message.find("q:MessageAttribute/q:Value/q:StringValue", NS).text == "red"
     assert out.find("q:ResponseMetadata/q:RequestId", NS).text == "rid"
-    batch = ET.fromstring(query.encode("DeleteMessageBatch", {"Successful": [{"Id": "1"}], "Failed": [
+    batch = ET.fromstring(query.encode_query("DeleteMessageBatch", {"Successful": [{"Id": "1"}], "Failed": [
         {"Id": "2", "SenderFault": True, "Code": "ReceiptHandleIsInvalid", "Message": "m"}]}, "r"))
     assert batch.find("q:DeleteMessageBatchResult/q:DeleteMessageBatchResultEntry/q:Id", NS).text == "1"
     assert batch.find("q:DeleteMessageBatchResult/q:BatchResultErrorEntry/q:SenderFault",
                       NS).text == "true"
-    urls = ET.fromstring(query.encode("ListQueues", {"QueueUrls": ["a", "b"]}, "r"))
+    urls = ET.fromstring(query.encode_query("ListQueues", {"QueueUrls": ["a", "b"]}, "r"))
     assert [u.text for u in urls.findall("q:ListQueuesResult/q:QueueUrl", NS)] == ["a", "b"]
 
 
 def test_errors_carry_the_legacy_code():
-    out = ET.fromstring(query.error(SqsError("QueueDoesNotExist", "gone"), "rid"))
+    out = ET.fromstring(query.query_error(SqsError("QueueDoesNotExist", "gone"), "rid"))
     assert out.find("q:Error/q:Code", NS).text == "AWS.SimpleQueueService.NonExistentQueue"
     assert out.find("q:Error/q:Type", NS).text == "Sender"
 

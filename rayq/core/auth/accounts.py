@@ -9,7 +9,12 @@ runtime recomputes it with ``hmac.compare_digest``, refuses timestamps more
 than ``skew_s`` away, and refuses a nonce it has seen (a replay).
 
 The account ``default`` is the runtime's own: it always exists, it owns the
-queues of unsigned (embedded) clients and it administers the runtime.
+queues of unsigned (embedded) clients and it administers the runtime. It has no
+keys until an operator gives it one (``rayq account keys default``): its own
+clients reach the runtime unsigned, and a key nobody uses is only something to
+steal. Keys are stored as they are, since HMAC and SigV4 verification need the
+secret itself; the data directory's mode (0700, checked at start) guards them
+(docs/security.md).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +42,7 @@ ADMIN = "default"
 SECRET_BYTES = 32
 MAX_SKEW_S = 900.0
 MAX_NONCES = 1_000_000  # per verifier: about 150 MB at most
+ACCOUNT_NONCE_SHARE = 4  # one account fills at most 1/4 of a verifier's replay window
 KEY_SLOTS = (1, 2)
 _NONCE_CHARS = 32
 QUEUE_SEP = "/"  # "acme/orders": account acme's queue orders
@@ -102,13 +108,14 @@ class Signer:
 
 class Accounts:
     """Accounts and their two keys, persisted in a KV's ``meta`` table. The ``default``
-    account is made on first use."""
+    account is made, without keys, on first use."""
 
     def __init__(self, kv: KV):
         self.kv = kv
         self._keys: dict[str, dict[int, str]] = kv.read(self._load)
         if ADMIN not in self._keys:
-            self.create(ADMIN)
+            self._keys[ADMIN] = {}
+            self._save(ADMIN)
 
     @staticmethod
     def _load(txn) -> dict[str, dict[int, str]]:
@@ -138,7 +145,8 @@ class Accounts:
         return self._keys[account][1]
 
     def rotate(self, account: str, slot: int) -> str:
-        """Replace the key in ``slot`` (1 or 2); the other keeps working. Returns the new key."""
+        """Replace (or, on an account without one there, make) the key in ``slot`` (1 or 2);
+        the other keeps working. Returns the new key."""
         if account not in self._keys or slot not in KEY_SLOTS:
             raise AuthError(f"no key {slot!r} of account {account!r}")
         self._keys[account][slot] = new_secret()
@@ -171,22 +179,26 @@ def _hex(value: str, chars: int) -> bool:
 class Verifier:
     """Checks signatures; remembers each (account, nonce) for twice the allowed skew,
     which is as long as a request carrying it could still pass the timestamp check.
-    At most ``max_nonces`` are remembered: past that, signed requests are shed with
-    Overloaded rather than let replays through or memory grow without bound."""
+    At most ``max_nonces`` are remembered, and at most ``max_nonces_per_account`` of one
+    account's: past that, that account's signed requests are shed with Overloaded rather
+    than let replays through, memory grow without bound, or one account's burst shed
+    everyone's."""
 
     def __init__(self, keys: Callable[[str], Sequence[str]], skew_s: float = MAX_SKEW_S,
-                 max_nonces: int = MAX_NONCES):
+                 max_nonces: int = MAX_NONCES, max_nonces_per_account: int | None = None):
         self.keys, self.skew_s, self.max_nonces = keys, skew_s, max_nonces
+        self.max_nonces_per_account = max_nonces_per_account or max(
+            1, max_nonces // ACCOUNT_NONCE_SHARE)
         self._seen: set[int] = set()
-        self._order: deque[tuple[float, int]] = deque()
+        self._order: deque[tuple[float, int, str | None]] = deque()
+        self._held: dict[str | None, int] = {}  # remembered nonces per account
 
     def preload(self, digests: Sequence[int], now: float) -> None:
         """Refuse these nonce digests (:func:`nonce_digest`) as seen: what a restarted
         runtime actor reads back from its durable table (see rayq.core.auth.nonces)."""
         for digest in digests:
             if digest not in self._seen:
-                self._seen.add(digest)
-                self._order.append((now, digest))
+                self._remember(now, digest, None)  # whose is not stored: nobody's share
 
     def verify(self, sig: Any, queue: str, operation: str, body: bytes, now: float) -> str:
         """The account a request acts for. Raises AuthError for anything not genuine,
@@ -210,15 +222,24 @@ class Verifier:
         seen = nonce_digest(sig.account, sig.nonce)  # 64 bits: a false "replayed" is ~1e-8 at 1M
         if seen in self._seen:
             raise ReplayedRequest("the request was replayed")
-        if len(self._seen) >= self.max_nonces:
+        if (len(self._seen) >= self.max_nonces
+                or self._held.get(sig.account, 0) >= self.max_nonces_per_account):
             raise Overloaded("too many signed requests in the replay window; retry later")
-        self._seen.add(seen)
-        self._order.append((now, seen))
+        self._remember(now, seen, sig.account)
         return sig.account
+
+    def _remember(self, now: float, digest: int, account: str | None) -> None:
+        self._seen.add(digest)
+        self._order.append((now, digest, account))
+        self._held[account] = self._held.get(account, 0) + 1
 
     def _forget_before(self, cutoff: float) -> None:
         while self._order and self._order[0][0] < cutoff:
-            self._seen.discard(self._order.popleft()[1])
+            _, digest, account = self._order.popleft()
+            self._seen.discard(digest)
+            self._held[account] -= 1
+            if not self._held[account]:
+                del self._held[account]
 
 
 def _within(timestamp: Any, now: float, skew_s: float) -> bool:
@@ -265,12 +286,13 @@ def check_admin(account: str, what: str) -> None:
 class Place:
     """Where a subqueue belongs, as a verifier sees it: its queue (runtime-wide name, see
     :func:`queue_ref`), that queue's owner, its shard, and whether it carries tasks
-    (which any account may submit to)."""
+    (which any account may submit to, of the job ``types`` registered on it only)."""
 
     queue: str
     owner: str
     shard: int
     tasks: bool = False
+    types: frozenset[str] = frozenset()
 
 
 def check_access(account: str, queue: str, place: Place | None, shard: int,
@@ -289,10 +311,13 @@ def check_access(account: str, queue: str, place: Place | None, shard: int,
     raise AuthError(f"queue {queue!r} is not account {account!r}'s")
 
 
-def check_senders(account: str, messages: Any, key_mode: str) -> None:
+def check_senders(account: str, messages: Any, key_mode: str,
+                  task_types: Collection[str] | None = None) -> None:
     """Raise AuthError unless every message a put carries is sent as ``account`` and keyed
     for fairness as the runtime would key it: an account can neither pass as another
-    tenant nor dodge a suspension or bill its usage to a key of its choosing."""
+    tenant nor dodge a suspension or bill its usage to a key of its choosing. With
+    ``task_types`` (a put into another owner's task queue) each message's type must be
+    one of them: no consumer would run any other, it would only be put back forever."""
     if account == ADMIN:
         return
     if not isinstance(messages, list) or not all(
@@ -303,3 +328,5 @@ def check_senders(account: str, messages: Any, key_mode: str) -> None:
             raise AuthError(f"account {account!r} sends messages only as tenant {account!r}")
         if not isinstance(m.type, str) or m.key != fairness_key(m.tenant, m.type, key_mode):
             raise AuthError("a message's fairness key does not match its tenant and type")
+        if task_types is not None and m.type not in task_types:
+            raise AuthError(f"no task type {m.type!r:.80} is registered on this task queue")

@@ -132,6 +132,14 @@ class Gate:
         for sq in subqueues:
             check_access(account, queue, self._places.get(sq), shard, operation)
 
+    def task_types(self, account: str, subqueue: int) -> frozenset[str] | None:
+        """The job types ``account`` may put into ``subqueue``, when it is another owner's
+        task queue (None: no such limit). Call after :meth:`check` passed."""
+        place = self._places.get(subqueue)
+        if account == ADMIN or place is None or not place.tasks or place.owner == account:
+            return None
+        return place.types
+
 
 @dataclass(frozen=True)
 class Caller:

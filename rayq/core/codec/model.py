@@ -6,6 +6,7 @@ types, fairness keys or limits lives here.
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import dataclass
 from enum import Enum
@@ -109,6 +110,27 @@ def check_seconds(value: Any, what: str, low: float, high: float) -> float:
     if not low <= value <= high:
         raise InvalidMessage(f"{what} must be within [{low}, {high}] seconds, got {value}")
     return float(value)
+
+
+ID_TAG_BYTES = 8
+
+
+def message_id(store_hex: str, id_key: bytes, seq: int) -> str:
+    """A message's id: its store, its seq (rows stay ordered by seq; the id is never
+    parsed back) and a tag keyed with the store's secret ``id_key``, so that knowing
+    one id does not tell another (a task's id is what its outcome is read by)."""
+    tag = hashlib.blake2b(seq.to_bytes(8, "big"), key=id_key, digest_size=ID_TAG_BYTES)
+    return f"{store_hex}-{seq:x}-{tag.hexdigest()}"
+
+
+MAX_WAIT_S = 20.0  # the longest a receive parks, as SQS's WaitTimeSeconds
+
+
+def long_poll_s(wait_s: Any) -> float:
+    """How long a receive asked to wait ``wait_s`` parks: at most MAX_WAIT_S, so that a
+    caller cannot park one forever. Raises InvalidMessage for a negative, NaN or
+    non-numeric wait."""
+    return min(check_seconds(wait_s or 0.0, "wait_s", 0.0, float("inf")), MAX_WAIT_S)
 
 
 def check_count(value: Any, what: str, low: int, high: int) -> int:

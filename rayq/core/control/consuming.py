@@ -108,6 +108,14 @@ def held_back(has_handler: bool, key: str, suspended: Collection[str],
     return None
 
 
+def gives_up(cause: DeferralCause, enqueued_at: float, now: float,
+             unrunnable_after_s: float) -> bool:
+    """Whether a task held back for ``cause`` is dead-lettered rather than put back: one
+    no handler was registered for within ``unrunnable_after_s`` of being sent (seconds
+    of the clock ``now`` comes from) would otherwise come back every ``defer_s`` for ever."""
+    return cause is DeferralCause.CANNOT_RUN and now - enqueued_at > unrunnable_after_s
+
+
 def pause_after(cause: DeferralCause, defer_s: float) -> float:
     """How long a poller rests after putting a task back for ``cause``: ``defer_s``
     when its host is under pressure (the host needs a rest), else not at all."""

@@ -23,6 +23,7 @@ from typing import NamedTuple, Protocol, TypeVar
 
 import lmdb
 
+from rayq.core.kit.private import FILE_MODE, make_private_dir
 from rayq.errors import StoreError
 
 T = TypeVar("T")
@@ -162,11 +163,11 @@ class LmdbKV:
 
     def __init__(self, path: str | os.PathLike, *, map_size: int = 256 << 20,
                  durable: bool = True, on_commit: OnCommit | None = None):
-        os.makedirs(path, exist_ok=True)
+        make_private_dir(path)
         try:
             self.env = lmdb.open(str(path), map_size=map_size, max_dbs=len(DATABASES) + 2,
                                  sync=durable, metasync=durable, writemap=False,
-                                 max_readers=256, lock=True)
+                                 max_readers=256, lock=True, mode=FILE_MODE)
         except lmdb.Error as err:
             raise StoreError(f"cannot open LMDB environment at {path}: {err}") from err
         self.env.reader_check()  # clear reader slots left by crashed processes

@@ -10,7 +10,7 @@ Tables (LMDB named sub-databases; :data:`TABLES` names them in the order
 - ``blobs``: (blob id, chunk) -> bytes of a body over the blob threshold.
 - ``counts``: (subqueue, key id) -> rows of that pair (signed 64-bit).
 - ``keys``: ``n:`` fairness key name -> key id.
-- ``meta``: the shard's scalars (``seq``, ``store_id``, ``next_kid``, ``row_format``)
+- ``meta``: the shard's scalars (``seq``, ``store_id``, ``id_key``, ``next_kid``, ``row_format``)
   and per-subqueue records (``state:``, ``purge:``); other modules keep records of
   their own here only through :func:`meta_key` and :func:`meta_range`.
 - ``outcomes``: message id -> (expires_at µs, ending, payload) of an ended task.
@@ -203,6 +203,7 @@ def unpack_u64(value: bytes) -> int:
 
 # -- meta ---------------------------------------------------------------------------------
 SEQ, STORE_ID, NEXT_KID, ROW_FORMAT = b"seq", b"store_id", b"next_kid", b"row_format"
+ID_KEY = b"id_key"  # the store's secret for message id tags (codec.model.message_id)
 ROW_FORMAT_NOW = b"2"  # the value of ROW_FORMAT for rows in this layout
 STATE, PURGE = "state", "purge"
 

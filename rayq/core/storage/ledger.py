@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from rayq.config import StoreConfig
-from rayq.core.codec.model import (US, Ending, StoredMessage, SubqueueState, parse_receipt,
+from rayq.core.codec.model import (US, Ending, StoredMessage, SubqueueState, message_id,
+                                   parse_receipt,
                                    receipt_text)
 from rayq.core.kit.kv import Txn
 from rayq.core.storage import layout as rows
@@ -52,7 +53,7 @@ class Outcome(NamedTuple):
     payload: bytes
 
 
-SenderCheck = Callable[[str, Any, str], None]  # (account, messages, key mode): raises or not
+SenderCheck = Callable[..., None]  # (account, messages, key mode[, task types]): raises or not
 
 
 class Env:
@@ -78,8 +79,8 @@ def first_row_at(txn: Txn, sq: int, kid: int) -> tuple[int, int] | None:
 class ShardIndex:
     """The shard's committed state in memory: what a transaction reads instead of disk."""
 
-    def __init__(self, txn: Txn, store_id: bytes):
-        self.store_id, self.store_hex = store_id, store_id.hex()
+    def __init__(self, txn: Txn, store_id: bytes, id_key: bytes):
+        self.store_id, self.store_hex, self.id_key = store_id, store_id.hex(), id_key
         raw = txn.get("meta", rows.SEQ)
         self.seq = rows.unpack_u64(raw) if raw else 0
         self.key_ids: dict[str, int] = {}
@@ -204,7 +205,7 @@ class Ledger:
 
     # -- names ---------------------------------------------------------------------
     def message_id(self, seq: int) -> str:
-        return f"{self.index.store_hex}-{seq:x}"
+        return message_id(self.index.store_hex, self.index.id_key, seq)
 
     def key_id(self, name: str, create: bool) -> int | None:
         kid = self.index.key_ids.get(name)

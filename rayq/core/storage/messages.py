@@ -48,10 +48,10 @@ class _Group:
 
 
 def put(w: Ledger, env: Env, subqueue: int, batch: bytes,
-        sender: tuple[str, str] | None = None) -> list[str]:
+        sender: tuple | None = None) -> list[str]:
     """Store a put buffer (:mod:`rayq.core.codec.wire`); returns the message ids in order.
-    ``sender`` (account, fairness key mode): refuse messages that account may not
-    send, by the store's sender check."""
+    ``sender`` (account, fairness key mode, task types or None): refuse messages that
+    account may not send, by the store's sender check."""
     check_subqueue(subqueue)
     config = env.config
     decoded = decode_put(batch, max_message_bytes=config.max_message_bytes,
@@ -59,7 +59,7 @@ def put(w: Ledger, env: Env, subqueue: int, batch: bytes,
     if sender is not None:
         if env.check_senders is None:
             raise InvalidMessage("this store checks no senders: put without a sender")
-        env.check_senders(sender[0], decoded.attrs, sender[1])
+        env.check_senders(sender[0], decoded.attrs, *sender[1:])
     if w.index.state(subqueue) is not SubqueueState.ALL:
         raise QueueDisabled(f"subqueue {subqueue} does not accept new messages")
     first = w.seq + 1

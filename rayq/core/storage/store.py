@@ -17,7 +17,7 @@ from typing import Any
 
 from rayq.config import StoreConfig
 from rayq.core.codec.model import (US, Ending, NewMessage, StoredMessage, SubqueueState,
-                                   check_count, check_name, check_subqueue, to_us)
+                                   check_count, check_name, check_subqueue, message_id, to_us)
 from rayq.core.codec.wire import decode_delivered, encode_messages
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.kv import KV, LmdbKV, Txn
@@ -108,8 +108,12 @@ class ShardStore:
         if store_id is None:
             store_id = os.urandom(6)
             txn.put("meta", rows.STORE_ID, store_id)
+        id_key = txn.get("meta", rows.ID_KEY)
+        if id_key is None:  # made once: ids stay the same across restarts
+            id_key = os.urandom(16)
+            txn.put("meta", rows.ID_KEY, id_key)
         migrate_rows(txn, store_id)
-        return ShardIndex(txn, store_id)
+        return ShardIndex(txn, store_id, id_key)
 
     @property
     def seq(self) -> int:
@@ -243,12 +247,15 @@ class ShardStore:
                 raise InvalidMessage(f"not a message id: {message_id!r:.80}")
         return self.kv.read(lambda txn: outcomes.read_outcomes(txn, message_ids))
 
-    def take_enqueued(self) -> tuple[str, list[Enqueued]]:
-        """(message id prefix, the groups of messages put since the last call), when
+    def take_enqueued(self) -> tuple[Callable[[int], str], list[Enqueued]]:
+        """(message id of a seq, the groups of messages put since the last call), when
         ``keep_enqueued`` is on (for the event log): one group per put and attributes,
-        its ids the prefix and ``count`` seqs from ``first_seq`` in hex."""
+        ``count`` seqs from ``first_seq``."""
         groups, self._enqueued = self._enqueued, []
-        return f"{self.store_hex}-", groups
+        return self.message_id, groups
+
+    def message_id(self, seq: int) -> str:
+        return message_id(self.index.store_hex, self.index.id_key, seq)
 
     def take_finished(self) -> list[tuple[str, Ending, bytes]]:
         """(message id, ending, payload) of every outcome recorded since the last call."""

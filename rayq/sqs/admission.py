@@ -1,0 +1,121 @@
+"""What one account may hold of an SQS replica, and how a long poll waits.
+
+A replica runs operations on a small thread pool (a rayq Client is synchronous). So
+that no account can starve another: each account holds at most
+``threads_per_account`` of the threads and ``in_flight_per_account`` admitted
+requests (more are refused with SQS's ``RequestThrottled``, which SDKs retry);
+request bodies buffered at once are bounded in bytes across all accounts; and a
+long poll never parks on a thread: it retries a non-waiting receive, sleeping on
+the event loop between tries (:func:`long_poll`). Receipt forwards are kept per
+queue owner (:class:`Forwards`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import Executor
+from typing import Any
+
+from rayq.sqs.errors import SqsError
+
+FIRST_PAUSE_S = 0.05  # a long poll's first sleep between tries; doubled up to MAX_PAUSE_S
+MAX_PAUSE_S = 0.5     # so a message arriving during a long poll waits at most this
+MAX_FORWARDS_PER_ACCOUNT = 20_000  # receipt forwards kept per queue owner (oldest go first)
+
+
+def throttled(account: str) -> SqsError:
+    return SqsError("RequestThrottled", f"Account {account!r} has too many requests in "
+                    "flight at this endpoint; retry with back-off.", status=400)
+
+
+class Shares:
+    """Each account's share of a replica: admitted requests and worker threads."""
+
+    def __init__(self, *, in_flight_per_account: int, threads_per_account: int):
+        self.in_flight_per_account = in_flight_per_account
+        self.threads_per_account = threads_per_account
+        self._in_flight: dict[str, int] = {}
+        self._threads: dict[str, asyncio.Semaphore] = {}
+
+    def in_flight(self, account: str) -> int:
+        return self._in_flight.get(account, 0)
+
+    @contextlib.contextmanager
+    def admit(self, account: str) -> Iterator[None]:
+        """Hold one of ``account``'s request slots. Raises SqsError (RequestThrottled)."""
+        held = self._in_flight.get(account, 0)
+        if held >= self.in_flight_per_account:
+            raise throttled(account)
+        self._in_flight[account] = held + 1
+        try:
+            yield
+        finally:
+            self._in_flight[account] -= 1
+            if not self._in_flight[account]:
+                del self._in_flight[account]
+
+    async def in_thread(self, account: str, pool: Executor, fn: Callable, *args: Any) -> Any:
+        """``fn(*args)`` on ``pool`` once one of ``account``'s threads is free."""
+        gate = self._threads.get(account)
+        if gate is None:
+            gate = self._threads[account] = asyncio.Semaphore(self.threads_per_account)
+        async with gate:
+            return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+
+class BodyBudget:
+    """Bytes of request bodies a replica buffers at once, over all connections."""
+
+    def __init__(self, limit_bytes: int):
+        self.limit_bytes, self.held_bytes = limit_bytes, 0
+
+    @contextlib.contextmanager
+    def hold(self, size_bytes: int) -> Iterator[None]:
+        """Reserve ``size_bytes`` while reading a body. Raises SqsError
+        (ServiceUnavailable, a retryable 503) when the budget is spent."""
+        if self.held_bytes + size_bytes > self.limit_bytes:
+            raise SqsError("ServiceUnavailable", "The endpoint is reading too many request "
+                           "bodies at once; retry with back-off.", status=503, sender=False)
+        self.held_bytes += size_bytes
+        try:
+            yield
+        finally:
+            self.held_bytes -= size_bytes
+
+
+async def long_poll(attempt: Callable[[], Awaitable[dict]], wait_s: float,
+                    monotonic: Callable[[], float],
+                    sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> dict:
+    """``attempt()``'s first non-empty answer, or its last (empty) one once ``wait_s``
+    has passed. Between tries this sleeps on the event loop, so a parked poll holds
+    no thread."""
+    deadline = monotonic() + wait_s
+    pause = FIRST_PAUSE_S
+    while True:
+        answer = await attempt()
+        left = deadline - monotonic()
+        if answer or left <= 0:
+            return answer
+        await sleep(min(pause, left))
+        pause = min(2 * pause, MAX_PAUSE_S)
+
+
+class Forwards:
+    """handle -> current receipt, per queue owner, each owner's bounded (oldest out)."""
+
+    def __init__(self, per_owner: int = MAX_FORWARDS_PER_ACCOUNT):
+        self.per_owner = per_owner
+        self._by_owner: dict[str, OrderedDict[str, str]] = {}
+
+    def get(self, owner: str, handle: str) -> str | None:
+        return self._by_owner.get(owner, {}).get(handle)
+
+    def put(self, owner: str, handle: str, receipt: str) -> None:
+        mine = self._by_owner.setdefault(owner, OrderedDict())
+        mine[handle] = receipt
+        mine.move_to_end(handle)
+        while len(mine) > self.per_owner:
+            mine.popitem(last=False)

@@ -1,0 +1,64 @@
+"""A data directory rayq makes is its owner's alone: after a start and some traffic
+(messages, a task, the SQS endpoint, the event log) every folder under it is 0700 and
+every file 0600, whatever the umask; one others can read is refused at start."""
+
+import os
+import stat
+
+import pytest
+import ray
+
+import rayq
+from rayq.runtime.local import free_port
+from rayq.runtime.serving import stop_sqs
+from tests.integration.conftest import wait_until
+
+
+@rayq.task(type="private-add")
+def add(a, b):
+    return a + b
+
+
+def modes_under(root) -> dict[str, int]:
+    found = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            found[os.path.relpath(path, root)] = os.lstat(path).st_mode
+    return found
+
+
+def test_everything_under_a_fresh_data_directory_is_the_owners_alone(ray_session, tmp_path):
+    rayq.shutdown()
+    data_dir = tmp_path / "fresh" / "data"
+    client = rayq.start(data_dir=data_dir)
+    try:
+        queue = client.create_queue("private")
+        queue.send("secret", tenant="acme")
+        (received,) = queue.receive(wait_s=10)
+        queue.delete(received.receipt)
+        assert ray.get(client.submit(add, 1, 2, tenant="acme"), timeout=60) == 3
+        client.create_account("acme")
+        rayq.serve_sqs(port=free_port())
+        wait_until(lambda: os.path.isdir(data_dir / "events")
+                   and any(f.endswith(".parquet") for _, _, fs in os.walk(data_dir / "events")
+                           for f in fs), what="the event log's first file")
+    finally:
+        stop_sqs()
+        rayq.shutdown()
+    modes = modes_under(data_dir)
+    assert {"manager", "shard-0", "sqs", "events"} <= set(modes)
+    assert stat.S_IMODE(os.stat(data_dir).st_mode) == 0o700
+    exposed = {path: f"{stat.S_IMODE(mode):03o}" for path, mode in modes.items()
+               if stat.S_IMODE(mode) != (0o700 if stat.S_ISDIR(mode) else 0o600)}
+    assert exposed == {}
+
+
+def test_a_data_directory_others_can_read_is_refused_before_anything_starts(ray_session, tmp_path):
+    rayq.shutdown()
+    exposed = tmp_path / "exposed"
+    exposed.mkdir(mode=0o755)
+    os.chmod(exposed, 0o755)
+    with pytest.raises(rayq.DataDirExposed, match="chmod"):
+        rayq.start(data_dir=exposed)
+    assert os.listdir(exposed) == []

@@ -1,0 +1,191 @@
+"""The SQS endpoint under abuse, with raw HTTP: it refuses before reading a body that
+carries no valid claim, times out half-sent bodies, answers oversized and malformed
+requests with SQS's 4xx shapes, keeps one account's long polls from starving another's
+sends, and a shard never parks a receive for longer than SQS would."""
+
+import json
+import socket
+import threading
+import time
+from urllib.parse import urlsplit
+
+import boto3
+import pytest
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.config import Config as BotoConfig
+from botocore.credentials import Credentials
+
+import rayq
+from rayq.config import with_consumers
+from rayq.core.codec.wire import decode_delivered
+from rayq.runtime.local import free_port
+
+from .conftest import start_runtime
+
+REGION = "eu-west-1"
+EIGHT_MIB = 8 << 20
+
+
+@pytest.fixture(scope="module")
+def endpoint(ray_session, tmp_path_factory):
+    client, _ = start_runtime(tmp_path_factory, with_consumers(rayq.Config(), 0), name="abuse")
+    keys = {name: client.create_account(name) for name in ("poller", "sender")}
+    url = rayq.serve_sqs(port=free_port())
+    yield {"url": url, "port": urlsplit(url).port, "keys": keys, "admin": client}
+    rayq.shutdown()
+
+
+def boto(endpoint, account, pool=10):
+    return boto3.client("sqs", endpoint_url=endpoint["url"], region_name=REGION,
+                        aws_access_key_id=account, aws_secret_access_key=endpoint["keys"][account],
+                        config=BotoConfig(retries={"max_attempts": 1}, max_pool_connections=pool,
+                                          read_timeout=120))
+
+
+def signed_head(endpoint, action: str, body: bytes, account="sender", length=None) -> bytes:
+    """The request line and headers of a request botocore signed over ``body``."""
+    request = AWSRequest(method="POST", url=endpoint["url"] + "/", data=body, headers={
+        "Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": f"AmazonSQS.{action}"})
+    SigV4Auth(Credentials(account, endpoint["keys"][account]), "sqs", REGION).add_auth(request)
+    headers = {**dict(request.headers.items()), "Host": f"127.0.0.1:{endpoint['port']}",
+               "Content-Length": str(len(body) if length is None else length)}
+    return _head(headers)
+
+
+def _head(headers: dict) -> bytes:
+    lines = ["POST / HTTP/1.1"] + [f"{k}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def exchange(endpoint, *parts: bytes, timeout_s: float = 60.0) -> tuple[int, dict]:
+    """Send ``parts`` on one connection, leave it open, and read one answer: (status,
+    JSON body). A socket timeout (the server never answered) fails the test."""
+    with socket.create_connection(("127.0.0.1", endpoint["port"])) as sock:
+        sock.settimeout(timeout_s)
+        for part in parts:
+            sock.sendall(part)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            assert chunk, "the server closed without answering"
+            data += chunk
+        head, _, rest = data.partition(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        length = next(int(line.split(":")[1]) for line in lines
+                      if line.lower().startswith("content-length:"))
+        while len(rest) < length:
+            rest += sock.recv(65536)
+        return int(lines[0].split()[1]), json.loads(rest[:length])
+
+
+def shape(answer) -> tuple[int, str]:
+    status, body = answer
+    return status, body["__type"].rsplit("#", 1)[1]
+
+
+def test_an_unsigned_request_is_refused_before_its_body_is_sent(endpoint):
+    head = _head({"Host": "127.0.0.1", "Content-Type": "application/x-amz-json-1.0",
+                  "X-Amz-Target": "AmazonSQS.ListQueues", "Content-Length": str(EIGHT_MIB)})
+    assert shape(exchange(endpoint, head)) == (403, "MissingAuthenticationToken")
+
+
+def test_an_unknown_account_is_refused_before_its_body_is_sent(endpoint):
+    endpoint = {**endpoint, "keys": {**endpoint["keys"], "nobody": endpoint["keys"]["sender"]}}
+    head = signed_head(endpoint, "ListQueues", b"{}", account="nobody", length=EIGHT_MIB)
+    assert shape(exchange(endpoint, head)) == (403, "InvalidClientTokenId")
+
+
+def test_a_half_sent_body_times_out_with_a_4xx(endpoint):
+    body = json.dumps({"QueueNamePrefix": "x" * 1000}).encode()
+    head = signed_head(endpoint, "ListQueues", body)
+    assert shape(exchange(endpoint, head, body[:len(body) // 2])) == (408, "RequestTimeout")
+
+
+def test_a_body_over_the_limit_is_a_413_before_it_is_read(endpoint):
+    head = signed_head(endpoint, "ListQueues", b"{}", length=EIGHT_MIB + 1)
+    assert shape(exchange(endpoint, head)) == (413, "RequestEntityTooLarge")
+
+
+def test_json_nested_past_the_parsers_depth_is_the_senders_400(endpoint):
+    body = b"[" * 100_000 + b"]" * 100_000
+    assert shape(exchange(endpoint, signed_head(endpoint, "ListQueues", body), body)) == (
+        400, "SerializationException")
+
+
+def test_one_accounts_long_polls_do_not_hold_up_another_accounts_send(endpoint):
+    poller, sender = boto(endpoint, "poller", pool=100), boto(endpoint, "sender")
+    empty = poller.create_queue(QueueName="empty")["QueueUrl"]
+    target = sender.create_queue(QueueName="target")["QueueUrl"]
+    polls, done = 80, []
+
+    def poll():
+        poller.receive_message(QueueUrl=empty, WaitTimeSeconds=20)
+        done.append(1)
+    threads = [threading.Thread(target=poll) for _ in range(polls)]
+    for thread in threads:
+        thread.start()
+    time.sleep(3)  # let the polls reach the endpoint first (no assertion rests on this)
+    sender.send_message(QueueUrl=target, MessageBody="not starved")
+    finished_before_send = len(done)
+    for thread in threads:
+        thread.join(60)
+    assert finished_before_send == 0  # the send did not wait for the polls to time out
+    assert len(done) == polls
+
+
+def test_a_shard_parks_a_receive_at_most_twenty_seconds_whatever_it_asks(endpoint):
+    client = endpoint["admin"]
+    client.create_queue("parked")
+    queue, _, target = client.transport.route("parked", refresh=True)
+    shard = client.transport.shard_of(queue, target)
+    got = rayq.remote.call(lambda: shard.receive.remote(target, 1, 30.0, wait_s=1e9))
+    assert decode_delivered(got) == []  # it came back empty: not parked for ever
+
+
+def self_signed(folder) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 and its key, as PEM files in ``folder``."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    import ipaddress
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return str(cert_path), str(key_path)
+
+
+def test_the_endpoint_serves_https_with_a_certificate_and_key(endpoint, tmp_path):
+    from rayq.runtime.serving import stop_sqs
+
+    cert, key = self_signed(tmp_path)
+    stop_sqs()
+    port = free_port()
+    url = rayq.serve_sqs(port=port, tls_cert=cert, tls_key=key)
+    assert url == f"https://127.0.0.1:{port}"
+    client = boto3.client("sqs", endpoint_url=url, region_name=REGION, verify=cert,
+                          aws_access_key_id="sender",
+                          aws_secret_access_key=endpoint["keys"]["sender"],
+                          config=BotoConfig(retries={"max_attempts": 1}))
+    queue = client.create_queue(QueueName="over-tls")["QueueUrl"]
+    client.send_message(QueueUrl=queue, MessageBody="sealed")
+    assert client.receive_message(QueueUrl=queue)["Messages"][0]["Body"] == "sealed"
+    with pytest.raises(rayq.InvalidMessage):
+        rayq.serve_sqs(port=free_port(), tls_cert=cert)  # a certificate without its key

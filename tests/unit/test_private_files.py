@@ -1,0 +1,67 @@
+"""Everything rayq writes under a data directory is its owner's alone (0700 folders,
+0600 files) whatever the umask, and a data directory others can read is refused."""
+
+import os
+import stat
+
+import pytest
+
+from rayq.analytics.eventlog import EventLog
+from rayq.analytics.schema import KINDS
+from rayq.core.auth.accounts import Accounts
+from rayq.core.kit.kv import LmdbKV
+from rayq.core.kit.private import check_private_dir, prepare_data_dir
+from rayq.errors import DataDirExposed
+
+
+@pytest.fixture
+def open_umask():
+    old = os.umask(0o022)  # the usual default: 0755 folders, 0644 files
+    yield
+    os.umask(old)
+
+
+def modes_under(root) -> dict[str, int]:
+    found = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            found[os.path.relpath(path, root)] = stat.S_IMODE(os.lstat(path).st_mode)
+    return found
+
+
+def test_an_lmdb_store_and_its_account_keys_are_the_owners_alone(tmp_path, open_umask):
+    kv = LmdbKV(tmp_path / "data" / "manager")
+    Accounts(kv).create("acme")
+    kv.close()
+    modes = modes_under(tmp_path / "data")
+    assert set(modes) == {"manager", "manager/data.mdb", "manager/lock.mdb"}
+    assert modes["manager"] == 0o700
+    assert modes["manager/data.mdb"] == modes["manager/lock.mdb"] == 0o600
+    assert stat.S_IMODE(os.stat(tmp_path / "data").st_mode) == 0o700
+
+
+def test_event_log_folders_and_files_are_the_owners_alone(tmp_path, open_umask):
+    log = EventLog(str(tmp_path / "events"), "shard-0")
+    log.append(sorted(KINDS)[0], 1.0e9)
+    assert log.flush() == 1
+    modes = modes_under(tmp_path / "events")
+    assert modes and all(mode == (0o700 if os.path.isdir(tmp_path / "events" / path) else 0o600)
+                         for path, mode in modes.items()), modes
+
+
+def test_a_missing_data_directory_is_made_private(tmp_path, open_umask):
+    prepare_data_dir(tmp_path / "a" / "b")
+    assert stat.S_IMODE(os.stat(tmp_path / "a" / "b").st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(tmp_path / "a").st_mode) == 0o700
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o750, 0o701, 0o707, 0o770])
+def test_a_data_directory_others_may_read_or_enter_is_refused_with_the_fix(tmp_path, mode):
+    exposed = tmp_path / "exposed"
+    exposed.mkdir()
+    os.chmod(exposed, mode)
+    with pytest.raises(DataDirExposed, match="chmod"):
+        prepare_data_dir(exposed)
+    os.chmod(exposed, 0o700)
+    check_private_dir(exposed)
