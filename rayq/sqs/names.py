@@ -17,6 +17,7 @@ import hashlib
 import hmac
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from rayq.core.codec.model import DLQ_SUFFIX
 
@@ -29,6 +30,7 @@ _ACCOUNT_ID = re.compile(r"^\d{12}$")
 _ARN = re.compile(r"^arn:aws[a-z-]*:sqs:([a-z0-9-]+):(\d{12}|[^:]+):([A-Za-z0-9_.-]+)$")
 
 
+@lru_cache(maxsize=4096)
 def account_id(account: str) -> str:
     """The 12-digit id of a rayq account, as SQS's URLs and ARNs name it."""
     digest = hashlib.sha256(b"rayq-account:" + account.encode()).digest()

@@ -695,6 +695,41 @@ def test_the_aws_cli_works_unchanged(endpoint, tmp_path):
     aws("delete-message", "--queue-url", url, "--receipt-handle", got["ReceiptHandle"])
     assert aws("get-queue-attributes", "--queue-url", url, "--attribute-names",
                "ApproximateNumberOfMessages")["Attributes"] == {"ApproximateNumberOfMessages": "0"}
+    fifo = aws("create-queue", "--queue-name", "from-cli.fifo", "--attributes",
+               "FifoQueue=true,ContentBasedDeduplication=true")["QueueUrl"]
+    sent = [aws("send-message", "--queue-url", fifo, "--message-body", body, "--message-group-id",
+                "g", "--message-attributes", '{"n": {"DataType": "Number", "StringValue": "1"}}')
+            for body in ("first", "first", "second")]
+    assert sent[0]["MessageId"] == sent[1]["MessageId"] != sent[2]["MessageId"]
+    got = aws("receive-message", "--queue-url", fifo, "--max-number-of-messages", "10",
+              "--message-attribute-names", "All", "--attribute-names", "All")["Messages"]
+    assert [m["Body"] for m in got] == ["first", "second"]
+    assert got[0]["MessageAttributes"]["n"]["StringValue"] == "1"
+    assert got[1]["Attributes"]["SequenceNumber"] == sent[2]["SequenceNumber"]
+
+
+def test_kombu_on_a_fifo_queue_delivers_in_order(endpoint):
+    from urllib.parse import quote
+
+    from kombu import Connection
+
+    broker = f"sqs://tool:{quote(endpoint['keys']['tool'], safe='')}@{endpoint['url'][7:]}"
+    options = {"region": REGION, "is_secure": False, "wait_time_seconds": 1}
+    with Connection(broker, transport_options=options) as connection:
+        queue = connection.SimpleQueue("kombu-jobs.fifo")
+        for i in range(5):
+            queue.put({"n": i})
+        got = []
+        for _ in range(5):
+            message = queue.get(timeout=60)
+            got.append(message.payload["n"])
+            message.ack()
+        queue.close()
+    assert got == list(range(5))
+    client = sqs(endpoint, "tool")
+    url = client.get_queue_url(QueueName="kombu-jobs.fifo")["QueueUrl"]
+    assert client.get_queue_attributes(QueueUrl=url, AttributeNames=["FifoQueue"])[
+        "Attributes"] == {"FifoQueue": "true"}
 
 
 CELERY_TASKS = """
