@@ -41,7 +41,7 @@ from rayq.sqs.attributes import Settings
 from rayq.sqs import protocol
 from rayq.sqs.errors import SqsError
 from rayq.sqs.fifo import Admitted, Dedup
-from rayq.sqs.names import access_key_id
+from rayq.sqs.names import HOME_REGION, access_key_id
 from rayq.sqs.protocol import JSON_TYPE, XML_TYPE, decode_request
 from rayq.sqs.sigv4 import Caller, Claim, SignedRequest, claim, verify, verify_claim
 
@@ -219,7 +219,8 @@ class SqsEndpoint:
     """One HTTP replica of the SQS endpoint, serving from its constructor on."""
 
     def __init__(self, host: str, port: int, manager, shards: list, config: Config,
-                 clock: Clock | None = None, tls: tuple[str, str] | None = None):
+                 clock: Clock | None = None, tls: tuple[str, str] | None = None,
+                 home_region: str = HOME_REGION):
         self._manager, self._shards, self._config = manager, shards, config
         self.clock = clock or SystemClock()
         self.address = (host, port)
@@ -227,7 +228,7 @@ class SqsEndpoint:
         self._clients_lock = threading.Lock()
         self._keys = Keys(manager, self.clock)
         self._api = SqsApi(self._client, ReplicaState(named(STATE), self.clock),
-                           accounts=lambda: self._keys.table)
+                           accounts=lambda: self._keys.table, home_region=home_region)
         self._pool = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="sqs")
         self._shares = Shares(in_flight_per_account=IN_FLIGHT_PER_ACCOUNT,
                               threads_per_account=THREADS_PER_ACCOUNT)

@@ -26,6 +26,7 @@ FIFO_SUFFIX = ".fifo"
 _ESCAPE = ".q"
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 _FIFO_NAME = re.compile(r"^[A-Za-z0-9_-]{1,75}\.fifo$")
+_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d{1,2}$")
 _ACCOUNT_ID = re.compile(r"^\d{12}$")
 _ARN = re.compile(r"^arn:aws[a-z-]*:sqs:([a-z0-9-]+):(\d{12}|[^:]+):([A-Za-z0-9_.-]+)$")
 
@@ -47,6 +48,10 @@ def access_key_id(account: str, key: str) -> str:
 
 def is_account_id(text: str) -> bool:
     return bool(_ACCOUNT_ID.match(text))
+
+
+def valid_region(region: object) -> bool:
+    return isinstance(region, str) and bool(_REGION.match(region))
 
 
 def valid_name(name: object) -> bool:

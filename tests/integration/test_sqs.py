@@ -655,6 +655,8 @@ def test_serving_again_elsewhere_is_refused_while_the_endpoint_runs(endpoint):
     assert rayq.serve_sqs(port=int(endpoint["url"].rsplit(":", 1)[1])) == endpoint["url"]
     with pytest.raises(rayq.RuntimeFailure):
         rayq.serve_sqs(port=free_port())
+    with pytest.raises(rayq.InvalidMessage):
+        rayq.serve_sqs(port=free_port(), home_region="not a region")
 
 
 def test_rayq_serve_runs_an_embedded_runtime_until_stopped(tmp_path):

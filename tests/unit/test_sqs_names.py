@@ -79,3 +79,10 @@ def test_an_access_key_id_is_akia_shaped_and_changes_with_the_key():
     assert one.startswith("AKIA") and len(one) == 20 and one.isalnum() and one.isupper()
     assert one != two and one == names.access_key_id("acme", "k1")
     assert one != names.access_key_id("beta", "k1")
+
+
+@pytest.mark.parametrize("region, ok", [("us-east-1", True), ("eu-west-1", True),
+                                        ("us-gov-west-1", True), ("x", False), ("EU-1", False),
+                                        ("eu-west-1.q", False)])
+def test_region_names_are_checked(region, ok):
+    assert names.valid_region(region) is ok
