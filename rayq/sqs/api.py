@@ -231,12 +231,17 @@ class SqsApi:
         dead = [m for m in got if m.dequeue_count > max_receives]
         if not dead:
             return got
-        to = t.queue(t.from_arn(target_arn))
         source = t.need().arn()
-        to.send_batch([Outgoing(msgs.opened(m.body).moved(
-            source=source, sent_ms=msgs.opened(m.body).sent_ms or int(m.enqueued_at * 1000)
-        ).stored(), tenant=m.tenant if t.caller.account == ADMIN else None, type=m.type)
-            for m in dead])
+        moved = []
+        for m in dead:
+            envelope = msgs.opened(m.body)
+            moved.append(Outgoing(envelope.moved(
+                source=source, sent_ms=envelope.sent_ms or int(m.enqueued_at * 1000)).stored(),
+                tenant=m.tenant if t.caller.account == ADMIN else None, type=m.type))
+        try:
+            t.queue(t.from_arn(target_arn)).send_batch(moved)
+        except (RayqError, SqsError):  # the dead-letter queue is gone: deliver them instead
+            return got
         queue.delete_batch([m.receipt for m in dead])
         return [m for m in got if m.dequeue_count <= max_receives]
 
