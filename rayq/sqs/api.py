@@ -251,8 +251,9 @@ class SqsApi:
         self.state.latest(t.need().account, m.id, m.receipt)
         out = {"MessageId": m.id, "ReceiptHandle": m.receipt + m.id,
                "MD5OfBody": msgs.md5_hex(envelope.body.encode()), "Body": envelope.body}
-        if system:
+        if system or m.dequeue_count == 1:  # a later receive may ask when this one was
             first_ms = self.state.first_received(m.id, m.dequeue_count, now_ms)
+        if system:
             out["Attributes"] = msgs.system_attributes(m, envelope, system, first_ms,
                                                        sender=m.tenant)
         attributes = envelope.attributes or (

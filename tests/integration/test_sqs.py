@@ -208,10 +208,14 @@ def test_a_received_message_comes_back_after_its_visibility_timeout(endpoint):
     url = new_queue(client)
     client.send_message(QueueUrl=url, MessageBody="again")
     [first] = client.receive_message(QueueUrl=url, VisibilityTimeout=1)["Messages"]
+    after_first_ms = int(time.time() * 1000)
     assert client.receive_message(QueueUrl=url).get("Messages") is None  # hidden meanwhile
     [second] = eventually(lambda: client.receive_message(
-        QueueUrl=url, AttributeNames=["ApproximateReceiveCount"]).get("Messages"))
+        QueueUrl=url, AttributeNames=["ApproximateReceiveCount",
+                                      "ApproximateFirstReceiveTimestamp"]).get("Messages"))
     assert second["Body"] == "again" and second["Attributes"]["ApproximateReceiveCount"] == "2"
+    # the first receive asked for no attributes, yet its time was kept
+    assert int(second["Attributes"]["ApproximateFirstReceiveTimestamp"]) <= after_first_ms
     client.delete_message(QueueUrl=url, ReceiptHandle=first["ReceiptHandle"])  # the older handle
     assert got_counts(client, url) == (0, 0, 0)  # deleted the message it was received again as
     client.delete_message(QueueUrl=url, ReceiptHandle=second["ReceiptHandle"])  # gone: still fine
