@@ -32,8 +32,8 @@ from rayq.core.kit.clock import Clock
 from rayq.core.flood.detection import Flooder, build_view, detect, sweep_step
 from rayq.core.auth.gate import signed
 from rayq.core.kit.history import EventHistory
-from rayq.core.flood.isolation import (dedicated_by_shard, dedicated_to, diverts, fully_swept,
-                                 isolation_moves, left_to_sweep, listed,
+from rayq.core.flood.isolation import (dedicated_by_shard, dedicated_on, dedicated_to, diverts,
+                                 fully_swept, isolation_moves, left_to_sweep, listed,
                                  shards_lacking_dedicated, spilled_on, subqueue_layout,
                                  with_sweeps)
 from rayq.core.codec.model import pack, unpack
@@ -119,9 +119,12 @@ class FloodDetector(ControlActor):
                 return moved
 
     async def _route(self, queues: dict[str, QueueInfo], flooders: list[Flooder]) -> None:
-        """Tell each shard which flooders' puts to its subqueues to spill."""
-        await call_all_async((lambda s=s, d=d: s.set_diverts.remote(d))
-                       for s, d in zip(self.shards, diverts(queues, flooders, len(self.shards))))
+        """Tell each shard which flooders' puts to its subqueues to spill, and which of
+        its subqueues are dedicated (served on their turns)."""
+        shards = len(self.shards)
+        await call_all_async((lambda s=s, d=d, own=own: s.set_diverts.remote(d, own))
+                             for s, d, own in zip(self.shards, diverts(queues, flooders, shards),
+                                                  dedicated_on(queues, shards)))
 
     async def _release(self, flooder: Flooder, queues: dict[str, QueueInfo]) -> None:
         """The shards no longer spill its puts (routed before this): what it spilled

@@ -28,11 +28,12 @@ from rayq.core.control.managing import (check_may_create, check_task_spec, check
                                 concurrency_limits, consumers_to_change, ids_by_shard,
                                 is_registration, shard_depths, visible_names)
 from rayq.core.codec.model import SubqueueState, check_count
-from rayq.core.control.registry import (QueueInfo, QueueRegistry, check_queue_ref, put_target,
-                                receive_order)
+from rayq.core.control.registry import (QueueInfo, QueueMetadata, QueueRegistry,
+                                        check_queue_ref, metadata_of, put_states, put_target,
+                                        receive_order)
 from rayq.core.control.scaling import OpRates, QuietTracker, decide, loads_of
 from rayq.core.codec.tasks import TaskRegistry, TaskSpec
-from rayq.errors import RayqError
+from rayq.errors import InvalidMessage, RayqError
 from rayq.remote import NO_RETRY, call_all_async, call_async, running
 
 MAX_CONSUMERS = 1000
@@ -51,6 +52,7 @@ class QueueManager(ControlActor):
         self._rates = OpRates()
         self._quiet = QuietTracker(config.scaling)
         self.scaling_events: list[dict] = []
+        self._states_told = False  # whether the shards were told every queue's put states
         self.run_every(config.scaling.interval_s, "scaling", self._scale_round)
 
     # -- accounts --------------------------------------------------------------
@@ -141,6 +143,34 @@ class QueueManager(ControlActor):
         shards remove the old ones' messages, spilled ones too, in the background."""
         queue = self._visible(caller.account, name, owned=True)
         await self._purge(self.registry.renew(queue.ref))
+        if queue.disabled:  # the fresh subqueues refuse puts too
+            await self._apply_put_states(self.registry.get(queue.ref))
+    # -- metadata and state (docs/operations.md) ------------------------------------
+    @signed(MANAGER_OPS["set_metadata"])
+    async def set_metadata(self, name: str, metadata: dict, *, caller: Caller) -> None:
+        """Replace the queue's user-defined metadata (string values)."""
+        queue = self._visible(caller.account, name, owned=True)
+        self.registry.set_metadata(queue.ref, metadata)
+
+    @signed(MANAGER_OPS["queue_metadata"])
+    async def queue_metadata(self, name: str, *, caller: Caller) -> QueueMetadata:
+        """The queue's metadata, state and approximate message count."""
+        queue = self._visible(caller.account, name, owned=True)
+        return metadata_of(queue, self._counts, name)
+
+    @signed(MANAGER_OPS["set_enabled"])
+    async def set_enabled(self, name: str, enabled: bool, *, caller: Caller) -> None:
+        """Disable the queue (its shards refuse puts; receives go on) or enable it again.
+        Recorded first, then told to the shards: the scaling loop tells them again."""
+        queue = self._visible(caller.account, name, owned=True)
+        if not isinstance(enabled, bool):
+            raise InvalidMessage("enabled is True or False")
+        await self._apply_put_states(self.registry.set_disabled(queue.ref, not enabled))
+
+    async def _apply_put_states(self, queue: QueueInfo) -> None:
+        for sq, state in put_states(queue).items():
+            await self._set_state(queue.subqueue(sq).shard, sq, state)
+
     async def _purge(self, subqueues: list) -> None:
         """Hand subqueues to their shards for removal (O(subqueues) here); what a shard
         did not take yet stays recorded and is handed over again by the scaling loop."""
@@ -265,7 +295,13 @@ class QueueManager(ControlActor):
         depths = shard_depths(self.registry.all(), self._counts, len(self.shards))
         nodes = published()  # each shard's node: added subqueues go to other nodes first
         now = self.clock.now()
+        if not self._states_told:  # a crash may have come between registry and shards
+            for queue in self.registry.all():
+                await self._apply_put_states(queue)
+            self._states_told = True
         for queue in self.registry.all():
+            if queue.disabled:  # no puts to scale for
+                continue
             loads = loads_of(queue, self._counts, self._rates)
             decision = decide(loads, depths, min_subqueues=queue.min_subqueues,
                               quiet_for_s=self._quiet.quiet_for(loads, now),

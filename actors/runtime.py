@@ -27,7 +27,7 @@ ShardRemote = ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(ShardActor)
 ManagerRemote = ray.remote(QueueManager)
 
 
-def _placed(node: DataNode) -> dict:
+def runtime_options(node: DataNode) -> dict:
     """Actor options: detached, named, no CPU, pinned to ``node``, where its files are."""
     return {**_ACTOR_OPTIONS, **pinned(node)}
 
@@ -36,7 +36,7 @@ def _launch(remote, name: str, node: DataNode, *args):
     """Start the named runtime actor ``name`` on ``node`` unless it runs already;
     restarted by Ray whenever it dies, its calls retried across the restart."""
     return remote.options(name=name, max_restarts=-1, max_task_retries=-1,
-                          **_placed(node)).remote(*args)
+                          **runtime_options(node)).remote(*args)
 
 
 def _ready(handles: list) -> list:

@@ -44,11 +44,12 @@ from rayq.core.storage.dispatch import DispatchPolicy, NoisyKey
 from rayq.core.control.consuming import check_end_calls
 from rayq.core.auth.gate import (Caller, Gate, check_reads_own, of_subqueues, per_queue,
                                  queues_on, signed)
-from rayq.core.codec.wire import delivered_count
+from rayq.core.codec.wire import delivered_count, join_delivered
+from rayq.core.flood.isolation import serving_order
 from rayq.core.codec.model import SubqueueState, long_poll_s
 from rayq.core.storage.store import KeyDepth, StoreStats, open_store
 from rayq.core.storage.waiters import OutcomeWaiters, outcome_value
-from rayq.errors import Overloaded, RayqError, StoreError, TaskError
+from rayq.errors import Overloaded, QueueDisabled, RayqError, StoreError, TaskError
 
 log = logging.getLogger("rayq.shard")
 MAX_PENDING_CALLS = 10_000
@@ -120,6 +121,8 @@ class ShardActor:
         self.gate = Gate(manager_directory, seen=nonces.load(self.store.kv, self.clock.now()),
                          clock=self.clock, shard=index)
         self.key_mode = config.fairness.key
+        self._dedicated: frozenset[int] = frozenset()  # flooders' subqueues here (set_diverts)
+        self._dedicated_turns, self._dedicated_every = 0, config.flood.dedicated_turn_every
 
     # -- group commit ------------------------------------------------------
     async def _write(self, subqueue: int | None, name: str | None, *args,
@@ -221,27 +224,49 @@ class ShardActor:
                       visibility_timeout_s: float | None = None, *, keys=None,
                       max_receives: int | None = None, dead_letter: int | None = None,
                       wait_s: float = 0.0, exclude=None, caller: Caller) -> bytes:
-        """Receive from one subqueue, or from the first of several (this shard's
-        subqueues of one queue, in receive order) that has messages. With ``wait_s``
-        the call parks until a put wakes it: one parked call, however many subqueues.
+        """Receive from one subqueue, or from several (this shard's subqueues of one
+        queue, in receive order), going on through them until it has ``max_messages``
+        or has tried them all. With ``wait_s`` the call parks until a put wakes it: one
+        parked call, however many subqueues.
         The answer is one buffer (:func:`rayq.core.codec.wire.decode_delivered` reads it)."""
-        subqueues = subqueue if isinstance(subqueue, list) else [subqueue]
+        subqueues = self._serving_order(subqueue if isinstance(subqueue, list) else [subqueue])
         deadline = self._loop.time() + long_poll_s(wait_s)
         signed = caller.auth  # its nonce goes with the first round
         while True:
-            for sq in subqueues:
-                got = await self._write(sq, "receive", sq, max_messages, visibility_timeout_s,
-                                        keys=keys, exclude=exclude, max_receives=max_receives,
-                                        dead_letter=dead_letter, signed=signed)
-                signed = None
-                count = delivered_count(got)
-                self._ops[sq] += max(1, count)
-                if count:
-                    return got
+            parts, count, refused = [], 0, None
+            for sq in subqueues:  # on until it has max_messages or has tried them all
+                try:
+                    got = await self._write(sq, "receive", sq, max_messages - count,
+                                            visibility_timeout_s, keys=keys, exclude=exclude,
+                                            max_receives=max_receives,
+                                            dead_letter=dead_letter, signed=signed)
+                except QueueDisabled as err:  # dropped since the caller routed: the others
+                    refused = err             # still serve; raised if none had anything
+                    continue
+                finally:
+                    signed = None
+                found = delivered_count(got)
+                self._ops[sq] += max(1, found)
+                if found or not parts:
+                    parts.append(got)
+                count += found
+                if count >= max_messages:
+                    break
+            if refused is not None and not count:
+                raise refused
             remaining = deadline - self._loop.time()
-            if remaining <= 0:
-                return got
+            if count or remaining <= 0:
+                return join_delivered(parts)
             await self._park(subqueues, min(remaining, MAX_WAIT_SLICE_S))
+
+    def _serving_order(self, subqueues: list[int]) -> list[int]:
+        """``subqueues`` in the order this receive tries them: a flooder's dedicated one
+        first on its turns (docs/flood-detection.md)."""
+        if len(subqueues) < 2 or self._dedicated.isdisjoint(subqueues):
+            return subqueues
+        self._dedicated_turns += 1
+        return serving_order(subqueues, self._dedicated, self._dedicated_turns,
+                             self._dedicated_every)
 
     @signed(SHARD_OPS["delete"])
     async def delete(self, receipts: list[str], *, caller: Caller) -> list[str]:
@@ -320,9 +345,11 @@ class ShardActor:
         await self._read(self.store.set_state, subqueue, SubqueueState(state))
 
     # -- flooders ------------------------------------------------------------------
-    async def set_diverts(self, diverts: dict) -> None:
-        """Flooders whose new messages to a subqueue go to the spill store."""
+    async def set_diverts(self, diverts: dict, dedicated: list[int] = ()) -> None:
+        """Flooders whose new messages to a subqueue go to the spill store, and the
+        flooders' dedicated subqueues on this shard (served on their turns)."""
         await self._read(self.store.set_diverts, diverts)
+        self._dedicated = frozenset(dedicated)
 
     async def sweep(self, type_: str, tenant: str, target: int, limit: int) -> int:
         return await self._write(target, "sweep", type_, tenant, target, limit)

@@ -33,11 +33,12 @@ from rayq.errors import (AuthError, ConfigError, DataDirExposed, InvalidMessage,
 # rayq.core (or rayq.config, rayq.errors) never loads Ray or the actors.
 _LAZY = {"start": "rayq.runtime.session", "connect": "rayq.runtime.session", "shutdown": "rayq.runtime.session",
          "Client": "rayq.client", "Queue": "rayq.queue", "QueueStats": "rayq.queue",
-         "KeyStats": "rayq.queue", "Report": "rayq.analytics.report",
+         "QueueMetadata": "rayq.queue", "KeyStats": "rayq.queue", "Report": "rayq.analytics.report",
          "serve_sqs": "rayq.runtime.serving"}
 
 __all__ = [
-    "start", "connect", "shutdown", "serve_sqs", "Client", "Queue", "QueueStats", "KeyStats", "Report",
+    "start", "connect", "shutdown", "serve_sqs", "Client", "Queue", "QueueStats", "QueueMetadata",
+    "KeyStats", "Report",
     "Config", "ConsumerConfig", "FairnessConfig", "FloodConfig", "ScalingConfig", "StoreConfig",
     "Outgoing", "Received", "task", "TaskFunction", "FairnessReport", "SuspensionRule",
     "Flooder",

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import signal
-import sys
 import time
 
 import click
@@ -22,6 +20,7 @@ console = Console()
 
 
 NO_RUNTIME = "no rayq runtime is running here; start one with `rayq start`"
+TOKEN_MODE_ENV = "RAY_AUTH_MODE"  # Ray's CLI and job client use ~/.ray/auth_token when "token"
 
 
 @click.group()
@@ -49,47 +48,74 @@ def _connect():
 @click.option("--port", default=0, help="The Ray head's port (default: a free one).")
 @click.option("--dashboard/--no-dashboard", default=True, show_default=True,
               help="Run the Ray dashboard (on 127.0.0.1).")
-def start(data_dir: str | None, consumers: int | None, port: int, dashboard: bool) -> None:
+@click.option("--warm-report", is_flag=True, default=False,
+              help="Start Spark for reports now, in the background (it holds an executor's CPU "
+                   "until AnalyticsConfig.idle_stop_s passes without a report).")
+def start(data_dir: str | None, consumers: int | None, port: int, dashboard: bool,
+          warm_report: bool) -> None:
     """Start a Ray head on 127.0.0.1 and the runtime's actors, detached: they run until
-    `rayq stop`, and scripts and `rayq status` on this machine attach to them."""
+    `rayq stop`, and scripts, `rayq status` and Ray jobs on this machine attach to them."""
     import subprocess
 
     import ray
 
     from rayq.core.kit.private import prepare_data_dir
     from rayq.runtime import local
-    from rayq.runtime.session import DEFAULT_DATA_DIR, local_cluster
+    from rayq.runtime.session import DEFAULT_DATA_DIR, live_cluster
 
     try:  # before a Ray head starts: a refused data directory leaves nothing running
         prepare_data_dir(os.path.abspath(data_dir or DEFAULT_DATA_DIR))
     except rayq.DataDirExposed as err:
         raise click.ClickException(str(err)) from None
-    address = local_cluster(None)
-    if address is None:
+    try:
+        address = live_cluster(None, say=lambda line: console.print(line, soft_wrap=True))
+    except rayq.RuntimeFailure as err:  # $RAY_ADDRESS names a Ray that does not answer
+        raise click.ClickException(str(err)) from None
+    started = address is None
+    if started:
         try:
-            address = local.start_head(port or local.free_port(), dashboard)
+            address = local.start_head(port, dashboard)
         except subprocess.CalledProcessError as err:
             raise click.ClickException(f"ray start failed: {(err.stderr or err.stdout).strip()[-2000:]}")
-        started = True
-    else:
-        started = False
     try:
         client = rayq.start(data_dir=data_dir, consumers=consumers)
-    except ConnectionError as err:  # e.g. ray_current_cluster names a Ray that is gone
+    except (ConnectionError, rayq.RuntimeFailure) as err:
         raise click.ClickException(f"the Ray at {address} does not answer: {err}") from None
     node = ray._private.worker.global_worker.node
     if started:
         local.mark_started(node.get_session_dir_path())
     count = len(client.consumer_stats())
-    ray.shutdown()
     where = os.path.abspath(data_dir or ".rayq-data")
+    if warm_report:
+        from actors.analytics import warm_up
+
+        warm_up(client.config, os.path.join(where, "events"))
+    token = _token_auth()
+    ray.shutdown()
     console.print(f"rayq runtime running on Ray at {address} "
                   f"({'started' if started else 'already running'}); data in {where}, "
-                  f"{count} consumer(s)")
-    if dashboard and started:
-        console.print(f"Ray dashboard: http://{node.webui_url or '127.0.0.1:8265'}")
+                  f"{count} consumer(s)", soft_wrap=True)
     console.print("Attach from this machine: rayq.connect() in Python, or `rayq status`; "
-                  "stop with `rayq stop` (the data stays).")
+                  "stop with `rayq stop` (the data stays).", soft_wrap=True)
+    if node.webui_url:
+        _print_jobs(f"http://{node.webui_url}", token)
+
+
+def _token_auth() -> bool:
+    """Whether the Ray this process attached to checks an auth token."""
+    from ray._private.authentication.authentication_utils import is_token_auth_enabled
+
+    return is_token_auth_enabled()
+
+
+def _print_jobs(dashboard_url: str, token: bool) -> None:
+    """The dashboard's address and how to submit a Ray job to it from a shell here
+    (Ray's CLI reads the token in ~/.ray/auth_token only when told the mode)."""
+    console.print(f"Ray dashboard: {dashboard_url}", soft_wrap=True)
+    console.print("Submit Ray jobs from this machine (rayq.connect() inside them):")
+    exports = [f"export {TOKEN_MODE_ENV}=token"] if token else []
+    for line in [*exports, f"ray job submit --address {dashboard_url} --working-dir . -- python job.py"]:
+        console.print(f"  {line}", soft_wrap=True, highlight=False)
 
 
 def _start(**kwargs):
@@ -184,14 +210,14 @@ def report(out_dir: str) -> None:
 
 def _report(client, out_dir: str):
     """Run the report under one progress bar over its steps; a failure is one line
-    (with Spark's log file when Spark failed)."""
+    (with Spark's log file when Spark failed). Spark runs in the runtime's analytics
+    actor: its output goes to Ray's logs and its own log file, not to this console."""
     from rayq.analytics.report import STEPS
 
     columns = (TextColumn("report"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.description}"))
-    log = os.path.join(out_dir, "spark.log")
     try:
-        with _output_to(log) as screen, Progress(*columns, console=screen) as progress:
+        with Progress(*columns, console=console) as progress:
             bar = progress.add_task("", total=STEPS)
             result = client.report(out_dir, progress=lambda step: progress.update(
                 bar, advance=1, description=step))
@@ -200,31 +226,6 @@ def _report(client, out_dir: str):
         raise click.ClickException(str(err)) from None
     console.print(f"report of {result.events:,} events in {result.seconds:.0f}s: {result.html}")
     return result
-
-
-@contextlib.contextmanager
-def _output_to(path: str):
-    """Send this process's stdout and stderr (file descriptors 1 and 2) to ``path`` for a
-    while; yields a console on the real stdout. The JVMs Spark starts inherit them:
-    what they print outside Spark's log configuration (the Ray core worker's start-up
-    lines, Ray's log4j set-up inside Spark's driver) lands in the log file."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = {fd: os.dup(fd) for fd in (1, 2)}
-    screen = Console(file=os.fdopen(os.dup(saved[1]), "w", encoding="utf-8"))
-    with open(path, "a", encoding="utf-8") as log:
-        for fd in saved:
-            os.dup2(log.fileno(), fd)
-    try:
-        yield screen
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        for fd, copy in saved.items():
-            os.dup2(copy, fd)
-            os.close(copy)
-        screen.file.close()
 
 
 @main.command()
@@ -316,11 +317,14 @@ def _interrupt(signum, frame) -> None:
 
 
 def _status(client) -> Group:
-    queues = _table("queues", "queue", "depth", "subqueues", "oldest age s")
+    queues = _table("queues", "queue", "state", "depth", "subqueues", "oldest age s", "metadata")
     for name in client.list_queues():
-        stats = client.queue(name).stats()
+        queue = client.queue(name)
+        stats, meta = queue.stats(), queue.metadata()
         oldest = max((k.oldest_age_s for k in stats.keys.values()), default=0.0)
-        queues.add_row(name, str(stats.depth), str(len(stats.subqueues)), f"{oldest:.1f}")
+        queues.add_row(name, "enabled" if meta.enabled else "disabled", str(stats.depth),
+                       str(len(stats.subqueues)), f"{oldest:.1f}",
+                       ", ".join(f"{k}={v}" for k, v in meta.metadata.items()) or "-")
     shards = _table("shards", "shard", "node", "role", "messages", "calls/commit", "cache MiB",
                     "hits", "bypasses", "pressure", "spilled")
     for s in client.stats():

@@ -208,16 +208,18 @@ class Client:
         return sum(call(lambda ref=ref: ref) for ref in refs)
 
     def report(self, out_dir: str | os.PathLike, progress=None) -> Report:
-        """Flush pending events, then run the Spark report (RayDP, on this Ray cluster)
-        over the event log. Returns a rayq.Report: ``html`` is the page's path, ``tables``
+        """Flush pending events, then run the Spark report over the event log in the
+        runtime's analytics actor, whose Spark (RayDP, on this Ray cluster) stays warm
+        between reports. Returns a rayq.Report: ``html`` is the page's path, ``tables``
         maps table names to Parquet paths. ``progress(step)`` hears each step."""
-        from rayq.analytics.report import current_thresholds, run_report
+        from actors import analytics
+        from rayq.analytics.report import current_thresholds
 
         self.flush_events()
         data_dir = self._manager("info")["data_dir"]
-        return run_report(os.path.join(data_dir, "events"), os.path.abspath(out_dir),
-                          self.config.analytics, progress or (lambda step: None),
-                          current_thresholds(self.config))
+        return analytics.report(self.config, os.path.join(data_dir, "events"),
+                                os.path.abspath(out_dir), progress or (lambda step: None),
+                                current_thresholds(self.config))
 
     def scale_consumers(self, count: int) -> int:
         """Run ``count`` consumer actors from now on (kept across restarts); returns it.

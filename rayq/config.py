@@ -112,6 +112,10 @@ class FloodConfig:
     healthy_depth: int = 50_000
     exit_dedicated: int = 5_000
     exit_shared: int = 50_000
+    # Every n-th receive on a shard that holds a flooder's dedicated subqueue behind
+    # live ones serves the dedicated one first (docs/flood-detection.md): the source
+    # text's dedicated queue is one more broker queue, served in turn with the rest.
+    dedicated_turn_every: int = 2
 
 
 @dataclass(frozen=True)
@@ -146,7 +150,7 @@ class ScalingConfig:
     """Subqueue scale-up and scale-down (docs/autoscaling.md); evaluated every ``interval_s``."""
 
     interval_s: float = 1.0
-    scale_up_ops_per_s: float = 5_000.0
+    scale_up_ops_per_s: float = 1_000.0  # the source text's; docs/autoscaling.md has the measure
     scale_up_throttled_per_s: float = 1.0
     idle_ops_per_s: float = 1.0       # a subqueue this slow is quiet whatever it holds
     idle_s: float = 60.0              # how long a subqueue stays quiet before one retires
@@ -168,6 +172,9 @@ class AnalyticsConfig:
     executor_memory: str = "700M"
     driver_memory: str = "700m"
     shuffle_partitions: int = 4
+    # The analytics actor keeps Spark warm between reports; after this long without one
+    # it stops Spark and exits, so an idle runtime holds no JVM (0: never).
+    idle_stop_s: float = 600.0
 
 
 @dataclass(frozen=True)

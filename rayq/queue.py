@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -21,7 +21,7 @@ from rayq.core.auth.operations import MANAGER_OPS, SHARD_OPS
 from rayq.core.codec.model import (DLQ_SUFFIX, Outgoing, Received, check_count, check_seconds,
                                    receipt_subqueue)
 from rayq.core.codec.wire import decode_received
-from rayq.core.control.registry import QueueInfo
+from rayq.core.control.registry import QueueInfo, QueueMetadata
 from rayq.errors import InvalidMessage, QueueDisabled, RayqError, ReceiptInvalid
 from rayq.remote import call_all
 from rayq.sending import MAX_BATCH
@@ -245,6 +245,33 @@ class Queue:
         self._transport.call(MANAGER_OPS["clear_queue"], self._transport.manager, self.name)
         self._transport.route(self.name, refresh=True)
 
+    # -- metadata and state ----------------------------------------------------------------
+    def set_metadata(self, metadata: Mapping[str, str]) -> None:
+        """Replace the queue's user-defined metadata: names of 1-64 letters, digits, '_' or
+        '-', string values, 8 KiB in all (InvalidMessage otherwise)."""
+        self._transport.call(MANAGER_OPS["set_metadata"], self._transport.manager, self.name,
+                             dict(metadata) if isinstance(metadata, Mapping) else metadata)
+
+    def metadata(self) -> QueueMetadata:
+        """The queue's metadata, whether it is enabled, and its approximate message count
+        (the runtime's last reading, at most a scaling interval old)."""
+        return self._transport.call(MANAGER_OPS["queue_metadata"], self._transport.manager,
+                                    self.name)
+
+    def disable(self) -> None:
+        """Refuse new messages (sends raise QueueDisabled); receives, deletes and the rest
+        go on, so consumers drain it."""
+        self._set_enabled(False)
+
+    def enable(self) -> None:
+        """Take new messages again."""
+        self._set_enabled(True)
+
+    def _set_enabled(self, enabled: bool) -> None:
+        self._transport.call(MANAGER_OPS["set_enabled"], self._transport.manager, self.name,
+                             enabled)
+        self._transport.route(self.name, refresh=True)
+
     def stats(self) -> QueueStats:
         """Depth, per-key depth and oldest age, subqueues and (for the ``default`` account)
         their shards' cache counters."""
@@ -259,7 +286,7 @@ class Queue:
                                           queue=self.name):
                 if d.subqueue in mine:
                     old = keys.get(d.key, KeyStats(0, 0.0))
-                    keys[d.key] = KeyStats(old.depth + d.count, max(old.oldest_age_s, d.latency_s))
+                    keys[d.key] = KeyStats(old.depth + d.count, max(old.oldest_age_s, d.oldest_age_s))
         try:  # the dead-letter queue is in the same account's namespace
             dlq = Queue(self._transport, self.name + DLQ_SUFFIX).count() if not queue.is_dlq else 0
         except RayqError:

@@ -120,6 +120,10 @@ class Producer:
         batch = encode_put(entries)
         for attempt in range(PUT_ATTEMPTS):
             queue, _, target = self._transport.route(self.name, refresh=attempt > 0)
+            if queue.disabled:  # as last routed: routed anew once before it is believed
+                if attempt:
+                    raise QueueDisabled(f"queue {self.name!r} is disabled: it refuses new messages")
+                continue
             index = queue.subqueue(target).shard
             try:
                 ids = self._transport.call(SHARD_OPS["put"], self._transport.shards[index],

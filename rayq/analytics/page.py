@@ -1,7 +1,7 @@
 """The report's page: a headline that says what happened, three plots on local time
 axes with the intervention and flood periods shaded, and sorted, formatted tables.
 
-Works on the small tables ``run_report`` collected (lists of row dicts); no Spark here.
+Works on the small tables ``rayq.analytics.warm.run_report`` collected (lists of row dicts); no Spark here.
 Times arrive as datetimes (event timestamps) or epoch seconds (window starts) and are
 shown in this machine's local time zone.
 """

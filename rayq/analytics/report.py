@@ -1,7 +1,9 @@
-"""``rayq report``: Spark started on the running Ray cluster with RayDP reads the
-event log and writes Parquet tables, PNG plots and one self-contained HTML page.
+"""``rayq report``: Spark on the running Ray cluster (RayDP) reads the event log and
+writes Parquet tables, PNG plots and one self-contained HTML page. The runtime's
+reports run in its analytics actor (actors/analytics.py), whose Spark stays warm
+between reports (rayq.analytics.warm); :func:`rayq.analytics.warm.run_report` runs one in this process.
 
-Results leave Spark as Parquet files (and small tables by ``collect()``), not
+Results leave Spark as Parquet files (small tables are read back with pyarrow), not
 through ``ray.data.from_spark``, which crashed on Ray 2.53 and 2.60 with raydp
 1.6.5 ("Check failed: objects_valid").
 """
@@ -10,18 +12,14 @@ from __future__ import annotations
 
 import os
 import sys
-import time
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from rayq.analytics import page
 from rayq.analytics.schema import TABLES
 from rayq.config import AnalyticsConfig, Config
-from rayq.errors import NoEvents, RayqError, RuntimeFailure  # NoEvents: re-exported here too
+from rayq.errors import NoEvents  # noqa: F401  (re-exported here too)
 
-PLOTTED = ("usage_share_by_window", "wait_by_window", "fairness_index_by_window")
-SMALL_ROWS = 200  # tables up to this size are collected for the page
-# progress() calls of run_report: start Spark, one per table, plot, write the page.
+# progress() calls of a report: start Spark (or find it warm), one per table, plot,
+# write the page.
 STEPS = len(TABLES) + 3
 
 
@@ -87,6 +85,9 @@ def spark_session(config: AnalyticsConfig, log_config: str | None = None):
                "spark.driver.host": host, "spark.driver.bindAddress": host,
                "spark.sql.shuffle.partitions": str(config.shuffle_partitions),
                "spark.sql.session.timeZone": "UTC", "spark.ui.enabled": "false",
+               # The report's queries are small aggregates: re-planning each stage at run
+               # time (adaptive execution) costs more than it saves (benchmarks/report.py).
+               "spark.sql.adaptive.enabled": "false",
                "spark.ui.showConsoleProgress": "false"}
     if log_config:
         configs["spark.log4j.config.file.name"] = log_config  # RayDP's -Dlog4j2.configurationFile
@@ -94,45 +95,3 @@ def spark_session(config: AnalyticsConfig, log_config: str | None = None):
         app_name="rayq-report", num_executors=config.executors,
         executor_cores=config.executor_cores, executor_memory=config.executor_memory,
         configs=configs)
-
-
-def run_report(events_dir: str, out_dir: str, config: AnalyticsConfig,
-               progress: Callable[[str], None] = lambda step: None,
-               current: Mapping[str, float] | None = None) -> Report:
-    """Compute every table with Spark, then plot and render the page. ``current``:
-    the thresholds in force, by setting name, shown beside the suggested ones."""
-    import raydp
-
-    from rayq.analytics import jobs
-    from rayq.analytics.eventlog import event_files
-
-    if not event_files(events_dir):
-        raise NoEvents(f"no events under {events_dir!r} yet")
-    started = time.monotonic()
-    progress("starting Spark on Ray (RayDP)")
-    log_config, log = spark_log_config(out_dir)
-    spark = spark_session(config, log_config)
-    try:
-        events = spark.read.parquet(events_dir)
-        count = events.count()
-        tables, small = {}, {}
-        for name, frame in jobs.all_tables(events, config.window_s).items():
-            progress(f"computing {name}")
-            path = os.path.join(out_dir, "tables", name)
-            frame.coalesce(1).write.mode("overwrite").parquet(path)
-            tables[name] = path
-            if name in PLOTTED or frame.count() <= SMALL_ROWS:
-                small[name] = [row.asDict() for row in spark.read.parquet(path).collect()]
-    except Exception as err:
-        if isinstance(err, RayqError):
-            raise
-        raise RuntimeFailure(f"the Spark report failed: {str(err).splitlines()[0][:300]} "
-                             f"(Spark's log: {log})") from err
-    finally:
-        raydp.stop_spark()
-    progress("plotting")
-    periods = page.periods(small)
-    plots = page.make_plots(small, out_dir, periods)
-    progress("writing the page")
-    html = page.write_html(small, plots, out_dir, count, periods, current)
-    return Report(html, tables, plots, count, time.monotonic() - started)

@@ -32,16 +32,43 @@ def free_port(wanted: int = 0) -> int:
         return s.getsockname()[1]
 
 
+# The ports of a head's servers that Ray otherwise takes at fixed numbers (the dashboard
+# agent's 52365, the Ray client server's 10001) or lets each server pick: chosen here,
+# all free at once, so a second Ray on the machine neither takes nor loses them.
+HEAD_PORTS = ("dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port",
+              "runtime-env-agent-port", "ray-client-server-port", "node-manager-port",
+              "object-manager-port")
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free on loopback right now (held open while chosen)."""
+    held = [socket.socket() for _ in range(count)]
+    try:
+        for s in held:
+            s.bind((LOOPBACK, 0))
+        return [s.getsockname()[1] for s in held]
+    finally:
+        for s in held:
+            s.close()
+
+
 def start_head(port: int, dashboard: bool) -> str:
-    """``ray start --head`` on loopback; returns the address to attach to.
+    """``ray start --head`` on loopback, its GCS on ``port`` (0: a free one) and every
+    other server on a free port; returns the address to attach to.
 
     Raises subprocess.CalledProcessError (with Ray's output) when it fails."""
     ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    *chosen, gcs = free_ports(len(HEAD_PORTS) + 1)
+    port = port or gcs
+    ports = [f"--{name}={number}" for name, number in zip(HEAD_PORTS, chosen)]
     cmd = [ray_cli, "start", "--head", f"--port={port}", f"--node-ip-address={LOOPBACK}",
            f"--dashboard-host={LOOPBACK}", f"--include-dashboard={str(dashboard).lower()}",
            f"--dashboard-port={free_port(DASHBOARD_PORT)}",  # ray start takes no busy one
-           "--disable-usage-stats"]
-    env = {**os.environ, SINGLE_MACHINE_ENV: "0"}
+           *ports, "--disable-usage-stats"]
+    # Ray jobs' entrypoints (`python job.py`) run with this PATH: this interpreter first,
+    # the one rayq and its packages are installed in.
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    env = {**os.environ, SINGLE_MACHINE_ENV: "0", "PATH": path}
     env.pop("RAY_ADDRESS", None)
     subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
     return f"{LOOPBACK}:{port}"

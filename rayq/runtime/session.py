@@ -5,6 +5,8 @@ the actors; ``rayq/__init__`` loads it on first use."""
 from __future__ import annotations
 
 import os
+import socket
+import sys
 
 import ray
 
@@ -14,7 +16,7 @@ from rayq.client import Client
 from rayq.config import Config
 from rayq.core.auth.accounts import Signer
 from rayq.core.kit.private import prepare_data_dir
-from rayq.errors import AuthError
+from rayq.errors import AuthError, RuntimeFailure
 from rayq.transport import Transports
 
 DEFAULT_DATA_DIR = ".rayq-data"
@@ -27,26 +29,71 @@ RAY_LOG_LEVEL_ENV = "RAYQ_RAY_LOG_LEVEL"  # Ray's Python log level in this proce
 # The transports rayq.connect's clients share in this process (one per address, account
 # and key), so that a client per thread still coalesces its sends with the others'.
 CONNECTED = Transports()
+GCS_CHECK_S = 3.0  # a found cluster's GCS must answer within this, or it is passed over
 
 
 def _init_ray(address: str | None = None, dashboard: bool = True) -> None:
     """Attach to ``address`` (None or "auto": the cluster ``ray start`` / ``rayq start``
     left on this machine); with no address and no such cluster, start the embedded
-    Ray: this machine only, on loopback. Raises ConnectionError for "auto" when no
-    cluster runs."""
+    Ray: this machine only, on loopback. A cluster found on the machine whose GCS does
+    not answer is said so in one line and passed over (None) or refused ("auto", as
+    ``connect`` attaches); one named (``address`` or ``$RAY_ADDRESS``) that does not
+    answer raises RuntimeFailure. Raises ConnectionError for "auto" when no cluster runs."""
     if ray.is_initialized():
         return
     level = os.environ.get(RAY_LOG_LEVEL_ENV, "WARNING").upper()
-    found = local_cluster(address) if address in (None, "auto") else address
+    found = live_cluster(address)
     if found is None:
         loopback_only()
-        ray.init(namespace="rayq", log_to_driver=False, logging_level=level,
+        # "local": a new Ray even where ray_current_cluster names one (that does not answer).
+        ray.init(address="local", namespace="rayq", log_to_driver=False, logging_level=level,
                  _node_ip_address=LOOPBACK, include_dashboard=dashboard, dashboard_host=LOOPBACK)
         return
     if found.rsplit(":", 1)[0] == LOOPBACK:  # rayq start's head: join it on loopback
         loopback_only()
     # The address as given: for None / "auto" Ray also loads the cluster's auth token.
     ray.init(address=address, namespace="rayq", log_to_driver=False, logging_level=level)
+
+
+def live_cluster(address: str | None, say=lambda line: print(line, file=sys.stderr)) -> str | None:
+    """The cluster to attach to for ``address`` (see :func:`_init_ray`), its GCS checked
+    within GCS_CHECK_S; None: start one. ``say`` hears the line about a cluster passed over."""
+    named = address not in (None, "auto") or bool(os.environ.get("RAY_ADDRESS"))
+    found = local_cluster(address) if address in (None, "auto") else address
+    if found is None or gcs_answers(found):
+        return found
+    if named:
+        raise RuntimeFailure(f"the Ray at {found} does not answer (its GCS did not reply "
+                             f"within {GCS_CHECK_S:.0f} s)")
+    where = f"the Ray at {found} (named in {ray_address_file()}) does not answer"
+    if address == "auto":
+        raise RuntimeFailure(f"{where}; start one with `rayq start`")
+    say(f"rayq: {where}; starting an embedded Ray instead")
+    return None
+
+
+def gcs_answers(address: str, timeout_s: float = GCS_CHECK_S) -> bool:
+    """Whether a Ray GCS answers at ``address`` (host:port) within about ``timeout_s``:
+    a TCP connect, then one small gRPC call (any reply counts, an auth refusal too).
+    Addresses of other forms (ray://, http://) are not checked: True."""
+    host, _, port = address.rpartition(":")
+    if "://" in address or not port.isdigit():
+        return True
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError:
+        return False
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        try:
+            stub.CheckAlive(gcs_service_pb2.CheckAliveRequest(), timeout=timeout_s)
+        except grpc.RpcError as err:
+            return err.code() not in (grpc.StatusCode.UNAVAILABLE,
+                                      grpc.StatusCode.DEADLINE_EXCEEDED)
+    return True
 
 
 def local_cluster(address: str | None) -> str | None:
@@ -56,6 +103,13 @@ def local_cluster(address: str | None) -> str | None:
 
     found = get_ray_address_from_environment(address, None)
     return None if found in (None, "local") else found
+
+
+def ray_address_file() -> str:
+    """Where ``ray start`` leaves the address of the cluster it started."""
+    from ray._common.utils import get_ray_address_file
+
+    return get_ray_address_file(None)
 
 
 def loopback_only() -> None:

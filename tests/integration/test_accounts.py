@@ -306,7 +306,7 @@ def test_requests_replayed_after_a_shard_restart_are_refused(client, accounts):
     read = signer.sign(SHARD_OPS["counts"], [target], queue="acme-jobs")
     rayq.remote.call(lambda: shard.put.remote(target, messages, auth=put))
     counted = rayq.remote.call(lambda: shard.counts.remote([target], auth=read))
-    sqs_read = signer.sign("acme-jobs", "visibility_counts", [target])  # every signed read
+    sqs_read = signer.sign(SHARD_OPS["visibility_counts"], [target], queue="acme-jobs")  # every signed read
     rayq.remote.call(lambda: shard.visibility_counts.remote([target], auth=sqs_read))
     before = rayq.remote.call(lambda: shard.process.remote())["pid"]
 

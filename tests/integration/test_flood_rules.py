@@ -3,9 +3,6 @@ scaled thresholds: look-back 1 s x 5, a type's queue over 300 flags its heavy te
 (over 50 enqueues), over 500 the whole type. Nothing here asserts a timing: each step
 polls what the runtime shows, with a deadline."""
 
-import threading
-from collections import Counter
-
 import pytest
 import ray
 
@@ -13,6 +10,7 @@ import rayq
 from actors import NAMESPACE, shard_name
 from rayq.config import Config, ConsumerConfig, FloodConfig
 from tests.integration.conftest import start_runtime, wait_until
+from tests.integration.flooding import Receiver, send
 
 FLOOD = FloodConfig(window_s=1.0, windows=5, interval_s=0.5, depth_threshold=300,
                     enqueue_threshold=50, type_depth_threshold=500, sweep_batch=100,
@@ -30,14 +28,6 @@ def client(ray_session, tmp_path_factory):
 
 def flooding(client, queue: str) -> set[str]:
     return {f.tenant for f in client.flooders() if f.queue == queue}
-
-
-def send(queue, tenant: str, n: int) -> list[str]:
-    ids = []
-    for start in range(0, n, 100):
-        ids += queue.send_batch([rayq.Outgoing(f"{tenant}-{i}", tenant=tenant, type="job")
-                                 for i in range(start, min(n, start + 100))])
-    return ids
 
 
 def counted_enqueues(tenant: str) -> float:
@@ -65,28 +55,6 @@ def test_a_burst_older_than_the_look_back_ages_out(client):
     send(q, "late", 250)  # depth 350: only late sent over 50 within the look-back
     wait_until(lambda: "late" in flooding(client, "aged"), DEADLINE_S, what="late flagged")
     assert flooding(client, "aged") == {"late"}  # both would come in the same run
-
-
-class Receiver:
-    """Receives and deletes in a thread; counts every delivery of every id."""
-
-    def __init__(self, name: str):
-        self.deliveries: Counter[str] = Counter()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(name,), daemon=True)
-        self._thread.start()
-
-    def _run(self, name: str) -> None:
-        q = rayq.connect().queue(name)
-        while not self._stop.is_set():
-            got = q.receive(max_messages=100, visibility_timeout_s=60, wait_s=0.2)
-            self.deliveries.update(m.id for m in got)
-            if got:
-                q.delete_batch([m.receipt for m in got])
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def test_a_type_flooding_across_many_small_tenants_is_a_type_level_flooder(client):

@@ -5,7 +5,6 @@ timing: each step polls what the runtime shows, with a deadline."""
 
 import threading
 import time
-from collections import Counter
 
 import pytest
 import ray
@@ -14,6 +13,7 @@ import rayq
 from actors import FLOOD_DETECTOR, NAMESPACE
 from rayq.config import Config, ConsumerConfig, FloodConfig
 from tests.integration.conftest import start_runtime
+from tests.integration.flooding import Receiver, send
 
 FLOOD = FloodConfig(window_s=1.0, windows=10, interval_s=0.5, depth_threshold=300,
                     enqueue_threshold=50, type_depth_threshold=1_000_000, sweep_batch=100,
@@ -38,36 +38,6 @@ def wait_for(predicate, what: str):
 
 def flooding(client, queue: str) -> dict[str, rayq.Flooder]:
     return {f.tenant: f for f in client.flooders() if f.queue == queue}
-
-
-def send(queue, tenant: str, n: int) -> list[str]:
-    ids = []
-    for start in range(0, n, 100):
-        ids += queue.send_batch([rayq.Outgoing(f"{tenant}-{i}", tenant=tenant, type="job")
-                                 for i in range(start, min(n, start + 100))])
-    return ids
-
-
-class Receiver:
-    """Receives and deletes in a thread; counts every delivery of every id."""
-
-    def __init__(self, name: str):
-        self.deliveries: Counter[str] = Counter()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(name,), daemon=True)
-        self._thread.start()
-
-    def _run(self, name: str) -> None:
-        q = rayq.connect().queue(name)
-        while not self._stop.is_set():
-            got = q.receive(max_messages=100, visibility_timeout_s=60, wait_s=0.2)
-            self.deliveries.update(m.id for m in got)
-            if got:
-                q.delete_batch([m.receipt for m in got])
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def test_a_flood_spread_over_tenants_of_one_type_is_found_and_drained(client):

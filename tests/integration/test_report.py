@@ -18,9 +18,11 @@ import ray
 
 import rayq
 from rayq.analytics.eventlog import EventLog, read_events
-from rayq.analytics.report import NoEvents, current_thresholds, run_report
+from actors.analytics import ANALYTICS
+from rayq.analytics.report import STEPS, NoEvents, current_thresholds
+from rayq.analytics.warm import run_report
 from rayq.config import AnalyticsConfig, Config, ConsumerConfig
-from tests.integration.conftest import start_runtime
+from tests.integration.conftest import start_runtime, wait_until
 
 T0 = 1_790_000_040.0   # on a minute boundary
 WINDOW_S = 60.0
@@ -199,6 +201,59 @@ def test_client_report_flushes_the_runtimes_events_and_counts_real_tasks(report,
     assert rows == {"a": 20, "b": 10}
     kinds = read_events(os.path.join(data_dir, "events")).column("kind").to_pylist()
     assert kinds.count("enqueue") == 30 and kinds.count("completion") == 30
+    rayq.shutdown()
+
+
+def test_a_second_report_finds_spark_warm_and_adds_only_the_new_events(report, tmp_path_factory):
+    from actors import analytics
+
+    config = Config(consumers=ConsumerConfig(count=1, poll_wait_s=0.3),
+                    analytics=AnalyticsConfig(flush_interval_s=3600))
+    client, data_dir = start_runtime(tmp_path_factory, config, name="warm-runtime")
+
+    @rayq.task(type="triple")
+    def triple(x):
+        return 3 * x
+
+    def run(count: int, tenant: str):
+        refs = [client.submit(triple, i, tenant=tenant) for i in range(count)]
+        assert ray.get(refs, timeout=60) == [3 * i for i in range(count)]
+        steps = []
+        result = client.report(tmp_path_factory.mktemp("warm-report"), progress=steps.append)
+        rows = pq.read_table(result.tables["usage_by_tenant"]).to_pylist()
+        return result, steps, {r["tenant"]: r["completed"] for r in rows}
+
+    first, first_steps, _ = run(12, "a")
+    second, steps, rows = run(8, "b")
+    assert first_steps[0].startswith("starting Spark") and steps[0] == "Spark is warm"
+    assert len(steps) == len(first_steps) == STEPS
+    assert rows == {"a": 12, "b": 8}
+    assert second.events == read_events(os.path.join(data_dir, "events")).num_rows > first.events
+    stats = analytics.stats()
+    assert stats.spark and stats.reports == 2 and stats.events == second.events
+    rayq.shutdown()
+    wait_until(lambda: ANALYTICS not in ray.util.list_named_actors(), what="analytics actor gone")
+
+
+def test_an_idle_analytics_actor_releases_spark_and_the_next_report_starts_anew(
+        report, tmp_path_factory):
+    from actors import analytics
+
+    config = Config(consumers=ConsumerConfig(count=0),
+                    analytics=AnalyticsConfig(idle_stop_s=2.0))
+    client, data_dir = start_runtime(tmp_path_factory, config, name="idle-runtime")
+    synthetic_log(os.path.join(data_dir, "events"))
+    cpus = ray.available_resources().get("CPU", 0)
+    first = client.report(tmp_path_factory.mktemp("idle-report"))
+    wait_until(lambda: ANALYTICS not in ray.util.list_named_actors(), timeout_s=120,
+               what="the idle analytics actor to exit")
+    wait_until(lambda: ray.available_resources().get("CPU", 0) >= cpus, timeout_s=60,
+               what="Spark's executor CPU back")
+    with pytest.raises(rayq.RuntimeFailure):
+        analytics.stats()
+    steps = []
+    again = client.report(tmp_path_factory.mktemp("idle-report"), progress=steps.append)
+    assert steps[0].startswith("starting Spark") and again.events >= first.events
     rayq.shutdown()
 
 

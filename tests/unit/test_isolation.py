@@ -1,8 +1,10 @@
 """Where the flood detector moves a flooder's messages (rayq.core.flood.isolation)."""
 
 from rayq.core.flood.detection import ALL_TENANTS, FloodChanges, Flooder
-from rayq.core.flood.isolation import (dedicated_by_shard, dedicated_to, diverts, fully_swept,
-                                 isolation_moves,
+import pytest
+
+from rayq.core.flood.isolation import (dedicated_by_shard, dedicated_on, dedicated_to, diverts,
+                                 fully_swept, isolation_moves, serving_order,
                                  left_to_sweep, listed, shards_lacking_dedicated, spilled_on,
                                  subqueue_layout, with_sweeps)
 from rayq.core.codec.model import SubqueueState
@@ -72,3 +74,26 @@ def test_a_flooder_is_fully_swept_when_every_dedicated_subqueue_took_back_all_it
     done = {("q", "a", "x"): [True, True], ("q", "b", "x"): [True, False],
             ("q", "c", "x"): []}              # no open dedicated subqueue: nothing swept
     assert fully_swept(done) == {("q", "a", "x")}
+
+
+@pytest.mark.parametrize("turn, every, expected", [
+    (0, 2, [1, 2, 10]),   # off turn: receive order, the dedicated subqueue last
+    (1, 2, [10, 1, 2]),   # every second receive serves it first
+    (2, 2, [1, 2, 10]),
+    (3, 2, [10, 1, 2]),
+    (4, 5, [10, 1, 2]),   # every fifth: turns 4, 9, ...
+    (5, 5, [1, 2, 10]),
+    (0, 1, [10, 1, 2]),   # every receive
+    (1, 0, [1, 2, 10]),   # never: the dedicated subqueue waits behind the others
+])
+def test_a_dedicated_subqueue_is_served_first_on_its_turns(turn, every, expected):
+    assert serving_order([1, 2, 10], {10}, turn, every) == expected
+
+
+def test_over_many_turns_a_dedicated_subqueue_leads_one_receive_in_every():
+    firsts = [serving_order([1, 10], {10}, turn, 4)[0] for turn in range(100)]
+    assert firsts.count(10) == 25 and firsts.count(1) == 75
+
+
+def test_each_shard_knows_the_dedicated_subqueues_it_holds():
+    assert dedicated_on({"q": QUEUE}, 3) == [[10, 12], [11], []]

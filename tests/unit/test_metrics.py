@@ -15,8 +15,8 @@ def test_few_keys_are_kept_as_they_are():
     assert top_keys({"a": 1.0, "b": 2.0}) == {"b": 2.0, "a": 1.0}
 
 
-def test_depths_sum_per_key_and_the_longest_wait_wins():
-    depths = [KeyDepth(1, "a", 3, 2.0, 0.0), KeyDepth(2, "a", 4, 9.0, 0.0),
+def test_depths_sum_per_key_and_the_oldest_age_wins():
+    depths = [KeyDepth(1, "a", 3, 2.0, 0.0, 5.0), KeyDepth(2, "a", 4, 1.0, 0.0, 9.0),
               KeyDepth(1, "b", 1, 0.0, None)]
     assert per_key(depths) == ({"a": 7.0, "b": 1.0}, {"a": 9.0, "b": 0.0})
     assert per_key([]) == ({}, {})

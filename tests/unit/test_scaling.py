@@ -62,3 +62,32 @@ def test_one_at_a_time_and_never_below_the_minimum():
 def test_a_busy_subqueue_still_adds_one():
     d = decide([load(1, 10, 6_000.0)], SHARDS, min_subqueues=1, quiet_for_s={}, config=CONFIG)
     assert d.add_on_shard == 0
+
+
+def test_the_default_trigger_is_the_source_texts_thousand_operations_a_second():
+    config = ScalingConfig()
+    assert decide([load(1, 10, 999.0)], SHARDS, min_subqueues=1, quiet_for_s={},
+                  config=config).add_on_shard is None
+    assert decide([load(1, 10, 1_000.0)], SHARDS, min_subqueues=1, quiet_for_s={},
+                  config=config).add_on_shard is not None
+
+
+@pytest.mark.parametrize("used, expected", [
+    ([0], 0),           # one shard: the queue grows on it
+    ([0, 0, 0], 0),     # and goes on growing past the shard count
+])
+def test_scale_out_goes_past_the_number_of_shards(used, expected):
+    loads = [SubqueueLoad(i, shard, SubqueueState.ALL, i, 10, 6_000.0, 0.0)
+             for i, shard in enumerate(used)]
+    d = decide(loads, {0: 0}, min_subqueues=1, quiet_for_s={}, config=CONFIG)
+    assert d.add_on_shard == expected
+
+
+def test_scale_out_prefers_a_shard_on_another_node_then_one_the_queue_lacks():
+    loads = [SubqueueLoad(1, 0, SubqueueState.ALL, 1, 10, 6_000.0, 0.0)]
+    nodes = {0: "a", 1: "a", 2: "b"}
+    d = decide(loads, {0: 0, 1: 0, 2: 500}, min_subqueues=1, quiet_for_s={}, config=CONFIG,
+               shard_nodes=nodes)
+    assert d.add_on_shard == 2  # another node, though fuller
+    d = decide(loads, {0: 0, 1: 0}, min_subqueues=1, quiet_for_s={}, config=CONFIG)
+    assert d.add_on_shard == 1  # one node: a shard the queue does not use yet

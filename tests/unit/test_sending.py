@@ -4,6 +4,7 @@ routed around."""
 
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -145,6 +146,32 @@ def test_a_queue_whose_every_route_is_retired_raises_queue_disabled_after_a_few_
     with pytest.raises(QueueDisabled, match="jobs"):
         producer.put([producer.message("m")])
     assert len(transport.calls) == PUT_ATTEMPTS and producer.in_flight == 0
+
+
+@pytest.mark.parametrize("kept, fresh, shard_refuses, puts", [
+    (False, True, True, 0),   # disabled since the route was kept: the shard refuses the put
+    (True, False, False, 1),  # enabled since: the fresh route takes the put
+    (True, True, False, 0),   # disabled throughout: refused without a put
+])
+def test_a_disabled_queue_refuses_sends_once_a_fresh_route_says_so(kept, fresh, shard_refuses,
+                                                                   puts):
+    transport = FakeTransport(shards=1)
+    real_route = transport.route
+
+    def route(name, refresh=False):  # the kept and the fresh route say disabled or not
+        got = real_route(name, refresh)
+        return got._replace(queue=replace(got.queue, disabled=fresh if refresh else kept))
+
+    transport.route = route
+    if shard_refuses:
+        transport.retired.add(0)
+    producer = Producer(transport, "jobs")
+    if fresh:
+        with pytest.raises(QueueDisabled, match="disabled"):
+            producer.put([producer.message("m")])
+    else:
+        assert producer.put([producer.message("m")]) == [("id-m", 0)]
+    assert len(transport.shards[0].puts) == puts and transport.refreshes == 1
 
 
 def test_senders_waiting_behind_a_put_share_the_next_one_and_get_their_own_ids():

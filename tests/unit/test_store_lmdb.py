@@ -173,3 +173,56 @@ def test_one_receive_reads_a_constant_number_of_rows_whatever_lies_ahead(tmp_pat
     assert [decode_body(m.body) for m in store.receive(0, 1, 30)] == ["fresh"]
     assert store.stats().rows_scanned - before <= 2
     store.close()
+
+
+# -- a key's age: its oldest message's, since it was enqueued --------------------------
+def age_of(store) -> float:
+    [depth] = store.depths()
+    return depth.oldest_age_s
+
+
+def test_a_redelivered_message_keeps_its_age_from_its_enqueue(tmp_path):
+    clock = FakeClock(1000.0)
+    store = open_store(tmp_path / "db", clock)
+    store.put(0, [message("a")])
+    clock.advance(4)
+    assert store.receive(0, 1, 1.0)  # hidden for 1 s, then visible again
+    clock.advance(2)
+    [depth] = store.depths()
+    assert depth.oldest_age_s == pytest.approx(6.0)
+    assert depth.latency_s == pytest.approx(1.0)  # visible again for 1 s
+
+
+def test_a_deferred_message_keeps_its_age_from_its_enqueue(tmp_path):
+    clock = FakeClock(1000.0)
+    store = open_store(tmp_path / "db", clock)
+    store.put(0, [message("a")])
+    clock.advance(3)
+    [got] = store.receive(0, 1, 30)
+    store.defer(got.receipt, 1.0)
+    clock.advance(2)
+    assert age_of(store) == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize("delay_s, after_s, age_s", [
+    (0, 5, 5.0),    # waiting since it was sent
+    (10, 12, 12.0),  # since it was sent, its delay too (the source text's measure)
+    (10, 5, 0.0),   # still delayed: nothing of the key is waiting
+])
+def test_a_never_received_message_is_as_old_as_its_enqueue_once_visible(tmp_path, delay_s,
+                                                                         after_s, age_s):
+    clock = FakeClock(1000.0)
+    store = open_store(tmp_path / "db", clock)
+    store.put(0, [message("a", delay_s=delay_s)])
+    clock.advance(after_s)
+    assert age_of(store) == pytest.approx(age_s)
+
+
+def test_a_message_in_flight_is_not_waiting(tmp_path):
+    clock = FakeClock(1000.0)
+    store = open_store(tmp_path / "db", clock)
+    store.put(0, [message("a")])
+    clock.advance(4)
+    assert store.receive(0, 1, 30)
+    clock.advance(2)
+    assert age_of(store) == 0.0

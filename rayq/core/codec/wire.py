@@ -135,6 +135,20 @@ def delivered_count(data: bytes) -> int:
     return int.from_bytes(data[1:3] if first == 0xDC else data[1:5], "big")
 
 
+def _array_header_size(data: bytes) -> int:
+    first = data[0]
+    return 1 if 0x90 <= first <= 0x9F else 3 if first == 0xDC else 5
+
+
+def join_delivered(parts: Sequence[bytes]) -> bytes:
+    """One receive answer holding the messages of several, in order (a receive that went
+    on through a shard's subqueues): the arrays' items are copied, never decoded."""
+    if len(parts) == 1:
+        return parts[0]
+    head = msgpack.Packer().pack_array_header(sum(map(delivered_count, parts)))
+    return head + b"".join(p[_array_header_size(p):] for p in parts)
+
+
 def decode_received(data: bytes) -> list[Received]:
     """The messages of a receive's answer as users get them (bodies decoded)."""
     return [Received(mid, receipt, decode_body(body), tenant, type_, dequeues, enqueued / US)

@@ -19,6 +19,8 @@ from rayq.core.control.placement import least_loaded_shard
 from rayq.errors import InvalidMessage, QueueDisabled, QueueExists, QueueNotFound
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,80}$")
+_METADATA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_METADATA_BYTES = 8 * 1024  # names and values together, UTF-8
 PURGE = b"purge:"  # subqueue id -> shard, until the shard has taken the removal over
 
 
@@ -46,6 +48,8 @@ class QueueInfo:
     created_at: float
     is_dlq: bool = False
     owner: str = ADMIN  # the account whose queue this is
+    metadata: tuple[tuple[str, str], ...] = ()  # user-defined (name, value) pairs, sorted
+    disabled: bool = False  # refuses puts; receives go on (set_disabled)
 
     @property
     def ref(self) -> str:
@@ -62,6 +66,7 @@ class QueueInfo:
         return {"name": self.name, "min": self.min_subqueues, "max_receives": self.max_receives,
                 "dlq": [list(p) for p in self.dead_letter], "created_at": self.created_at,
                 "is_dlq": self.is_dlq, "owner": self.owner,
+                "metadata": [list(p) for p in self.metadata], "disabled": self.disabled,
                 "subqueues": [[s.id, s.shard, s.state.value, s.version,
                                list(s.dedicated) if s.dedicated else None]
                               for s in self.subqueues]}
@@ -73,13 +78,48 @@ class QueueInfo:
                           for i, shard, state, version, *rest in r["subqueues"])
         return cls(r["name"], subqueues, r["min"], r["max_receives"],
                    tuple(tuple(p) for p in r["dlq"]), r["created_at"], r["is_dlq"],
-                   r.get("owner", ADMIN))
+                   r.get("owner", ADMIN), tuple(tuple(p) for p in r.get("metadata", ())),
+                   r.get("disabled", False))
+
+
+@dataclass(frozen=True)
+class QueueMetadata:
+    """A queue's user-defined metadata, whether it takes puts, and its approximate message
+    count: the manager's last reading of its subqueues (at most a scaling interval old)."""
+
+    name: str
+    metadata: dict[str, str]
+    approximate_count: int
+    enabled: bool
+
+
+def metadata_of(queue: QueueInfo, counts: Mapping[int, int], name: str) -> QueueMetadata:
+    """``queue``'s metadata as the account that calls it ``name`` sees it."""
+    return QueueMetadata(name, dict(queue.metadata),
+                         sum(counts.get(s.id, 0) for s in queue.subqueues), not queue.disabled)
 
 
 def check_queue_name(name) -> str:
     if not isinstance(name, str) or not _NAME.match(name):
         raise InvalidMessage(f"queue names are 1-80 chars of letters, digits, '_', '-', '.': {name!r}")
     return name
+
+
+def check_metadata(metadata) -> tuple[tuple[str, str], ...]:
+    """A queue's metadata as stored: (name, value) pairs sorted by name. Raises
+    InvalidMessage unless it maps names of 1-64 letters, digits, '_' or '-' to strings,
+    MAX_METADATA_BYTES in all."""
+    if not isinstance(metadata, Mapping):
+        raise InvalidMessage("metadata is a mapping of names to string values")
+    for name, value in metadata.items():
+        if not isinstance(name, str) or not _METADATA_NAME.match(name):
+            raise InvalidMessage(f"metadata names are 1-64 letters, digits, '_', '-': {name!r:.80}")
+        if not isinstance(value, str):
+            raise InvalidMessage(f"metadata value of {name!r} is not a string")
+    size = sum(len(n.encode()) + len(v.encode("utf-8", "replace")) for n, v in metadata.items())
+    if size > MAX_METADATA_BYTES:
+        raise InvalidMessage(f"metadata is {size} bytes; the limit is {MAX_METADATA_BYTES}")
+    return tuple(sorted(metadata.items()))
 
 
 def check_queue_ref(name) -> str:
@@ -290,6 +330,20 @@ class QueueRegistry:
         """Shards took these subqueues over: their removal goes on there."""
         self.kv.transact(lambda txn: [txn.delete("meta", PURGE + str(i).encode()) for i in ids])
 
+    def set_metadata(self, name: str, metadata: Mapping[str, str]) -> QueueInfo:
+        """Replace queue ``name``'s metadata. Raises InvalidMessage (see check_metadata)."""
+        queue = replace(self.get(name), metadata=check_metadata(metadata))
+        self._save(queue)
+        return queue
+
+    def set_disabled(self, name: str, disabled: bool) -> QueueInfo:
+        """Mark queue ``name`` disabled (it refuses puts) or enabled again."""
+        if not isinstance(disabled, bool):
+            raise InvalidMessage("disabled is True or False")
+        queue = replace(self.get(name), disabled=disabled)
+        self._save(queue)
+        return queue
+
     def set_state(self, name: str, sq: int, state: SubqueueState) -> QueueInfo:
         queue = self.get(name)
         subqueues = tuple(replace(s, state=state) if s.id == sq else s for s in queue.subqueues)
@@ -310,6 +364,15 @@ def put_target(queue: QueueInfo, counts: Mapping[int, int]) -> SubqueueInfo:
     if not open_:
         raise QueueDisabled(f"queue {queue.name!r} has no subqueue accepting messages")
     return min(open_, key=lambda s: (counts.get(s.id, 0), s.version))
+
+
+def put_states(queue: QueueInfo) -> dict[int, SubqueueState]:
+    """What the shards hold as the state of the subqueues producers put to: ``NO_PUT``
+    while the queue is disabled (the shard refuses a put from a route cached before),
+    else ``ALL``. Draining and dedicated subqueues keep theirs."""
+    state = SubqueueState.NO_PUT if queue.disabled else SubqueueState.ALL
+    return {s.id: state for s in queue.subqueues
+            if s.state is SubqueueState.ALL and not s.dedicated}
 
 
 def receive_order(queue: QueueInfo, counts: Mapping[int, int]) -> list[SubqueueInfo]:

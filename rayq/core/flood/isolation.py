@@ -47,6 +47,28 @@ def isolation_moves(queue: QueueInfo, dedicated: Mapping[int, int]) -> list[tupl
             for source in queue.subqueues if source.shard == shard and not source.dedicated]
 
 
+def serving_order(subqueues: Sequence[int], dedicated: Collection[int], turn: int,
+                  every: int) -> list[int]:
+    """The order one receive on a shard tries ``subqueues`` (given in receive order, the
+    flooders' dedicated subqueues last): on every ``every``-th ``turn`` the dedicated
+    ones go first, so an isolated flooder is slowed, never starved. ``every`` < 1
+    never moves them."""
+    if every < 1 or turn % every != every - 1:
+        return list(subqueues)
+    first = [sq for sq in subqueues if sq in dedicated]
+    return first + [sq for sq in subqueues if sq not in dedicated]
+
+
+def dedicated_on(queues: Mapping[str, QueueInfo], shards: int) -> list[list[int]]:
+    """Per shard: the flooders' dedicated subqueues it holds."""
+    out: list[list[int]] = [[] for _ in range(shards)]
+    for queue in queues.values():
+        for sq in queue.subqueues:
+            if sq.dedicated and sq.shard < shards:
+                out[sq.shard].append(sq.id)
+    return out
+
+
 def diverts(queues: Mapping[str, QueueInfo], flooders: Iterable[Flooder],
             shards: int) -> list[dict[int, list[tuple[str, str]]]]:
     """Per shard: live subqueue -> the (type, tenant) flooders whose puts to it spill."""

@@ -35,5 +35,5 @@ def per_key(depths: Iterable[Any]) -> tuple[dict[str, float], dict[str, float]]:
     oldest: dict[str, float] = defaultdict(float)
     for d in depths:
         depth[d.key] += d.count
-        oldest[d.key] = max(oldest[d.key], d.latency_s)
+        oldest[d.key] = max(oldest[d.key], d.oldest_age_s)
     return dict(depth), dict(oldest)

@@ -39,7 +39,10 @@ from rayq.errors import InvalidMessage, RayqError, StoreBug, StoreError
 class KeyDepth:
     """Depth and latency of one fairness key in one subqueue.
 
-    latency_s: how long the oldest visible message has been waiting (0 when none is visible).
+    latency_s: how long the oldest visible message has been visible (0 when none is).
+    oldest_enqueued_at: when that message (or, with none visible, the next) was enqueued.
+    oldest_age_s: the age of the oldest visible message since its enqueue (0 when none
+    is visible): a redelivery, a retry's back-off or a deferral does not reset it.
     """
 
     subqueue: int
@@ -47,6 +50,7 @@ class KeyDepth:
     count: int
     latency_s: float
     oldest_enqueued_at: float | None
+    oldest_age_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -391,13 +395,15 @@ class ShardStore:
             for (sq, kid), n in self.index.counts.items():
                 if n <= 0:
                     continue
-                latency, oldest = 0.0, None
+                latency, oldest, age = 0.0, None, 0.0
                 for row_key, value in txn.scan("rows", *rows.key_range(sq, kid)):
                     visible_us = rows.parse_row_key(row_key)[2]
                     oldest = rows.enqueued_us(value) / US
-                    latency = max(0.0, (now_us - visible_us) / US)
+                    if visible_us <= now_us:  # else every row of the key is hidden
+                        latency = (now_us - visible_us) / US
+                        age = max(latency, now_us / US - oldest)
                     break
-                out.append(KeyDepth(sq, self.index.key_names[kid], n, latency, oldest))
+                out.append(KeyDepth(sq, self.index.key_names[kid], n, latency, oldest, age))
             return out
         return self.kv.read(read)
 

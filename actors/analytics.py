@@ -1,0 +1,85 @@
+"""The analytics actor: one per runtime (named, detached, placed with the data whose
+event log it reads), serving reports on a warm Spark
+(:class:`rayq.analytics.service.ReportService`). The first report starts it; it
+exits for good (no restart) when idle or after Spark failed, and the next report
+starts a fresh one: RayDP starts Spark once per process.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+import ray
+
+from actors import NAMESPACE
+from actors.placement import data_nodes
+from actors.runtime import runtime_options
+from rayq.analytics.service import POLL_S, ReportService, follow
+from rayq.config import Config
+from rayq.core.kit.clock import Clock, SystemClock
+from rayq.errors import RuntimeFailure
+from rayq.remote import NO_RETRY, call, named
+
+ANALYTICS = "rayq-analytics"
+
+
+class AnalyticsActor(ReportService):
+    def exit(self) -> None:
+        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+
+
+AnalyticsRemote = ray.remote(AnalyticsActor)
+
+
+def analytics_actor(config: Config, warm: str | None = None):
+    """The runtime's analytics actor, started unless it runs; one started here with
+    ``warm`` (the events directory) starts Spark at once."""
+    options = {**runtime_options(data_nodes(config)[0]), "max_concurrency": 4}  # beside the manager
+    return AnalyticsRemote.options(name=ANALYTICS, max_restarts=0, **options).remote(
+        config.analytics, warm=warm)
+
+
+def report(config: Config, events_dir: str, out_dir: str,
+           progress: Callable[[str], None], current: Mapping[str, float]):
+    """Run a report on the analytics actor, telling ``progress`` each step as it is
+    done; a report that meets the actor exiting is asked again of a fresh one."""
+    try:
+        return _report_on(analytics_actor(config), config, events_dir, out_dir, progress, current)
+    except RuntimeFailure as err:
+        if not isinstance(err.__cause__, ray.exceptions.RayActorError):
+            raise
+    _wait_gone(ANALYTICS)
+    return _report_on(analytics_actor(config), config, events_dir, out_dir, progress, current)
+
+
+def _report_on(handle, config: Config, events_dir: str, out_dir: str,
+               progress: Callable[[str], None], current: Mapping[str, float]):
+    return follow(
+        lambda: handle.report.remote(events_dir, out_dir, config.analytics.window_s, current),
+        lambda ref: bool(ray.wait([ref], timeout=POLL_S)[0]),
+        lambda since: call(lambda: handle.steps.remote(since), NO_RETRY),
+        lambda ref: call(lambda: ref, NO_RETRY), progress)
+
+
+def warm_up(config: Config, events_dir: str) -> None:
+    """Start the analytics actor and Spark in it, without waiting for either."""
+    analytics_actor(config, warm=events_dir)
+
+
+def stats():
+    """The analytics actor's :class:`~rayq.analytics.service.AnalyticsStats`. Raises
+    RuntimeFailure when it does not run (no report yet, or it retired)."""
+    handle = named(ANALYTICS)
+    return call(lambda: handle.stats.remote(), NO_RETRY)
+
+
+def _wait_gone(name: str, timeout_s: float = 30.0, clock: Clock = SystemClock()) -> None:
+    """Until an exited actor's name is free to start a new one under it."""
+    deadline = clock.monotonic() + timeout_s
+    while clock.monotonic() < deadline:
+        try:
+            ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            return
+        time.sleep(0.2)
