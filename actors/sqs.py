@@ -21,6 +21,8 @@ import json
 import ssl
 import threading
 import uuid
+from collections import OrderedDict
+from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 
 import ray
@@ -36,14 +38,19 @@ from rayq.remote import call, call_async, named
 from rayq.sqs.admission import BodyBudget, Forwards, Shares, long_poll
 from rayq.sqs.api import SqsApi
 from rayq.sqs.attributes import Settings
+from rayq.sqs import protocol
 from rayq.sqs.errors import SqsError
-from rayq.sqs.protocol import JSON_TYPE, decode_request
+from rayq.sqs.fifo import Admitted, Dedup
+from rayq.sqs.names import HOME_REGION, access_key_id
+from rayq.sqs.protocol import JSON_TYPE, XML_TYPE, decode_request
 from rayq.sqs.sigv4 import Caller, Claim, SignedRequest, claim, verify, verify_claim
 
 STATE = "rayq-sqs-state"
 KEYS_MAX_AGE_S = 2.0      # a replaced key is refused here at most this long after rotation
 KEYS_MIN_REFRESH_S = 1.0  # unknown keys refetch at most this often (forgeries cannot flood)
 SETTINGS_TTL_S = 2.0      # another replica's SetQueueAttributes shows here within this
+MAX_REMEMBERED = 100_000  # messages whose first receive and latest receipt a replica keeps
+SWEEP_EVERY = 1000        # FIFO sends between two sweeps of a queue's old deduplication ids
 WORKER_THREADS = 64       # a thread is held for one rayq call, never for a parked long poll
 THREADS_PER_ACCOUNT = WORKER_THREADS // 4
 IN_FLIGHT_PER_ACCOUNT = 256  # admitted requests of one account, parked long polls included
@@ -67,7 +74,9 @@ class SqsState:
     never push out another's."""
 
     def __init__(self, data_dir: str):
-        self.kv = open_kv(data_dir, "sqs", map_size=16 << 20)
+        self.kv = open_kv(data_dir, "sqs", map_size=256 << 20)
+        self.dedup = Dedup(self.kv)
+        self._records = 0
         self._forwards = Forwards()
 
     def settings(self, account: str, queue: str) -> dict | None:
@@ -80,6 +89,16 @@ class SqsState:
             self.kv.transact(lambda txn: txn.delete("meta", key))
         else:
             self.kv.transact(lambda txn: txn.put("meta", key, pack(record)))
+
+    def fifo_admit(self, account: str, queue: str, keys: list[str], now: float) -> list[Admitted]:
+        return self.dedup.admit(_key(account, queue).decode(), keys, now)
+
+    def fifo_record(self, account: str, queue: str, sent: list, now: float) -> None:
+        name = _key(account, queue).decode()
+        self.dedup.record(name, [tuple(s) for s in sent], now)
+        self._records = (self._records + 1) % SWEEP_EVERY
+        if self._records == 0:  # ids past the window go now and then, not on every send
+            self.dedup.forget(name, now)
 
     def forward(self, owner: str, handle: str) -> str | None:
         return self._forwards.get(owner, handle)
@@ -103,6 +122,8 @@ class ReplicaState:
         self._state, self.clock = state, clock
         self._settings: dict[tuple[str, str], tuple[float, Settings]] = {}
         self._forwards = Forwards()
+        self._latest = Forwards()   # message id -> the receipt this replica last gave it
+        self._first_ms: OrderedDict[str, int] = OrderedDict()
 
     def settings(self, account: str, queue: str) -> Settings:
         cached = self._settings.get((account, queue))
@@ -125,6 +146,26 @@ class ReplicaState:
         call(lambda: self._state.record.remote(owner, handle, receipt))
         self._forwards.put(owner, handle, receipt)
 
+    def fifo_admit(self, account: str, queue: str, keys: list[str], now: float) -> list[Admitted]:
+        return call(lambda: self._state.fifo_admit.remote(account, queue, keys, now))
+
+    def fifo_record(self, account: str, queue: str, sent: list, now: float) -> None:
+        call(lambda: self._state.fifo_record.remote(account, queue, sent, now))
+
+    def latest(self, owner: str, message_id: str, receipt: str | None = None) -> str | None:
+        """The receipt this replica last gave the message (recording ``receipt`` first)."""
+        if receipt is not None:
+            self._latest.put(owner, message_id, receipt)
+        return self._latest.get(owner, message_id)
+
+    def first_received(self, message_id: str, receive_count: int, now_ms: int) -> int:
+        """When this replica first handed the message out (ms): kept in memory, so another
+        replica's (or a restarted one's) first receive shows as the next one seen here."""
+        first = self._first_ms.setdefault(message_id, now_ms)
+        while len(self._first_ms) > MAX_REMEMBERED:
+            self._first_ms.popitem(last=False)
+        return first
+
 
 class AccountSigner(Signer):
     """Signs for one account with whichever of its keys the last caller proved: after a
@@ -144,6 +185,7 @@ class Keys:
     def __init__(self, manager, clock: Clock):
         self._manager, self.clock = manager, clock
         self.table: dict[str, list[str]] = {}
+        self._by_id: dict[str, tuple[str, str]] = {}   # access key id -> (account, key)
         self._fetched_at = float("-inf")
 
     async def fresh(self, force: bool = False) -> bool:
@@ -152,28 +194,41 @@ class Keys:
         if age < (KEYS_MIN_REFRESH_S if force else KEYS_MAX_AGE_S):
             return False
         self.table, _ = await call_async(lambda: self._manager.directory.remote())
+        self._by_id = {access_key_id(account, key): (account, key)
+                       for account, keys in self.table.items() for key in keys}
         self._fetched_at = self.clock.monotonic()
         return True
 
     def forget(self) -> None:
         self._fetched_at = float("-inf")
 
-    def get(self, account: str) -> list[str]:
-        return self.table.get(account, [])
+    def get(self, account_or_key_id: str) -> list[str]:
+        """The keys of an account, or the one key of an AKIA access key id."""
+        if account_or_key_id in self._by_id:
+            return [self._by_id[account_or_key_id][1]]
+        return self.table.get(account_or_key_id, [])
+
+    def account_of(self, signer):
+        """``signer`` (a Claim or a Caller) naming its account, when it signed with an
+        access key id."""
+        found = self._by_id.get(signer.account)
+        return replace(signer, account=found[0]) if found else signer
 
 
 class SqsEndpoint:
     """One HTTP replica of the SQS endpoint, serving from its constructor on."""
 
     def __init__(self, host: str, port: int, manager, shards: list, config: Config,
-                 clock: Clock | None = None, tls: tuple[str, str] | None = None):
+                 clock: Clock | None = None, tls: tuple[str, str] | None = None,
+                 home_region: str = HOME_REGION):
         self._manager, self._shards, self._config = manager, shards, config
         self.clock = clock or SystemClock()
         self.address = (host, port)
         self._clients: dict[str, tuple[AccountSigner, Client]] = {}
         self._clients_lock = threading.Lock()
         self._keys = Keys(manager, self.clock)
-        self._api = SqsApi(self._client, ReplicaState(named(STATE), self.clock))
+        self._api = SqsApi(self._client, ReplicaState(named(STATE), self.clock),
+                           accounts=lambda: self._keys.table, home_region=home_region)
         self._pool = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="sqs")
         self._shares = Shares(in_flight_per_account=IN_FLIGHT_PER_ACCOUNT,
                               threads_per_account=THREADS_PER_ACCOUNT)
@@ -211,6 +266,9 @@ class SqsEndpoint:
         return entry[1]
 
     async def _serve(self, request: web.Request) -> web.Response:
+        query = protocol.is_query(request.headers.get("Content-Type", ""),
+                                        request.query_string,
+                                        request.headers.get("X-Amz-Target", ""))
         try:
             headers = {k.lower(): ",".join(request.headers.getall(k))
                        for k in request.headers.keys()}
@@ -220,25 +278,30 @@ class SqsEndpoint:
                 signed = SignedRequest(request.method, request.path, request.query_string,
                                        headers, body)
                 caller = await self._verify(signed, found)
-                action, params = decode_request(request.method, headers.get("x-amz-target", ""),
-                                                body)
-                return _reply(200, await self._run(action, params, caller, request.host))
+                if query:
+                    action, params = protocol.decode_query(body, request.query_string,
+                                                           request.path, request.host)
+                else:
+                    action, params = decode_request(request.method,
+                                                    headers.get("x-amz-target", ""), body)
+                result = await self._run(action, params, caller, request.host)
+                return _reply(200, result, action if query else None)
         except SqsError as err:
             if err.code == "InvalidClientTokenId":
                 self._keys.forget()  # the runtime refused a key our copy still had
-            return _reply(err.status, err.body(), x_amzn_query_error=err.query_error())
+            return _refusal(err, query)
         except Exception as err:  # a bug or a broken runtime: still an answer SDKs parse (and retry)
             failure = SqsError("InternalFailure", f"{type(err).__name__}: {err}", 500, sender=False)
-            return _reply(500, failure.body(), x_amzn_query_error=failure.query_error())
+            return _refusal(failure, query)
 
     async def _claim(self, headers: dict[str, str]) -> Claim:
         await self._keys.fresh()
         try:
-            return claim(headers, self._keys.get, self.clock.now())
+            return self._keys.account_of(claim(headers, self._keys.get, self.clock.now()))
         except SqsError as err:
             if err.code != "InvalidClientTokenId" or not await self._keys.fresh(force=True):
                 raise
-            return claim(headers, self._keys.get, self.clock.now())  # an account made since
+            return self._keys.account_of(claim(headers, self._keys.get, self.clock.now()))  # an account made since
 
     async def _body(self, request: web.Request) -> bytes:
         """The body, read within BODY_TIMEOUT_S and the replica's byte budget. Raises
@@ -261,11 +324,12 @@ class SqsEndpoint:
 
     async def _verify(self, signed: SignedRequest, found: Claim) -> Caller:
         try:
-            return verify_claim(signed, found)
+            return self._keys.account_of(verify_claim(signed, found))
         except SqsError as err:
             if err.code != "SignatureDoesNotMatch" or not await self._keys.fresh(force=True):
                 raise
-            return verify(signed, self._keys.get, self.clock.now())  # a key rotated since
+            return self._keys.account_of(  # a key rotated since
+                verify(signed, self._keys.get, self.clock.now()))
 
     async def _run(self, action: str, params, caller: Caller, host: str) -> dict:
         """The action's answer. A long poll retries a non-waiting receive, parked on the
@@ -297,11 +361,28 @@ class _Refused(asyncio.Protocol):
         transport.close()
 
 
-def _reply(status: int, payload: dict, **headers: str) -> web.Response:
-    """A JSON answer; ``headers`` by name with ``_`` for ``-`` (x_amzn_query_error)."""
-    return web.Response(status=status, body=json.dumps(payload).encode(), content_type=None,
-                        headers={"Content-Type": JSON_TYPE, "x-amzn-RequestId": str(uuid.uuid4()),
+def _reply(status: int, payload: dict, query_action: str | None = None,
+           **headers: str) -> web.Response:
+    """A JSON answer, or the Query protocol's XML one for ``query_action``; ``headers`` by
+    name with ``_`` for ``-`` (x_amzn_query_error)."""
+    request_id = str(uuid.uuid4())
+    if query_action is not None:
+        body, kind = protocol.encode_query(query_action, payload, request_id), XML_TYPE
+    else:
+        body, kind = json.dumps(payload).encode(), JSON_TYPE
+    return web.Response(status=status, body=body, content_type=None,
+                        headers={"Content-Type": kind, "x-amzn-RequestId": request_id,
                                  **{name.replace("_", "-"): v for name, v in headers.items()}})
+
+
+def _refusal(err: SqsError, query: bool) -> web.Response:
+    """An error in the protocol of its request."""
+    if not query:
+        return _reply(err.status, err.body(), x_amzn_query_error=err.query_error())
+    request_id = str(uuid.uuid4())
+    return web.Response(status=err.status, body=protocol.query_error(err, request_id),
+                        content_type=None, headers={"Content-Type": XML_TYPE,
+                                                    "x-amzn-RequestId": request_id})
 
 
 SqsStateRemote = ray.remote(SqsState)

@@ -286,9 +286,11 @@ def account_keys(name: str, slot: int) -> None:
               help="Serve HTTPS with this PEM certificate (chain); needs --tls-key.")
 @click.option("--tls-key", default=None, type=click.Path(exists=True, dir_okay=False),
               help="The PEM private key of --tls-cert.")
+@click.option("--home-region", default="us-east-1", show_default=True,
+              help="The region whose SQS queues are rayq's queues of the same names.")
 def serve(data_dir: str | None, host: str, port: int, replicas: int, tls_cert: str | None,
-          tls_key: str | None) -> None:
-    """Serve the Amazon SQS API (JSON protocol, SigV4) until interrupted. Starts the
+          tls_key: str | None, home_region: str) -> None:
+    """Serve the Amazon SQS API (JSON and Query protocols, SigV4) until interrupted. Starts the
     embedded runtime unless RAY_ADDRESS names a cluster whose runtime it then uses."""
     from rayq.runtime.serving import stop_sqs
 
@@ -296,10 +298,10 @@ def serve(data_dir: str | None, host: str, port: int, replicas: int, tls_cert: s
         raise click.UsageError("--tls-cert and --tls-key go together")
     _start(data_dir=data_dir)
     url = rayq.serve_sqs(host=host, port=port, replicas=replicas, tls_cert=tls_cert,
-                         tls_key=tls_key)
+                         tls_key=tls_key, home_region=home_region)
     click.echo(url)
-    click.echo("access key id: an account name; secret: its key (rayq account create NAME)",
-               err=True)
+    click.echo("access key id: an account name (or its key's AKIA id); secret: its key "
+               "(rayq account create NAME)", err=True)
     signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop acts as Ctrl-C
     try:
         while True:

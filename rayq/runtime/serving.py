@@ -15,6 +15,7 @@ from actors.runtime import find_runtime
 from actors.sqs import STATE, SqsEndpointRemote, SqsStateRemote, replica_name
 from rayq.core.codec.model import check_count
 from rayq.errors import InvalidMessage, RuntimeFailure
+from rayq.sqs.names import HOME_REGION, valid_region
 
 # Endpoint actors only parse, verify and forward: no CPU slot taken from consumers.
 _OPTIONS = dict(namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
@@ -22,16 +23,21 @@ _OPTIONS = dict(namespace=NAMESPACE, lifetime="detached", get_if_exists=True, nu
 
 
 def serve_sqs(host: str = "127.0.0.1", port: int = 9324, replicas: int = 1, *,
-              tls_cert: str | None = None, tls_key: str | None = None) -> str:
-    """Serve the SQS JSON protocol for the running runtime at ``http://host:port``
+              tls_cert: str | None = None, tls_key: str | None = None,
+              home_region: str = HOME_REGION) -> str:
+    """Serve the SQS protocols for the running runtime at ``http://host:port``
     (``https://`` with ``tls_cert`` and ``tls_key``, PEM files readable at the same
     paths on every node); returns that URL. ``replicas`` HTTP actors per node share the
     port (SO_REUSEPORT); on a cluster each alive node runs that many. Idempotent;
-    stopped by ``rayq.shutdown()``. Raises InvalidMessage for a lone or missing TLS file,
+    stopped by ``rayq.shutdown()``. The queues of ``home_region`` are rayq's queues of the
+    same names; another region's are ``<region>.<name>``. Raises InvalidMessage for a
+    lone or missing TLS file or a malformed region,
     RuntimeFailure when no runtime runs or the port cannot be bound."""
     check_count(port, "port", 1, 65535)
     check_count(replicas, "replicas", 1, 64)
     tls = _tls_files(tls_cert, tls_key)
+    if not valid_region(home_region):
+        raise InvalidMessage(f"not a region name: {home_region!r:.40}")
     if not ray.is_initialized():
         ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), namespace=NAMESPACE,
                  log_to_driver=False)
@@ -48,7 +54,8 @@ def serve_sqs(host: str = "127.0.0.1", port: int = 9324, replicas: int = 1, *,
             endpoints.append(SqsEndpointRemote.options(
                 name=replica_name(n * replicas + i), scheduling_strategy=strategy,
                 max_concurrency=1000, **_OPTIONS).remote(
-                    host, port, found["manager"], found["shards"], config, tls=tls))
+                    host, port, found["manager"], found["shards"], config, tls=tls,
+                    home_region=home_region))
     try:
         addresses = set(ray.get([e.ready.remote() for e in endpoints]))
     except ray.exceptions.RayError as err:

@@ -1,36 +1,42 @@
 """The SQS operations, over one rayq Client per account.
 
-:class:`SqsApi` takes an action name and its decoded JSON parameters from a
-caller whose signature was verified, and returns the JSON response. Queue
-URLs are ``http://HOST:PORT/ACCOUNT/QUEUE``; an account reaches its own
-queues only (the runtime's gates check it again on every rayq request).
-Settings rayq's registry does not keep (default visibility timeout, delay,
-retention, wait time, size limit) come from a :class:`State`, which also
-forwards receipt handles changed by ChangeMessageVisibility: rayq issues a new
-receipt then, while SQS clients keep using the handle they received.
+:class:`SqsApi` takes an action name and its decoded parameters from a caller whose
+signature was verified, and returns the response. Queue URLs are
+``http://HOST:PORT/ACCOUNT-ID/QUEUE`` (:mod:`rayq.sqs.names`); an account reaches its
+own queues only (the runtime's gates check it again on every rayq request). The
+queue actions live in :mod:`rayq.sqs.queues`, the message actions here. Settings
+rayq's registry does not keep come from a :class:`State`, which also forwards
+receipt handles changed by ChangeMessageVisibility: rayq issues a new receipt then,
+while SQS clients keep using the handle they received.
+
+A receipt handle is rayq's receipt followed by the message id, so an older handle of
+a message still finds it: a delete with it deletes the message as last received
+(through this replica), and one whose message is gone succeeds, as in SQS.
 """
 
 from __future__ import annotations
 
-import base64
-import dataclasses
 import re
 import time
-from collections.abc import Callable
+from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 from rayq.core.auth.accounts import ADMIN
-from rayq.core.codec.model import Outgoing
-from rayq.errors import QueueNotFound, RayqError, ReceiptInvalid
+from rayq.core.codec.model import RECEIPT_CHARS, Outgoing, receipt_subqueue
+from rayq.errors import RayqError, ReceiptInvalid
 from rayq.queue import Queue
 from rayq.sqs import attributes as attrs
+from rayq.sqs import fifo
 from rayq.sqs import messages as msgs
+from rayq.sqs import moves, queues
 from rayq.sqs.batches import check_entries, failure
-from rayq.sqs.errors import SqsError, from_rayq, invalid, missing, no_queue
+from rayq.sqs.errors import SqsError, bad_handle, from_rayq, invalid, missing, out_of_range
+from rayq.sqs.names import HOME_REGION
 from rayq.sqs.sigv4 import Caller
+from rayq.sqs.target import Target
 
-_QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 MAX_RECEIVE = 10
 MAX_WAIT_S = 20
 MAX_VISIBILITY_S = 43_200
@@ -43,34 +49,56 @@ class State(Protocol):
     def save(self, account: str, queue: str, settings: attrs.Settings | None) -> None: ...
     def forward(self, owner: str, handle: str) -> str | None: ...
     def record(self, owner: str, handle: str, receipt: str) -> None: ...
+    def first_received(self, message_id: str, receive_count: int, now_ms: int) -> int: ...
+    def latest(self, owner: str, message_id: str, receipt: str | None = None) -> str | None: ...
+    def fifo_admit(self, account: str, queue: str, keys: list[str],
+                   now: float) -> list[fifo.Admitted]: ...
+    def fifo_record(self, account: str, queue: str, sent: list[tuple[str, str, str]],
+                    now: float) -> None: ...
 
 
-class Target:
-    """One request's account, its rayq client, and the queue its QueueUrl names: ``owner``
-    and ``name`` from the URL, ``ref`` as the client names it (the ``default`` account
-    reaches another account's queue as ``owner/name``)."""
+@dataclass(frozen=True)
+class Draft:
+    """A checked send: the envelope and rayq attributes of the message to store, the
+    deduplication scope key (FIFO queues) and the system attributes it was sent with."""
 
-    def __init__(self, caller: Caller, client, queue: tuple[str, str] | None, host: str):
-        self.caller, self.client, self.host = caller, client, host
-        self.owner, self.name = queue or (caller.account, None)
-        self.ref = self.name if self.owner == caller.account else f"{self.owner}/{self.name}"
-        self.queue = Queue(client.transport, self.ref) if self.name is not None else None
+    envelope: msgs.Envelope
+    tenant: str | None
+    type: str
+    delay_s: int
+    ttl_s: float
+    key: str | None
+    system: dict
 
-    def url(self, ref: str | None = None) -> str:
-        """The URL of this target's queue, or of the caller's queue ``ref`` (as listed)."""
-        if ref is None:
-            return f"http://{self.host}/{self.owner}/{self.name}"
-        return f"http://{self.host}/{ref if '/' in ref else self.caller.account + '/' + ref}"
+    def sequenced(self, sequence: str) -> "Draft":
+        return replace(self, envelope=self.envelope.moved(sequence=sequence))
 
-    def arn(self) -> str:
-        return attrs.arn(self.caller.region, self.owner, self.name)
+    def outgoing(self) -> Outgoing:
+        return Outgoing(self.envelope.stored(), tenant=self.tenant, type=self.type,
+                        delay_s=self.delay_s, ttl_s=self.ttl_s)
+
+    def answer(self, message_id: str, sequence: str | None = None) -> dict:
+        """SendMessage's answer: the id, the MD5s SDKs check, a FIFO's sequence number."""
+        envelope = self.envelope
+        sent = {"MessageId": message_id, "MD5OfMessageBody": msgs.md5_hex(envelope.body.encode())}
+        if envelope.attributes:
+            sent["MD5OfMessageAttributes"] = msgs.attributes_md5(envelope.attributes)
+        if self.system:
+            sent["MD5OfMessageSystemAttributes"] = msgs.attributes_md5(self.system)
+        if sequence is not None:
+            sent["SequenceNumber"] = sequence
+        return sent
 
 
 class SqsApi:
     def __init__(self, clients: Callable[[Caller], Any], state: State,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time,
+                 accounts: Callable[[], Iterable[str]] = tuple, home_region: str = HOME_REGION):
         self.clients, self.state, self.clock = clients, state, clock
-        self._actions = {name: getattr(self, "_" + _snake(name)) for name in ACTIONS}
+        self.accounts, self.home = accounts, home_region
+        self._actions = {name: partial(action, self)
+                         for name, action in {**queues.ACTIONS, **moves.ACTIONS}.items()}
+        self._actions.update({name: getattr(self, "_" + _snake(name)) for name in MESSAGE_ACTIONS})
 
     def handle(self, action: str, params: Any, caller: Caller, host: str) -> dict:
         """The response of one action. Raises SqsError."""
@@ -79,8 +107,9 @@ class SqsApi:
             raise _unsupported(action)
         if not isinstance(params, dict):
             raise invalid("The request body must be a JSON object.")
-        target = Target(caller, self.clients(caller), self._queue_name(params, caller), host)
         try:
+            target = Target(caller, self.clients(caller), host, self.home, self.accounts,
+                            params.get("QueueUrl"))
             return method(target, params)
         except RayqError as err:
             raise from_rayq(err) from err
@@ -90,255 +119,244 @@ class SqsApi:
         queue's ReceiveMessageWaitTimeSeconds), 0 for anything else. The endpoint then
         runs it with WaitTimeSeconds 0 until a message comes or this passes. Raises
         SqsError."""
-        if action != "ReceiveMessage" or not isinstance(params, dict):
+        if action != "ReceiveMessage" or not isinstance(params, dict) \
+                or params.get("QueueUrl") is None:
             return 0
         try:
-            target = Target(caller, self.clients(caller), self._queue_name(params, caller), host)
-            if target.name is None:
-                return 0
-            settings = self.state.settings(target.owner, target.name)
+            target = Target(caller, self.clients(caller), host, self.home, self.accounts,
+                            params["QueueUrl"])
+            settings = queues.settings_of(self, target)
         except RayqError as err:
             raise from_rayq(err) from err
         return _int(params, "WaitTimeSeconds", 0, MAX_WAIT_S, settings.wait_s) or 0
 
-    @staticmethod
-    def _queue_name(params: dict, caller: Caller) -> tuple[str, str] | None:
-        """(owner, queue) a QueueUrl names. Raises QueueDoesNotExist for another account's
-        queue unless the caller is the ``default`` account, which administers them all."""
-        url = params.get("QueueUrl")
-        if url is None:
-            return None
-        if not isinstance(url, str):
-            raise invalid("QueueUrl must be a string.")
-        parts = urlsplit(url).path.strip("/").split("/")
-        if len(parts) != 2 or not _QUEUE_NAME.match(parts[1]) or not parts[0]:
-            raise SqsError("InvalidAddress", f"The address {url} is not valid for this endpoint.")
-        if parts[0] != caller.account and caller.account != ADMIN:
-            raise no_queue()  # another account's queue: as if it did not exist
-        return parts[0], parts[1]
-
-    # -- queues ---------------------------------------------------------------
-    def _create_queue(self, t: Target, p: dict) -> dict:
-        name = _queue_name_param(p)
-        if p.get("tags"):
-            raise invalid("Queue tags are not supported by rayq.")
-        if name.endswith("-dlq"):  # rayq makes each queue's dead-letter queue with it
-            _info(t.client, name)
-            return {"QueueUrl": t.url(name)}
-        try:
-            info = _info(t.client, name)
-        except QueueNotFound:
-            info = None
-        now = self.clock()
-        base = self.state.settings(t.owner, name) if info else attrs.Settings()
-        change = attrs.parse(p.get("Attributes"), base, t.owner, name, now)
-        if info is not None:
-            same = dataclasses.replace(change.settings, modified_at=base.modified_at) == base
-            if not same or change.max_receives not in (None, info.max_receives or 0):
-                raise SqsError("QueueNameExists", f"A queue named {name} already exists with "
-                                                  "different attributes.")
-            return {"QueueUrl": t.url(name)}
-        t.client.create_queue(name, max_receives=change.max_receives or None)
-        self.state.save(t.owner, name, dataclasses.replace(change.settings, modified_at=now))
-        return {"QueueUrl": t.url(name)}
-
-    def _get_queue_url(self, t: Target, p: dict) -> dict:
-        name = _queue_name_param(p)
-        owner = p.get("QueueOwnerAWSAccountId")
-        if owner not in (None, t.caller.account):
-            raise no_queue()
-        _info(t.client, name)
-        return {"QueueUrl": t.url(name)}
-
-    def _list_queues(self, t: Target, p: dict) -> dict:
-        prefix = p.get("QueueNamePrefix", "")
-        if not isinstance(prefix, str):
-            raise invalid("QueueNamePrefix must be a string.")
-        limit = _int(p, "MaxResults", 1, 1000, None)
-        after = _token(p.get("NextToken"))
-        names = [n for n in sorted(t.client.list_queues())
-                 if n.rpartition("/")[2].startswith(prefix) and n > after]
-        out: dict[str, Any] = {"QueueUrls": [t.url(n) for n in names[:limit or 1000]]}
-        if limit is not None and len(names) > limit:
-            out["NextToken"] = base64.urlsafe_b64encode(names[limit - 1].encode()).decode()
-        return out
-
-    def _delete_queue(self, t: Target, p: dict) -> dict:
-        _need_queue(t)
-        t.client.delete_queue(t.ref)
-        self.state.save(t.owner, t.name, None)
-        return {}
-
-    def _purge_queue(self, t: Target, p: dict) -> dict:
-        _need_queue(t).clear()
-        return {}
-
-    def _get_queue_attributes(self, t: Target, p: dict) -> dict:
-        names = attrs.check_names(p.get("AttributeNames"))
-        _need_queue(t)
-        info = _info(t.client, t.ref)
-        settings = self.state.settings(t.owner, t.name)
-        values = settings.render()
-        values.update(CreatedTimestamp=str(int(info.created_at)),
-                      LastModifiedTimestamp=str(int(settings.modified_at or info.created_at)),
-                      QueueArn=t.arn())
-        if info.max_receives:
-            values[attrs.REDRIVE] = attrs.redrive_policy(t.caller.region, t.owner, t.name,
-                                                         info.max_receives)
-        if any(n in attrs.COUNTS for n in names):
-            values.update(zip(attrs.COUNTS, map(str, t.queue.counts_by_visibility())))
-        picked = {n: values[n] for n in names if n in values}
-        return {"Attributes": picked} if picked else {}
-
-    def _set_queue_attributes(self, t: Target, p: dict) -> dict:
-        if "Attributes" not in p:
-            raise missing("Attributes")
-        _need_queue(t)
-        info = _info(t.client, t.ref)
-        base = self.state.settings(t.owner, t.name)
-        change = attrs.parse(p["Attributes"], base, t.owner, t.name, self.clock())
-        if change.max_receives is not None and change.max_receives != (info.max_receives or 0):
-            raise invalid("rayq sets a queue's RedrivePolicy (maxReceiveCount) when the queue is "
-                          f"created; {t.name} has maxReceiveCount {info.max_receives or 'none'}.")
-        self.state.save(t.owner, t.name, change.settings)
-        return {}
-
-    # -- messages -------------------------------------------------------------------
-    def _outgoing(self, t: Target, entry: dict, settings: attrs.Settings) -> Outgoing:
-        """A SendMessage (or batch entry) as a rayq message. Raises SqsError."""
-        body = msgs.check_body(entry.get("MessageBody"), settings.max_message_bytes)
-        for name in ("MessageDeduplicationId", "MessageSystemAttributes"):
-            if entry.get(name) is not None:
-                raise invalid(f"{name} is not supported on rayq's (standard) queues.")
-        tenant = entry.get("MessageGroupId")
-        if tenant is not None:
-            _check_group(tenant, t.caller.account)
+    # -- sending ----------------------------------------------------------------------
+    def _draft(self, t: Target, entry: dict, settings: attrs.Settings) -> Draft:
+        """A SendMessage (or batch entry), checked. Raises SqsError."""
+        attributes = msgs.check_attributes(entry.get("MessageAttributes"))
+        system = msgs.check_attributes(entry.get("MessageSystemAttributes"), system=True)
+        body = msgs.check_body(entry.get("MessageBody"), settings.max_message_bytes,
+                               msgs.attributes_bytes(attributes))
+        dedup = None
+        if settings.fifo:
+            fifo.check_send(entry)
+            dedup = fifo.dedup_id(entry, body, settings.text(attrs.CONTENT_DEDUP) == "true")
+        elif entry.get("MessageDeduplicationId") is not None:
+            raise out_of_range("MessageDeduplicationId", entry["MessageDeduplicationId"],
+                               "The request include parameter that is not valid for this "
+                               "queue type.")
+        group = entry.get("MessageGroupId")
+        tenant, kept_group = _group(group, t.caller.account)
         delay = _int(entry, "DelaySeconds", 0, MAX_DELAY_S, settings.delay_s)
-        return Outgoing(body, tenant=tenant, type=msgs.message_type(entry.get("MessageAttributes")),
-                        delay_s=delay, ttl_s=settings.retention_s)
+        trace = system.get(msgs.TRACE_HEADER, {}).get("StringValue")
+        envelope = msgs.Envelope(body, attributes, trace=trace, group=kept_group, dedup=dedup)
+        key = fifo.scope_key(dedup, group, settings.text("DeduplicationScope") ==
+                             "messageGroup") if dedup is not None else None
+        return Draft(envelope, tenant, msgs.message_type(attributes), delay,
+                     self._ttl_s(t, settings), key, system)
 
     @staticmethod
-    def _sent(message_id: str, out: Outgoing, attributes: Any) -> dict:
-        sent = {"MessageId": message_id, "MD5OfMessageBody": msgs.md5_hex(out.body.encode())}
-        if attributes:
-            sent["MD5OfMessageAttributes"] = msgs.attributes_md5(attributes)
-        return sent
+    def _ttl_s(t: Target, settings: attrs.Settings) -> float:
+        """MessageRetentionPeriod, within the longest time to live the runtime keeps."""
+        return min(settings.retention_s, t.client.transport.config.store.max_ttl_s)
+
+    def _send(self, t: Target, drafts: list[Draft], fifo_queue: bool) -> list[dict]:
+        """Store the drafts (in one batch); SendMessage's answer for each. On a FIFO queue,
+        a draft whose deduplication id was sent within 5 minutes is not stored again: its
+        answer names the message first sent."""
+        if not fifo_queue:
+            ids = t.queue().send_batch([d.outgoing() for d in drafts])
+            return [d.answer(mid) for d, mid in zip(drafts, ids)]
+        queue = t.need()
+        name, now = queue.rayq_name(t.home), self.clock()
+        admitted = self.state.fifo_admit(queue.account, name, [d.key for d in drafts], now)
+        fresh = [(d.sequenced(a.sequence), a) for d, a in zip(drafts, admitted)
+                 if a.duplicate_of is None]
+        ids = t.queue().send_batch([d.outgoing() for d, _ in fresh]) if fresh else []
+        sent = {d.key: mid for (d, _), mid in zip(fresh, ids)}
+        self.state.fifo_record(queue.account, name,
+                               [(d.key, mid, d.envelope.sequence) for (d, _), mid in
+                                zip(fresh, ids)], now)
+        return [d.answer(a.duplicate_of or sent[d.key], a.sequence)
+                for d, a in zip(drafts, admitted)]
 
     def _send_message(self, t: Target, p: dict) -> dict:
-        queue = _need_queue(t)
-        out = self._outgoing(t, p, self.state.settings(t.owner, t.name))
-        [message_id] = queue.send_batch([out])
-        return self._sent(message_id, out, p.get("MessageAttributes"))
+        t.need()
+        settings = queues.settings_of(self, t)
+        return self._send(t, [self._draft(t, p, settings)], settings.fifo)[0]
 
     def _send_message_batch(self, t: Target, p: dict) -> dict:
-        queue = _need_queue(t)
+        t.need()
         entries = check_entries(p)
-        settings = self.state.settings(t.owner, t.name)
+        settings = queues.settings_of(self, t)
         size = sum(len(str(e.get("MessageBody", "")).encode()) for e in entries)
         if size > MAX_BATCH_BYTES:
-            raise SqsError("BatchRequestTooLong", f"Batch requests must be at most "
-                                                  f"{MAX_BATCH_BYTES} bytes in total.")
+            raise SqsError("BatchRequestTooLong", f"Batch requests cannot be longer than "
+                                                  f"{MAX_BATCH_BYTES} bytes. You have sent "
+                                                  f"{size} bytes.")
         good, failed = [], []
         for entry in entries:
             try:
-                good.append((entry, self._outgoing(t, entry, settings)))
+                good.append((entry["Id"], self._draft(t, entry, settings)))
             except SqsError as err:
                 failed.append(failure(entry["Id"], err))
-        ids = queue.send_batch([out for _, out in good]) if good else []
-        done = [{"Id": e["Id"], **self._sent(mid, out, e.get("MessageAttributes"))}
-                for (e, out), mid in zip(good, ids)]
+        answers = self._send(t, [d for _, d in good], settings.fifo) if good else []
+        done = [{"Id": entry_id, **answer} for (entry_id, _), answer in zip(good, answers)]
         return {"Successful": done, "Failed": failed}
 
+    # -- receiving --------------------------------------------------------------------------
     def _receive_message(self, t: Target, p: dict) -> dict:
-        queue = _need_queue(t)
-        settings = self.state.settings(t.owner, t.name)
+        t.need()
+        settings = queues.settings_of(self, t)
         count = _int(p, "MaxNumberOfMessages", 1, MAX_RECEIVE, 1)
         hide_s = _int(p, "VisibilityTimeout", 0, MAX_VISIBILITY_S, settings.visibility_timeout_s)
         wait_s = _int(p, "WaitTimeSeconds", 0, MAX_WAIT_S, settings.wait_s)
         system = msgs.check_system_names(p.get("MessageSystemAttributeNames",
                                                p.get("AttributeNames")))
-        with_type = msgs.wants_type(p.get("MessageAttributeNames"))
+        names = p.get("MessageAttributeNames")
+        msgs.pick_attributes({}, names)  # checks the names before anything is received
+        queue = t.queue()
         got = queue.receive(max_messages=count, visibility_timeout_s=hide_s, wait_s=wait_s)
-        return {"Messages": [_message(m, system, with_type) for m in got]} if got else {}
+        redrive = attrs.redrive_target(settings)
+        if redrive is not None and got:
+            got = self._dead_letter(t, queue, got, *redrive)
+        now_ms = int(self.clock() * 1000)
+        return {"Messages": [self._message(t, m, system, names, now_ms) for m in got]} \
+            if got else {}
 
+    def _dead_letter(self, t: Target, queue: Queue, got: list, target_arn: str,
+                     max_receives: int) -> list:
+        """Move the received messages past ``max_receives`` to the dead-letter queue (as SQS
+        does on the receive that exceeds it); returns the others."""
+        dead = [m for m in got if m.dequeue_count > max_receives]
+        if not dead:
+            return got
+        source = t.need().arn()
+        moved = []
+        for m in dead:
+            envelope = msgs.opened(m.body)
+            moved.append(Outgoing(envelope.moved(
+                source=source, sent_ms=envelope.sent_ms or int(m.enqueued_at * 1000)).stored(),
+                tenant=m.tenant if t.caller.account == ADMIN else None, type=m.type))
+        try:
+            t.queue(t.from_arn(target_arn)).send_batch(moved)
+        except (RayqError, SqsError):  # the dead-letter queue is gone: deliver them instead
+            return got
+        queue.delete_batch([m.receipt for m in dead])
+        return [m for m in got if m.dequeue_count <= max_receives]
+
+    def _message(self, t: Target, m, system: list[str], names: Any, now_ms: int) -> dict:
+        """A received message in SQS's shape, with the attributes the receive asked for."""
+        envelope = msgs.opened(m.body)
+        self.state.latest(t.need().account, m.id, m.receipt)
+        out = {"MessageId": m.id, "ReceiptHandle": m.receipt + m.id,
+               "MD5OfBody": msgs.md5_hex(envelope.body.encode()), "Body": envelope.body}
+        if system or m.dequeue_count == 1:  # a later receive may ask when this one was
+            first_ms = self.state.first_received(m.id, m.dequeue_count, now_ms)
+        if system:
+            out["Attributes"] = msgs.system_attributes(m, envelope, system, first_ms,
+                                                       sender=m.tenant)
+        attributes = envelope.attributes or (
+            msgs.type_attributes(m.type) if m.type != "default" else {})
+        picked = msgs.pick_attributes(attributes, names)
+        if picked:
+            out["MessageAttributes"] = msgs.rendered(picked)
+            out["MD5OfMessageAttributes"] = msgs.attributes_md5(picked)
+        return out
+
+    # -- receipts ---------------------------------------------------------------------------
     @staticmethod
-    def _receipt(p: dict) -> str:
+    def _receipt(p: dict) -> tuple[str, str | None]:
+        """(rayq receipt, message id or None) of a ReceiptHandle. Raises MissingParameter or
+        ReceiptHandleIsInvalid when it is not shaped like one."""
         handle = p.get("ReceiptHandle")
         if handle is None or handle == "":
             raise missing("ReceiptHandle")
-        if not isinstance(handle, str):
-            raise SqsError("ReceiptHandleIsInvalid", "The input receipt handle is invalid.")
-        return handle
+        try:
+            receipt_subqueue(handle[:RECEIPT_CHARS] if isinstance(handle, str) else handle)
+            bytes.fromhex(handle[:RECEIPT_CHARS])
+        except (ReceiptInvalid, ValueError):
+            raise bad_handle(handle) from None
+        return handle[:RECEIPT_CHARS], handle[RECEIPT_CHARS:] or None
+
+    def _candidates(self, owner: str, receipt: str, message_id: str | None) -> list[str]:
+        """The rayq receipts a handle (on a queue of ``owner``) may stand for, most likely
+        first: its own, the one ChangeMessageVisibility gave in its place, the message's
+        latest receive."""
+        out = [receipt]
+        for other in (self.state.forward(owner, receipt),
+                      self.state.latest(owner, message_id) if message_id else None):
+            if other is not None and other not in out:
+                out.append(other)
+        return out
 
     def _delete_message(self, t: Target, p: dict) -> dict:
-        queue, handle = _need_queue(t), self._receipt(p)
-        self._forwarded(t.owner, handle, lambda receipt: queue.delete(receipt))
+        t.need()
+        self._delete_all(t, [self._receipt(p)])
         return {}
 
-    def _forwarded(self, owner: str, handle: str, act: Callable[[str], Any]) -> Any:
-        """``act(receipt)`` for a handle, or for the receipt ChangeMessageVisibility gave
-        in its place (on a queue of ``owner``) when rayq refuses the handle itself."""
-        try:
-            return act(handle)
-        except ReceiptInvalid:
-            current = self.state.forward(owner, handle)
-            if current is None:
-                raise
-            return act(current)
-
     def _delete_message_batch(self, t: Target, p: dict) -> dict:
-        queue, entries = _need_queue(t), check_entries(p)
+        t.need()
+        entries = check_entries(p, "DeleteMessageBatch")
         handles, failed = {}, []
         for entry in entries:
             try:
                 handles[entry["Id"]] = self._receipt(entry)
             except SqsError as err:
                 failed.append(failure(entry["Id"], err))
-        refused = self._delete_all(t.owner, queue, list(handles.values()))
-        for entry_id, handle in handles.items():
-            if handle in refused:
-                failed.append(failure(entry_id, from_rayq(refused[handle])))
-        done = [{"Id": i} for i, h in handles.items() if h not in refused]
-        return {"Successful": done, "Failed": failed}
+        if handles:
+            self._delete_all(t, list(handles.values()))
+        return {"Successful": [{"Id": i} for i in handles], "Failed": failed}
 
-    def _delete_all(self, owner: str, queue: Queue, handles: list[str]
-                    ) -> dict[str, ReceiptInvalid]:
-        """Delete by handles in one batch (then once more for forwarded ones); returns the
-        handles refused, each with its error."""
-        if not handles:
-            return {}
+    def _delete_all(self, t: Target, handles: list[tuple[str, str | None]]) -> None:
+        """Delete by handles in one batch, then once more through the receipts their
+        messages were given since. A handle whose message is gone (deleted, or received
+        again through another replica) is a success, as in SQS."""
+        queue, owner = t.queue(), t.need().account
         try:
-            queue.delete_batch(handles)
-            return {}
+            queue.delete_batch([receipt for receipt, _ in handles])
+            return
         except ReceiptInvalid as err:
             refused = set(err.receipts)
-        forwards = {h: self.state.forward(owner, h) for h in handles if h in refused}
-        retry = {current: h for h, current in forwards.items() if current is not None}
+        retry = [c for receipt, mid in handles if receipt in refused
+                 for c in self._candidates(owner, receipt, mid)[1:]]
         if retry:
             try:
-                queue.delete_batch(list(retry))
-                refused -= set(retry.values())
-            except ReceiptInvalid as err:
-                refused -= {h for current, h in retry.items() if current not in err.receipts}
-        return {h: ReceiptInvalid("the receipt handle is stale or invalid") for h in refused}
+                queue.delete_batch(retry)
+            except ReceiptInvalid:
+                pass  # those messages are gone, or another receive holds them
 
     def _change_message_visibility(self, t: Target, p: dict) -> dict:
         self._change(t, p)
         return {}
 
     def _change(self, t: Target, p: dict) -> None:
-        queue, handle = _need_queue(t), self._receipt(p)
+        t.need()
+        receipt, message_id = self._receipt(p)
         if "VisibilityTimeout" not in p:
             raise missing("VisibilityTimeout")
-        timeout_s = _int(p, "VisibilityTimeout", 0, MAX_VISIBILITY_S, None)
-        receipt = self._forwarded(t.owner, handle,
-                                  lambda r: queue.change_visibility(r, timeout_s))
-        self.state.record(t.owner, handle, receipt)
+        value = p["VisibilityTimeout"]
+        if isinstance(value, bool) or not isinstance(value, int) \
+                or not 0 <= value <= MAX_VISIBILITY_S:
+            raise out_of_range("VisibilityTimeout", value, "Total VisibilityTimeout for the "
+                               f"message is beyond the limit [{MAX_VISIBILITY_S} seconds]")
+        queue, owner = t.queue(), t.need().account
+        for candidate in self._candidates(owner, receipt, message_id):
+            try:
+                new = queue.change_visibility(candidate, value)
+            except ReceiptInvalid:
+                continue
+            self.state.record(owner, receipt, new)
+            if message_id:
+                self.state.latest(owner, message_id, new)
+            return
+        raise out_of_range("ReceiptHandle", p["ReceiptHandle"], "Message does not exist or is "
+                           "not available for visibility timeout change.")
 
     def _change_message_visibility_batch(self, t: Target, p: dict) -> dict:
-        _need_queue(t)
+        t.need()
         done, failed = [], []
-        for entry in check_entries(p):  # rayq changes visibility one receipt at a time
+        for entry in check_entries(p, "ChangeMessageVisibilityBatch"):
             try:
                 try:
                     self._change(t, entry)
@@ -350,18 +368,12 @@ class SqsApi:
         return {"Successful": done, "Failed": failed}
 
 
-ACTIONS = ("CreateQueue", "GetQueueUrl", "ListQueues", "DeleteQueue", "PurgeQueue",
-           "GetQueueAttributes", "SetQueueAttributes", "SendMessage", "SendMessageBatch",
-           "ReceiveMessage", "DeleteMessage", "DeleteMessageBatch", "ChangeMessageVisibility",
-           "ChangeMessageVisibilityBatch")
-UNSUPPORTED = ("AddPermission", "RemovePermission", "TagQueue", "UntagQueue", "ListQueueTags",
-               "ListDeadLetterSourceQueues", "StartMessageMoveTask", "CancelMessageMoveTask",
-               "ListMessageMoveTasks")
+MESSAGE_ACTIONS = ("SendMessage", "SendMessageBatch", "ReceiveMessage", "DeleteMessage",
+                   "DeleteMessageBatch", "ChangeMessageVisibility",
+                   "ChangeMessageVisibilityBatch")
 
 
 def _unsupported(action: str) -> SqsError:
-    if action in UNSUPPORTED:
-        return SqsError("UnsupportedOperation", f"rayq does not support the SQS action {action}.")
     return SqsError("InvalidAction", f"The action {action!r:.80} is not valid for this endpoint.")
 
 
@@ -369,67 +381,26 @@ def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
-def _need_queue(t: Target) -> Queue:
-    if t.queue is None:
-        raise missing("QueueUrl")
-    return t.queue
-
-
-def _info(client, name: str):
-    """The registry's record of a queue (creation time, max_receives). Raises QueueNotFound.
-    Read through the client's routing call: the public API has no accessor for it yet."""
-    return client.transport.route(name, refresh=True)[0]
-
-
-def _queue_name_param(p: dict) -> str:
-    name = p.get("QueueName")
-    if name is None:
-        raise missing("QueueName")
-    if not isinstance(name, str) or not _QUEUE_NAME.match(name):
-        if isinstance(name, str) and name.endswith(".fifo"):
-            raise invalid("FIFO queues are not supported by rayq.")
-        raise invalid("Can only include alphanumeric characters, hyphens, or underscores. "
-                      "1 to 80 in length")
-    return name
-
-
 def _int(p: dict, name: str, low: int, high: int, default: int | None) -> int | None:
     value = p.get(name)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise invalid(f"Value {value!r:.40} for parameter {name} is invalid. Reason: must be "
-                      f"between {low} and {high}.")
+        raise out_of_range(name, value, f"Must be between {low} and {high}, if provided.")
     return value
 
 
-def _token(token: Any) -> str:
-    if token is None:
-        return ""
-    try:
-        return base64.urlsafe_b64decode(token.encode()).decode()
-    except (ValueError, AttributeError, UnicodeError):
-        raise invalid("Invalid NextToken value.") from None
-
-
-def _check_group(group: Any, account: str) -> None:
-    """MessageGroupId is the rayq tenant; an account other than the admin sends only as
-    itself (the runtime refuses a message sent as another tenant)."""
-    if not isinstance(group, str) or not 1 <= len(group) <= 128 or not group.isprintable():
-        raise invalid("MessageGroupId must be 1 to 128 printable characters.")
-    if account != ADMIN and group != account:
-        raise invalid(f"MessageGroupId is the rayq tenant, and account {account!r} sends only "
-                      f"as tenant {account!r}; got {group!r}.")
-
-
-def _message(m, system: list[str], with_type: bool) -> dict:
-    body = msgs.body_text(m.body)
-    out = {"MessageId": m.id, "ReceiptHandle": m.receipt, "MD5OfBody": msgs.md5_hex(body.encode()),
-           "Body": body}
-    if system:
-        out["Attributes"] = msgs.system_attributes(m, system)
-    if with_type:
-        attributes = msgs.type_attributes(m.type)
-        out["MessageAttributes"] = attributes
-        out["MD5OfMessageAttributes"] = msgs.attributes_md5(attributes)
-    return out
+def _group(group: Any, account: str) -> tuple[str | None, str | None]:
+    """(rayq tenant, MessageGroupId to keep in the envelope) of a MessageGroupId. The
+    ``default`` account sends as any tenant, so its group is the tenant; another account
+    sends as itself, and a group other than its name travels in the envelope."""
+    if group is None:
+        return None, None
+    if not isinstance(group, str) or not 1 <= len(group) <= 128 \
+            or not re.fullmatch(r"[!-~]+", group):
+        raise invalid(f"Value {group!s:.130} for parameter MessageGroupId is invalid. Reason: "
+                      "MessageGroupId can only include alphanumeric and punctuation "
+                      "characters. 1 to 128 in length.")
+    if account == ADMIN or group == account:
+        return group, None
+    return None, group

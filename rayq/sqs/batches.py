@@ -12,16 +12,18 @@ MAX_ENTRIES = 10
 _ENTRY_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 
 
-def check_entries(params: dict) -> list[dict]:
+def check_entries(params: dict, kind: str = "SendMessageBatch") -> list[dict]:
     """A batch's entries. Raises EmptyBatchRequest, TooManyEntriesInBatchRequest,
-    InvalidBatchEntryId or BatchEntryIdsNotDistinct."""
+    InvalidBatchEntryId or BatchEntryIdsNotDistinct; ``kind`` names the action in
+    SQS's wording of EmptyBatchRequest."""
     entries: Any = params.get("Entries")
     if entries is None:
         raise missing("Entries")
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise SqsError("InvalidParameterValue", "Entries must be a list of objects.")
     if not entries:
-        raise SqsError("EmptyBatchRequest", "There should be at least one entry in the request.")
+        raise SqsError("EmptyBatchRequest", f"There should be at least one {kind}RequestEntry "
+                                             "in the request.")
     if len(entries) > MAX_ENTRIES:
         raise SqsError("TooManyEntriesInBatchRequest",
                        f"Maximum number of entries per request are {MAX_ENTRIES}. You have "
@@ -32,9 +34,11 @@ def check_entries(params: dict) -> list[dict]:
             raise SqsError("InvalidBatchEntryId", "A batch entry id can only contain "
                            "alphanumeric characters, hyphens and underscores. It can be at "
                            "most 80 letters long.")
-    if len(set(ids)) != len(ids):
-        raise SqsError("BatchEntryIdsNotDistinct", "Two or more batch entries in the request "
-                                                   "have the same Id.")
+    seen: set[str] = set()
+    for entry_id in ids:
+        if entry_id in seen:
+            raise SqsError("BatchEntryIdsNotDistinct", f"Id {entry_id} repeated.")
+        seen.add(entry_id)
     return entries
 
 

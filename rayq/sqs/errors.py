@@ -23,6 +23,8 @@ _LEGACY = {
     "BatchRequestTooLong": "AWS.SimpleQueueService.BatchRequestTooLong",
     "UnsupportedOperation": "AWS.SimpleQueueService.UnsupportedOperation",
     "MessageNotInflight": "AWS.SimpleQueueService.MessageNotInflight",
+    "PurgeQueueInProgress": "AWS.SimpleQueueService.PurgeQueueInProgress",
+    "QueueDeletedRecently": "AWS.SimpleQueueService.QueueDeletedRecently",
 }
 
 
@@ -53,15 +55,30 @@ def no_queue() -> SqsError:
     return SqsError("QueueDoesNotExist", "The specified queue does not exist.")
 
 
+def out_of_range(name: str, value: object, reason: str) -> SqsError:
+    """A parameter outside its range, worded as SQS words it."""
+    return invalid(f"Value {value!s:.80} for parameter {name} is invalid. Reason: {reason}")
+
+
+def too_long(max_bytes: int) -> SqsError:
+    return invalid(f"One or more parameters are invalid. Reason: Message must be shorter than "
+                   f"{max_bytes} bytes.")
+
+
+def bad_handle(handle: object) -> SqsError:
+    return SqsError("ReceiptHandleIsInvalid",
+                    f'The input receipt handle "{handle!s:.200}" is not a valid receipt handle.')
+
+
 def from_rayq(err: RayqError) -> SqsError:
     """The SQS error a rayq error stands for. The message says what rayq said."""
     text = str(err)
     if isinstance(err, QueueNotFound):
         return no_queue()
     if isinstance(err, ReceiptInvalid):
-        return SqsError("ReceiptHandleIsInvalid", f"The input receipt handle is invalid: {text}")
+        return SqsError("ReceiptHandleIsInvalid", "The input receipt handle is invalid.")
     if isinstance(err, MessageTooLarge):
-        return SqsError("MessageTooLong", text)
+        return invalid(f"One or more parameters are invalid. Reason: {text}")
     if isinstance(err, SignatureMismatch):  # a key rotated out since the endpoint's copy
         return SqsError("InvalidClientTokenId",
                         "The security token included in the request is invalid.", status=403)

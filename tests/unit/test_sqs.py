@@ -93,6 +93,13 @@ def test_a_signature_must_cover_the_action_the_time_and_the_body_type(monkeypatc
     assert (code, status) == ("IncompleteSignature", 400)
 
 
+def test_a_query_protocol_request_has_no_target_header_to_sign(monkeypatch):
+    request = signed(monkeypatch, unsigned=("x-amz-target",))
+    headers = {k: v for k, v in request.headers.items() if k != "x-amz-target"}
+    query = sigv4.SignedRequest("POST", "/", "", headers, request.body)  # the action: in the body
+    assert verify(query).account == "acme"
+
+
 def test_the_header_claim_is_refused_before_any_body_for_an_unknown_account(monkeypatch):
     headers = signed(monkeypatch, account="nobody").headers
     with pytest.raises(SqsError) as info:
@@ -119,54 +126,148 @@ def test_a_malformed_authorization_header_is_incomplete(monkeypatch, value):
 
 
 # -- queue attributes ------------------------------------------------------------------
-def parse(values: dict):
-    return attributes.parse(values, attributes.Settings(), "acme", "orders", now=5.0)
+def parse(values: dict, base=attributes.Settings(), creating=True):
+    return attributes.parse(values, base, now=5.0, creating=creating)
 
 
 def test_attributes_set_the_settings_rayq_keeps_for_sqs():
-    change = parse({"VisibilityTimeout": "45", "DelaySeconds": "900",
-                    "MessageRetentionPeriod": "60", "ReceiveMessageWaitTimeSeconds": "20",
-                    "MaximumMessageSize": "1024"})
-    assert change.settings == attributes.Settings(45, 60, 900, 20, 1024, modified_at=5.0)
-    assert change.max_receives is None
+    settings = parse({"VisibilityTimeout": "45", "DelaySeconds": "900",
+                      "MessageRetentionPeriod": "1209600", "ReceiveMessageWaitTimeSeconds": "20",
+                      "MaximumMessageSize": "1024"})
+    assert settings == attributes.Settings(45, 1_209_600, 900, 20, 1024, modified_at=5.0)
+    assert parse({}) == attributes.Settings()
+
+
+def test_policy_encryption_and_fifo_attributes_are_kept_and_returned():
+    values = {"Policy": json.dumps({"Version": "2012-10-17", "Statement": []}),
+              "KmsMasterKeyId": "alias/aws/sqs", "KmsDataKeyReusePeriodSeconds": "600",
+              "SqsManagedSseEnabled": "false", "FifoQueue": "true",
+              "ContentBasedDeduplication": "true", "DeduplicationScope": "messageGroup",
+              "FifoThroughputLimit": "perMessageGroupId"}
+    settings = parse(values)
+    assert settings.fifo and {k: settings.render()[k] for k in values} == values
+    again = attributes.Settings.from_record(settings.to_record())
+    assert again == settings and again.differs_from(settings) is None
+    assert parse({"VisibilityTimeout": "31"}, settings).differs_from(settings) == \
+        "VisibilityTimeout"
+    assert "FifoQueue" not in attributes.Settings().render()
 
 
 @pytest.mark.parametrize("values, code", [
     ({"VisibilityTimeout": "43201"}, "InvalidAttributeValue"),
     ({"DelaySeconds": "-1"}, "InvalidAttributeValue"),
-    ({"MessageRetentionPeriod": "1209600"}, "InvalidAttributeValue"),  # past rayq's 7 days
+    ({"MessageRetentionPeriod": "1209601"}, "InvalidAttributeValue"),
+    ({"MessageRetentionPeriod": "59"}, "InvalidAttributeValue"),
     ({"MaximumMessageSize": "1023"}, "InvalidAttributeValue"),
     ({"VisibilityTimeout": 30}, "InvalidAttributeValue"),
-    ({"Policy": "{}"}, "InvalidAttributeName"),
-    ({"FifoQueue": "true"}, "InvalidAttributeName"),
+    ({"Policy": "not json"}, "InvalidAttributeValue"),
+    ({"KmsDataKeyReusePeriodSeconds": "59"}, "InvalidAttributeValue"),
+    ({"SqsManagedSseEnabled": "maybe"}, "InvalidAttributeValue"),
+    ({"RedriveAllowPolicy": json.dumps({"redrivePermission": "byQueue"})},
+     "InvalidAttributeValue"),
+    ({"ContentBasedDeduplication": "true"}, "InvalidAttributeName"),  # not a FIFO queue
+    ({"Bogus": "1"}, "InvalidAttributeName"),
     ({"ApproximateNumberOfMessages": "3"}, "InvalidAttributeName"),
     ({"RedrivePolicy": "not json"}, "InvalidAttributeValue"),
-    ({"RedrivePolicy": json.dumps({"deadLetterTargetArn": "arn:aws:sqs:r:acme:orders-dlq",
+    ({"RedrivePolicy": json.dumps({"deadLetterTargetArn": "arn:aws:sqs:r:1:q",
                                    "maxReceiveCount": 0})}, "InvalidAttributeValue"),
-    ({"RedrivePolicy": json.dumps({"deadLetterTargetArn": "arn:aws:sqs:r:beta:orders-dlq",
-                                   "maxReceiveCount": 3})}, "InvalidAttributeValue"),
+    ({"RedrivePolicy": json.dumps({"maxReceiveCount": 3})}, "InvalidAttributeValue"),
 ])
-def test_attributes_rayq_cannot_keep_are_refused_by_name(values, code):
+def test_attributes_sqs_refuses_are_refused_by_name(values, code):
     with pytest.raises(SqsError) as info:
         parse(values)
     assert info.value.code == code and next(iter(values)) in info.value.message
 
 
-def test_a_redrive_policy_to_the_queues_own_dlq_sets_max_receives():
-    policy = json.dumps({"deadLetterTargetArn": "arn:aws:sqs:eu-west-1:acme:orders-dlq",
+def test_fifo_queue_is_set_only_at_creation():
+    with pytest.raises(SqsError) as info:
+        parse({"FifoQueue": "true"}, creating=False)
+    assert info.value.code == "InvalidAttributeName"
+
+
+def test_a_redrive_policy_names_any_queue_and_can_be_removed():
+    policy = json.dumps({"deadLetterTargetArn": "arn:aws:sqs:eu-west-1:123456789012:anything",
                          "maxReceiveCount": "4"})
-    assert parse({"RedrivePolicy": policy}).max_receives == 4
-    assert parse({"RedrivePolicy": ""}).max_receives == 0
+    settings = parse({"RedrivePolicy": policy})
+    assert attributes.redrive_target(settings) == (
+        "arn:aws:sqs:eu-west-1:123456789012:anything", 4)
+    assert attributes.redrive_target(parse({"RedrivePolicy": ""}, settings)) is None
+
+
+def test_a_redrive_allow_policy_says_which_sources_may_dead_letter():
+    def allows(policy, source="arn:a"):
+        return attributes.redrive_allows(parse({"RedriveAllowPolicy": json.dumps(policy)}), source)
+    assert attributes.redrive_allows(attributes.Settings(), "arn:a")
+    assert allows({"redrivePermission": "allowAll"})
+    assert not allows({"redrivePermission": "denyAll"})
+    assert allows({"redrivePermission": "byQueue", "sourceQueueArns": ["arn:a"]})
+    assert not allows({"redrivePermission": "byQueue", "sourceQueueArns": ["arn:b"]})
 
 
 # -- message attributes ---------------------------------------------------------------
-def test_the_type_attribute_is_the_rayq_type_and_others_are_refused():
-    assert messages.message_type(None) == "default"
-    assert messages.message_type(messages.type_attributes("report")) == "report"
-    for bad in ({"color": {"DataType": "String", "StringValue": "red"}},
-                {"type": {"DataType": "Number", "StringValue": "1"}}):
-        with pytest.raises(SqsError):
-            messages.message_type(bad)
+ATTRIBUTES = {"color": {"DataType": "String", "StringValue": "red"},
+              "price": {"DataType": "Number.float", "StringValue": "-1.5e3"},
+              "blob": {"DataType": "Binary.gz", "BinaryValue": "AAEC/w=="},
+              "doc": {"DataType": "String.json", "StringValue": '{"a": "é"}'},
+              "type": {"DataType": "String", "StringValue": "report"}}
+
+
+def test_string_number_and_binary_attributes_with_custom_types_are_kept():
+    checked = messages.check_attributes(ATTRIBUTES)
+    assert checked["blob"] == {"DataType": "Binary.gz", "BinaryValue": b"\x00\x01\x02\xff"}
+    assert messages.rendered(checked) == ATTRIBUTES
+    assert messages.message_type(checked) == "report"
+    assert messages.message_type({}) == "default"
+
+
+@pytest.mark.parametrize("bad", [
+    {f"a{i}": {"DataType": "String", "StringValue": "x"} for i in range(11)},
+    {"color": {"DataType": "Text", "StringValue": "red"}},
+    {"price": {"DataType": "Number", "StringValue": "cheap"}},
+    {"color": {"DataType": "String", "StringValue": ""}},
+    {"blob": {"DataType": "Binary", "BinaryValue": "not base64!"}},
+    {"AWS.reserved": {"DataType": "String", "StringValue": "x"}},
+    {"bad..name": {"DataType": "String", "StringValue": "x"}},
+    {"color": {"StringValue": "red"}},
+])
+def test_attributes_sqs_refuses_are_invalid_parameter_values(bad):
+    with pytest.raises(SqsError) as info:
+        messages.check_attributes(bad)
+    assert info.value.code == "InvalidParameterValue"
+
+
+def test_only_aws_trace_header_is_a_system_attribute():
+    trace = {"AWSTraceHeader": {"DataType": "String", "StringValue": "Root=1-5759e988"}}
+    assert messages.check_attributes(trace, system=True) == trace
+    with pytest.raises(SqsError):
+        messages.check_attributes({"Other": trace["AWSTraceHeader"]}, system=True)
+
+
+def test_attribute_md5_matches_moto_which_matches_sqs():
+    from moto.sqs.models import Message
+    checked = messages.check_attributes(ATTRIBUTES)  # Binary values decoded, as moto keeps them
+    expected = Message.__new__(Message)
+    expected.message_attributes = checked
+    assert messages.attributes_md5(checked) == expected.attribute_md5
+    assert messages.attributes_md5(messages.rendered(checked)) == expected.attribute_md5
+
+
+def test_the_envelope_keeps_what_storage_does_not_and_a_bare_body_stays_bare():
+    assert messages.Envelope("hi").stored() == "hi"
+    assert messages.opened("hi") == messages.Envelope("hi")
+    full = messages.Envelope("hi", messages.check_attributes(ATTRIBUTES), trace="Root=1",
+                             group="g1", dedup="d", sequence="7", source="arn", sent_ms=5)
+    assert messages.opened(full.stored()) == full
+    assert messages.opened({"b": "x"}) == messages.Envelope('{"b": "x"}')
+
+
+def test_attribute_names_pick_by_name_prefix_or_all():
+    checked = messages.check_attributes(ATTRIBUTES)
+    assert set(messages.pick_attributes(checked, ["All"])) == set(ATTRIBUTES)
+    assert set(messages.pick_attributes(checked, ["color", "pr.*"])) == {"color"}
+    dotted = {"price.eur": checked["price"], "price": checked["price"]}
+    assert set(messages.pick_attributes(dotted, ["price.*"])) == {"price.eur"}
+    assert messages.pick_attributes(checked, None) == {}
 
 
 def test_attribute_md5_follows_sqs_length_prefixed_encoding():
@@ -177,7 +278,7 @@ def test_attribute_md5_follows_sqs_length_prefixed_encoding():
 
 
 @pytest.mark.parametrize("body, code", [("", "MissingParameter"), ("\x00", "InvalidMessageContents"),
-                                        ("x" * 1025, "MessageTooLong")])
+                                        ("x" * 1025, "InvalidParameterValue")])
 def test_bodies_sqs_refuses_are_refused(body, code):
     with pytest.raises(SqsError) as info:
         messages.check_body(body, 1024)
