@@ -66,8 +66,7 @@ def start_followers(places: dict[int, ShardPlace], nodes: list[DataNode], data_d
                     config: Config) -> list:
     by_name = {n.name: n for n in nodes}
     return [start_follower(shard, by_name[node], data_dir, config)
-            for shard, place in sorted(places.items()) for node in place.in_sync[1:]
-            if node in by_name]
+            for shard, place in sorted(places.items()) for node in place.in_sync[1:]]
 
 
 async def kill_named(name: str) -> None:
@@ -108,11 +107,9 @@ class ReplicaKeeper:
         """Take ``node`` out of ``shard``'s in-sync set, as its leader of ``epoch`` asks;
         the new place. Raises StaleEpoch when that leader was replaced."""
         async with self._lock:
-            place = shrink(self.places[shard], node, epoch)
-            if place != self.places[shard]:
-                log.warning("shard %d: %s out of sync, epoch %d", shard, node, place.epoch)
-                self.places[shard] = place
-                self._save()
+            self.places[shard] = place = shrink(self.places[shard], node, epoch)
+            self._save()
+            log.warning("shard %d: %s out of sync, epoch %d", shard, node, place.epoch)
             return place
 
     async def rejoin(self, shard: int, node: str, epoch: int) -> ShardPlace:
@@ -148,11 +145,11 @@ class ReplicaKeeper:
 
     def _reseed(self, nodes: list[DataNode]) -> None:
         copies = self.config.store.replicas or default_replicas(len(nodes))
-        busy = {shard for shard, task in self._seeding.items() if not task.done()}
         by_name = {n.name: n for n in nodes}
-        for shard, node in seeds_wanted(self.places, list(by_name), copies, busy):
-            self._seeding[shard] = asyncio.get_running_loop().create_task(
+        for shard, node in seeds_wanted(self.places, list(by_name), copies, set(self._seeding)):
+            task = self._seeding[shard] = asyncio.get_running_loop().create_task(
                 self._seed(shard, by_name[node]))
+            task.add_done_callback(lambda _, shard=shard: self._seeding.pop(shard, None))
 
     async def _seed(self, shard: int, node: DataNode) -> None:
         """Start a fresh follower on ``node`` and have the leader seed it (the leader
@@ -183,7 +180,7 @@ class ReplicaKeeper:
         alive = {n.name: n for n in nodes}
         fenced = await asyncio.gather(*(self._fence(place.shard, node, place.epoch + 1)
                                         for node in place.in_sync[1:] if node in alive))
-        new = promote(place, dict(f for f in fenced if f is not None))
+        new = promote(place, {node: seq for part in fenced for node, seq in part.items()})
         if new is None:
             log.error("shard %d: leader on %s lost and no in-sync follower reachable",
                       place.shard, place.leader)
@@ -196,12 +193,12 @@ class ReplicaKeeper:
         self._save()  # the new leader reads its place (followers, epoch) as it starts
         start_shard(place.shard, alive[new.leader], self.data_dir, self.config)
 
-    async def _fence(self, shard: int, node: str, epoch: int) -> tuple[str, int] | None:
-        """(node, last sequence number it applied) once fenced; None if unreachable."""
+    async def _fence(self, shard: int, node: str, epoch: int) -> dict[str, int]:
+        """{node: last sequence number it applied} once fenced; {} if unreachable."""
         try:
             handle = ray.get_actor(follower_name(shard, node), namespace=NAMESPACE)
             _, seq = await asyncio.wait_for(
                 call_async(lambda: handle.fence.remote(epoch), NO_RETRY), FENCE_TIMEOUT_S)
-            return node, seq
+            return {node: seq}
         except (RayqError, ray.exceptions.RayError, ValueError, asyncio.TimeoutError):
-            return None
+            return {}

@@ -17,7 +17,7 @@ from actors.shipping import FOLLOWER_PREFIX
 from rayq.config import Config
 from rayq.core.control.placement import (DataNode, ShardPlace, default_replicas, node_folder,
                                          plan_shards)
-from rayq.core.control.replicas import with_followers
+from rayq.core.control.replicas import reusable, with_followers
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.errors import RuntimeFailure
 from rayq.remote import NO_RETRY, actor_names, call, running
@@ -34,8 +34,7 @@ def plan(nodes: list[DataNode], data_dir: str, config: Config) -> dict[int, Shar
     """Every shard's place: as published (the manager keeps it while the cluster
     lives), else where its files are or spread, with followers round the ring."""
     places = published_places()
-    if len(places) == config.store.shards and all(
-            n in {d.name for d in nodes} for p in places.values() for n in p.in_sync):
+    if reusable(places, config.store.shards, {n.name for n in nodes}):
         return places
     leaders = plan_shards(nodes, shards_on_disk(nodes, data_dir), config.store.shards)
     copies = config.store.replicas or default_replicas(len(nodes))

@@ -12,7 +12,8 @@ import ray
 from actors import MANAGER, NAMESPACE
 from actors.placement import published_places
 from rayq.config import Config
-from rayq.core.control.placement import LOCAL_NODE, ShardPlace
+from rayq.core.control.placement import ShardPlace
+from rayq.core.control.replicas import one_copy
 from rayq.core.control.shipping import OneCopy as _OneCopyShipper, Shipper
 from rayq.errors import RuntimeFailure
 from rayq.core.kit.kv import LmdbKV, Write, WriteSet
@@ -89,7 +90,7 @@ def replication_of(index: int, path: str, kv: LmdbKV, config: Config) -> "Replic
     """The leader's replication, unless the shard keeps one copy (the embedded runtime,
     ``replicas=1``) or was never placed: then nothing is recorded or changes."""
     place = published_places().get(index)
-    if place is None or place.leader == LOCAL_NODE or config.store.replicas == 1:
+    if one_copy(place, config.store.replicas):
         return OneCopy()
     return Replication(index, path, kv, place, config.store.min_in_sync)
 

@@ -262,3 +262,13 @@ def test_copies_default_to_the_data_nodes_up_to_two():
 
     assert Config().store.replicas is None and Config().store.min_in_sync == 1
     assert Config(store=StoreConfig(replicas=3, min_in_sync=2)).store.replicas == 3
+
+
+def test_a_shard_keeps_one_copy_unplaced_on_the_embedded_node_or_when_asked():
+    from rayq.core.control.replicas import one_copy, reusable
+
+    assert one_copy(None, None) and one_copy(ShardPlace(0, ("",), ("",)), None)
+    assert one_copy(THREE, 1) and not one_copy(THREE, None) and not one_copy(THREE, 2)
+    assert reusable({0: THREE}, 1, {"a", "b", "c"})
+    assert not reusable({0: THREE}, 2, {"a", "b", "c"})   # a shard not placed yet
+    assert not reusable({0: THREE}, 1, {"a", "b"})        # an in-sync copy's node is gone

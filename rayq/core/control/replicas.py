@@ -13,7 +13,7 @@ import json
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
-from rayq.core.control.placement import ShardPlace, new_follower_node
+from rayq.core.control.placement import LOCAL_NODE, ShardPlace, new_follower_node
 from rayq.core.kit.kv import WriteSet
 from rayq.core.storage.replica import check_epoch
 from rayq.errors import NotEnoughReplicas
@@ -278,3 +278,15 @@ def lost_leaders(places: Iterable[ShardPlace], alive: Collection[str], missed: M
     """The shards whose leader is lost (:func:`leader_lost`)."""
     return [p.shard for p in places
             if leader_lost(p, alive, missed.get(p.shard, 0), max_failed_pings)]
+
+
+def one_copy(place: ShardPlace | None, replicas: int | None) -> bool:
+    """Whether a shard keeps one copy, recording and shipping nothing: never placed, on
+    the embedded runtime's unnamed node, or ``replicas=1``."""
+    return place is None or place.leader == LOCAL_NODE or replicas == 1
+
+
+def reusable(places: Mapping[int, ShardPlace], shards: int, alive: Collection[str]) -> bool:
+    """Whether published places still fit: every shard placed, every in-sync copy on
+    an alive data node."""
+    return len(places) == shards and all(n in alive for p in places.values() for n in p.in_sync)
