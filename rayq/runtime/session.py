@@ -17,6 +17,7 @@ from rayq.config import Config
 from rayq.core.auth.accounts import Signer
 from rayq.core.kit.private import prepare_data_dir
 from rayq.errors import AuthError, RuntimeFailure
+from rayq.remote import call
 from rayq.transport import Transports
 
 DEFAULT_DATA_DIR = ".rayq-data"
@@ -143,10 +144,16 @@ def start(data_dir: str | os.PathLike | None = None, config: Config | None = Non
     config = config or config_module.load()
     if consumers is not None:
         config = config_module.with_consumers(config, consumers)
-    data_dir = prepare_data_dir(os.path.abspath(data_dir or DEFAULT_DATA_DIR))
     _init_ray(os.environ.get("RAY_ADDRESS"), _dashboard_wanted(dashboard))
-    ensure_runtime(data_dir, config, consumers)
-    found = find_runtime()
+    try:  # a running runtime is reused with its own configuration and data directory
+        found = find_runtime()
+    except RuntimeFailure:
+        ensure_runtime(prepare_data_dir(os.path.abspath(data_dir or DEFAULT_DATA_DIR)), config,
+                       consumers)
+        found = find_runtime()
+    else:
+        if consumers is not None:
+            call(lambda: found["manager"].scale_consumers.remote(consumers))
     return Client(found["manager"], found["shards"], found["config"])
 
 
