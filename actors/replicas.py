@@ -22,8 +22,8 @@ from rayq.config import Config
 from rayq.core.control.placement import (LOCAL_NODE, DataNode, ShardPlace, default_replicas,
                                          node_folder)
 from rayq.core.control.replicas import (check_epoch, count_missed, decode_places, encode_places,
-                                        lost_leaders, newest, promote, rejoin, seeds_wanted,
-                                        shrink, watched)
+                                        leader_move, lost_leaders, newest, promote, rejoin,
+                                        seeds_wanted, shrink, watched)
 from rayq.core.kit.kv import LmdbKV
 from rayq.errors import RayqError
 from rayq.remote import NO_RETRY, call_async
@@ -132,6 +132,7 @@ class ReplicaKeeper:
         nodes = data_nodes(self.config)
         await self._check_leaders(nodes)
         self._reseed(nodes)
+        await self._balance(nodes)
 
     async def _check_leaders(self, nodes: list[DataNode]) -> None:
         replicated = watched(self.places.values())
@@ -150,6 +151,16 @@ class ReplicaKeeper:
             task = self._seeding[shard] = asyncio.get_running_loop().create_task(
                 self._seed(shard, by_name[node]))
             task.add_done_callback(lambda _, shard=shard: self._seeding.pop(shard, None))
+
+    async def _balance(self, nodes: list[DataNode]) -> None:
+        """Move one shard's leadership to a node that leads too few (one that joined),
+        once everything is in sync: new subqueues then land on its shards too."""
+        move = leader_move(self.places, [n.name for n in nodes], bool(self._seeding))
+        if move is not None:
+            shard, node = move
+            async with self._lock:
+                log.warning("shard %d: leadership moves to %s", shard, node)
+                await self._fail_over(self.places[shard], nodes, prefer=node)
 
     async def _seed(self, shard: int, node: DataNode) -> None:
         """Start a fresh follower on ``node`` and have the leader seed it (the leader
@@ -174,18 +185,21 @@ class ReplicaKeeper:
         except (RayqError, ray.exceptions.RayError, ValueError, asyncio.TimeoutError):
             return False
 
-    async def _fail_over(self, place: ShardPlace, nodes: list[DataNode]) -> None:
+    async def _fail_over(self, place: ShardPlace, nodes: list[DataNode],
+                         prefer: str | None = None) -> None:
         """Fence the reachable in-sync followers with the next epoch, promote the one
-        that applied most: its follower actor stops, a leader opens its folder."""
+        that applied most (``prefer`` if it applied as much): its follower actor stops,
+        a leader opens its folder."""
         alive = {n.name: n for n in nodes}
         fenced = await asyncio.gather(*(self._fence(place.shard, node, place.epoch + 1)
                                         for node in place.in_sync[1:] if node in alive))
-        new = promote(place, {node: seq for part in fenced for node, seq in part.items()})
+        new = promote(place, {node: seq for part in fenced for node, seq in part.items()},
+                      prefer)
         if new is None:
             log.error("shard %d: leader on %s lost and no in-sync follower reachable",
                       place.shard, place.leader)
             return
-        log.warning("shard %d: leader on %s lost; %s leads under epoch %d", place.shard,
+        log.warning("shard %d: leader on %s replaced; %s leads under epoch %d", place.shard,
                     place.leader, new.leader, new.epoch)
         await kill_named(shard_name(place.shard))
         await kill_named(follower_name(place.shard, new.leader))

@@ -53,12 +53,14 @@ def test_a_paused_leader_is_replaced_and_its_later_writes_are_refused():
     assert result["lost"] == 0 and result["acked"] == 401
 
 
-def test_a_data_node_that_joins_gets_a_seeded_follower_of_every_shard():
+def test_a_data_node_that_joins_gets_followers_then_leads_shards_and_takes_subqueues():
     result = scenario("grow")
     assert all("n3" not in in_sync for in_sync in result["before"].values())
     for shard, (in_sync, epoch) in result["after"].items():
         assert "n3" in in_sync and epoch > 1
         assert len(set(result["rows"][shard].values())) == 1, result["rows"]  # same rows
+    assert "n3" in result["leaders"].values()  # leadership moved to the new node
+    assert "n3" in result["spread"]  # and a new queue's subqueues land there too
     assert result["lost"] == 0
 
 

@@ -5,7 +5,7 @@ import pytest
 from rayq.core.control.placement import ShardPlace
 from rayq.core.control.replicas import (ShipLog, acked_through, check_in_sync,
                                         decode_places, drop_replica, encode_places,
-                                        leader_lost, newest, promote, rejoin, role_of, shrink,
+                                        leader_lost, leader_move, newest, promote, rejoin, role_of, shrink,
                                         seed_target, seeds_wanted, with_followers, watched,
                                         count_missed, lost_leaders)
 from rayq.core.kit.kv import LmdbKV, Write
@@ -272,3 +272,35 @@ def test_a_shard_keeps_one_copy_unplaced_on_the_embedded_node_or_when_asked():
     assert reusable({0: THREE}, 1, {"a", "b", "c"})
     assert not reusable({0: THREE}, 2, {"a", "b", "c"})   # a shard not placed yet
     assert not reusable({0: THREE}, 1, {"a", "b"})        # an in-sync copy's node is gone
+
+
+def _place(shard, replicas, in_sync=None, epoch=1):
+    return ShardPlace(shard, tuple(replicas), tuple(in_sync or replicas), epoch)
+
+
+@pytest.mark.parametrize("places, alive, busy, expected", [
+    # n3 joined and holds in-sync followers: n1 and n2 lead 2 each, n3 none -> one moves
+    ({0: _place(0, ("n1", "n2", "n3")), 1: _place(1, ("n2", "n3", "n1")),
+      2: _place(2, ("n1", "n3", "n2")), 3: _place(3, ("n2", "n1", "n3"))},
+     ["n1", "n2", "n3"], False, (1, "n3")),
+    # balanced enough (2, 1, 1): nothing moves
+    ({0: _place(0, ("n1", "n2")), 1: _place(1, ("n2", "n3")), 2: _place(2, ("n1", "n3")),
+      3: _place(3, ("n3", "n1"))}, ["n1", "n2", "n3"], False, None),
+    # a seeding under way, or a shard out of sync: wait
+    ({0: _place(0, ("n1", "n3")), 1: _place(1, ("n1", "n3"))}, ["n1", "n3"], True, None),
+    ({0: _place(0, ("n1", "n3"), ("n1",)), 1: _place(1, ("n1", "n3"))}, ["n1", "n3"], False,
+     None),
+    # the node leading fewest holds no in-sync follower of the busiest node's shards
+    ({0: _place(0, ("n1", "n2")), 1: _place(1, ("n1", "n2")), 2: _place(2, ("n2", "n1"))},
+     ["n1", "n2", "n3"], False, None),
+])
+def test_leadership_moves_one_shard_at_a_time_to_a_node_that_leads_too_few(places, alive, busy,
+                                                                           expected):
+    assert leader_move(places, alive, busy) == expected
+
+
+def test_a_planned_move_promotes_the_preferred_follower_only_if_it_applied_as_much():
+    place = _place(0, ("n1", "n2", "n3"))
+    assert promote(place, {"n2": 9, "n3": 9}, prefer="n3").leader == "n3"
+    assert promote(place, {"n2": 9, "n3": 8}, prefer="n3").leader == "n2"
+    assert promote(place, {"n2": 9, "n3": 9}).leader == "n2"

@@ -78,21 +78,44 @@ def followers_per_node(places: Iterable[ShardPlace]) -> dict[str, int]:
     return counts
 
 
-def promote(place: ShardPlace, applied: Mapping[str, int]) -> ShardPlace | None:
-    """The place after the leader's loss. ``applied``: the last sequence number each
-    reachable follower applied, read as the manager fenced it. The in-sync follower
-    that applied most leads under the next epoch (the first such on ties); the
-    others that applied as much stay in sync, any other reachable one stays a replica
-    out of sync. The old leader is no replica any more (it may hold writes nobody
+def promote(place: ShardPlace, applied: Mapping[str, int],
+            prefer: str | None = None) -> ShardPlace | None:
+    """The place after the leader's loss (or its planned move to ``prefer``).
+    ``applied``: the last sequence number each reachable follower applied, read as the
+    manager fenced it. The in-sync follower that applied most leads under the next
+    epoch (``prefer`` if it applied as much, else the first such); the others that
+    applied as much stay in sync, any other reachable one stays a replica out of
+    sync. The old leader is no replica any more (it may hold writes nobody
     acknowledged). None when no in-sync follower is reachable: the shard waits."""
     candidates = [n for n in place.in_sync[1:] if n in applied]
     if not candidates:
         return None
-    chosen = max(candidates, key=lambda n: (applied[n], -candidates.index(n)))
+    chosen = max(candidates, key=lambda n: (applied[n], n == prefer, -candidates.index(n)))
     others = tuple(n for n in place.replicas if n not in (place.leader, chosen) and n in applied)
     in_sync = (chosen,) + tuple(n for n in candidates
                                 if n != chosen and applied[n] == applied[chosen])
     return ShardPlace(place.shard, (chosen,) + others, in_sync, place.epoch + 1)
+
+
+def leader_move(places: Mapping[int, ShardPlace], alive: Sequence[str],
+                busy: bool) -> tuple[int, str] | None:
+    """One planned leadership move that evens out the leaders over the alive data nodes
+    (a node that joined leads nothing yet), as Kafka's preferred-leader election: a
+    shard led by the node leading most moves to an in-sync follower on the node
+    leading fewest, when they differ by two or more. Only while every shard is in
+    sync and nothing is being seeded (``busy``), one move at a time. None: balanced."""
+    if busy or not alive or any(p.under_replicated for p in places.values()):
+        return None
+    led = {n: 0 for n in alive}
+    for place in places.values():
+        if place.leader in led:
+            led[place.leader] += 1
+    fewest = min(alive, key=lambda n: (led[n], n))
+    most = max(alive, key=lambda n: (led[n], n))
+    if led[most] - led[fewest] < 2:
+        return None
+    return next(((p.shard, fewest) for _, p in sorted(places.items())
+                 if p.leader == most and fewest in p.in_sync[1:]), None)
 
 
 def leader_lost(place: ShardPlace, alive: Collection[str], failed_pings: int,

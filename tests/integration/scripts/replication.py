@@ -10,9 +10,10 @@ Modes:
   then resumed: its later writes are refused and nothing acknowledged is lost;
 - ``restart``: the runtime stopped and started again keeps its places, its followers
   in sync and every acknowledged message;
-- ``grow``: two data nodes and three copies wanted; a third node joins while senders
-  run, and every shard gets a follower seeded there (a copy, then the write sets
-  after it) that joins the in-sync set with the same rows as its leader.
+- ``grow``: two data nodes, four shards and three copies wanted; a third node joins
+  while senders run, every shard gets a follower seeded there (a copy, then the write
+  sets after it) that joins the in-sync set with the same rows as its leader, then
+  the leadership of one shard moves there, and a new queue's subqueues land on it.
 """
 
 import json
@@ -234,7 +235,7 @@ def rows(folder: str) -> int:
 
 
 def grow(cluster, nodes, data_dir) -> dict:
-    client, queue = start(data_dir, shards=2, replicas=3)
+    client, queue = start(data_dir, shards=4, replicas=3)
     manager = ray.get_actor("rayq-manager")
     before = {k: list(p.in_sync) for k, p in ray.get(manager.places.remote()).items()}
     senders = Senders("replicated", threads=2)
@@ -246,14 +247,25 @@ def grow(cluster, nodes, data_dir) -> dict:
         if all("n3" in p.in_sync for p in places.values()):
             break
         time.sleep(0.5)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # then n3 takes over the lead of a shard
+        places = ray.get(manager.places.remote())
+        if any(p.leader == "n3" for p in places.values()):
+            break
+        time.sleep(0.5)
     wait_for_acks(senders, len(senders.acked) + 200)
     senders.stop()
     time.sleep(2.0)
     places = ray.get(manager.places.remote())
+    spread = client.create_queue("spread-out", subqueues=4, max_receives=None)
+    spread_nodes = sorted(places[sq.shard].leader
+                          for sq in client.transport.route("spread-out")[0].subqueues)
+    spread.send("x")
     counts = {k: {n: rows(os.path.join(data_dir, n, f"shard-{k}")) for n in p.in_sync}
               for k, p in places.items()}
     received = drain(queue, senders.acked)
     return {"before": before, "after": {k: [list(p.in_sync), p.epoch] for k, p in places.items()},
+            "leaders": {k: p.leader for k, p in places.items()}, "spread": spread_nodes,
             "rows": counts, "acked": len(senders.acked), "lost": len(senders.acked - received)}
 
 
