@@ -26,6 +26,7 @@ from rayq.errors import QueueNotFound, RayqError, ReceiptInvalid
 from rayq.queue import Queue
 from rayq.sqs import attributes as attrs
 from rayq.sqs import messages as msgs
+from rayq.sqs.admission import Parked
 from rayq.sqs.batches import check_entries, failure
 from rayq.sqs.errors import SqsError, from_rayq, invalid, missing, no_queue
 from rayq.sqs.sigv4 import Caller
@@ -84,22 +85,6 @@ class SqsApi:
             return method(target, params)
         except RayqError as err:
             raise from_rayq(err) from err
-
-    def long_poll_s(self, action: str, params: Any, caller: Caller, host: str) -> int:
-        """How long a request may park: a ReceiveMessage's WaitTimeSeconds (else its
-        queue's ReceiveMessageWaitTimeSeconds), 0 for anything else. The endpoint then
-        runs it with WaitTimeSeconds 0 until a message comes or this passes. Raises
-        SqsError."""
-        if action != "ReceiveMessage" or not isinstance(params, dict):
-            return 0
-        try:
-            target = Target(caller, self.clients(caller), self._queue_name(params, caller), host)
-            if target.name is None:
-                return 0
-            settings = self.state.settings(target.owner, target.name)
-        except RayqError as err:
-            raise from_rayq(err) from err
-        return _int(params, "WaitTimeSeconds", 0, MAX_WAIT_S, settings.wait_s) or 0
 
     @staticmethod
     def _queue_name(params: dict, caller: Caller) -> tuple[str, str] | None:
@@ -258,8 +243,12 @@ class SqsApi:
         system = msgs.check_system_names(p.get("MessageSystemAttributeNames",
                                                p.get("AttributeNames")))
         with_type = msgs.wants_type(p.get("MessageAttributeNames"))
-        got = queue.receive(max_messages=count, visibility_timeout_s=hide_s, wait_s=wait_s)
-        return {"Messages": [_message(m, system, with_type) for m in got]} if got else {}
+        def answer(got: list) -> dict:
+            return {"Messages": [_message(m, system, with_type) for m in got]} if got else {}
+        if wait_s:  # the endpoint awaits it on its event loop: no thread waits while it parks
+            return Parked(queue.receive_async(max_messages=count, visibility_timeout_s=hide_s,
+                                              wait_s=wait_s), answer)
+        return answer(queue.receive(max_messages=count, visibility_timeout_s=hide_s))
 
     @staticmethod
     def _receipt(p: dict) -> str:

@@ -134,6 +134,19 @@ def test_one_accounts_long_polls_do_not_hold_up_another_accounts_send(endpoint):
     assert len(done) == polls
 
 
+def test_a_message_sent_during_a_ten_second_long_poll_is_received_by_it(endpoint):
+    client = boto(endpoint, "poller")
+    url = client.create_queue(QueueName="awaited")["QueueUrl"]
+    out = {}
+    poller = threading.Thread(target=lambda: out.update(client.receive_message(
+        QueueUrl=url, WaitTimeSeconds=10)))
+    poller.start()
+    time.sleep(2)  # let the poll park in the shard first (no assertion rests on this)
+    boto(endpoint, "poller").send_message(QueueUrl=url, MessageBody="during the poll")
+    poller.join(60)
+    assert [m["Body"] for m in out.get("Messages", [])] == ["during the poll"]
+
+
 def test_a_shard_parks_a_receive_at_most_twenty_seconds_whatever_it_asks(endpoint):
     client = endpoint["admin"]
     client.create_queue("parked")
