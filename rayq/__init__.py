@@ -25,7 +25,8 @@ from rayq.core.flood.detection import Flooder
 from rayq.core.fairness.rules import SuspensionRule
 from rayq.core.codec.tasks import TaskFunction, task
 from rayq.errors import (AuthError, ConfigError, DataDirExposed, InvalidMessage,
-                         MessageTooLarge, NoEvents, Overloaded, QueueDisabled, QueueExists, QueueNotFound, RayqError,
+                         MessageTooLarge, NoEvents, Overloaded, QueueDisabled, QueueExists, QueueNotFound,
+                         QuotaExceeded, RayqError,
                          ReceiptInvalid, RuntimeFailure, StoreBug, StoreError, TaskError,
                          UsageError)
 
@@ -43,7 +44,7 @@ __all__ = [
     "Outgoing", "Received", "task", "TaskFunction", "FairnessReport", "SuspensionRule",
     "Flooder",
     "AuthError", "ConfigError", "DataDirExposed", "InvalidMessage", "MessageTooLarge", "NoEvents", "Overloaded",
-    "QueueDisabled", "QueueExists", "QueueNotFound", "RayqError", "ReceiptInvalid",
+    "QueueDisabled", "QueueExists", "QueueNotFound", "QuotaExceeded", "RayqError", "ReceiptInvalid",
     "RuntimeFailure", "StoreBug", "StoreError", "TaskError", "UsageError",
 ]
 

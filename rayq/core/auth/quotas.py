@@ -1,0 +1,134 @@
+"""Per-account quotas: how many queues an account may own, and how many messages and
+bytes its queues may hold. The admin sets them (``Client.set_quota``); an account has
+none (unlimited) until then.
+
+Queues are counted exactly, by the manager, when a queue is created. Messages and
+bytes are checked by each shard's gate on put, approximately: the manager publishes,
+with the directory gates verify with, each limited account's :class:`Room` (its quota
+and the messages its queues held at the manager's last count over every shard), and a
+gate adds what it admitted itself since it fetched that (:class:`PutTally`). A gate
+does not see the puts other shards admitted meanwhile, nor deletes since the count, so
+an account spread over several shards may pass its quota by what the others took
+since the last count, and one that made room waits for the next count (a refused put
+fetches the directory again, at most once a second). rayq keeps no per-account byte
+count on disk: stored bytes are estimated as stored messages times the mean size of
+the account's puts this gate admitted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rayq.core.codec.model import pack, unpack
+from rayq.core.kit.kv import KV
+from rayq.errors import InvalidMessage, QuotaExceeded
+
+LIMITS = ("queues", "messages", "bytes")
+
+
+@dataclass(frozen=True)
+class Quota:
+    """An account's limits; None: unlimited."""
+
+    queues: int | None = None
+    messages: int | None = None
+    bytes: int | None = None
+
+    @property
+    def limits_puts(self) -> bool:
+        return self.messages is not None or self.bytes is not None
+
+
+NO_QUOTA = Quota()
+
+
+def quota_of(queues: Any = None, messages: Any = None, bytes: Any = None) -> Quota:
+    """A Quota from what the admin asks. Raises InvalidMessage unless each is None or an
+    integer >= 0."""
+    for name, value in zip(LIMITS, (queues, messages, bytes)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value < 0):
+            raise InvalidMessage(f"a quota's {name} is an integer >= 0 or None: {value!r:.40}")
+    return Quota(queues, messages, bytes)
+
+
+class Quotas:
+    """Each account's quota, persisted in a KV's ``meta`` table (``quota:<account>``)."""
+
+    def __init__(self, kv: KV):
+        self.kv = kv
+        self._by_account: dict[str, Quota] = kv.read(
+            lambda txn: {k[6:].decode(): Quota(*unpack(v))
+                         for k, v in txn.scan("meta", b"quota:", b"quota;")})
+
+    def get(self, account: str) -> Quota:
+        return self._by_account.get(account, NO_QUOTA)
+
+    def set(self, account: str, quota: Quota) -> Quota:
+        """Replace ``account``'s quota (NO_QUOTA removes it); returns it."""
+        key = b"quota:" + account.encode()
+        if quota == NO_QUOTA:
+            self.kv.transact(lambda txn: txn.delete("meta", key))
+            self._by_account.pop(account, None)
+        else:
+            record = pack([quota.queues, quota.messages, quota.bytes])
+            self.kv.transact(lambda txn: txn.put("meta", key, record))
+            self._by_account[account] = quota
+        return quota
+
+    def limiting_puts(self) -> dict[str, Quota]:
+        """The accounts whose puts a quota limits."""
+        return {a: q for a, q in self._by_account.items() if q.limits_puts}
+
+
+def check_queue_quota(account: str, quota: Quota, owned: int) -> None:
+    """Raise QuotaExceeded when ``account``, owning ``owned`` queues, may not make one more."""
+    if quota.queues is not None and owned >= quota.queues:
+        raise QuotaExceeded(f"account {account!r} owns {owned} queues, its quota")
+
+
+@dataclass(frozen=True)
+class Room:
+    """What a gate knows of a limited account: its quota, and the messages its queues
+    held at the manager's last count (all shards)."""
+
+    account: str
+    quota: Quota
+    stored_messages: int
+
+
+def over_quota(quota: Quota, messages: int, size_bytes: float) -> str | None:
+    """Which limit holding ``messages`` messages of ``size_bytes`` would pass (None: none)."""
+    if quota.messages is not None and messages > quota.messages:
+        return f"{quota.messages} messages"
+    if quota.bytes is not None and size_bytes > quota.bytes:
+        return f"{quota.bytes} bytes"
+    return None
+
+
+class PutTally:
+    """A gate's count of the puts it admitted per limited account: since it fetched the
+    directory (added to the manager's count), and since it started (the mean size that
+    estimates stored bytes)."""
+
+    def __init__(self):
+        self._since: dict[str, int] = {}
+        self._seen: dict[str, tuple[int, int]] = {}  # account -> (messages, bytes) admitted
+
+    def reset(self) -> None:
+        """A fresh directory came: its counts include what was admitted before."""
+        self._since = {}
+
+    def admit(self, room: Room, messages: int, size_bytes: int) -> None:
+        """Count a put of ``messages`` messages in ``size_bytes``. Raises QuotaExceeded
+        (counting nothing) when the account's queues would then pass its quota."""
+        seen_messages, seen_bytes = self._seen.get(room.account, (0, 0))
+        seen_messages, seen_bytes = seen_messages + messages, seen_bytes + size_bytes
+        held = room.stored_messages + self._since.get(room.account, 0) + messages
+        passed = over_quota(room.quota, held, held * seen_bytes / max(seen_messages, 1))
+        if passed is not None:
+            raise QuotaExceeded(f"account {room.account!r}'s queues would hold more than "
+                                f"its quota of {passed}")
+        self._since[room.account] = self._since.get(room.account, 0) + messages
+        self._seen[room.account] = (seen_messages, seen_bytes)
