@@ -59,7 +59,7 @@ class Gate:
         self._places: dict[int, Place] = {}
         self._fetched_at = float("-inf")
         self._generation = 0  # bumped by forget(): a fetch begun before is not trusted
-        self.tally = PutTally()  # puts admitted against quotas since the last fetch
+        self.tally = PutTally()  # puts admitted against quotas
         self._lock = asyncio.Lock()
         self.verifier = Verifier(lambda account: self._keys.get(account, ()), skew_s)
         self.verifier.preload(seen, self.clock.now())
@@ -85,7 +85,6 @@ class Gate:
                 keys, places = await self._fetch()
                 if generation == self._generation:  # not forgotten meanwhile
                     self._keys, self._places = keys, places
-                    self.tally.reset()
                     self._fetched_at = self.clock.monotonic()
 
     async def places(self) -> dict[int, Place]:
@@ -121,7 +120,7 @@ class Gate:
                 place = self._places.get(sq)
                 if place is not None and place.room is not None:
                     size = len(batch) if isinstance(batch, bytes) else 0
-                    self.tally.admit(place.room, put_count(batch), size)
+                    self.tally.admit(place.room, put_count(batch), size, self.clock.now())
         try:
             admit()
         except QuotaExceeded:

@@ -5,18 +5,20 @@ none (unlimited) until then.
 Queues are counted exactly, by the manager, when a queue is created. Messages and
 bytes are checked by each shard's gate on put, approximately: the manager publishes,
 with the directory gates verify with, each limited account's :class:`Room` (its quota
-and the messages its queues held at the manager's last count over every shard), and a
-gate adds what it admitted itself since it fetched that (:class:`PutTally`). A gate
-does not see the puts other shards admitted meanwhile, nor deletes since the count, so
-an account spread over several shards may pass its quota by what the others took
-since the last count, and one that made room waits for the next count (a refused put
-fetches the directory again, at most once a second). rayq keeps no per-account byte
+and the messages its queues held at the manager's last count over every shard, about
+once a second), and a gate adds what it admitted itself after that count
+(:class:`PutTally`). A gate does not see the puts other shards admitted meanwhile,
+nor deletes since its copy of the count, so an account spread over several shards
+may pass its quota by what the others took since the last count, and one that made
+room waits for a fresher copy (a refused put fetches the directory again, at most
+once a second; it is otherwise up to 30 s old). rayq keeps no per-account byte
 count on disk: stored bytes are estimated as stored messages times the mean size of
 the account's puts this gate admitted.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,11 +93,13 @@ def check_queue_quota(account: str, quota: Quota, owned: int) -> None:
 @dataclass(frozen=True)
 class Room:
     """What a gate knows of a limited account: its quota, and the messages its queues
-    held at the manager's last count (all shards)."""
+    held at the manager's last count over every shard, made at ``counted_at`` (wall
+    clock, s)."""
 
     account: str
     quota: Quota
     stored_messages: int
+    counted_at: float = 0.0
 
 
 def over_quota(quota: Quota, messages: int, size_bytes: float) -> str | None:
@@ -108,27 +112,35 @@ def over_quota(quota: Quota, messages: int, size_bytes: float) -> str | None:
 
 
 class PutTally:
-    """A gate's count of the puts it admitted per limited account: since it fetched the
-    directory (added to the manager's count), and since it started (the mean size that
+    """A gate's record of the puts it admitted per limited account: those after the
+    manager's count (added to it), and the totals since it started (their mean size
     estimates stored bytes)."""
 
     def __init__(self):
-        self._since: dict[str, int] = {}
+        self._recent: dict[str, deque[tuple[float, int]]] = {}  # (admitted at, messages)
+        self._recent_total: dict[str, int] = {}
         self._seen: dict[str, tuple[int, int]] = {}  # account -> (messages, bytes) admitted
 
-    def reset(self) -> None:
-        """A fresh directory came: its counts include what was admitted before."""
-        self._since = {}
-
-    def admit(self, room: Room, messages: int, size_bytes: int) -> None:
-        """Count a put of ``messages`` messages in ``size_bytes``. Raises QuotaExceeded
-        (counting nothing) when the account's queues would then pass its quota."""
-        seen_messages, seen_bytes = self._seen.get(room.account, (0, 0))
+    def admit(self, room: Room, messages: int, size_bytes: int, now: float) -> None:
+        """Count a put of ``messages`` messages in ``size_bytes`` at ``now``. Raises
+        QuotaExceeded (counting nothing) when the account's queues would then pass its
+        quota."""
+        account = room.account
+        held = room.stored_messages + self._after(account, room.counted_at) + messages
+        seen_messages, seen_bytes = self._seen.get(account, (0, 0))
         seen_messages, seen_bytes = seen_messages + messages, seen_bytes + size_bytes
-        held = room.stored_messages + self._since.get(room.account, 0) + messages
         passed = over_quota(room.quota, held, held * seen_bytes / max(seen_messages, 1))
         if passed is not None:
-            raise QuotaExceeded(f"account {room.account!r}'s queues would hold more than "
-                                f"its quota of {passed}")
-        self._since[room.account] = self._since.get(room.account, 0) + messages
-        self._seen[room.account] = (seen_messages, seen_bytes)
+            raise QuotaExceeded(f"account {account!r}'s queues would hold more than its "
+                                f"quota of {passed}")
+        self._recent.setdefault(account, deque()).append((now, messages))
+        self._recent_total[account] = self._recent_total.get(account, 0) + messages
+        self._seen[account] = (seen_messages, seen_bytes)
+
+    def _after(self, account: str, counted_at: float) -> int:
+        """Messages admitted for ``account`` at or after ``counted_at`` (older ones are
+        in the count: forgotten here)."""
+        recent = self._recent.get(account)
+        while recent and recent[0][0] < counted_at:
+            self._recent_total[account] -= recent.popleft()[1]
+        return self._recent_total.get(account, 0)

@@ -63,14 +63,15 @@ def owned_queues(queues: Iterable[QueueInfo], owner: str) -> int:
 
 
 def rooms_of(limited: Mapping[str, Quota], queues: Iterable[QueueInfo],
-             counts: Mapping[int, int]) -> dict[str, Room]:
+             counts: Mapping[int, int], counted_at: float) -> dict[str, Room]:
     """Each limited account's Room: its quota and the messages its queues held at the
-    last count (``counts``: per subqueue, every shard)."""
+    count made at ``counted_at`` (``counts``: per subqueue, every shard)."""
     held = dict.fromkeys(limited, 0)
     for queue in queues:
         if queue.owner in held:
             held[queue.owner] += sum(counts.get(sq.id, 0) for sq in queue.subqueues)
-    return {account: Room(account, quota, held[account]) for account, quota in limited.items()}
+    return {account: Room(account, quota, held[account], counted_at)
+            for account, quota in limited.items()}
 
 
 def check_task_spec(spec: Any) -> TaskSpec:
