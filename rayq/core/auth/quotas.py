@@ -27,6 +27,7 @@ from rayq.core.kit.kv import KV
 from rayq.errors import InvalidMessage, QuotaExceeded
 
 LIMITS = ("queues", "messages", "bytes")
+BUCKET_S = 1.0  # a gate's admitted puts are kept per this much time
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,13 @@ class PutTally:
         if passed is not None:
             raise QuotaExceeded(f"account {account!r}'s queues would hold more than its "
                                 f"quota of {passed}")
-        self._recent.setdefault(account, deque()).append((now, messages))
+        recent = self._recent.setdefault(account, deque())
+        # Kept by the second, so memory stays bounded: a put joins the bucket under its
+        # earlier time, which a count forgets later, never too soon.
+        if recent and now - recent[-1][0] < BUCKET_S:
+            recent[-1] = (recent[-1][0], recent[-1][1] + messages)
+        else:
+            recent.append((now, messages))
         self._recent_total[account] = self._recent_total.get(account, 0) + messages
         self._seen[account] = (seen_messages, seen_bytes)
 
