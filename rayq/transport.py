@@ -49,6 +49,15 @@ class Request:
 Steps = Generator[Request, Any, Any]
 
 
+def _advance(steps: Steps, answer: Any, error: Exception | None) -> tuple[bool, Any]:
+    """Hand ``steps`` the last request's answer (or throw in its error): (False, the next
+    Request) or (True, the steps' result)."""
+    try:
+        return False, steps.throw(error) if error is not None else steps.send(answer)
+    except StopIteration as finished:
+        return True, finished.value
+
+
 class Transport:
     """A connection to one runtime, shared by the clients of one credential
     (see the module docstring)."""
@@ -117,33 +126,28 @@ class Transport:
 
     def run(self, steps: Steps) -> Any:
         """The result of ``steps`` (:data:`Steps`), each request made with :meth:`call`."""
-        answer, error = None, None
-        while True:
-            try:
-                request = steps.throw(error) if error is not None else steps.send(answer)
-            except StopIteration as done:
-                return done.value
+        done, value = _advance(steps, None, None)
+        while not done:
             answer, error = None, None
             try:
-                answer = self.call(request.operation, request.handle, *request.args,
-                                   **request.kwargs)
+                answer = self.call(value.operation, value.handle, *value.args, **value.kwargs)
             except Exception as err:  # thrown into the steps, which may go on
                 error = err
+            done, value = _advance(steps, answer, error)
+        return value
 
     async def run_async(self, steps: Steps) -> Any:
         """:meth:`run` on an event loop, each request awaited with :meth:`call_async`."""
-        answer, error = None, None
-        while True:
-            try:
-                request = steps.throw(error) if error is not None else steps.send(answer)
-            except StopIteration as done:
-                return done.value
+        done, value = _advance(steps, None, None)
+        while not done:
             answer, error = None, None
             try:
-                answer = await self.call_async(request.operation, request.handle,
-                                               *request.args, **request.kwargs)
+                answer = await self.call_async(value.operation, value.handle, *value.args,
+                                               **value.kwargs)
             except Exception as err:
                 error = err
+            done, value = _advance(steps, answer, error)
+        return value
 
     def shard_of(self, queue: QueueInfo, sq: int):
         """The handle of the shard that holds subqueue ``sq`` of ``queue``."""
