@@ -147,6 +147,21 @@ def test_a_message_sent_during_a_ten_second_long_poll_is_received_by_it(endpoint
     assert [m["Body"] for m in out.get("Messages", [])] == ["during the poll"]
 
 
+def test_an_accounts_quota_is_sqs_over_limit_at_the_endpoint(endpoint):
+    from botocore.exceptions import ClientError
+    endpoint["keys"]["capped"] = endpoint["admin"].create_account("capped")
+    endpoint["admin"].set_quota("capped", queues=1, messages=1)
+    client = boto(endpoint, "capped")
+    url = client.create_queue(QueueName="only")["QueueUrl"]
+    with pytest.raises(ClientError) as refused:
+        client.create_queue(QueueName="second")
+    assert refused.value.response["Error"]["Code"] == "OverLimit"
+    client.send_message(QueueUrl=url, MessageBody="the one")
+    with pytest.raises(ClientError) as full:
+        client.send_message(QueueUrl=url, MessageBody="one too many")
+    assert full.value.response["Error"]["Code"] == "OverLimit"
+
+
 def test_a_shard_parks_a_receive_at_most_twenty_seconds_whatever_it_asks(endpoint):
     client = endpoint["admin"]
     client.create_queue("parked")
