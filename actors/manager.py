@@ -52,7 +52,9 @@ class QueueManager(ControlActor):
         self.leases = ConcurrencyLeases()
         self._consumers = Consumers(self.kv, config)
         self._counts: dict[int, int] = {}
-        self._counted_at = 0.0  # when _counts were read (wall clock): quota rooms say it
+        # The last count as read (routing() nudges _counts) and when it began (wall
+        # clock): what quota rooms publish.
+        self._counted: tuple[dict[int, int], float] = ({}, 0.0)
         self._rates = OpRates()
         self._quiet = QuietTracker(config.scaling)
         self.scaling_events: list[dict] = []
@@ -68,8 +70,7 @@ class QueueManager(ControlActor):
         task_types: dict[str, set[str]] = {}  # the default account's queues, by plain name
         for spec, _ in self.tasks.all().values():
             task_types.setdefault(spec.queue, set()).add(spec.type)
-        rooms = rooms_of(self.quotas.limiting_puts(), self.registry.all(), self._counts,
-                         self._counted_at)
+        rooms = rooms_of(self.quotas.limiting_puts(), self.registry.all(), *self._counted)
         places = {sq.id: Place(q.ref, q.owner, sq.shard, q.ref in task_types,
                                frozenset(task_types.get(q.ref, ())), rooms.get(q.owner))
                   for q in self.registry.all() for sq in q.subqueues}
@@ -302,13 +303,13 @@ class QueueManager(ControlActor):
 
     async def refresh(self) -> None:
         """Read counts and per-subqueue operation counters from every shard."""
-        started = self.clock.now()  # puts admitted after this may be missing from counts
         stats = await call_all_async((lambda s=s: s.stats.remote()) for s in self.shards)
         by_shard = ids_by_shard(sq for queue in self.registry.all() for sq in queue.subqueues)
+        started = self.clock.now()  # puts admitted after this may be missing from counts
         counts = await call_all_async((lambda i=i, ids=ids: self.shards[i].counts.remote(ids))
                                 for i, ids in by_shard.items())
         self._counts = {sq: n for part in counts for sq, n in part.items()}
-        self._counted_at = started
+        self._counted = (dict(self._counts), started)
         now = self.clock.monotonic()
         for shard_stats in stats:
             self._rates.observe(shard_stats.ops, shard_stats.throttled, now)

@@ -363,7 +363,7 @@ def test_an_accounts_quota_refuses_queues_and_sends_past_it_and_deletes_make_roo
     quoted.create_queue("q2")  # idempotent: not one more queue
     with pytest.raises(rayq.QuotaExceeded):
         quoted.create_queue("q3")
-    ids = [first.send(f"m{i}") for i in range(3)]
+    ids = first.send_batch([rayq.Outgoing(f"m{i}") for i in range(3)])  # one put: exact
     with pytest.raises(rayq.QuotaExceeded):
         first.send("one too many")
     assert sorted(m.body for m in client.queue("quoted/q1").peek(max_messages=10)) == [
@@ -389,8 +389,7 @@ def test_a_byte_quota_refuses_a_send_that_would_pass_it(client):
     quoted = rayq.connect(account="bytes", key=client.create_account("bytes"))
     client.set_quota("bytes", bytes=10_000)
     queue = quoted.create_queue("big")
-    queue.send(b"x" * 4_000)
-    queue.send(b"x" * 4_000)
+    queue.send_batch([rayq.Outgoing(b"x" * 4_000)] * 2)  # one put: nothing counted before
     with pytest.raises(rayq.QuotaExceeded):
         queue.send(b"x" * 4_000)
     with pytest.raises(rayq.InvalidMessage):

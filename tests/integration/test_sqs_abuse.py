@@ -152,7 +152,16 @@ def test_an_accounts_quota_is_sqs_over_limit_at_the_endpoint(endpoint):
     endpoint["keys"]["capped"] = endpoint["admin"].create_account("capped")
     endpoint["admin"].set_quota("capped", queues=1, messages=1)
     client = boto(endpoint, "capped")
-    url = client.create_queue(QueueName="only")["QueueUrl"]
+    deadline = time.monotonic() + 30
+    while True:  # the endpoint learns a new account's key within seconds
+        try:
+            url = client.create_queue(QueueName="only")["QueueUrl"]
+            break
+        except ClientError as err:
+            if err.response["Error"]["Code"] != "InvalidClientTokenId":
+                raise
+            assert time.monotonic() < deadline, "the endpoint never learned the account"
+            time.sleep(0.5)
     with pytest.raises(ClientError) as refused:
         client.create_queue(QueueName="second")
     assert refused.value.response["Error"]["Code"] == "OverLimit"
