@@ -26,9 +26,11 @@ from rayq.core.kit.clock import Clock
 from rayq.core.auth.gate import Caller, Directory, signed
 from rayq.core.kit.kv import LmdbKV
 from rayq.core.fairness.leases import ConcurrencyLeases
+from rayq.core.auth.quotas import Quota, Quotas, check_queue_quota, quota_of
 from rayq.core.control.managing import (check_may_create, check_task_spec, check_visible,
                                 concurrency_limits, consumers_to_change, ids_by_shard,
-                                is_registration, shard_depths, visible_names)
+                                is_registration, owned_queues, rooms_of, shard_depths,
+                                visible_names)
 from rayq.core.codec.model import SubqueueState, check_count
 from rayq.core.control.registry import (QueueInfo, QueueMetadata, QueueRegistry,
                                         check_queue_ref, metadata_of, put_states, put_target,
@@ -49,9 +51,13 @@ class QueueManager(ControlActor):
         self.registry = QueueRegistry(self.kv, shards=config.store.shards, clock=self.clock)
         self.tasks = TaskRegistry(self.kv)
         self.accounts = Accounts(self.kv)
+        self.quotas = Quotas(self.kv)
         self.leases = ConcurrencyLeases()
         self._consumers = Consumers(self.kv, config)
         self._counts: dict[int, int] = {}
+        # The last count as read (routing() nudges _counts) and when it began (wall
+        # clock): what quota rooms publish.
+        self._counted: tuple[dict[int, int], float] = ({}, 0.0)
         self._rates = OpRates()
         self._quiet = QuietTracker(config.scaling)
         self.scaling_events: list[dict] = []
@@ -85,8 +91,9 @@ class QueueManager(ControlActor):
         task_types: dict[str, set[str]] = {}  # the default account's queues, by plain name
         for spec, _ in self.tasks.all().values():
             task_types.setdefault(spec.queue, set()).add(spec.type)
+        rooms = rooms_of(self.quotas.limiting_puts(), self.registry.all(), *self._counted)
         places = {sq.id: Place(q.ref, q.owner, sq.shard, q.ref in task_types,
-                               frozenset(task_types.get(q.ref, ())))
+                               frozenset(task_types.get(q.ref, ())), rooms.get(q.owner))
                   for q in self.registry.all() for sq in q.subqueues}
         return self.accounts.table(), places
 
@@ -111,6 +118,17 @@ class QueueManager(ControlActor):
         key = self.accounts.rotate(account, slot)
         await self._forget_everywhere()
         return key
+
+    @signed(MANAGER_OPS["set_quota"])
+    async def set_quota(self, account: str, queues: int | None = None,
+                        messages: int | None = None, bytes: int | None = None) -> Quota:
+        """Replace ``account``'s quota (admin only; None: unlimited); every gate fetches
+        it before this returns."""
+        if not isinstance(account, str) or account not in self.accounts:
+            raise InvalidMessage(f"no account named {account!r:.80}")
+        quota = self.quotas.set(account, quota_of(queues, messages, bytes))
+        await self._forget_everywhere()
+        return quota
 
     async def _forget_everywhere(self) -> None:
         """Every gate drops its directory copy (accounts, keys or task queues changed)."""
@@ -138,8 +156,12 @@ class QueueManager(ControlActor):
         check_queue_ref(name)
         owner, bare = split_ref(caller.account, name)
         check_may_create(caller.account, owner, self.accounts)
+        new = queue_ref(owner, bare) not in self.registry
+        if new:
+            owned = owned_queues(self.registry.all(), owner)
+            check_queue_quota(owner, self.quotas.get(owner), owned)
         # Placement needs shard depths only for a queue that does not exist yet.
-        depths = {} if queue_ref(owner, bare) in self.registry else await self._shard_depths()
+        depths = await self._shard_depths() if new else {}
         return self.registry.create(bare, subqueues=subqueues, max_receives=max_receives,
                                     shard_depths=depths, owner=owner)
 
@@ -304,9 +326,11 @@ class QueueManager(ControlActor):
         """Read counts and per-subqueue operation counters from every shard."""
         stats = await call_all_async((lambda s=s: s.stats.remote()) for s in self.shards)
         by_shard = ids_by_shard(sq for queue in self.registry.all() for sq in queue.subqueues)
+        started = self.clock.now()  # puts admitted after this may be missing from counts
         counts = await call_all_async((lambda i=i, ids=ids: self.shards[i].counts.remote(ids))
                                 for i, ids in by_shard.items())
         self._counts = {sq: n for part in counts for sq, n in part.items()}
+        self._counted = (dict(self._counts), started)
         now = self.clock.monotonic()
         for shard_stats in stats:
             self._rates.observe(shard_stats.ops, shard_stats.throttled, now)

@@ -35,7 +35,7 @@ from rayq.core.auth.accounts import Signer
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.codec.model import pack, unpack
 from rayq.remote import call, call_async, named
-from rayq.sqs.admission import BodyBudget, Forwards, Shares, long_poll
+from rayq.sqs.admission import BodyBudget, Forwards, Parked, Shares
 from rayq.sqs.api import SqsApi
 from rayq.sqs.attributes import Settings
 from rayq.sqs import protocol
@@ -332,17 +332,15 @@ class SqsEndpoint:
                 verify(signed, self._keys.get, self.clock.now()))
 
     async def _run(self, action: str, params, caller: Caller, host: str) -> dict:
-        """The action's answer. A long poll retries a non-waiting receive, parked on the
-        event loop between tries; every try holds one of the account's threads briefly."""
-        def in_thread(fn, *args):
-            return self._shares.in_thread(caller.account, self._pool, fn, *args)
-
-        wait_s = await in_thread(self._api.long_poll_s, action, params, caller, host)
-        if not wait_s:
-            return await in_thread(self._api.handle, action, params, caller, host)
-        once = {**params, "WaitTimeSeconds": 0}
-        return await long_poll(lambda: in_thread(self._api.handle, action, once, caller, host),
-                               wait_s, self.clock.monotonic)
+        """The action's answer, run on one of the account's threads. A long poll's comes
+        back :class:`Parked` and is awaited here, on the event loop: while the shard
+        parks it, it holds one of the account's admitted requests and no thread."""
+        answer = await self._shares.in_thread(caller.account, self._pool, self._api.handle,
+                                              action, params, caller, host)
+        if not isinstance(answer, Parked):
+            return answer
+        got = await answer.result()  # the shard parks it: no thread waits meanwhile
+        return await self._shares.in_thread(caller.account, self._pool, answer.finish, got)
 
 
 def _tls_context(tls: tuple[str, str] | None) -> ssl.SSLContext | None:

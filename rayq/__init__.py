@@ -26,8 +26,8 @@ from rayq.core.fairness.rules import SuspensionRule
 from rayq.core.codec.tasks import TaskFunction, task
 from rayq.errors import (AuthError, ConfigError, DataDirExposed, InvalidMessage,
                          MessageTooLarge, NoEvents, NotEnoughReplicas, Overloaded, QueueDisabled,
-                         QueueExists, QueueNotFound, RayqError, ReceiptInvalid, ReplicaBehind,
-                         RuntimeFailure, StaleEpoch, StoreBug, StoreError, TaskError,
+                         QueueExists, QueueNotFound, QuotaExceeded, RayqError, ReceiptInvalid,
+                         ReplicaBehind, RuntimeFailure, StaleEpoch, StoreBug, StoreError, TaskError,
                          UsageError)
 
 # Names that need Ray live in modules loaded on first use, so that importing
@@ -44,7 +44,7 @@ __all__ = [
     "Outgoing", "Received", "task", "TaskFunction", "FairnessReport", "SuspensionRule",
     "Flooder",
     "AuthError", "ConfigError", "DataDirExposed", "InvalidMessage", "MessageTooLarge", "NoEvents", "Overloaded",
-    "QueueDisabled", "QueueExists", "QueueNotFound", "RayqError", "ReceiptInvalid",
+    "QueueDisabled", "QueueExists", "QueueNotFound", "QuotaExceeded", "RayqError", "ReceiptInvalid",
     "RuntimeFailure", "StoreBug", "StoreError", "TaskError", "UsageError",
     "StaleEpoch", "ReplicaBehind", "NotEnoughReplicas",
 ]

@@ -276,6 +276,21 @@ def account_keys(name: str, slot: int) -> None:
     click.echo(_connect().rotate_key(slot, account=name))
 
 
+@account.command("quota")
+@click.argument("name")
+@click.option("--queues", type=click.IntRange(0), default=None, help="Queues it may own.")
+@click.option("--messages", type=click.IntRange(0), default=None,
+              help="Messages its queues may hold.")
+@click.option("--bytes", "bytes_", type=click.IntRange(0), default=None,
+              help="Bytes of bodies its queues may hold.")
+def account_quota(name: str, queues: int | None, messages: int | None,
+                  bytes_: int | None) -> None:
+    """Set account NAME's quota (a limit left out is unlimited: no options, no quota)."""
+    quota = _connect().set_quota(name, queues=queues, messages=messages, bytes=bytes_)
+    click.echo(" ".join(f"{limit}={'unlimited' if value is None else value}"
+                        for limit, value in vars(quota).items()))
+
+
 @main.command()
 @click.option("--data-dir", default=None, help="Where shards keep their data (default ./.rayq-data).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")

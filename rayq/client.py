@@ -19,6 +19,7 @@ from rayq.analytics.report import Report
 from rayq.config import Config
 from rayq.core.auth.accounts import ADMIN, QUEUE_SEP, Signer
 from rayq.core.auth.operations import COORDINATOR_OPS, FLOOD_OPS, MANAGER_OPS, SHARD_OPS
+from rayq.core.auth.quotas import Quota
 from rayq.core.codec.model import check_count
 from rayq.core.fairness.policy import FairnessReport
 from rayq.core.flood.detection import Flooder
@@ -70,6 +71,15 @@ class Client:
         clients move over one slot at a time; the replaced key is refused from now on."""
         account = self.account if account is None else account
         return self._manager("rotate_key", account, slot)
+
+    def set_quota(self, account: str, *, queues: int | None = None,
+                  messages: int | None = None, bytes: int | None = None) -> Quota:
+        """Limit ``account`` (``default`` account only) to ``queues`` queues, and its queues
+        to ``messages`` messages and ``bytes`` bytes of bodies; each None (the default) is
+        unlimited, and the call replaces all three. Past a limit, ``create_queue`` and
+        sends raise QuotaExceeded; shards check messages and bytes approximately
+        (docs/security.md). Returns the quota now in force."""
+        return self._manager("set_quota", account, queues, messages, bytes)
 
     # -- administration ------------------------------------------------------
     def create_queue(self, name: str, subqueues: int = 1, max_receives: int | None = 5) -> "Queue":

@@ -67,6 +67,12 @@ class DataDirExposed(UsageError):
     entered by other users: it holds every message and every account key."""
 
 
+class QuotaExceeded(UsageError):
+    """Raised when an account would pass a quota the admin set on it (``Client.set_quota``):
+    a queue past its queue quota, or a put past its message or byte quota. Deleting
+    queues or messages (or a larger quota) makes room; retrying as is does not."""
+
+
 class Overloaded(RuntimeFailure):
     """Raised when the runtime sheds load; retry later with back-off."""
 

@@ -25,10 +25,10 @@ from rayq.core.control.registry import QueueInfo, QueueMetadata
 from rayq.errors import InvalidMessage, QueueDisabled, RayqError, ReceiptInvalid
 from rayq.remote import call_all
 from rayq.sending import MAX_BATCH
+from rayq.transport import Request, Steps, Transport
 
 if TYPE_CHECKING:
     from rayq.sending import Producer
-    from rayq.transport import Transport
 
 MAX_WAIT_S = 20.0
 PARK_SLICE_S = 2.0  # a long poll over several shards looks at each again this often
@@ -97,26 +97,38 @@ class Queue:
         ``wait_s`` (at most 20) long-polls: returns as soon as a message
         arrives, or empty after ``wait_s``.
         """
-        check_count(max_messages, "max_messages", 1, MAX_RECEIVE)
+        return self._transport.run(self._receiving(max_messages, visibility_timeout_s, wait_s))
+
+    async def receive_async(self, max_messages: int = 1, visibility_timeout_s: float = 30,
+                            wait_s: float = 0) -> list[Received]:
+        """:meth:`receive` awaited on an event loop: a long poll parks in the shard and
+        no thread waits for it (the SQS endpoint serves its long polls this way)."""
+        return await self._transport.run_async(
+            self._receiving(max_messages, visibility_timeout_s, wait_s))
+
+    def _receiving(self, n: int, visibility_timeout_s: float, wait_s: float) -> Steps:
+        """:meth:`receive`'s requests (:data:`rayq.transport.Steps`): a pass over the
+        queue's shards, then a parked one, until a message comes or ``wait_s`` passes."""
+        check_count(n, "max_messages", 1, MAX_RECEIVE)
         store = self._transport.config.store
         check_seconds(visibility_timeout_s, "visibility_timeout_s", 0, store.max_visibility_timeout_s)
         check_seconds(wait_s, "wait_s", 0, MAX_WAIT_S)
         deadline = time.monotonic() + wait_s
         while True:
-            got = self._receive_pass(max_messages, visibility_timeout_s, 0.0)
+            got = yield from self._receive_pass(n, visibility_timeout_s, 0.0)
             remaining = deadline - time.monotonic()
             if got or remaining <= 0:
                 return got
-            got = self._receive_pass(max_messages, visibility_timeout_s, remaining, park=True)
+            got = yield from self._receive_pass(n, visibility_timeout_s, remaining, park=True)
             if got:
                 return got
 
     def _receive_pass(self, n: int, visibility_timeout_s: float, wait_s: float,
-                      park: bool = False) -> list[Received]:
+                      park: bool = False) -> Steps:
         """One call per shard holding the queue's subqueues, in receive order; with
         ``park``, one long poll on the first of them (the whole wait if the queue lives
         on one shard, else at most PARK_SLICE_S, so the others are looked at again)."""
-        queue, order, _ = self._transport.route(self.name)
+        queue, order, _ = yield from self._transport.route_steps(self.name)
         by_shard: dict[int, list[int]] = {}
         for sq in order:
             by_shard.setdefault(queue.subqueue(sq).shard, []).append(sq)
@@ -126,16 +138,15 @@ class Queue:
             by_shard = dict([next(iter(by_shard.items()))])
         out: list[Received] = []
         for shard_index, subqueues in by_shard.items():
-            shard = self._transport.shards[shard_index]
             dead_letter = queue.dead_letter_on(shard_index) if queue.max_receives else None
-            want = n - len(out)
             try:
-                got = self._transport.call(
-                    SHARD_OPS["receive"], shard, subqueues, want, visibility_timeout_s,
-                    max_receives=queue.max_receives, dead_letter=dead_letter, wait_s=wait_s,
-                    queue=self.name)
+                got = yield Request(
+                    SHARD_OPS["receive"], self._transport.shards[shard_index],
+                    (subqueues, n - len(out), visibility_timeout_s),
+                    {"max_receives": queue.max_receives, "dead_letter": dead_letter,
+                     "wait_s": wait_s, "queue": self.name})
             except QueueDisabled:  # dropped since we routed (drained, retired): route anew
-                self._transport.route(self.name, refresh=True)
+                yield from self._transport.route_steps(self.name, refresh=True)
                 continue
             out.extend(decode_received(got))
             if len(out) >= n:

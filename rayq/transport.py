@@ -15,7 +15,8 @@ from __future__ import annotations
 import hashlib
 import threading
 import weakref
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Generator, Hashable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -26,9 +27,35 @@ from rayq.core.auth.operations import MANAGER_OPS, Operation
 from rayq.core.kit.clock import SystemClock
 from rayq.core.control.registry import QueueInfo
 from rayq.core.control.routes import Route, RouteCache
-from rayq.remote import call
+from rayq.remote import RETRY, call, call_async
 from rayq.channel import ShardLink
 from rayq.sending import Producer
+
+
+@dataclass(frozen=True)
+class Request:
+    """One signed request a sequence of steps (:meth:`Transport.run`) asks to be made:
+    ``operation`` on ``handle`` with these arguments (``queue=`` among ``kwargs``)."""
+
+    operation: Operation
+    handle: Any
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+
+# Steps of an operation that needs several requests, written once (no I/O): each
+# Request it yields is answered (or its error thrown in) by a blocking or an awaiting
+# driver, Transport.run or Transport.run_async; the generator's return is the result.
+Steps = Generator[Request, Any, Any]
+
+
+def _advance(steps: Steps, answer: Any, error: Exception | None) -> tuple[bool, Any]:
+    """Hand ``steps`` the last request's answer (or throw in its error): (False, the next
+    Request) or (True, the steps' result)."""
+    try:
+        return False, steps.throw(error) if error is not None else steps.send(answer)
+    except StopIteration as finished:
+        return True, finished.value
 
 
 class Transport:
@@ -86,6 +113,42 @@ class Transport:
         except ReplayedRequest:
             return send()
 
+    async def call_async(self, operation: Operation, handle, *args: Any,
+                         queue: str | None = None, **kwargs: Any) -> Any:
+        """:meth:`call` awaited: no thread waits for the answer (a parked long poll)."""
+        def send() -> Any:
+            return call_async(lambda: self.request(operation, handle, *args, queue=queue,
+                                                   **kwargs), RETRY)
+        try:
+            return await send()
+        except ReplayedRequest:
+            return await send()
+
+    def run(self, steps: Steps) -> Any:
+        """The result of ``steps`` (:data:`Steps`), each request made with :meth:`call`."""
+        done, value = _advance(steps, None, None)
+        while not done:
+            answer, error = None, None
+            try:
+                answer = self.call(value.operation, value.handle, *value.args, **value.kwargs)
+            except Exception as err:  # thrown into the steps, which may go on
+                error = err
+            done, value = _advance(steps, answer, error)
+        return value
+
+    async def run_async(self, steps: Steps) -> Any:
+        """:meth:`run` on an event loop, each request awaited with :meth:`call_async`."""
+        done, value = _advance(steps, None, None)
+        while not done:
+            answer, error = None, None
+            try:
+                answer = await self.call_async(value.operation, value.handle, *value.args,
+                                               **value.kwargs)
+            except Exception as err:
+                error = err
+            done, value = _advance(steps, answer, error)
+        return value
+
     def shard_of(self, queue: QueueInfo, sq: int):
         """The handle of the shard that holds subqueue ``sq`` of ``queue``."""
         return self.shards[queue.subqueue(sq).shard]
@@ -95,10 +158,14 @@ class Transport:
         """(queue, receive order, the put subqueue this transport uses), kept for
         rayq.core.control.routes.ROUTE_TTL_S; a refreshed route keeps our put subqueue while it
         takes puts (enqueuer affinity)."""
+        return self.run(self.route_steps(name, refresh))
+
+    def route_steps(self, name: str, refresh: bool = False) -> Steps:
+        """:meth:`route` as :data:`Steps` (a request to the manager only when not cached)."""
         kept = None if refresh else self._routes.get(name)
         if kept is not None:
             return kept
-        queue, order, target = self.call(MANAGER_OPS["routing"], self.manager, name)
+        queue, order, target = yield Request(MANAGER_OPS["routing"], self.manager, (name,))
         return self._routes.put(name, queue, order, target)
 
     def forget_route(self, name: str) -> None:

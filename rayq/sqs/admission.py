@@ -5,9 +5,10 @@ that no account can starve another: each account holds at most
 ``threads_per_account`` of the threads and ``in_flight_per_account`` admitted
 requests (more are refused with SQS's ``RequestThrottled``, which SDKs retry);
 request bodies buffered at once are bounded in bytes across all accounts; and a
-long poll never parks on a thread: it retries a non-waiting receive, sleeping on
-the event loop between tries (:func:`long_poll`). Receipt forwards are kept per
-queue owner (:class:`Forwards`).
+long poll never parks on a thread: its operation answers :class:`Parked`, and the
+replica awaits the shard's own parked receive on its event loop (still one of the
+account's admitted requests). Receipt forwards are kept per queue owner
+(:class:`Forwards`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import contextlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any
 
-from rayq.sqs.errors import SqsError
+from rayq.errors import RayqError
+from rayq.sqs.errors import SqsError, from_rayq
 
-FIRST_PAUSE_S = 0.05  # a long poll's first sleep between tries; doubled up to MAX_PAUSE_S
-MAX_PAUSE_S = 0.5     # so a message arriving during a long poll waits at most this
 MAX_FORWARDS_PER_ACCOUNT = 20_000  # receipt forwards kept per queue owner (oldest go first)
 
 
@@ -86,21 +87,31 @@ class BodyBudget:
             self.held_bytes -= size_bytes
 
 
-async def long_poll(attempt: Callable[[], Awaitable[dict]], wait_s: float,
-                    monotonic: Callable[[], float],
-                    sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> dict:
-    """``attempt()``'s first non-empty answer, or its last (empty) one once ``wait_s``
-    has passed. Between tries this sleeps on the event loop, so a parked poll holds
-    no thread."""
-    deadline = monotonic() + wait_s
-    pause = FIRST_PAUSE_S
-    while True:
-        answer = await attempt()
-        left = deadline - monotonic()
-        if answer or left <= 0:
-            return answer
-        await sleep(min(pause, left))
-        pause = min(2 * pause, MAX_PAUSE_S)
+@dataclass(frozen=True)
+class Parked:
+    """An operation's answer still to come: ``then`` of what ``waiting`` (an awaitable,
+    e.g. :meth:`rayq.queue.Queue.receive_async`) gives. The worker thread that made it
+    returns at once; the replica awaits :meth:`result` on its event loop, so a parked
+    long poll holds no thread, and then runs :meth:`finish` on a worker thread."""
+
+    waiting: Awaitable[Any]
+    then: Callable[[Any], dict]
+
+    async def result(self) -> Any:
+        """What the operation waited for, awaited on the event loop. Raises SqsError (a
+        rayq error translated)."""
+        try:
+            return await self.waiting
+        except RayqError as err:
+            raise from_rayq(err) from err
+
+    def finish(self, result: Any) -> dict:
+        """The response made of ``result`` (it may call the runtime: run it on a worker
+        thread). Raises SqsError (a rayq error translated)."""
+        try:
+            return self.then(result)
+        except RayqError as err:
+            raise from_rayq(err) from err
 
 
 class Forwards:

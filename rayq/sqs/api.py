@@ -31,6 +31,7 @@ from rayq.sqs import attributes as attrs
 from rayq.sqs import fifo
 from rayq.sqs import messages as msgs
 from rayq.sqs import moves, queues
+from rayq.sqs.admission import Parked
 from rayq.sqs.batches import check_entries, failure
 from rayq.sqs.errors import SqsError, bad_handle, from_rayq, invalid, missing, out_of_range
 from rayq.sqs.names import HOME_REGION
@@ -113,22 +114,6 @@ class SqsApi:
             return method(target, params)
         except RayqError as err:
             raise from_rayq(err) from err
-
-    def long_poll_s(self, action: str, params: Any, caller: Caller, host: str) -> int:
-        """How long a request may park: a ReceiveMessage's WaitTimeSeconds (else its
-        queue's ReceiveMessageWaitTimeSeconds), 0 for anything else. The endpoint then
-        runs it with WaitTimeSeconds 0 until a message comes or this passes. Raises
-        SqsError."""
-        if action != "ReceiveMessage" or not isinstance(params, dict) \
-                or params.get("QueueUrl") is None:
-            return 0
-        try:
-            target = Target(caller, self.clients(caller), host, self.home, self.accounts,
-                            params["QueueUrl"])
-            settings = queues.settings_of(self, target)
-        except RayqError as err:
-            raise from_rayq(err) from err
-        return _int(params, "WaitTimeSeconds", 0, MAX_WAIT_S, settings.wait_s) or 0
 
     # -- sending ----------------------------------------------------------------------
     def _draft(self, t: Target, entry: dict, settings: attrs.Settings) -> Draft:
@@ -216,13 +201,18 @@ class SqsApi:
         names = p.get("MessageAttributeNames")
         msgs.pick_attributes({}, names)  # checks the names before anything is received
         queue = t.queue()
-        got = queue.receive(max_messages=count, visibility_timeout_s=hide_s, wait_s=wait_s)
         redrive = attrs.redrive_target(settings)
-        if redrive is not None and got:
-            got = self._dead_letter(t, queue, got, *redrive)
-        now_ms = int(self.clock() * 1000)
-        return {"Messages": [self._message(t, m, system, names, now_ms) for m in got]} \
-            if got else {}
+
+        def answer(got: list) -> dict:
+            if redrive is not None and got:
+                got = self._dead_letter(t, queue, got, *redrive)
+            now_ms = int(self.clock() * 1000)
+            return {"Messages": [self._message(t, m, system, names, now_ms) for m in got]} \
+                if got else {}
+        if wait_s:  # the replica awaits it on its event loop: no thread waits while it parks
+            return Parked(queue.receive_async(max_messages=count, visibility_timeout_s=hide_s,
+                                              wait_s=wait_s), answer)
+        return answer(queue.receive(max_messages=count, visibility_timeout_s=hide_s))
 
     def _dead_letter(self, t: Target, queue: Queue, got: list, target_arn: str,
                      max_receives: int) -> list:

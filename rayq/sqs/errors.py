@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from rayq.core.auth.accounts import SignatureMismatch
 from rayq.errors import (AuthError, InvalidMessage, MessageTooLarge, Overloaded, QueueDisabled,
-                         QueueNotFound, RayqError, ReceiptInvalid, RuntimeFailure, UsageError)
+                         QueueNotFound, QuotaExceeded, RayqError, ReceiptInvalid, RuntimeFailure,
+                         UsageError)
 
 # Codes whose legacy (Query protocol) name differs from the JSON shape name.
 _LEGACY = {
@@ -82,6 +83,8 @@ def from_rayq(err: RayqError) -> SqsError:
     if isinstance(err, SignatureMismatch):  # a key rotated out since the endpoint's copy
         return SqsError("InvalidClientTokenId",
                         "The security token included in the request is invalid.", status=403)
+    if isinstance(err, QuotaExceeded):  # SQS's code for an action past a limit
+        return SqsError("OverLimit", text, status=403)
     if isinstance(err, AuthError):
         return SqsError("AccessDenied", f"Access to the resource is denied: {text}", status=403)
     if isinstance(err, (InvalidMessage, UsageError)):

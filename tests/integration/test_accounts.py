@@ -350,3 +350,49 @@ def test_a_client_whose_own_request_comes_back_as_a_replay_signs_it_anew(client,
     ids = acme.transport.call(put, shard, target, messages, queue="acme-jobs")
     assert len(ids) == 1 and len(signed) == 2 and signed[1].nonce != delivered.nonce
     assert q.count() == 2  # at least once: the re-delivered put is stored again
+
+
+def test_an_accounts_quota_refuses_queues_and_sends_past_it_and_deletes_make_room(client):
+    quoted = rayq.connect(account="quoted", key=client.create_account("quoted"))
+    quota = client.set_quota("quoted", queues=2, messages=3)
+    assert (quota.queues, quota.messages, quota.bytes) == (2, 3, None)
+    with pytest.raises(rayq.AuthError):
+        quoted.set_quota("quoted")  # the admin's alone
+    first = quoted.create_queue("q1")
+    quoted.create_queue("q2")
+    quoted.create_queue("q2")  # idempotent: not one more queue
+    with pytest.raises(rayq.QuotaExceeded):
+        quoted.create_queue("q3")
+    ids = first.send_batch([rayq.Outgoing(f"m{i}") for i in range(3)])  # one put: exact
+    with pytest.raises(rayq.QuotaExceeded):
+        first.send("one too many")
+    assert sorted(m.body for m in client.queue("quoted/q1").peek(max_messages=10)) == [
+        "m0", "m1", "m2"]  # the refusal lost nothing
+    got = first.receive(max_messages=3)
+    assert len(got) == 3 and len(ids) == 3
+    first.delete_batch([m.receipt for m in got])
+    deadline = time.monotonic() + 60  # the manager counts every second; a refusal refetches
+    while True:
+        try:
+            first.send("room again")
+            break
+        except rayq.QuotaExceeded:
+            assert time.monotonic() < deadline, "deleting never made room"
+            time.sleep(0.5)
+    client.set_quota("quoted")  # unlimited again, at once
+    quoted.create_queue("q3")
+    for i in range(5):
+        first.send(f"unlimited {i}")
+
+
+def test_a_byte_quota_refuses_a_send_that_would_pass_it(client):
+    quoted = rayq.connect(account="bytes", key=client.create_account("bytes"))
+    client.set_quota("bytes", bytes=10_000)
+    queue = quoted.create_queue("big")
+    queue.send_batch([rayq.Outgoing(b"x" * 4_000)] * 2)  # one put: nothing counted before
+    with pytest.raises(rayq.QuotaExceeded):
+        queue.send(b"x" * 4_000)
+    with pytest.raises(rayq.InvalidMessage):
+        client.set_quota("bytes", bytes=-1)
+    with pytest.raises(rayq.InvalidMessage):
+        client.set_quota("nobody-has-this-name", queues=1)

@@ -35,3 +35,13 @@ def test_account_create_and_rotate_print_working_keys(client):
     assert rayq.connect(account="cli-co", key=rotated.stdout.strip()).whoami() == "cli-co"
     with pytest.raises(rayq.AuthError):
         rayq.connect(account="cli-co", key=key)
+
+
+def test_account_quota_sets_and_clears_an_accounts_limits(client):
+    client.create_account("cli-q")
+    result = CliRunner().invoke(main, ["account", "quota", "cli-q", "--queues", "1",
+                                       "--messages", "10"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.split() == ["queues=1", "messages=10", "bytes=unlimited"]
+    cleared = CliRunner().invoke(main, ["account", "quota", "cli-q"])
+    assert cleared.stdout.split() == ["queues=unlimited", "messages=unlimited", "bytes=unlimited"]

@@ -134,6 +134,43 @@ def test_one_accounts_long_polls_do_not_hold_up_another_accounts_send(endpoint):
     assert len(done) == polls
 
 
+def test_a_message_sent_during_a_ten_second_long_poll_is_received_by_it(endpoint):
+    client = boto(endpoint, "poller")
+    url = client.create_queue(QueueName="awaited")["QueueUrl"]
+    out = {}
+    poller = threading.Thread(target=lambda: out.update(client.receive_message(
+        QueueUrl=url, WaitTimeSeconds=10)))
+    poller.start()
+    time.sleep(2)  # let the poll park in the shard first (no assertion rests on this)
+    boto(endpoint, "poller").send_message(QueueUrl=url, MessageBody="during the poll")
+    poller.join(60)
+    assert [m["Body"] for m in out.get("Messages", [])] == ["during the poll"]
+
+
+def test_an_accounts_quota_is_sqs_over_limit_at_the_endpoint(endpoint):
+    from botocore.exceptions import ClientError
+    endpoint["keys"]["capped"] = endpoint["admin"].create_account("capped")
+    endpoint["admin"].set_quota("capped", queues=1, messages=1)
+    client = boto(endpoint, "capped")
+    deadline = time.monotonic() + 30
+    while True:  # the endpoint learns a new account's key within seconds
+        try:
+            url = client.create_queue(QueueName="only")["QueueUrl"]
+            break
+        except ClientError as err:
+            if err.response["Error"]["Code"] != "InvalidClientTokenId":
+                raise
+            assert time.monotonic() < deadline, "the endpoint never learned the account"
+            time.sleep(0.5)
+    with pytest.raises(ClientError) as refused:
+        client.create_queue(QueueName="second")
+    assert refused.value.response["Error"]["Code"] == "OverLimit"
+    client.send_message(QueueUrl=url, MessageBody="the one")
+    with pytest.raises(ClientError) as full:
+        client.send_message(QueueUrl=url, MessageBody="one too many")
+    assert full.value.response["Error"]["Code"] == "OverLimit"
+
+
 def test_a_shard_parks_a_receive_at_most_twenty_seconds_whatever_it_asks(endpoint):
     client = endpoint["admin"]
     client.create_queue("parked")

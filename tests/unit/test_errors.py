@@ -21,7 +21,7 @@ from rayq.testing import FakeClock, memory_store, plenty_of_memory
 WHOSE_FAULT = [
     ("QueueNotFound", "you"), ("QueueExists", "you"), ("ConfigError", "you"),
     ("InvalidMessage", "you"), ("MessageTooLarge", "you"), ("ReceiptInvalid", "you"),
-    ("AuthError", "you"), ("NoEvents", "you"), ("DataDirExposed", "you"),
+    ("AuthError", "you"), ("NoEvents", "you"), ("DataDirExposed", "you"), ("QuotaExceeded", "you"),
     ("QueueDisabled", "it"), ("Overloaded", "it"), ("StoreError", "it"), ("StoreBug", "it"),
     ("StaleEpoch", "it"), ("ReplicaBehind", "it"), ("NotEnoughReplicas", "it"),
 ]
@@ -73,6 +73,12 @@ def test_a_disabled_queue_is_a_retryable_503_for_sqs_clients():
     from rayq.sqs.errors import from_rayq
     answer = from_rayq(errors.QueueDisabled("subqueue 3 is being removed"))
     assert (answer.code, answer.status) == ("ServiceUnavailable", 503)
+
+
+def test_a_quota_passed_is_sqs_over_limit_for_sqs_clients():
+    from rayq.sqs.errors import from_rayq
+    answer = from_rayq(errors.QuotaExceeded("account 'acme' owns 10 queues, its quota"))
+    assert (answer.code, answer.status, answer.sender) == ("OverLimit", 403, True)
 
 
 def test_config_errors_are_usage_errors_but_not_invalid_messages():

@@ -1,14 +1,13 @@
 """An SQS replica's shares: one account's requests and threads are bounded, request
-bodies in memory are bounded, and a long poll waits without a thread."""
+bodies in memory are bounded (a long poll waiting without a thread: test_receive_async.py)."""
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from rayq.sqs.admission import BodyBudget, Shares, long_poll
+from rayq.sqs.admission import BodyBudget, Shares
 from rayq.sqs.errors import SqsError
-from rayq.testing import FakeClock
 
 
 def test_an_account_past_its_share_of_requests_is_throttled_and_others_are_not():
@@ -59,36 +58,6 @@ def test_bodies_past_the_byte_budget_are_refused_until_one_is_done():
         assert info.value.status == 503
     with budget.hold(100):
         assert budget.held_bytes == 100
-
-
-def test_a_long_poll_sleeps_between_tries_and_answers_with_the_first_message():
-    clock = FakeClock()
-    answers = iter([{}, {}, {}, {"Messages": ["m"]}])
-    slept = []
-
-    async def sleep(seconds):
-        slept.append(seconds)
-        clock.advance(seconds)
-
-    async def attempt():
-        return next(answers)
-    got = asyncio.run(long_poll(attempt, 20, clock.monotonic, sleep))
-    assert got == {"Messages": ["m"]} and len(slept) == 3
-
-
-def test_a_long_poll_on_an_empty_queue_ends_empty_when_its_wait_has_passed():
-    clock = FakeClock()
-    tries = [0]
-
-    async def sleep(seconds):
-        clock.advance(seconds)
-
-    async def attempt():
-        tries[0] += 1
-        return {}
-    start = clock.monotonic()
-    assert asyncio.run(long_poll(attempt, 20, clock.monotonic, sleep)) == {}
-    assert clock.monotonic() - start == pytest.approx(20) and tries[0] > 20
 
 
 def test_one_owners_receipt_forwards_never_push_out_anothers():

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rayq.core.auth.operations import Operation
+from rayq.core.auth.quotas import Room
 from rayq.core.kit.kv import KV
 from rayq.core.codec.model import DLQ_SUFFIX, check_name, fairness_key, pack, unpack
 from rayq.core.codec.frames import Signature  # the value lives in codec: frames carry it
@@ -286,13 +287,15 @@ def check_admin(account: str, what: str) -> None:
 class Place:
     """Where a subqueue belongs, as a verifier sees it: its queue (runtime-wide name, see
     :func:`queue_ref`), that queue's owner, its shard, and whether it carries tasks
-    (which any account may submit to, of the job ``types`` registered on it only)."""
+    (which any account may submit to, of the job ``types`` registered on it only), and
+    the owner's :class:`~rayq.core.auth.quotas.Room` when a quota limits its puts."""
 
     queue: str
     owner: str
     shard: int
     tasks: bool = False
     types: frozenset[str] = frozenset()
+    room: Room | None = None
 
 
 def check_access(account: str, queue: str, place: Place | None, shard: int,

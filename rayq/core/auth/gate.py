@@ -34,9 +34,11 @@ from rayq.core.auth import nonces
 from rayq.core.auth.accounts import (ADMIN, MAX_SKEW_S, Place, Signature, Verifier, check_access,
                                      check_admin)
 from rayq.core.auth.operations import Operation, Scope
+from rayq.core.auth.quotas import PutTally
+from rayq.core.codec.wire import put_count
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.kv import KV
-from rayq.errors import AuthError
+from rayq.errors import AuthError, QuotaExceeded
 
 MAX_AGE_S = 30.0
 MIN_REFRESH_S = 1.0
@@ -57,6 +59,7 @@ class Gate:
         self._places: dict[int, Place] = {}
         self._fetched_at = float("-inf")
         self._generation = 0  # bumped by forget(): a fetch begun before is not trusted
+        self.tally = PutTally()  # puts admitted against quotas
         self._lock = asyncio.Lock()
         self.verifier = Verifier(lambda account: self._keys.get(account, ()), skew_s)
         self.verifier.preload(seen, self.clock.now())
@@ -103,9 +106,26 @@ class Gate:
         if operation.scope is Scope.ADMIN:
             check_admin(account, operation.name)
         elif operation.scope is Scope.SUBQUEUES:
-            await self.check(account, queue, operation.method, self.shard,
-                             operation.touched(arguments))
+            touched = operation.touched(arguments)
+            await self.check(account, queue, operation.method, self.shard, touched)
+            if operation.stores and account != ADMIN:
+                await self.make_room(touched, arguments[operation.stores])
         return account
+
+    async def make_room(self, subqueues: Sequence[int], batch: Any) -> None:
+        """Count a put of ``batch`` into ``subqueues`` against their owner's quota (an
+        approximate check: :mod:`rayq.core.auth.quotas`). Raises QuotaExceeded."""
+        def admit() -> None:
+            for sq in subqueues:
+                place = self._places.get(sq)
+                if place is not None and place.room is not None:
+                    size = len(batch) if isinstance(batch, bytes) else 0
+                    self.tally.admit(place.room, put_count(batch), size, self.clock.now())
+        try:
+            admit()
+        except QuotaExceeded:
+            await self._refresh(force=True)  # the manager may have counted deletes since
+            admit()
 
     async def account(self, auth: Signature | None, queue: str, operation: str,
                       body: bytes) -> str:

@@ -15,7 +15,8 @@ Scopes:
   none); the actor decides what that account may see of it.
 - ``SUBQUEUES``: a shard's data path; signed for a queue, and every subqueue the call
   touches (named in ``subqueues`` parameters, or pointed into by ``receipts``) must be
-  one of that queue's on this shard, and the account's to use.
+  one of that queue's on this shard, and the account's to use. What a ``stores``
+  parameter carries counts against the queue owner's quota (:mod:`rayq.core.auth.quotas`).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class Operation:
     subqueues: tuple[str, ...] = ()
     receipts: tuple[str, ...] = ()
     queue: str = ""
+    stores: str = ""  # the parameter carrying a put buffer (counted against quotas)
 
     @property
     def name(self) -> str:
@@ -168,7 +170,7 @@ _RECEIVE = ("subqueue, max_messages=1, visibility_timeout_s=None, *, keys=None, 
 
 OPERATIONS: Mapping[str, Operation] = MappingProxyType({op.name: op for op in (
     # shards: the data path, and the statistics of the whole shard
-    _entry("shard", "put", "subqueue, batch", _S, subqueues=("subqueue",)),
+    _entry("shard", "put", "subqueue, batch", _S, subqueues=("subqueue",), stores="batch"),
     _entry("shard", "receive", _RECEIVE, _S, subqueues=("subqueue", "dead_letter")),
     _entry("shard", "delete", "receipts", _S, receipts=("receipts",)),
     _entry("shard", "change_visibility", "receipt, timeout_s", _S, receipts=("receipt",)),
@@ -184,6 +186,7 @@ OPERATIONS: Mapping[str, Operation] = MappingProxyType({op.name: op for op in (
     _entry("manager", "whoami", "", _A),
     _entry("manager", "create_account", "name", _ADMIN),
     _entry("manager", "rotate_key", "account, slot", _ADMIN),
+    _entry("manager", "set_quota", "account, queues=None, messages=None, bytes=None", _ADMIN),
     _entry("manager", "create_queue", "name, subqueues=1, max_receives=5", _A, queue="name"),
     _entry("manager", "list_queues", "", _A),
     _entry("manager", "delete_queue", "name", _A, queue="name"),

@@ -120,6 +120,23 @@ def _check_attrs(raw: Any, max_delay_s: float, max_ttl_s: float) -> Attrs:
     return Attrs(tenant, type_, key, delay_us, ttl_us, task)
 
 
+def put_count(data: Any) -> int:
+    """How many messages a put buffer carries, read from its headers (the bodies are
+    skipped, not decoded); 0 for anything malformed (decode_put refuses it later)."""
+    if not isinstance(data, bytes):
+        return 0
+    unpacker = msgpack.Unpacker(max_buffer_size=len(data) + 1)
+    unpacker.feed(data)
+    try:
+        if unpacker.read_array_header() != 4:
+            return 0
+        unpacker.skip()  # version
+        unpacker.skip()  # the attribute table
+        return unpacker.read_array_header()  # one ref per message
+    except (ValueError, msgpack.UnpackException, msgpack.OutOfData):
+        return 0
+
+
 # -- receives -------------------------------------------------------------------------
 def encode_delivered(rows: list[list]) -> bytes:
     """Pack delivered messages: each [id, receipt, body, tenant, type, key,

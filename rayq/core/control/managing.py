@@ -14,6 +14,7 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from rayq.core.auth.accounts import ADMIN, may_use
+from rayq.core.auth.quotas import Quota, Room
 from rayq.core.control.registry import QueueInfo, SubqueueInfo, check_queue_name
 from rayq.core.codec.tasks import TaskSpec
 from rayq.errors import AuthError, InvalidMessage, QueueNotFound
@@ -54,6 +55,23 @@ def visible_names(account: str, queues: Iterable[QueueInfo], every_name: list[st
     if account == ADMIN:
         return every_name
     return sorted(q.name for q in queues if q.owner == account)
+
+
+def owned_queues(queues: Iterable[QueueInfo], owner: str) -> int:
+    """How many queues ``owner`` has, against its queue quota (a queue's DLQ comes with it)."""
+    return sum(1 for q in queues if q.owner == owner and not q.is_dlq)
+
+
+def rooms_of(limited: Mapping[str, Quota], queues: Iterable[QueueInfo],
+             counts: Mapping[int, int], counted_at: float) -> dict[str, Room]:
+    """Each limited account's Room: its quota and the messages its queues held at the
+    count made at ``counted_at`` (``counts``: per subqueue, every shard)."""
+    held = dict.fromkeys(limited, 0)
+    for queue in queues:
+        if queue.owner in held:
+            held[queue.owner] += sum(counts.get(sq.id, 0) for sq in queue.subqueues)
+    return {account: Room(account, quota, held[account], counted_at)
+            for account, quota in limited.items()}
 
 
 def check_task_spec(spec: Any) -> TaskSpec:
