@@ -110,17 +110,20 @@ class QueueManager(ControlActor):
 
     # -- registry --------------------------------------------------------------
     @signed(MANAGER_OPS["create_queue"])
-    async def create_queue(self, name: str, subqueues: int = 1, max_receives: int | None = 5, *,
-                           caller: Caller) -> QueueInfo:
+    async def create_queue(self, name: str, subqueues: int = 1, max_receives: int | None = 5,
+                           ordered: bool = False, *, caller: Caller) -> QueueInfo:
         """Create queue ``name`` in the caller's namespace (the admin may name another
-        account's as ``account/name``); idempotent."""
+        account's as ``account/name``); idempotent. ``ordered``: a FIFO queue."""
         check_queue_ref(name)
         owner, bare = split_ref(caller.account, name)
         check_may_create(caller.account, owner, self.accounts)
         # Placement needs shard depths only for a queue that does not exist yet.
         depths = {} if queue_ref(owner, bare) in self.registry else await self._shard_depths()
-        return self.registry.create(bare, subqueues=subqueues, max_receives=max_receives,
-                                    shard_depths=depths, owner=owner)
+        queue = self.registry.create(bare, subqueues=subqueues, max_receives=max_receives,
+                                     shard_depths=depths, owner=owner, ordered=ordered)
+        if queue.ordered:
+            await self._apply_put_states(queue)
+        return queue
 
     def get_queue(self, ref: str) -> QueueInfo:
         return self.registry.get(ref)
@@ -170,6 +173,8 @@ class QueueManager(ControlActor):
     async def _apply_put_states(self, queue: QueueInfo) -> None:
         for sq, state in put_states(queue).items():
             await self._set_state(queue.subqueue(sq).shard, sq, state)
+        for sq in queue.subqueues if queue.ordered else ():  # told again after a restart
+            await call_async(lambda: self.shards[sq.shard].set_ordered.remote(sq.id))
 
     async def _purge(self, subqueues: list) -> None:
         """Hand subqueues to their shards for removal (O(subqueues) here); what a shard
@@ -300,7 +305,7 @@ class QueueManager(ControlActor):
                 await self._apply_put_states(queue)
             self._states_told = True
         for queue in self.registry.all():
-            if queue.disabled:  # no puts to scale for
+            if queue.disabled or queue.ordered:  # no puts to scale for; one order kept
                 continue
             loads = loads_of(queue, self._counts, self._rates)
             decision = decide(loads, depths, min_subqueues=queue.min_subqueues,

@@ -104,3 +104,24 @@ def test_unordered_subqueues_keep_redelivering_behind_later_messages(store, cloc
     clock.advance(2)
     assert values(store.receive(0, 10, 5)) == ["a3", "a1", "a2"]
     assert not store.ordered(0) and store.ordered(1)
+
+
+def test_a_sender_chooses_its_key_only_on_an_ordered_subqueue(tmp_path, clock):
+    import pytest
+
+    from rayq.core.auth.accounts import check_senders
+    from rayq.core.kit.kv import LmdbKV
+    from rayq.core.storage.store import ShardStore
+    from rayq.errors import AuthError
+    from tests.contract.helpers import batch
+
+    store = ShardStore(LmdbKV(tmp_path / "s"), clock=clock, check_senders=check_senders)
+    try:
+        store.set_ordered(1)
+        grouped = batch(message("g", tenant="acme", key="group-1"))
+        sender = {"sender": ("acme", "type", None)}
+        refused, ids = store.group([("put", (0, grouped), sender), ("put", (1, grouped), sender)])
+        assert isinstance(refused, AuthError) and len(ids) == 1
+        assert (store.count(0), store.count(1)) == (0, 1)
+    finally:
+        store.close()

@@ -184,7 +184,7 @@ OPERATIONS: Mapping[str, Operation] = MappingProxyType({op.name: op for op in (
     _entry("manager", "whoami", "", _A),
     _entry("manager", "create_account", "name", _ADMIN),
     _entry("manager", "rotate_key", "account, slot", _ADMIN),
-    _entry("manager", "create_queue", "name, subqueues=1, max_receives=5", _A, queue="name"),
+    _entry("manager", "create_queue", "name, subqueues=1, max_receives=5, ordered=False", _A, queue="name"),
     _entry("manager", "list_queues", "", _A),
     _entry("manager", "delete_queue", "name", _A, queue="name"),
     _entry("manager", "clear_queue", "name", _A, queue="name"),
