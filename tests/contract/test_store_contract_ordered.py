@@ -125,3 +125,11 @@ def test_a_sender_chooses_its_key_only_on_an_ordered_subqueue(tmp_path, clock):
         assert (store.count(0), store.count(1)) == (0, 1)
     finally:
         store.close()
+
+
+def test_a_long_poll_on_a_held_group_wakes_when_its_hold_ends(store, clock):
+    _ordered(store).put(0, [message("a1", key="a"), message("a2", key="a")])
+    store.receive(0, 1, 5)
+    assert store.dispatch.next_due([0]) == clock.now() + 5
+    store.put(0, [message("b1", key="b")])
+    assert values(store.receive(0, 10, 5)) == ["b1"]

@@ -84,3 +84,12 @@ def test_groups_are_served_fairly_not_in_send_order(client):
         served.append(m["Body"])
         client.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
     assert served == ["big0", "small0"]  # not behind big's backlog
+
+
+def test_a_purged_fifo_queue_still_holds_its_groups(client):
+    url = fifo_queue(client)
+    send(client, url, "a", "old")
+    client.purge_queue(QueueUrl=url)
+    send(client, url, "a", "a1", "a2")
+    assert bodies(eventually(lambda: receive(client, url, 1))) == ["a1"]
+    assert receive(client, url, 10) == []

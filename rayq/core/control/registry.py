@@ -8,7 +8,7 @@ counts it reads from shards.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from rayq.core.auth.accounts import ACCOUNT_NAME, ADMIN, QUEUE_SEP, queue_ref
@@ -53,6 +53,22 @@ class QueueInfo:
     # each fairness key (message group) delivers one batch at a time, in order; one
     # subqueue that never scales (a group's messages stay in one order)
     ordered: bool = False
+
+    @property
+    def scales(self) -> bool:
+        """Whether the scaling loop may add or retire its subqueues: not while it is
+        disabled (no puts to scale for), nor when ordered (one order kept)."""
+        return not (self.disabled or self.ordered)
+
+    @property
+    def shards_told(self) -> bool:
+        """Whether its shards hold more of it than the default (refused puts, order)."""
+        return self.disabled or self.ordered
+
+    @property
+    def ordered_subqueues(self) -> tuple[SubqueueInfo, ...]:
+        """The subqueues its shards must treat as ordered (none unless it is ordered)."""
+        return self.subqueues if self.ordered else ()
 
     @property
     def ref(self) -> str:
@@ -390,3 +406,10 @@ def receive_order(queue: QueueInfo, counts: Mapping[int, int]) -> list[SubqueueI
     live = [s for s in queue.subqueues if s.state is not SubqueueState.DISABLED]
     return sorted(live, key=lambda s: (bool(s.dedicated), s.state is not SubqueueState.NO_PUT,
                                        -counts.get(s.id, 0), s.version))
+
+
+def flood_watched(queues: Iterable[QueueInfo]) -> dict[str, QueueInfo]:
+    """The queues the flood detector watches, by runtime-wide name: not dead-letter
+    queues, nor ordered ones (one account's, and isolating part of a group elsewhere
+    would break its order)."""
+    return {q.ref: q for q in queues if not (q.is_dlq or q.ordered)}
