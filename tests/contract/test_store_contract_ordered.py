@@ -1,8 +1,12 @@
 """Ordered subqueues (a FIFO queue's): each fairness key is a message group that
 delivers one batch at a time and in seq order, checked against every store."""
 
+from rayq.core.auth.accounts import check_senders
+from rayq.core.kit.kv import LmdbKV
 from rayq.core.storage.dispatch import DispatchPolicy
-from tests.contract.helpers import message, values
+from rayq.core.storage.store import ShardStore
+from rayq.errors import AuthError
+from tests.contract.helpers import batch, message, values
 
 
 def _ordered(store, sq=0):
@@ -78,8 +82,6 @@ def test_ordered_groups_are_served_fairly(make_store, clock):
 
 
 def test_the_order_survives_a_reopen(tmp_path, clock):
-    from rayq.core.kit.kv import LmdbKV
-    from rayq.core.storage.store import ShardStore
     store = ShardStore(LmdbKV(tmp_path / "s"), clock=clock)
     store.set_ordered(0)
     store.put(0, [message("a1", key="a"), message("a2", key="a")])
@@ -107,14 +109,6 @@ def test_unordered_subqueues_keep_redelivering_behind_later_messages(store, cloc
 
 
 def test_a_sender_chooses_its_key_only_on_an_ordered_subqueue(tmp_path, clock):
-    import pytest
-
-    from rayq.core.auth.accounts import check_senders
-    from rayq.core.kit.kv import LmdbKV
-    from rayq.core.storage.store import ShardStore
-    from rayq.errors import AuthError
-    from tests.contract.helpers import batch
-
     store = ShardStore(LmdbKV(tmp_path / "s"), clock=clock, check_senders=check_senders)
     try:
         store.set_ordered(1)
