@@ -127,3 +127,14 @@ def test_a_long_poll_on_a_held_group_wakes_when_its_hold_ends(store, clock):
     assert store.dispatch.next_due([0]) == clock.now() + 5
     store.put(0, [message("b1", key="b")])
     assert values(store.receive(0, 10, 5)) == ["b1"]
+
+
+def test_a_held_group_shows_no_waiting_latency(store, clock):
+    _ordered(store).put(0, [message("a1", key="a"), message("a2", key="a")])
+    store.receive(0, 1, 30)
+    clock.advance(10)
+    [depth] = store.depths()
+    assert (depth.key, depth.count, depth.latency_s) == ("a", 2, 0.0)
+    clock.advance(21)
+    [depth] = store.depths()
+    assert depth.latency_s > 0

@@ -28,7 +28,7 @@ from rayq.core.storage.cache import CacheStats, MessageCache, PressureMonitor, p
 from rayq.core.storage.dispatch import DispatchPolicy, FairDispatch, NoisyChange, NoisyKey
 from rayq.core.storage.layout import TenantCount
 from rayq.core.storage.ledger import (STAT_NAMES, Enqueued, Env, Ledger, SenderCheck, ShardIndex,
-                                      head_of)
+                                      head_of, locked_until)
 from rayq.core.storage.messages import MAX_BATCH
 from rayq.core.storage.migrate import migrate_rows
 from rayq.core.storage.operations import OPERATIONS, run_isolated
@@ -421,10 +421,12 @@ class ShardStore:
                 if n <= 0:
                     continue
                 latency, oldest, age = 0.0, None, 0.0
+                # a held group of an ordered subqueue waits for its consumer, not for one
+                held = sq in self.index.ordered and locked_until(txn, sq, kid, now_us)
                 for row_key, value in txn.scan("rows", *rows.key_range(sq, kid)):
                     visible_us = rows.parse_row_key(row_key)[2]
                     oldest = rows.enqueued_us(value) / US
-                    if visible_us <= now_us:  # else every row of the key is hidden
+                    if visible_us <= now_us and not held:  # else every row is hidden
                         latency = (now_us - visible_us) / US
                         age = max(latency, now_us / US - oldest)
                     break
