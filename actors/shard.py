@@ -344,8 +344,7 @@ class ShardActor:
     async def set_state(self, subqueue: int, state: str) -> None:
         await self._read(self.store.set_state, subqueue, SubqueueState(state))
 
-    async def set_ordered(self, subqueue: int) -> None:
-        """A FIFO queue's subqueue: its fairness keys deliver one batch at a time, in order."""
+    async def set_ordered(self, subqueue: int) -> None:  # a FIFO queue's (ShardStore.set_ordered)
         await self._read(self.store.set_ordered, subqueue, True)
 
     # -- flooders ------------------------------------------------------------------

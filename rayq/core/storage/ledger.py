@@ -79,12 +79,13 @@ def first_row_at(txn: Txn, sq: int, kid: int) -> tuple[int, int] | None:
 def locked_until(txn: Txn, sq: int, kid: int, now_us: int) -> int | None:
     """When the last in-flight row of (ordered subqueue, key) shows again (µs), if any
     is still in flight at ``now_us``: until then the key delivers nothing."""
-    until = max((rows.unpack_u64(v) for _, v in txn.scan("inflight", *rows.inflight_range(sq, kid))),
-                default=0)
+    entries = txn.scan("inflight", *rows.inflight_range(sq, kid))
+    until = max((rows.unpack_u64(value) for _, value in entries), default=0)
     return until if until > now_us else None
 
 
-def head_of(txn: Txn, index: "ShardIndex", sq: int, kid: int, now_us: int) -> tuple[int, int] | None:
+def head_of(txn: Txn, index: "ShardIndex", sq: int, kid: int,
+            now_us: int) -> tuple[int, int] | None:
     """The head fair dispatch ranks (subqueue, key) by: its first row's (visible_at µs,
     seq); for a locked key of an ordered subqueue, visible when the lock ends."""
     head = first_row_at(txn, sq, kid)
