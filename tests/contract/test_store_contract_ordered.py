@@ -6,6 +6,7 @@ from rayq.core.kit.kv import LmdbKV
 from rayq.core.storage.dispatch import DispatchPolicy
 from rayq.core.storage.store import ShardStore
 from rayq.errors import AuthError
+from rayq.core.codec.wire import decode_delivered
 from tests.contract.helpers import batch, message, values
 
 
@@ -138,3 +139,12 @@ def test_a_held_group_shows_no_waiting_latency(store, clock):
     clock.advance(21)
     [depth] = store.depths()
     assert depth.latency_s > 0
+
+
+def test_a_held_group_gives_nothing_to_a_listen_order_or_a_second_receive_of_one_commit(store):
+    _ordered(store).put(0, [message("a1", key="a"), message("a2", key="a")])
+    [first] = store.receive(0, 1, 30, keys=["a"])
+    assert store.receive(0, 10, 30, keys=["a"]) == []
+    store.delete([first.receipt])
+    one, two = store.group([("receive", (0, 1, 30), {}), ("receive", (0, 1, 30), {})])
+    assert len(decode_delivered(one)) == 1 and decode_delivered(two) == []
