@@ -33,8 +33,8 @@ from rayq.core.control.managing import (check_may_create, check_task_spec, check
                                 visible_names)
 from rayq.core.codec.model import SubqueueState, check_count
 from rayq.core.control.registry import (QueueInfo, QueueMetadata, QueueRegistry,
-                                        check_queue_ref, metadata_of, put_states, put_target,
-                                        receive_order)
+                                        check_queue_ref, flood_watched, metadata_of, put_states,
+                                        put_target, receive_order)
 from rayq.core.control.scaling import OpRates, QuietTracker, decide, loads_of
 from rayq.core.codec.tasks import TaskRegistry, TaskSpec
 from rayq.errors import InvalidMessage, RayqError
@@ -149,10 +149,10 @@ class QueueManager(ControlActor):
 
     # -- registry --------------------------------------------------------------
     @signed(MANAGER_OPS["create_queue"])
-    async def create_queue(self, name: str, subqueues: int = 1, max_receives: int | None = 5, *,
-                           caller: Caller) -> QueueInfo:
+    async def create_queue(self, name: str, subqueues: int = 1, max_receives: int | None = 5,
+                           ordered: bool = False, *, caller: Caller) -> QueueInfo:
         """Create queue ``name`` in the caller's namespace (the admin may name another
-        account's as ``account/name``); idempotent."""
+        account's as ``account/name``); idempotent. ``ordered``: a FIFO queue."""
         check_queue_ref(name)
         owner, bare = split_ref(caller.account, name)
         check_may_create(caller.account, owner, self.accounts)
@@ -162,8 +162,11 @@ class QueueManager(ControlActor):
             check_queue_quota(owner, self.quotas.get(owner), owned)
         # Placement needs shard depths only for a queue that does not exist yet.
         depths = await self._shard_depths() if new else {}
-        return self.registry.create(bare, subqueues=subqueues, max_receives=max_receives,
-                                    shard_depths=depths, owner=owner)
+        queue = self.registry.create(bare, subqueues=subqueues, max_receives=max_receives,
+                                     shard_depths=depths, owner=owner, ordered=ordered)
+        if queue.ordered:
+            await self._apply_put_states(queue)
+        return queue
 
     def get_queue(self, ref: str) -> QueueInfo:
         return self.registry.get(ref)
@@ -185,9 +188,10 @@ class QueueManager(ControlActor):
         """Empty a queue at once (not its DLQ): fresh subqueues take its place and the
         shards remove the old ones' messages, spilled ones too, in the background."""
         queue = self._visible(caller.account, name, owned=True)
-        await self._purge(self.registry.renew(queue.ref))
-        if queue.disabled:  # the fresh subqueues refuse puts too
+        removed = self.registry.renew(queue.ref)
+        if queue.shards_told:  # the fresh subqueues refuse puts too, or are ordered
             await self._apply_put_states(self.registry.get(queue.ref))
+        await self._purge(removed)
     # -- metadata and state (docs/operations.md) ------------------------------------
     @signed(MANAGER_OPS["set_metadata"])
     async def set_metadata(self, name: str, metadata: dict, *, caller: Caller) -> None:
@@ -213,6 +217,8 @@ class QueueManager(ControlActor):
     async def _apply_put_states(self, queue: QueueInfo) -> None:
         for sq, state in put_states(queue).items():
             await self._set_state(queue.subqueue(sq).shard, sq, state)
+        for sq in queue.ordered_subqueues:  # told again after a restart
+            await call_async(lambda: self.shards[sq.shard].set_ordered.remote(sq.id))
 
     async def _purge(self, subqueues: list) -> None:
         """Hand subqueues to their shards for removal (O(subqueues) here); what a shard
@@ -239,9 +245,9 @@ class QueueManager(ControlActor):
 
     # -- flooders ----------------------------------------------------------------
     def flood_layout(self) -> dict[str, QueueInfo]:
-        """Every queue but dead-letter queues by runtime-wide name (acme's ``orders`` is
-        ``acme/orders``), for the flood detector."""
-        return {q.ref: q for q in self.registry.all() if not q.is_dlq}
+        """The queues the flood detector watches by runtime-wide name (acme's ``orders``
+        is ``acme/orders``): see :func:`flood_watched`."""
+        return flood_watched(self.registry.all())
 
     def add_dedicated(self, ref: str, shard: int, type_: str, tenant: str):
         """A subqueue on ``shard`` that isolates flooder (type, tenant) of queue ``ref``."""
@@ -345,7 +351,7 @@ class QueueManager(ControlActor):
                 await self._apply_put_states(queue)
             self._states_told = True
         for queue in self.registry.all():
-            if queue.disabled:  # no puts to scale for
+            if not queue.scales:
                 continue
             loads = loads_of(queue, self._counts, self._rates)
             decision = decide(loads, depths, min_subqueues=queue.min_subqueues,

@@ -367,6 +367,9 @@ class ShardActor:
     async def set_state(self, subqueue: int, state: str) -> None:
         await self._read(self.store.set_state, subqueue, SubqueueState(state))
 
+    async def set_ordered(self, subqueue: int) -> None:  # a FIFO queue's (ShardStore.set_ordered)
+        await self._read(self.store.set_ordered, subqueue, True)
+
     # -- flooders ------------------------------------------------------------------
     async def set_diverts(self, diverts: dict, dedicated: list[int] = ()) -> None:
         """Flooders whose new messages to a subqueue go to the spill store, and the

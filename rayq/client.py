@@ -82,12 +82,16 @@ class Client:
         return self._manager("set_quota", account, queues, messages, bytes)
 
     # -- administration ------------------------------------------------------
-    def create_queue(self, name: str, subqueues: int = 1, max_receives: int | None = 5) -> "Queue":
+    def create_queue(self, name: str, subqueues: int = 1, max_receives: int | None = 5, *,
+                     ordered: bool = False) -> "Queue":
         """Create a queue and its ``<name>-dlq`` in this account's namespace (idempotent);
         returns the queue. Another account may have a queue of the same name: it is a
-        different queue. The ``default`` account may create ``account/name``."""
+        different queue. The ``default`` account may create ``account/name``.
+        ``ordered``: a FIFO queue (one subqueue): each fairness key delivers its messages
+        in order, one batch at a time; it may be sent with a key of the sender's choice
+        (an ``Outgoing.key``, e.g. an SQS message group)."""
         check_queue_ref(name)
-        self._manager("create_queue", name, subqueues, max_receives)
+        self._manager("create_queue", name, subqueues, max_receives, ordered)
         self.transport.forget_route(name)
         return Queue(self.transport, name)
 

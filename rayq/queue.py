@@ -87,7 +87,8 @@ class Queue:
             raise InvalidMessage("send_batch takes rayq.Outgoing values")
         producer = self._producer
         return [mid for mid, _ in producer.put([
-            producer.message(m.body, m.tenant, m.type, m.delay_s, m.ttl_s) for m in messages])]
+            producer.message(m.body, m.tenant, m.type, m.delay_s, m.ttl_s, m.key)
+            for m in messages])]
 
     # -- receiving -------------------------------------------------------------------
     def receive(self, max_messages: int = 1, visibility_timeout_s: float = 30,

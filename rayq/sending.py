@@ -85,9 +85,11 @@ class Producer:
 
     # -- a message's shape -------------------------------------------------------------
     def attrs(self, tenant: str | None, type: str, delay_s: float, ttl_s: float | None,
-              task: bool = False) -> Attrs:
+              task: bool = False, key: str | None = None) -> Attrs:
         """A message's attributes, checked once, here (sends and task submissions).
-        ``tenant`` None is the transport's account. Raises InvalidMessage."""
+        ``tenant`` None is the transport's account; ``key`` None the runtime's fairness
+        key (another key: a message group, which only an ordered queue takes). Raises
+        InvalidMessage."""
         config = self._transport.config
         tenant = self._transport.account if tenant is None else tenant
         check_name(tenant, "tenant")
@@ -95,15 +97,16 @@ class Producer:
         check_seconds(delay_s, "delay_s", 0, config.store.max_delay_s)
         if ttl_s is not None:
             check_seconds(ttl_s, "ttl_s", 0.001, config.store.max_ttl_s)
-        key = fairness_key(tenant, type, config.fairness.key)
+        key = fairness_key(tenant, type, config.fairness.key) if key is None \
+            else check_name(key, "key")
         return Attrs(tenant, type, key, to_us(delay_s), None if ttl_s is None else to_us(ttl_s),
                      task)
 
     def message(self, body: Any, tenant: str | None = None, type: str = "default",
-                delay_s: float = 0, ttl_s: float | None = None) -> Entry:
+                delay_s: float = 0, ttl_s: float | None = None, key: str | None = None) -> Entry:
         """(attributes, encoded body): a message checked and encoded once, here. Raises
         InvalidMessage, or MessageTooLarge past the store's ``max_message_bytes``."""
-        return (self.attrs(tenant, type, delay_s, ttl_s),
+        return (self.attrs(tenant, type, delay_s, ttl_s, key=key),
                 encode_body(body, self._transport.config.store.max_message_bytes))
 
     # -- putting -----------------------------------------------------------------------

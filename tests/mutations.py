@@ -55,6 +55,11 @@ SQS_SETTINGS = "tests/integration/test_sqs_settings.py"
 
 MUTATIONS = (
     # -- storage (rayq/core/storage): pins to re-point when storage code moves
+    Mutation("ordered key not held while in flight", "rayq.core.storage.picking",
+             "_KeyRows.__init__", "locked_until(w.txn, sq, kid, now_us) is not None",
+             "locked_until(w.txn, sq, kid, now_us) is None and False"),
+    Mutation("ordered row loses its place when received", "rayq.core.storage.ledger",
+             "Ledger.take_rows", "            if sq in ordered:", "            if False:"),
     Mutation("dequeue count not incremented", "rayq.core.storage.ledger", "Ledger.take_rows",
              "redelivered(value, meta.dequeue_count + 1, nonce)",
              "redelivered(value, meta.dequeue_count, nonce)"),

@@ -70,13 +70,16 @@ class Draft:
     ttl_s: float
     key: str | None
     system: dict
+    group: str | None = None  # MessageGroupId: an ordered (FIFO) queue's fairness key
 
     def sequenced(self, sequence: str) -> "Draft":
         return replace(self, envelope=self.envelope.moved(sequence=sequence))
 
-    def outgoing(self) -> Outgoing:
+    def outgoing(self, by_group: bool = False) -> Outgoing:
+        """The message to store; ``by_group``: keyed for fairness by its group."""
         return Outgoing(self.envelope.stored(), tenant=self.tenant, type=self.type,
-                        delay_s=self.delay_s, ttl_s=self.ttl_s)
+                        delay_s=self.delay_s, ttl_s=self.ttl_s,
+                        key=self.group if by_group else None)
 
     def answer(self, message_id: str, sequence: str | None = None) -> dict:
         """SendMessage's answer: the id, the MD5s SDKs check, a FIFO's sequence number."""
@@ -138,7 +141,7 @@ class SqsApi:
         key = fifo.scope_key(dedup, group, settings.text("DeduplicationScope") ==
                              "messageGroup") if dedup is not None else None
         return Draft(envelope, tenant, msgs.message_type(attributes), delay,
-                     self._ttl_s(t, settings), key, system)
+                     self._ttl_s(t, settings), key, system, group)
 
     @staticmethod
     def _ttl_s(t: Target, settings: attrs.Settings) -> float:
@@ -157,7 +160,8 @@ class SqsApi:
         admitted = self.state.fifo_admit(queue.account, name, [d.key for d in drafts], now)
         fresh = [(d.sequenced(a.sequence), a) for d, a in zip(drafts, admitted)
                  if a.duplicate_of is None]
-        ids = t.queue().send_batch([d.outgoing() for d, _ in fresh]) if fresh else []
+        by_group = t.ordered()  # a FIFO queue made before ordered queues keeps its keys
+        ids = t.queue().send_batch([d.outgoing(by_group) for d, _ in fresh]) if fresh else []
         sent = {d.key: mid for (d, _), mid in zip(fresh, ids)}
         self.state.fifo_record(queue.account, name,
                                [(d.key, mid, d.envelope.sequence) for (d, _), mid in
@@ -223,13 +227,16 @@ class SqsApi:
             return got
         source = t.need().arn()
         moved = []
-        for m in dead:
-            envelope = msgs.opened(m.body)
-            moved.append(Outgoing(envelope.moved(
-                source=source, sent_ms=envelope.sent_ms or int(m.enqueued_at * 1000)).stored(),
-                tenant=m.tenant if t.caller.account == ADMIN else None, type=m.type))
         try:
-            t.queue(t.from_arn(target_arn)).send_batch(moved)
+            dead_queue = t.from_arn(target_arn)
+            by_group = t.ordered(dead_queue)
+            for m in dead:
+                envelope = msgs.opened(m.body)
+                moved.append(Outgoing(envelope.moved(
+                    source=source, sent_ms=envelope.sent_ms or int(m.enqueued_at * 1000)).stored(),
+                    tenant=m.tenant if t.caller.account == ADMIN else None, type=m.type,
+                    key=msgs.group_of(m, envelope) if by_group else None))
+            t.queue(dead_queue).send_batch(moved)
         except (RayqError, SqsError):  # the dead-letter queue is gone: deliver them instead
             return got
         queue.delete_batch([m.receipt for m in dead])

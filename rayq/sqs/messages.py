@@ -253,7 +253,13 @@ def system_attributes(message, envelope: Envelope, names: list[str], first_recei
     values = {"SentTimestamp": str(envelope.sent_ms or int(message.enqueued_at * 1000)),
               "ApproximateReceiveCount": str(message.dequeue_count),
               "ApproximateFirstReceiveTimestamp": str(first_receive_ms),
-              "SenderId": sender, "MessageGroupId": envelope.group or message.tenant,
+              "SenderId": sender, "MessageGroupId": group_of(message, envelope),
               "MessageDeduplicationId": envelope.dedup, "SequenceNumber": envelope.sequence,
               "AWSTraceHeader": envelope.trace, "DeadLetterQueueSourceArn": envelope.source}
     return {name: values[name] for name in names if values.get(name) is not None}
+
+
+def group_of(message, envelope: Envelope) -> str:
+    """A received message's MessageGroupId: the one kept in its envelope, else its tenant
+    (the ``default`` account sends as its group; another account's own name is kept so)."""
+    return envelope.group or message.tenant

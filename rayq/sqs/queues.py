@@ -45,7 +45,8 @@ def create_queue(api, t: Target, p: dict) -> dict:
         return {"QueueUrl": t.url(queue)}
     check_redrive(api, t, queue, wanted)
     tags = policy.tagged((), p["tags"], queue.name) if p.get("tags") else ()
-    t.client.create_queue(t.ref(queue), max_receives=None)  # the endpoint dead-letters itself
+    # the endpoint dead-letters itself; a FIFO queue is ordered: its groups are its keys
+    t.client.create_queue(t.ref(queue), max_receives=None, ordered=wanted.fifo)
     save(api, t, dataclasses.replace(wanted, modified_at=now, tags=tags), queue)
     return {"QueueUrl": t.url(queue)}
 

@@ -90,6 +90,11 @@ class Target:
         except QueueNotFound:
             raise no_queue() from None
 
+    def ordered(self, queue: QueueId | None = None) -> bool:
+        """Whether a queue is an ordered rayq queue (a FIFO queue keyed by its groups),
+        read from the route the client keeps. Raises QueueNotFound."""
+        return self.client.transport.route(self.ref(queue or self.need()))[0].ordered
+
     def exists(self, queue: QueueId) -> bool:
         try:
             self.info(queue)

@@ -271,3 +271,17 @@ def test_one_accounts_burst_fills_only_its_share_of_the_replay_window(accounts):
     verifier = Verifier(accounts.keys, max_nonces=8, max_nonces_per_account=3)
     verifier.preload([1, 2, 3, 4], NOW)  # read back after a restart: nobody's share
     assert [send("noisy") for _ in range(3)] == ["noisy"] * 3
+
+
+def test_an_account_keys_its_own_ordered_queue_by_message_group_but_not_a_task_queue():
+    from rayq.core.auth.accounts import check_senders
+    from rayq.core.codec.model import NewMessage
+
+    grouped = [NewMessage(b"\x01", "acme", "report", "group-7")]
+    check_senders("acme", grouped, "type", ordered=True)
+    with pytest.raises(AuthError):
+        check_senders("acme", grouped, "type")  # an unordered queue: the runtime's key
+    with pytest.raises(AuthError):
+        check_senders("acme", grouped, "type", task_types={"report"}, ordered=True)
+    with pytest.raises(AuthError):  # the tenant stays the account's
+        check_senders("acme", [NewMessage(b"\x01", "bob", "report", "g")], "type", ordered=True)

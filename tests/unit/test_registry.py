@@ -99,3 +99,34 @@ def test_queue_names_are_plain_or_account_qualified(name, ok):
     else:
         with pytest.raises(InvalidMessage):
             check_queue_ref(name)
+
+
+def test_an_ordered_queue_has_one_subqueue_and_is_remembered_as_ordered(tmp_path):
+    from rayq.errors import QueueExists
+
+    reg = QueueRegistry(LmdbKV(tmp_path), shards=2, clock=FakeClock(1000.0))
+    with pytest.raises(InvalidMessage):
+        reg.create("jobs.fifo", subqueues=2, max_receives=None, shard_depths={}, ordered=True)
+    queue = reg.create("jobs.fifo", subqueues=1, max_receives=None, shard_depths={}, ordered=True)
+    assert queue.ordered and not reg.get("jobs.fifo-dlq").ordered
+    assert reg.create("jobs.fifo", subqueues=1, max_receives=None, shard_depths={},
+                      ordered=True) == queue
+    with pytest.raises(QueueExists):
+        reg.create("jobs.fifo", subqueues=1, max_receives=None, shard_depths={})
+    assert not reg.create("plain", subqueues=1, max_receives=None, shard_depths={}).ordered
+    reg.kv.close()
+    reg = QueueRegistry(LmdbKV(tmp_path), shards=2, clock=FakeClock(1000.0))
+    assert reg.get("jobs.fifo").ordered and not reg.get("plain").ordered
+    assert reg.renew("jobs.fifo") and reg.get("jobs.fifo").ordered
+
+
+def test_an_ordered_queue_neither_scales_nor_is_watched_for_flooders(tmp_path):
+    from rayq.core.control.registry import flood_watched
+
+    reg = QueueRegistry(LmdbKV(tmp_path), shards=2, clock=FakeClock(1000.0))
+    ordered = reg.create("g.fifo", subqueues=1, max_receives=None, shard_depths={}, ordered=True)
+    plain = reg.create("plain", subqueues=1, max_receives=None, shard_depths={})
+    assert (ordered.scales, ordered.shards_told, ordered.ordered_subqueues) == (
+        False, True, ordered.subqueues)
+    assert (plain.scales, plain.shards_told, plain.ordered_subqueues) == (True, False, ())
+    assert list(flood_watched(reg.all())) == ["plain"]

@@ -315,12 +315,15 @@ def check_access(account: str, queue: str, place: Place | None, shard: int,
 
 
 def check_senders(account: str, messages: Any, key_mode: str,
-                  task_types: Collection[str] | None = None) -> None:
+                  task_types: Collection[str] | None = None, *, ordered: bool = False) -> None:
     """Raise AuthError unless every message a put carries is sent as ``account`` and keyed
     for fairness as the runtime would key it: an account can neither pass as another
     tenant nor dodge a suspension or bill its usage to a key of its choosing. With
     ``task_types`` (a put into another owner's task queue) each message's type must be
-    one of them: no consumer would run any other, it would only be put back forever."""
+    one of them: no consumer would run any other, it would only be put back forever.
+    ``ordered`` (the put goes to an ordered subqueue, a FIFO queue's): in the account's
+    own queue a key is its message group, so the account chooses it; the key is then
+    fair only among the queue's groups, which are all the account's."""
     if account == ADMIN:
         return
     if not isinstance(messages, list) or not all(
@@ -329,7 +332,9 @@ def check_senders(account: str, messages: Any, key_mode: str,
     for m in messages:
         if m.tenant != account:
             raise AuthError(f"account {account!r} sends messages only as tenant {account!r}")
-        if not isinstance(m.type, str) or m.key != fairness_key(m.tenant, m.type, key_mode):
+        own_key = ordered and task_types is None
+        if not isinstance(m.type, str) or not own_key and \
+                m.key != fairness_key(m.tenant, m.type, key_mode):
             raise AuthError("a message's fairness key does not match its tenant and type")
         if task_types is not None and m.type not in task_types:
             raise AuthError(f"no task type {m.type!r:.80} is registered on this task queue")

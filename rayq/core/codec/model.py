@@ -166,6 +166,7 @@ class Outgoing:
     type: str = "default"
     delay_s: float = 0.0
     ttl_s: float | None = None
+    key: str | None = None  # None: the runtime's fairness key; else an ordered queue's group
 
 
 @dataclass(frozen=True)

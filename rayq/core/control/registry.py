@@ -8,7 +8,7 @@ counts it reads from shards.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from rayq.core.auth.accounts import ACCOUNT_NAME, ADMIN, QUEUE_SEP, queue_ref
@@ -50,6 +50,25 @@ class QueueInfo:
     owner: str = ADMIN  # the account whose queue this is
     metadata: tuple[tuple[str, str], ...] = ()  # user-defined (name, value) pairs, sorted
     disabled: bool = False  # refuses puts; receives go on (set_disabled)
+    # each fairness key (message group) delivers one batch at a time, in order; one
+    # subqueue that never scales (a group's messages stay in one order)
+    ordered: bool = False
+
+    @property
+    def scales(self) -> bool:
+        """Whether the scaling loop may add or retire its subqueues: not while it is
+        disabled (no puts to scale for), nor when ordered (one order kept)."""
+        return not (self.disabled or self.ordered)
+
+    @property
+    def shards_told(self) -> bool:
+        """Whether its shards hold more of it than the default (refused puts, order)."""
+        return self.disabled or self.ordered
+
+    @property
+    def ordered_subqueues(self) -> tuple[SubqueueInfo, ...]:
+        """The subqueues its shards must treat as ordered (none unless it is ordered)."""
+        return self.subqueues if self.ordered else ()
 
     @property
     def ref(self) -> str:
@@ -67,6 +86,7 @@ class QueueInfo:
                 "dlq": [list(p) for p in self.dead_letter], "created_at": self.created_at,
                 "is_dlq": self.is_dlq, "owner": self.owner,
                 "metadata": [list(p) for p in self.metadata], "disabled": self.disabled,
+                "ordered": self.ordered,
                 "subqueues": [[s.id, s.shard, s.state.value, s.version,
                                list(s.dedicated) if s.dedicated else None]
                               for s in self.subqueues]}
@@ -79,7 +99,7 @@ class QueueInfo:
         return cls(r["name"], subqueues, r["min"], r["max_receives"],
                    tuple(tuple(p) for p in r["dlq"]), r["created_at"], r["is_dlq"],
                    r.get("owner", ADMIN), tuple(tuple(p) for p in r.get("metadata", ())),
-                   r.get("disabled", False))
+                   r.get("disabled", False), r.get("ordered", False))
 
 
 @dataclass(frozen=True)
@@ -214,19 +234,24 @@ class QueueRegistry:
 
     # -- changes ---------------------------------------------------------------
     def create(self, name: str, *, subqueues: int, max_receives: int | None,
-               shard_depths: Mapping[int, int], owner: str = ADMIN) -> QueueInfo:
+               shard_depths: Mapping[int, int], owner: str = ADMIN,
+               ordered: bool = False) -> QueueInfo:
         """Create queue ``name`` and its ``<name>-dlq`` in account ``owner``'s namespace
-        (idempotent for the same settings)."""
+        (idempotent for the same settings). ``ordered``: a FIFO queue (one subqueue)."""
         check_queue_name(name)
         if name.endswith(DLQ_SUFFIX):
             raise InvalidMessage(f"names ending in {DLQ_SUFFIX!r} are reserved for dead-letter queues")
         check_count(subqueues, "subqueues", 1, 64)
         if max_receives is not None:
             check_count(max_receives, "max_receives", 1, 1000)
+        if not isinstance(ordered, bool) or ordered and subqueues != 1:
+            raise InvalidMessage("ordered is True or False, and an ordered queue has one subqueue")
         existing = self._queues.get(queue_ref(owner, name))
         if existing is not None:
             if existing.max_receives != max_receives:
                 raise QueueExists(f"queue {name!r} exists with max_receives={existing.max_receives}")
+            if existing.ordered != ordered:
+                raise QueueExists(f"queue {name!r} exists with ordered={existing.ordered}")
             return existing
         depths = dict(shard_depths) or {s: 0 for s in range(self.shards)}
         placed = []
@@ -238,7 +263,7 @@ class QueueRegistry:
         now = self.clock.now()
         main = QueueInfo(name, tuple(SubqueueInfo(i, s, SubqueueState.ALL, v)
                                      for v, (i, s) in enumerate(zip(ids, placed))),
-                         subqueues, max_receives, (), now, owner=owner)
+                         subqueues, max_receives, (), now, owner=owner, ordered=ordered)
         dlq = QueueInfo(name + DLQ_SUFFIX, (), 1, None, (), now, is_dlq=True, owner=owner)
         main, dlq = self._with_dead_letters(main, dlq)
         self._save(main, dlq)
@@ -381,3 +406,10 @@ def receive_order(queue: QueueInfo, counts: Mapping[int, int]) -> list[SubqueueI
     live = [s for s in queue.subqueues if s.state is not SubqueueState.DISABLED]
     return sorted(live, key=lambda s: (bool(s.dedicated), s.state is not SubqueueState.NO_PUT,
                                        -counts.get(s.id, 0), s.version))
+
+
+def flood_watched(queues: Iterable[QueueInfo]) -> dict[str, QueueInfo]:
+    """The queues the flood detector watches, by runtime-wide name: not dead-letter
+    queues, nor ordered ones (one account's, and isolating part of a group elsewhere
+    would break its order)."""
+    return {q.ref: q for q in queues if not (q.is_dlq or q.ordered)}

@@ -18,6 +18,12 @@ Tables (LMDB named sub-databases; :data:`TABLES` names them in the order
 - ``spill``: (spill key id, seq) -> (source subqueue, key id, visible_at µs, row).
 - ``tcounts``: (kind, subqueue, type, tenant) -> messages (kind live or spilled).
 - ``nonces``: signed requests' nonces; :mod:`rayq.core.auth.nonces` owns that table.
+- ``inflight``: (subqueue, key id, seq) -> visible_at µs of a received row of an
+  *ordered* subqueue (``ordered:`` in ``meta``). Such a row keeps its row key when it
+  is received, so it never loses its place in its key's order; this table hides it
+  instead: a key with an entry still in the future is locked (nothing of it is
+  delivered), and an entry in the past is a row visible again. Other subqueues have
+  no entries: their received rows move to their new visible_at.
 
 A row value has a fixed header, then the body as sent:
 
@@ -41,7 +47,7 @@ from typing import NamedTuple
 from rayq.core.codec.model import PREFIX, ROW_KEY, CountKind, Ending, TenantCount
 
 TABLES = ("rows", "expiry", "blobs", "counts", "keys", "meta", "outcomes", "outcome_expiry",
-          "spill", "tcounts", "nonces")
+          "spill", "tcounts", "nonces", "inflight")
 
 HEAD = struct.Struct(">QQIB8sHH")
 DEQUEUE = struct.Struct(">I")
@@ -205,7 +211,7 @@ def unpack_u64(value: bytes) -> int:
 SEQ, STORE_ID, NEXT_KID, ROW_FORMAT = b"seq", b"store_id", b"next_kid", b"row_format"
 ID_KEY = b"id_key"  # the store's secret for message id tags (codec.model.message_id)
 ROW_FORMAT_NOW = b"2"  # the value of ROW_FORMAT for rows in this layout
-STATE, PURGE = "state", "purge"
+STATE, PURGE, ORDERED = "state", "purge", "ordered"
 
 
 def meta_key(kind: str, tail: bytes | int = b"") -> bytes:
@@ -221,6 +227,24 @@ def meta_range(kind: str) -> tuple[bytes, bytes]:
 def meta_tail_int(kind: str, key: bytes) -> int:
     """The int a :func:`meta_key` of ``kind`` was built with."""
     return _U64.unpack(key[len(kind) + 1:])[0]
+
+
+# -- in-flight rows of ordered subqueues -------------------------------------------------
+INFLIGHT = struct.Struct(">IIQ")  # subqueue, key id, seq
+
+
+def inflight_key(sq: int, kid: int, seq: int) -> bytes:
+    return INFLIGHT.pack(sq, kid, seq)
+
+
+def inflight_range(sq: int, kid: int) -> tuple[bytes, bytes]:
+    """Start and stop of the in-flight entries of (subqueue, key id)."""
+    return INFLIGHT.pack(sq, kid, 0), INFLIGHT.pack(sq, kid + 1, 0)
+
+
+def inflight_subqueue_range(sq: int) -> tuple[bytes, bytes]:
+    """Start and stop of every in-flight entry of subqueue ``sq``."""
+    return INFLIGHT.pack(sq, 0, 0), INFLIGHT.pack(sq + 1, 0, 0)
 
 
 # -- tenant counts ------------------------------------------------------------------------

@@ -76,6 +76,26 @@ def first_row_at(txn: Txn, sq: int, kid: int) -> tuple[int, int] | None:
     return None
 
 
+def locked_until(txn: Txn, sq: int, kid: int, now_us: int) -> int | None:
+    """When the last in-flight row of (ordered subqueue, key) shows again (µs), if any
+    is still in flight at ``now_us``: until then the key delivers nothing."""
+    entries = txn.scan("inflight", *rows.inflight_range(sq, kid))
+    until = max((rows.unpack_u64(value) for _, value in entries), default=0)
+    return until if until > now_us else None
+
+
+def head_of(txn: Txn, index: "ShardIndex", sq: int, kid: int,
+            now_us: int) -> tuple[int, int] | None:
+    """The head fair dispatch ranks (subqueue, key) by: its first row's (visible_at µs,
+    seq); for a locked key of an ordered subqueue, visible when the lock ends."""
+    head = first_row_at(txn, sq, kid)
+    if head is not None and sq in index.ordered:
+        until = locked_until(txn, sq, kid, now_us)
+        if until is not None:
+            return max(head[0], until), head[1]
+    return head
+
+
 class ShardIndex:
     """The shard's committed state in memory: what a transaction reads instead of disk."""
 
@@ -100,6 +120,9 @@ class ShardIndex:
             self.sq_keys[sq].add(kid)
         for key, value in txn.scan("tcounts", b""):
             self._add_tenant_count(rows.parse_tenant_count_key(key), rows.unpack_count(value))
+        # subqueues whose keys deliver one at a time, in seq order (FIFO message groups)
+        self.ordered: set[int] = {rows.meta_tail_int(rows.ORDERED, key) for key, _ in
+                                  txn.scan("meta", *rows.meta_range(rows.ORDERED))}
         self.purging: set[int] = {rows.meta_tail_int(rows.PURGE, key) for key, _ in
                                   txn.scan("meta", *rows.meta_range(rows.PURGE))}
 
@@ -201,7 +224,7 @@ class Ledger:
         if self.seq != self.index.seq:  # an empty receive writes nothing: no fsync at all
             txn.put("meta", rows.SEQ, rows.pack_u64(self.seq))
         for sq, kid in self.heads:
-            self.new_heads[(sq, kid)] = first_row_at(txn, sq, kid)
+            self.new_heads[(sq, kid)] = head_of(txn, self.index, sq, kid, self.now_us)
 
     # -- names ---------------------------------------------------------------------
     def message_id(self, seq: int) -> str:
@@ -276,12 +299,17 @@ class Ledger:
         ``visible_us``. Returns (new key, nonce, header, subqueue, key id, seq) of each,
         in order."""
         out, moved, expiry = [], [], []
+        ordered = self.index.ordered
         for i, (row_key, value) in enumerate(found):
             sq, kid, _, seq = rows.parse_row_key(row_key)
             meta = rows.meta(value)
             nonce = nonces[8 * i:8 * i + 8]
             new_value = rows.redelivered(value, meta.dequeue_count + 1, nonce)
-            new_key = rows.row_key(sq, kid, visible_us, seq)
+            if sq in ordered:  # keeps its place; the in-flight entry hides it
+                new_key = row_key
+                self.txn.put("inflight", rows.inflight_key(sq, kid, seq), rows.pack_u64(visible_us))
+            else:
+                new_key = rows.row_key(sq, kid, visible_us, seq)
             self.txn.delete("rows", row_key)
             moved.append((new_key, new_value))
             expiry.append((rows.expiry_key(meta.expires_us, seq), new_key))
@@ -303,6 +331,8 @@ class Ledger:
             self.record(self.message_id(seq), ending)
         self.txn.delete("rows", row_key)
         self.txn.delete("expiry", rows.expiry_key(meta.expires_us, seq))
+        if sq in self.index.ordered:
+            self.txn.delete("inflight", rows.inflight_key(sq, kid, seq))
         if meta.flags & rows.BLOB:
             self.drop_blob(value, meta)
         self.count(sq, kid, meta.type, meta.tenant, -1)
@@ -327,6 +357,8 @@ class Ledger:
         delivery ended (dead-lettered) rather than handed back unused."""
         sq, kid, _, seq = rows.parse_row_key(row_key)
         meta = rows.meta(value)
+        if sq in self.index.ordered:
+            self.txn.delete("inflight", rows.inflight_key(sq, kid, seq))
         self._move(row_key, value, rows.row_key(target, kid, visible_us, seq))
         self.count(sq, kid, meta.type, meta.tenant, -1)
         self.count(target, kid, meta.type, meta.tenant, +1)
@@ -341,7 +373,11 @@ class Ledger:
         dequeues = rows.meta(value).dequeue_count
         nonce = os.urandom(8)
         new_value = rows.redelivered(value, max(0, dequeues - 1) if undeliver else dequeues, nonce)
-        new_key = rows.row_key(sq, kid, visible_us, seq)
+        if sq in self.index.ordered:  # keeps its place; the in-flight entry hides it
+            new_key = row_key
+            self.txn.put("inflight", rows.inflight_key(sq, kid, seq), rows.pack_u64(visible_us))
+        else:
+            new_key = rows.row_key(sq, kid, visible_us, seq)
         self._move(row_key, new_value, new_key)
         self.flights.append(Released(row_key, used=False) if undeliver
                             else Rehid(row_key, new_key, visible_us))

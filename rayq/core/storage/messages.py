@@ -59,7 +59,8 @@ def put(w: Ledger, env: Env, subqueue: int, batch: bytes,
     if sender is not None:
         if env.check_senders is None:
             raise InvalidMessage("this store checks no senders: put without a sender")
-        env.check_senders(sender[0], decoded.attrs, *sender[1:])
+        env.check_senders(sender[0], decoded.attrs, *sender[1:],
+                          ordered=subqueue in w.index.ordered)
     if w.index.state(subqueue) is not SubqueueState.ALL:
         raise QueueDisabled(f"subqueue {subqueue} does not accept new messages")
     first = w.seq + 1

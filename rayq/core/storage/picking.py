@@ -14,7 +14,7 @@ from enum import Enum
 from typing import NamedTuple
 
 from rayq.core.storage import layout as rows
-from rayq.core.storage.ledger import Env, Ledger
+from rayq.core.storage.ledger import Env, Ledger, locked_until
 
 
 class Skip(Enum):
@@ -116,7 +116,8 @@ def _pick_dispatched(w: Ledger, env: Env, sq: int, n: int, now_us: int,
 class _KeyRows:
     """The deliverable rows of one (subqueue, key), oldest visible first, read lazily.
     Expired rows, and rows already received ``max_receives`` times, are stepped over
-    into ``skipped`` (they count against the receive's scan budget)."""
+    into ``skipped`` (they count against the receive's scan budget). A key of an
+    ordered subqueue with a row in flight has none: its rows go one batch at a time."""
 
     __slots__ = ("w", "cache", "rows", "now_us", "max_receives", "skipped", "taken", "budget")
 
@@ -126,6 +127,8 @@ class _KeyRows:
         # keys only: a cached row's value comes from memory (docs/shards-and-storage.md),
         # others one get each
         self.rows = w.txn.scan_keys("rows", *rows.key_range(sq, kid))
+        if sq in w.index.ordered and locked_until(w.txn, sq, kid, now_us) is not None:
+            self.rows = iter(())
         self.skipped, self.taken, self.budget = skipped, 0, budget
 
     def next(self) -> tuple[bytes, bytes] | None:

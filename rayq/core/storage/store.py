@@ -28,7 +28,7 @@ from rayq.core.storage.cache import CacheStats, MessageCache, PressureMonitor, p
 from rayq.core.storage.dispatch import DispatchPolicy, FairDispatch, NoisyChange, NoisyKey
 from rayq.core.storage.layout import TenantCount
 from rayq.core.storage.ledger import (STAT_NAMES, Enqueued, Env, Ledger, SenderCheck, ShardIndex,
-                                      first_row_at)
+                                      head_of, locked_until)
 from rayq.core.storage.messages import MAX_BATCH
 from rayq.core.storage.migrate import migrate_rows
 from rayq.core.storage.operations import OPERATIONS, run_isolated
@@ -101,8 +101,10 @@ class ShardStore:
         self.index: ShardIndex = kv.transact(self._load)
         self.dispatch = FairDispatch(dispatch, self.index.key_names.get)
         self._env = Env(config, self.cache, self.dispatch, check_senders)
-        heads = kv.read(lambda txn: {pair: first_row_at(txn, *pair) for pair in self.index.counts})
-        self.dispatch.apply([], heads, to_us(self.clock.now()))  # a seek per key
+        now_us = to_us(self.clock.now())
+        heads = kv.read(lambda txn: {pair: head_of(txn, self.index, *pair, now_us)
+                                     for pair in self.index.counts})
+        self.dispatch.apply([], heads, now_us)  # a seek per key
         self.store_id, self.store_hex = self.index.store_id, self.index.store_hex
         self._purge_cursor: bytes | None = None  # how far the spill table was looked at
 
@@ -325,6 +327,25 @@ class ShardStore:
         self.kv.transact(lambda txn: txn.put("meta", key, state.value.encode()))
         self.index.states[subqueue] = state
 
+    def ordered(self, subqueue: int) -> bool:
+        """Whether a subqueue is ordered (see :meth:`set_ordered`)."""
+        return subqueue in self.index.ordered
+
+    def set_ordered(self, subqueue: int, ordered: bool = True) -> None:
+        """Persist whether a subqueue is *ordered* (a FIFO queue's): each fairness key
+        (message group) then delivers in seq order, one batch at a time. While any
+        message of a key is in flight the key delivers nothing, and a message whose
+        visibility lapses comes back before the key's later messages. Set it while the
+        subqueue holds no messages."""
+        check_subqueue(subqueue)
+        key = rows.meta_key(rows.ORDERED, subqueue)
+        if ordered:
+            self.kv.transact(lambda txn: txn.put("meta", key, b""))
+            self.index.ordered.add(subqueue)
+        else:
+            self.kv.transact(lambda txn: txn.delete("meta", key))
+            self.index.ordered.discard(subqueue)
+
     def count(self, subqueue: int) -> int:
         """Messages of a subqueue (visible, hidden, delayed, and spilled from it):
         O(keys of that subqueue)."""
@@ -345,6 +366,10 @@ class ShardStore:
 
         def read(txn: Txn) -> tuple[int, int, int]:
             in_flight = delayed = 0
+            if subqueue in self.index.ordered:  # received rows stay in place: see inflight
+                in_flight = sum(1 for _, until in txn.scan(
+                    "inflight", *rows.inflight_subqueue_range(subqueue))
+                    if rows.unpack_u64(until) > now_us)
             for kid in self.index.sq_keys.get(subqueue, ()):
                 stop = rows.key_range(subqueue, kid)[1]
                 for _, value in txn.scan("rows", rows.hidden_from(subqueue, kid, now_us), stop):
@@ -396,10 +421,12 @@ class ShardStore:
                 if n <= 0:
                     continue
                 latency, oldest, age = 0.0, None, 0.0
+                # a held group of an ordered subqueue waits for its consumer, not for one
+                held = sq in self.index.ordered and locked_until(txn, sq, kid, now_us)
                 for row_key, value in txn.scan("rows", *rows.key_range(sq, kid)):
                     visible_us = rows.parse_row_key(row_key)[2]
                     oldest = rows.enqueued_us(value) / US
-                    if visible_us <= now_us:  # else every row of the key is hidden
+                    if visible_us <= now_us and not held:  # else every row is hidden
                         latency = (now_us - visible_us) / US
                         age = max(latency, now_us / US - oldest)
                     break

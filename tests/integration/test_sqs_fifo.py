@@ -1,0 +1,102 @@
+"""FIFO queues through the SQS endpoint, driven by boto3: a message group is held while
+one of its messages is in flight, keeps its order across a redelivery, and groups share
+the queue fairly."""
+
+import itertools
+
+import boto3
+import pytest
+from botocore.config import Config as BotoConfig
+
+import rayq
+from rayq.config import with_consumers
+
+from .conftest import start_runtime
+from .test_sqs import eventually, free_port
+
+_names = itertools.count()
+REGION = "eu-west-1"
+
+
+@pytest.fixture(scope="module")
+def client(ray_session, tmp_path_factory):
+    admin, _ = start_runtime(tmp_path_factory, with_consumers(rayq.Config(), 0), name="sqsfifo")
+    key = admin.create_account("acme")
+    url = rayq.serve_sqs(port=free_port())
+    yield boto3.client("sqs", endpoint_url=url, region_name=REGION, aws_access_key_id="acme",
+                       aws_secret_access_key=key, config=BotoConfig(retries={"max_attempts": 1}))
+    rayq.shutdown()
+
+
+def fifo_queue(client) -> str:
+    return client.create_queue(QueueName=f"fifo{next(_names)}.fifo", Attributes={
+        "FifoQueue": "true", "ContentBasedDeduplication": "true"})["QueueUrl"]
+
+
+def send(client, url, group: str, *bodies: str) -> None:
+    client.send_message_batch(QueueUrl=url, Entries=[
+        {"Id": str(i), "MessageBody": body, "MessageGroupId": group}
+        for i, body in enumerate(bodies)])
+
+
+def receive(client, url, n: int, visibility_s: int = 30) -> list[dict]:
+    return client.receive_message(QueueUrl=url, MaxNumberOfMessages=n,
+                                  VisibilityTimeout=visibility_s,
+                                  AttributeNames=["All"]).get("Messages", [])
+
+
+def bodies(messages: list[dict]) -> list[str]:
+    return [m["Body"] for m in messages]
+
+
+def test_a_group_is_held_while_its_message_is_in_flight_and_keeps_its_order_after(client):
+    url = fifo_queue(client)
+    send(client, url, "a", "a1", "a2")
+    send(client, url, "b", "b1", "b2")
+    held = receive(client, url, 1) + receive(client, url, 1)
+    assert sorted(bodies(held)) == ["a1", "b1"]  # one group each: both held
+    assert receive(client, url, 10) == []
+    for m in held:  # a visibility timeout of 1 s from now
+        client.change_message_visibility(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"],
+                                         VisibilityTimeout=1)
+    again = []
+
+    def all_again():
+        again.extend(receive(client, url, 10))
+        return len(again) >= 4
+    eventually(all_again)
+    got = bodies(again)
+    assert sorted(got) == ["a1", "a2", "b1", "b2"]
+    assert got.index("a1") < got.index("a2") and got.index("b1") < got.index("b2")
+    assert {m["Body"]: m["Attributes"]["ApproximateReceiveCount"] for m in again} == {
+        "a1": "2", "a2": "1", "b1": "2", "b2": "1"}
+
+
+def test_deleting_a_groups_message_releases_the_group(client):
+    url = fifo_queue(client)
+    send(client, url, "a", "a1", "a2")
+    [a1] = receive(client, url, 1)
+    assert receive(client, url, 10) == []
+    client.delete_message(QueueUrl=url, ReceiptHandle=a1["ReceiptHandle"])
+    assert bodies(receive(client, url, 10)) == ["a2"]
+
+
+def test_groups_are_served_fairly_not_in_send_order(client):
+    url = fifo_queue(client)
+    send(client, url, "big", *[f"big{i}" for i in range(6)])
+    send(client, url, "small", "small0")
+    served = []
+    for _ in range(2):
+        [m] = receive(client, url, 1)
+        served.append(m["Body"])
+        client.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+    assert served == ["big0", "small0"]  # not behind big's backlog
+
+
+def test_a_purged_fifo_queue_still_holds_its_groups(client):
+    url = fifo_queue(client)
+    send(client, url, "a", "old")
+    client.purge_queue(QueueUrl=url)
+    send(client, url, "a", "a1", "a2")
+    assert bodies(eventually(lambda: receive(client, url, 1))) == ["a1"]
+    assert receive(client, url, 10) == []
