@@ -32,21 +32,22 @@ def _not_found(what: str) -> SqsError:
                                                  f"{what} parameter doesn't exist.")
 
 
+def _existing(t: Target, p: dict, parameter: str):
+    """The queue the ARN in ``p[parameter]`` names. Raises ResourceNotFoundException
+    when it names none."""
+    try:
+        queue = t.from_arn(p.get(parameter))
+        t.info(queue)
+        return queue
+    except SqsError:
+        raise _not_found(parameter) from None
+
+
 def start_message_move_task(api, t: Target, p: dict) -> dict:
     source_arn = p.get("SourceArn")
-    try:
-        source = t.from_arn(source_arn)
-        t.info(source)
-    except SqsError:
-        raise _not_found("SourceArn") from None
+    source = _existing(t, p, "SourceArn")
     destination = p.get("DestinationArn")
-    to = None
-    if destination is not None:
-        try:
-            to = t.from_arn(destination)
-            t.info(to)
-        except SqsError:
-            raise _not_found("DestinationArn") from None
+    to = None if destination is None else _existing(t, p, "DestinationArn")
     rate = p.get("MaxNumberOfMessagesPerSecond")
     if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int)
                              or not 1 <= rate <= 500):

@@ -9,6 +9,7 @@ import pytest
 from rayq.batching import AsyncBatcher
 from rayq.core.kit.batcher import Batcher
 from rayq.errors import Overloaded, RuntimeFailure
+from tests.unit.loop import until
 
 
 def fill(batcher: Batcher, *items) -> list[bool]:
@@ -142,15 +143,6 @@ class Store:
         if self.fail is not None:
             raise self.fail
         return [ValueError(i) if i < 0 else i * 10 for i in items]
-
-
-async def until(predicate) -> None:
-    """Let the loop run until ``predicate()`` holds (bounded: a test that hangs fails)."""
-    for _ in range(1000):
-        if predicate():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("the condition never held")
 
 
 def test_async_calls_made_during_a_flush_share_the_next_one_and_get_their_own_results():

@@ -5,6 +5,7 @@ import asyncio
 
 from rayq.core.codec.model import Ending
 from rayq.core.storage.waiters import OutcomeWaiters
+from tests.unit.loop import until
 
 
 class Table:
@@ -16,15 +17,6 @@ class Table:
     async def read(self, ids):
         self.reads += 1
         return [None] * len(ids)
-
-
-async def until(predicate) -> None:
-    """Let the loop run until ``predicate()`` holds (bounded in loop turns, not time)."""
-    for _ in range(1000):
-        if predicate():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("the condition never held")
 
 
 def scenario(leaving: list[int], staying: list[int]):
