@@ -20,7 +20,6 @@ import socket
 import statistics
 import sys
 import threading
-import time
 
 # Its sibling http.py would shadow the standard library's http package.
 _HERE = os.path.dirname(os.path.abspath(__file__))

@@ -10,7 +10,7 @@ from typing import Any
 
 from rayq.sqs import attributes as attrs
 from rayq.sqs import policy
-from rayq.sqs.errors import SqsError, invalid, missing, no_queue
+from rayq.sqs.errors import SqsError, invalid, missing
 from rayq.sqs.names import QueueId, from_rayq, is_fifo, valid_name
 from rayq.sqs.target import Target
 

@@ -14,7 +14,7 @@ import rayq.remote
 from rayq.core.auth.accounts import Signer, Verifier
 from rayq.core.auth.operations import SHARD_OPS
 from rayq.core.codec.model import NewMessage, encode_body
-from rayq.core.codec.wire import decode_delivered, encode_messages
+from rayq.core.codec.wire import encode_messages
 
 pytestmark = pytest.mark.integration
 
