@@ -183,8 +183,14 @@ class Transport:
 
     def serves(self, manager, shards: Sequence) -> bool:
         """Whether this transport reaches the runtime of ``manager`` and ``shards`` (actor
-        handles): False once that runtime was stopped and started again."""
-        return self.manager == manager and [s.handle for s in self.shards] == list(shards)
+        handles or shard links): False once that runtime was stopped and started again."""
+        return self.manager == manager and list(map(_actor_id, self.shards)) == \
+            list(map(_actor_id, shards))
+
+
+def _actor_id(shard: Any) -> Any:
+    """The actor a shard handle or :class:`~rayq.channel.ShardLink` reaches now."""
+    return getattr(shard, "handle", shard)._actor_id
 
 
 class Transports:
