@@ -64,11 +64,14 @@ def test_a_busy_subqueue_still_adds_one():
     assert d.add_on_shard == 0
 
 
-def test_the_default_trigger_is_the_source_texts_thousand_operations_a_second():
-    config = ScalingConfig()
-    assert decide([load(1, 10, 999.0)], SHARDS, min_subqueues=1, quiet_for_s={},
+@pytest.mark.parametrize("config, below, at", [
+    (ScalingConfig(), 4_999.0, 5_000.0),  # the default (docs/autoscaling.md: why)
+    (ScalingConfig(scale_up_ops_per_s=1_000), 999.0, 1_000.0),  # the source text's figure
+])
+def test_a_subqueue_serving_the_trigger_rate_gets_a_sibling(config, below, at):
+    assert decide([load(1, 10, below)], SHARDS, min_subqueues=1, quiet_for_s={},
                   config=config).add_on_shard is None
-    assert decide([load(1, 10, 1_000.0)], SHARDS, min_subqueues=1, quiet_for_s={},
+    assert decide([load(1, 10, at)], SHARDS, min_subqueues=1, quiet_for_s={},
                   config=config).add_on_shard is not None
 
 
