@@ -15,11 +15,14 @@ No Ray here: the producer reaches the runtime only through its transport
 
 from __future__ import annotations
 
+import itertools
+import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rayq.batching import ThreadBatcher
 from rayq.core.auth.operations import SHARD_OPS, Operation
-from rayq.core.codec.model import check_name, check_seconds, encode_body, fairness_key, to_us
+from rayq.core.codec.model import (SubqueueState, check_name, check_seconds, encode_body,
+                                   fairness_key, to_us)
 from rayq.core.codec.wire import Attrs, Entry, encode_put
 from rayq.core.kit.batcher import Batcher
 from rayq.errors import QueueDisabled
@@ -32,6 +35,10 @@ if TYPE_CHECKING:
 
 MAX_BATCH = 1000       # messages one send_batch or submit_many takes (and one put carries)
 PUT_ATTEMPTS = 3       # routes tried when subqueues are retired under the sender
+# A batch this large is a put of its own: coalescing adds nothing to it, and threads
+# sending such batches each keep a lane of the queue's open subqueues, so that their
+# puts go to several shards at once (as clients of their own transports did).
+OWN_PUT_MESSAGES = 64
 
 Placed = tuple[str, int]  # a stored message's id and the index of the shard holding it
 
@@ -66,6 +73,7 @@ class Producer:
                  max_in_flight: int = 1):
         self.name = name
         self._transport = transport
+        self._lanes, self._lane = itertools.count(), threading.local()
         self._coalescer = ThreadBatcher(
             Batcher(max_items=max_messages, max_in_flight=max_in_flight, sized=True,
                     name=f"sends to {name}"),
@@ -114,12 +122,22 @@ class Producer:
         """Store ``entries`` durably (fsync'd before this returns), with whatever other
         senders of this producer have pending; (message id, shard index) per entry, in
         order. Raises the put's error (QueueDisabled when every route tried was retired)."""
+        if len(entries) >= OWN_PUT_MESSAGES:
+            return self._put_now(entries, self._thread_lane())
         return self._coalescer.call(entries)
 
-    def _put_now(self, entries: list[Entry]) -> list[Placed]:
+    def _thread_lane(self) -> int:
+        """This thread's lane: the first thread to send a large batch gets 0, the next 1..."""
+        lane = getattr(self._lane, "index", None)
+        if lane is None:
+            lane = self._lane.index = next(self._lanes)
+        return lane
+
+    def _put_now(self, entries: list[Entry], lane: int = 0) -> list[Placed]:
         """One put call of the pending entries, encoded into one buffer (however many
-        senders share it), to the queue's put subqueue as last routed; routed anew and sent again
-        while the shard says that subqueue was retired."""
+        senders share it), to the queue's put subqueue as last routed (``lane`` > 0: that
+        many open subqueues further on); routed anew and sent again while the shard says
+        that subqueue was retired."""
         batch = encode_put(entries)
         for attempt in range(PUT_ATTEMPTS):
             queue, _, target = self._transport.route(self.name, refresh=attempt > 0)
@@ -127,6 +145,7 @@ class Producer:
                 if attempt:
                     raise QueueDisabled(f"queue {self.name!r} is disabled: it refuses new messages")
                 continue
+            target = lane_target(queue, target, lane)
             index = queue.subqueue(target).shard
             try:
                 ids = self._transport.call(SHARD_OPS["put"], self._transport.shards[index],
@@ -135,3 +154,15 @@ class Producer:
                 continue  # the subqueue was retired: ask for another
             return [(mid, index) for mid in ids]
         raise QueueDisabled(f"queue {self.name!r} accepts no messages")
+
+
+def lane_target(queue: Any, target: int, lane: int) -> int:
+    """The subqueue ``lane`` puts to: ``lane`` open subqueues after ``target`` (the put
+    subqueue as routed), round the queue's subqueues that take puts."""
+    if not lane:
+        return target
+    open_ = [s.id for s in queue.subqueues
+             if s.state is SubqueueState.ALL and not s.dedicated]
+    if target not in open_:
+        return target
+    return open_[(open_.index(target) + lane) % len(open_)]

@@ -14,8 +14,9 @@ from rayq.core.codec.wire import decode_put
 from rayq.core.control.registry import QueueInfo, SubqueueInfo
 from rayq.core.control.routes import Route
 from rayq.errors import InvalidMessage, MessageTooLarge, QueueDisabled
-from rayq.sending import MAX_BATCH, PUT_ATTEMPTS, Producer
+from rayq.sending import MAX_BATCH, OWN_PUT_MESSAGES, PUT_ATTEMPTS, Producer, lane_target
 
+ALL, NO_PUT = SubqueueState.ALL, SubqueueState.NO_PUT
 WAIT_S = 10.0  # bounds a hang only: every held put here is released
 
 
@@ -264,3 +265,37 @@ def test_many_leaders_never_lose_the_lead():
         t.join(30)
     assert sorted(done) == list(range(12))
     assert producer.in_flight == 0 and sum(len(f) for f in transport.flushes()) == 600
+
+
+def test_large_batches_of_two_threads_go_to_two_subqueues_without_waiting_for_each_other():
+    transport = FakeTransport(shards=2)
+    producer = Producer(transport, "jobs")
+    batch = [producer.message(i) for i in range(OWN_PUT_MESSAGES)]
+    threads = [threading.Thread(target=producer.put, args=(batch,)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT_S)
+    assert sorted(sq for shard in transport.shards for sq, _ in shard.puts) == [0, 1]
+    assert producer.put(batch)[0][1] == 0  # this thread's lane: the routed subqueue
+
+
+def test_a_small_send_still_coalesces_on_the_routed_subqueue():
+    transport = FakeTransport(shards=2)
+    producer = Producer(transport, "jobs")
+    producer.put([producer.message(i) for i in range(OWN_PUT_MESSAGES - 1)])
+    assert [sq for shard in transport.shards for sq, _ in shard.puts] == [0]
+
+
+@pytest.mark.parametrize("states, target, lane, expected", [
+    ([ALL, ALL, ALL], 1, 0, 1),       # lane 0: the routed subqueue
+    ([ALL, ALL, ALL], 1, 1, 2),       # the next open one
+    ([ALL, ALL, ALL], 2, 1, 0),       # round the queue
+    ([ALL, NO_PUT, ALL], 0, 1, 2),    # retired subqueues are skipped
+    ([ALL, ALL], 0, 4, 0),            # lanes wrap
+])
+def test_a_lane_puts_that_many_open_subqueues_after_the_routed_one(states, target, lane,
+                                                                    expected):
+    subqueues = tuple(SubqueueInfo(i, i, state, 1) for i, state in enumerate(states))
+    queue = QueueInfo("q", subqueues, 1, None, (), 0.0)
+    assert lane_target(queue, target, lane) == expected
