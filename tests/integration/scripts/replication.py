@@ -29,6 +29,8 @@ import ray
 from ray.cluster_utils import Cluster
 
 import rayq
+from actors.runtime import find_runtime
+from rayq.client import Client
 from actors import NAMESPACE, shard_name
 from rayq.config import Config, ConsumerConfig, ScalingConfig, StoreConfig
 from rayq.core.codec.model import NewMessage, encode_body
@@ -73,6 +75,13 @@ def drain(queue, expected: set, quiet_rounds: int = 25) -> set:
     return received
 
 
+def own_client() -> Client:
+    """A client of the running runtime with a transport of its own (rayq.connect's
+    clients of one credential share theirs)."""
+    found = find_runtime()
+    return Client(found["manager"], found["shards"], found["config"])
+
+
 class Senders:
     """Threads sending batches for as long as ``running``; each acknowledged id kept,
     with when the last acknowledgement came (a send that fails is simply retried)."""
@@ -81,8 +90,9 @@ class Senders:
         self.acked, self.errors = set(), 0
         self.lock, self.running = threading.Lock(), True
         self.acks_at: dict[int, list[float]] = {t: [] for t in range(threads)}
-        # a client each: the manager spreads their put subqueues over the shards
-        self.queues = [rayq.connect().queue(name) for _ in range(threads)]
+        # a client with a transport of its own each, as producers in processes of their
+        # own have: the manager spreads their put subqueues over the shards
+        self.queues = [own_client().queue(name) for _ in range(threads)]
         self.threads = [threading.Thread(target=self._run, args=(t,)) for t in range(threads)]
         for t in self.threads:
             t.start()
