@@ -1,4 +1,4 @@
-"""One local Ray per test session; runtimes are restarted per module when configs differ."""
+"""One local Ray per test run; runtimes are restarted per module when configs differ."""
 
 import contextlib
 import itertools
@@ -20,7 +20,7 @@ def pytest_collection_modifyitems(config, items):
     """Mark every test under tests/integration, so ``-m "not integration"`` deselects them.
 
     (A ``pytestmark`` in a conftest applies to nothing: only test modules read it.)
-    A conftest hook sees the whole session's items, so filter by path.
+    A conftest hook sees the whole run's items, so filter by path.
     """
     for item in items:
         if _HERE in Path(item.fspath).resolve().parents:
@@ -29,15 +29,15 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """A Ray of this session's own, whatever else runs on the machine.
+    """A Ray of this test run's own, whatever else runs on the machine.
 
     ``ray.init()`` would attach to a cluster named by ``$RAY_ADDRESS`` or by the
     ``ray_current_cluster`` file a ``ray start`` / ``rayq start`` left in Ray's temp
     directory, where ``num_cpus`` is refused. So: ``address="local"`` (always start
     one), ``RAY_ADDRESS`` cleared and ``RAY_TMPDIR`` set to a private directory for the
-    session (subprocesses that run ``rayq.start`` or ``rayq start`` look there too,
+    run (subprocesses that run ``rayq.start`` or ``rayq start`` look there too,
     and find no one else's cluster), on loopback only. Processes still running from
-    that directory at the end are this session's leftovers and are killed.
+    that directory at the end are this run's leftovers and are killed.
     """
     import ray
 
@@ -67,7 +67,7 @@ def ray_session():
 
 
 def _kill_started_under(temp_dir: str) -> None:
-    """Kill the processes whose command line names ``temp_dir`` (this session's Ray
+    """Kill the processes whose command line names ``temp_dir`` (this run's Ray
     and any head a test left running there) and their children; nothing else."""
     import psutil
 

@@ -1,5 +1,5 @@
 """Shards spread over data nodes and keep their files in their node's folder
-(ray.cluster_utils.Cluster, in its own process so the session's Ray is untouched)."""
+(ray.cluster_utils.Cluster, in its own process so the test run's Ray is untouched)."""
 
 import json
 import os

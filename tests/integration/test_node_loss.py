@@ -1,5 +1,5 @@
 """A worker node is lost mid-workload (ray.cluster_utils.Cluster, in its own process so
-the session's Ray is untouched): the runtime recovers by itself and loses nothing."""
+the test run's Ray is untouched): the runtime recovers by itself and loses nothing."""
 
 import json
 import os

@@ -48,7 +48,7 @@ def test_an_isolated_flooder_keeps_a_share_of_receives_while_others_wait(client)
 def test_a_receive_goes_on_through_the_subqueues_until_it_has_enough(client):
     key = client.create_account("second")
     queue = client.create_queue("second/split", subqueues=2, max_receives=None)
-    send(queue, "second", 4)  # two producer sessions: one subqueue each
+    send(queue, "second", 4)  # two producers: one subqueue each
     send(rayq.connect(account="second", key=key).queue("split"), "second", 4)
     wait_until(lambda: sorted(s["count"] for s in queue.stats().subqueues) == [4, 4],
                what="4 messages in each subqueue")
@@ -110,7 +110,7 @@ def test_a_queue_scales_out_past_the_number_of_shards_losing_nothing(ray_session
     sent: list[str] = []
 
     def grown():
-        producer = rayq.connect().queue("wide")  # new sessions spread over the subqueues
+        producer = rayq.connect().queue("wide")  # new transports spread over the subqueues
         for _ in range(3):
             sent.extend(producer.send_batch([rayq.Outgoing(i) for i in range(100)]))
         live = [s for s in queue.stats().subqueues if s["state"] == "all"]

@@ -19,7 +19,7 @@ def test_subqueues_scale_up_under_load_and_down_when_idle_losing_nothing(ray_ses
     sent = []
     deadline = time.monotonic() + 20
     while len(live_subqueues(queue)) < 2 and time.monotonic() < deadline:
-        producer = rayq.connect().queue("elastic")  # new sessions spread over subqueues
+        producer = rayq.connect().queue("elastic")  # new transports spread over subqueues
         for _ in range(5):
             sent += producer.send_batch([rayq.Outgoing(len(sent) + i) for i in range(100)])
     assert len(live_subqueues(queue)) >= 2, "no subqueue was added under load"
