@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ctypes
 import logging
 from collections.abc import Awaitable, Callable
 
+import pyarrow
 import ray
 from ray.util.metrics import Counter, Gauge
 
@@ -115,3 +117,19 @@ class BackgroundFailures:
         self.metric.inc(tags={"loop": loop})
         self.log.warning("%s: %s failed (%d so far), retrying next round: %s", self.name, loop,
                          self.counts[loop], failure_text(err))
+
+
+try:
+    _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+except (OSError, AttributeError):  # not glibc: the heap stays as the allocator keeps it
+    _malloc_trim = None
+
+
+def trim_heap() -> None:
+    """Give free heap pages back to the system: glibc's (it keeps them otherwise: after
+    a burst of puts the shard's freed message buffers stay resident, about 80 MiB of
+    private memory after 1 000 000 messages went through) and Arrow's pool (the event
+    log's columns)."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+    pyarrow.default_memory_pool().release_unused()

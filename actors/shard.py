@@ -14,23 +14,22 @@ before it answers: a replayed read would show the replayer the queue as it is no
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import os
-from collections import Counter, defaultdict, deque
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
-import pyarrow
 import ray
 from ray.exceptions import RayTaskError
 
 from actors.channel import ChannelServer
 from actors.kit import manager_directory
 from rayq.core.auth import nonces
-from actors.metrics import BackgroundFailures, ShardMetrics
+from actors.metrics import BackgroundFailures, ShardMetrics, trim_heap
+from actors.parking import ParkedPolls
 from actors.placement import this_node_name
 from actors.shipping import replication_of
 from rayq.analytics.eventlog import open_event_log
@@ -101,7 +100,7 @@ class ShardActor:
         commits = Batcher(max_pending=MAX_PENDING_CALLS, name=f"shard {index}")
         self._group_commit = AsyncBatcher(commits, self._commit)
         # parked long polls per subqueue, oldest first: a put of n messages wakes n of them
-        self._parked: dict[int, deque[asyncio.Future]] = defaultdict(deque)
+        self._parked = ParkedPolls()
         self._ops: Counter[int] = Counter()
         self._throttled: Counter[int] = Counter()
         self._commits = self._calls = 0
@@ -182,7 +181,7 @@ class ShardActor:
         for (name, args, _, _), result in zip(calls, results):
             value = value_of(result)
             if name == "put" and not isinstance(value, BaseException):
-                self._wake(args[0], len(value))
+                self._parked.wake(args[0], len(value))
         return results
 
     def _group(self, calls: list) -> tuple[list, list, tuple | None]:
@@ -202,33 +201,13 @@ class ShardActor:
     async def _read(self, fn, *args) -> Any:
         return await self._loop.run_in_executor(self._thread, fn, *args)
 
-    def _wake(self, subqueue: int, count: int) -> None:
-        """Wake up to ``count`` long polls parked on ``subqueue`` (no herd: one each)."""
-        parked = self._parked.get(subqueue)
-        while parked and count > 0:
-            future = parked.popleft()
-            if not future.done():
-                future.set_result(None)
-                count -= 1
-
     async def _park(self, subqueues: list[int], timeout_s: float) -> None:
         """Wait until a put to one of ``subqueues`` wakes this poll, a hidden or delayed
         message of theirs becomes visible, or ``timeout_s`` passes."""
         due = self.store.dispatch.next_due(subqueues)
         if due is not None:
             timeout_s = min(timeout_s, max(0.0, due - self.clock.now()))
-        future = self._loop.create_future()
-        for sq in subqueues:
-            self._parked[sq].append(future)
-        try:
-            await asyncio.wait_for(future, timeout_s)
-        except asyncio.TimeoutError:
-            pass
-        finally:
-            for sq in subqueues:
-                parked = self._parked.get(sq)
-                if parked and future in parked:
-                    parked.remove(future)
+        await self._parked.park(subqueues, timeout_s)
 
     # -- queue operations ------------------------------------------------------
     @signed(SHARD_OPS["put"])
@@ -401,7 +380,7 @@ class ShardActor:
         disabled and count nothing from now on; the rows go PURGE_ROWS at a time."""
         await self._read(self.store.purge, subqueues)
         for sq in subqueues:
-            self._wake(sq, len(self._parked.get(sq, ())))  # they find it disabled at once
+            self._parked.wake(sq, self._parked.waiting(sq))  # they find it disabled at once
 
     async def _purge_forever(self) -> None:
         """Bounded transactions, one after another while there is work (interleaved with
@@ -509,19 +488,3 @@ class ShardActor:
         stats, depths = await self._read(lambda: (self.store.stats(), self.store.depths()))
         self.metrics.update(stats, depths)
         await self._read(trim_heap)
-
-
-try:
-    _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
-except (OSError, AttributeError):  # not glibc: the heap stays as the allocator keeps it
-    _malloc_trim = None
-
-
-def trim_heap() -> None:
-    """Give free heap pages back to the system: glibc's (it keeps them otherwise: after
-    a burst of puts the shard's freed message buffers stay resident, about 80 MiB of
-    private memory after 1 000 000 messages went through) and Arrow's pool (the event
-    log's columns)."""
-    if _malloc_trim is not None:
-        _malloc_trim(0)
-    pyarrow.default_memory_pool().release_unused()
