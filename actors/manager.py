@@ -14,7 +14,6 @@ import asyncio
 import ray
 
 from actors import COORDINATOR, FLOOD_DETECTOR, NAMESPACE, consumer_name
-from actors.placement import published
 from actors.replicas import WATCH_INTERVAL_S, ReplicaKeeper
 from rayq.core.control.placement import ShardPlace
 from actors.consumer import ConsumerRemote, named_consumers
@@ -344,7 +343,9 @@ class QueueManager(ControlActor):
     async def scale_once(self) -> None:
         await self.refresh()  # once: a second read would measure rates over milliseconds
         depths = shard_depths(self.registry.all(), self._counts, len(self.shards))
-        nodes = published()  # each shard's node: added subqueues go to other nodes first
+        # each shard's leader's node (the places this manager keeps): added subqueues go
+        # to other nodes first
+        nodes = {shard: place.leader for shard, place in self.replicas.places.items()}
         now = self.clock.now()
         if not self._states_told:  # a crash may have come between registry and shards
             for queue in self.registry.all():

@@ -63,8 +63,3 @@ def published_places() -> dict[int, ShardPlace]:
     """Each shard's place as last published ({} before the runtime placed any)."""
     return decode_places(ray.experimental.internal_kv._internal_kv_get(PLACEMENT_KEY,
                                                                        namespace=NAMESPACE))
-
-
-def published() -> dict[int, str]:
-    """Each shard's leader's node as last published."""
-    return {shard: place.leader for shard, place in published_places().items()}
