@@ -56,6 +56,30 @@ def test_a_received_message_is_hidden_for_its_timeout_then_delivered_again(store
     assert (second.id, second.dequeue_count) == (first.id, 2)
 
 
+def test_the_first_receive_time_is_set_by_the_first_receive_and_kept_by_later_ones(store,
+                                                                                   clock):
+    store.put(0, [message()])
+    assert store.peek(0, 1)[0].first_received_at_s is None  # never received
+    first_s = clock.now()
+    received = [store.receive(0, 1, 10)[0]]
+    clock.advance(10)
+    received.append(store.receive(0, 1, 10)[0])
+    clock.advance(10)
+    [peeked] = store.peek(0, 1)
+    assert [m.first_received_at_s for m in [*received, peeked]] == [first_s] * 3
+    assert [m.dequeue_count for m in [*received, peeked]] == [1, 2, 2]
+
+
+def test_a_message_deferred_back_to_no_receives_takes_its_next_receive_as_its_first(store,
+                                                                                     clock):
+    store.put(0, [message()])
+    [got] = store.receive(0, 1, 10)
+    store.defer(got.receipt, 5)
+    clock.advance(5)
+    [again] = store.receive(0, 1, 10)
+    assert (again.dequeue_count, again.first_received_at_s) == (1, clock.now())
+
+
 def test_the_default_visibility_timeout_is_thirty_seconds(store, clock):
     store.put(0, [message()])
     store.receive(0)

@@ -1,6 +1,7 @@
 """The codec, receipts, rows and argument checks of rayq.core.codec.model."""
 
 import math
+from dataclasses import replace
 
 import msgpack
 import pytest
@@ -8,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rayq.core.storage import layout as rows
-from rayq.core.storage.migrate import v2_value
+from rayq.core.storage.migrate import from_v1, from_v2
 from rayq.core.codec.model import (ROW_KEY, US, Ending, Receipt, Received, StoredMessage, check_count,
                              check_name, check_seconds, decode_body, encode_body, fairness_key,
                              to_us)
@@ -127,15 +128,49 @@ def test_text_that_is_not_a_receipt_is_refused(text):
 
 
 # -- rows --------------------------------------------------------------------------------
-def test_a_row_keeps_its_header_names_and_body_and_a_redelivery_changes_only_two_fields():
+def test_a_row_keeps_its_header_names_and_body_and_a_redelivery_changes_only_three_fields():
     value = rows.prefix(1, 2, rows.TASK, "acmé".encode(), b"report") + b"\x00body"
     meta = rows.meta(value)
     assert (meta.enqueued_us, meta.expires_us, meta.dequeue_count, meta.task, meta.nonce,
-            meta.tenant, meta.type, value[meta.body_at:]) == (
-        1, 2, 0, True, rows.NO_NONCE, "acmé", "report", b"\x00body")
-    again = rows.redelivered(value, 3, b"nonce123")
-    assert rows.meta(again) == meta._replace(dequeue_count=3, nonce=b"nonce123")
+            meta.first_received_us, meta.tenant, meta.type, value[meta.body_at:]) == (
+        1, 2, 0, True, rows.NO_NONCE, 0, "acmé", "report", b"\x00body")
+    again = rows.redelivered(value, 3, b"nonce123", 7)
+    assert rows.meta(again) == meta._replace(dequeue_count=3, nonce=b"nonce123",
+                                             first_received_us=7)
     assert rows.nonce_of(again) == b"nonce123" and again[meta.body_at:] == b"\x00body"
+
+
+def test_the_first_receive_sets_the_first_receive_time_and_later_receives_keep_it():
+    value = rows.prefix(1, 2, 0, b"acme", b"report") + b"body"
+    times = []
+    for now_us in (10, 20, 30):  # three receives, as the shard makes them
+        meta = rows.meta(value)
+        value = rows.redelivered(value, meta.dequeue_count + 1, b"nonce123",
+                                 rows.first_received(meta, now_us))
+        times.append(rows.meta(value).first_received_us)
+    assert times == [10, 10, 10] and rows.meta(value).dequeue_count == 3
+
+
+def _v2_row(enqueued_us: int, expires_us: int, dequeues: int, flags: int, nonce: bytes,
+            tenant: bytes, type_: bytes, body: bytes) -> bytes:
+    """A row as format 2 laid it out, byte by byte: no first receive time."""
+    return (enqueued_us.to_bytes(8, "big") + expires_us.to_bytes(8, "big")
+            + dequeues.to_bytes(4, "big") + bytes([flags]) + nonce
+            + len(tenant).to_bytes(2, "big") + len(type_).to_bytes(2, "big")
+            + tenant + type_ + body)
+
+
+@pytest.mark.parametrize("dequeues, nonce, first_us", [
+    (0, rows.NO_NONCE, 0),  # never received: a receive will set it
+    (2, b"nonce123", 5),    # received before: its enqueue time, the earliest it can be
+])
+def test_a_format_2_row_migrates_with_every_field_kept(dequeues, nonce, first_us):
+    value = from_v2(_v2_row(5, 9, dequeues, rows.TASK, nonce, "acmé".encode(), b"report",
+                            b"\x00body"))
+    meta = rows.meta(value)
+    assert (meta.enqueued_us, meta.expires_us, meta.dequeue_count, meta.task, meta.nonce,
+            meta.first_received_us, meta.tenant, meta.type, value[meta.body_at:]) == (
+        5, 9, dequeues, True, nonce, first_us, "acmé", "report", b"\x00body")
 
 
 @pytest.mark.parametrize("v1, inline", [
@@ -143,10 +178,10 @@ def test_a_row_keeps_its_header_names_and_body_and_a_redelivery_changes_only_two
     (("id-2", "acme", "report", 1, 2, 3, b"nonce123", None, (b"blob-id-14byte", 5000, 17)), False),
 ])
 def test_a_format_1_row_migrates_with_every_field_kept(v1, inline):
-    value = v2_value(msgpack.packb(v1, use_bin_type=True))
+    value = from_v1(msgpack.packb(v1, use_bin_type=True))
     meta = rows.meta(value)
-    assert (meta.tenant, meta.type, meta.enqueued_us, meta.expires_us, meta.dequeue_count) == \
-        ("acme", "report", 1, 2, v1[5])
+    assert (meta.tenant, meta.type, meta.enqueued_us, meta.expires_us, meta.dequeue_count,
+            meta.first_received_us) == ("acme", "report", 1, 2, v1[5], 1 if v1[5] else 0)
     assert meta.nonce == (v1[6] or rows.NO_NONCE) and meta.task == (len(v1) > 9 and v1[9])
     if inline:
         assert value[meta.body_at:] == v1[7]
@@ -158,6 +193,8 @@ def test_received_decodes_the_body_of_a_stored_message():
     stored = StoredMessage("id", "r", encode_body({"n": 1}, 100), "acme", "report", "k", 2,
                            1.5, 0)
     assert Received.from_stored(stored) == Received("id", "r", {"n": 1}, "acme", "report", 2, 1.5)
+    first = Received.from_stored(replace(stored, first_received_at_s=2.5))
+    assert first.first_received_at_s == 2.5
 
 
 # -- checks -----------------------------------------------------------------------------

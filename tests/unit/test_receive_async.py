@@ -30,7 +30,7 @@ def answered(value) -> Future:
 
 def delivered(*bodies: str) -> bytes:
     return encode_delivered([[f"m{i}", f"r{i}", encode_body(b, 1 << 20), "acme", "default",
-                              "", 1, 0, 0] for i, b in enumerate(bodies)])
+                              "", 1, 0, 0, 1] for i, b in enumerate(bodies)])
 
 
 class Method:

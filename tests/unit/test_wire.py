@@ -6,8 +6,8 @@ from rayq.core.codec.wire import decode_delivered, delivered_count, encode_deliv
 
 
 def answer(subqueue: int, n: int) -> bytes:
-    return encode_delivered([[f"{subqueue}-{i}", "r", b"\x01", "acme", "report", "k", 1, 5, subqueue]
-                             for i in range(n)])
+    return encode_delivered([[f"{subqueue}-{i}", "r", b"\x01", "acme", "report", "k", 1, 5,
+                              subqueue, 6] for i in range(n)])
 
 
 @pytest.mark.parametrize("sizes", [(4, 4), (0, 3), (3, 0, 0), (15, 1), (10, 65_530), (7,)])

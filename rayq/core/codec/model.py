@@ -31,6 +31,11 @@ def to_us(seconds: float) -> int:
     return int(round(seconds * US))
 
 
+def at_s(at_us: int) -> float | None:
+    """A stored time (µs since the epoch, 0: never) in seconds, None for never."""
+    return at_us / US if at_us else None
+
+
 def encode_body(body: Any, max_bytes: int) -> bytes:
     """Encode a body (bytes, str or a msgpack-able value) for storage.
 
@@ -195,6 +200,7 @@ class StoredMessage:
     dequeue_count: int
     enqueued_at: float
     subqueue: int
+    first_received_at_s: float | None = None  # when a receive first took it; None: never
 
 
 @dataclass(frozen=True)
@@ -208,11 +214,12 @@ class Received:
     type: str
     dequeue_count: int
     enqueued_at: float
+    first_received_at_s: float | None = None  # when a receive first took it; None: never
 
     @classmethod
     def from_stored(cls, m: StoredMessage) -> "Received":
         return cls(m.id, m.receipt, decode_body(m.body), m.tenant, m.type,
-                   m.dequeue_count, m.enqueued_at)
+                   m.dequeue_count, m.enqueued_at, m.first_received_at_s)
 
 
 class SubqueueState(Enum):

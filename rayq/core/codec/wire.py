@@ -6,7 +6,7 @@ index into them per message, and the encoded bodies. The shard validates each
 attribute tuple once, not once per message, and writes ``prefix + body`` rows.
 
 A receive answers ``[[id, receipt, body, tenant, type, key, dequeue count,
-enqueued_at µs, subqueue], ...]``. Both are packed and unpacked in C; Ray moves
+enqueued_at µs, subqueue, first received µs], ...]``. Both are packed and unpacked in C; Ray moves
 one bytes object instead of pickling hundreds of Python objects.
 """
 
@@ -18,8 +18,8 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from rayq.core.codec.model import (NewMessage, Received, StoredMessage, US, check_key, check_name,
-                             check_seconds, decode_body, to_us)
+from rayq.core.codec.model import (NewMessage, Received, StoredMessage, US, at_s, check_key,
+                             check_name, check_seconds, decode_body, to_us)
 
 Entry = tuple["Attrs", bytes]  # one message on its way: attributes and encoded body
 from rayq.errors import InvalidMessage, MessageTooLarge
@@ -140,7 +140,7 @@ def put_count(data: Any) -> int:
 # -- receives -------------------------------------------------------------------------
 def encode_delivered(rows: list[list]) -> bytes:
     """Pack delivered messages: each [id, receipt, body, tenant, type, key,
-    dequeue count, enqueued_at µs, subqueue]."""
+    dequeue count, enqueued_at µs, subqueue, first received µs]."""
     return msgpack.packb(rows, use_bin_type=True)
 
 
@@ -168,8 +168,9 @@ def join_delivered(parts: Sequence[bytes]) -> bytes:
 
 def decode_received(data: bytes) -> list[Received]:
     """The messages of a receive's answer as users get them (bodies decoded)."""
-    return [Received(mid, receipt, decode_body(body), tenant, type_, dequeues, enqueued / US)
-            for mid, receipt, body, tenant, type_, _, dequeues, enqueued, _
+    return [Received(mid, receipt, decode_body(body), tenant, type_, dequeues, enqueued / US,
+                     at_s(first))
+            for mid, receipt, body, tenant, type_, _, dequeues, enqueued, _, first
             in _unpack_delivered(data)]
 
 
@@ -181,6 +182,7 @@ def _unpack_delivered(data: bytes) -> list:
 def decode_delivered(data: bytes) -> list[StoredMessage]:
     """The messages of a receive's answer, as :class:`StoredMessage` values."""
     rows = _unpack_delivered(data)
-    return [StoredMessage(mid, receipt, body, tenant, type_, key, dequeues, enqueued / US, sq)
-            for mid, receipt, body, tenant, type_, key, dequeues, enqueued, sq in rows]
+    return [StoredMessage(mid, receipt, body, tenant, type_, key, dequeues, enqueued / US, sq,
+                          at_s(first))
+            for mid, receipt, body, tenant, type_, key, dequeues, enqueued, sq, first in rows]
 

@@ -28,12 +28,14 @@ Tables (LMDB named sub-databases; :data:`TABLES` names them in the order
 A row value has a fixed header, then the body as sent:
 
     header  enqueued_at µs (8) | expires_at µs (8) | dequeue count (4) | flags (1)
-            | nonce (8) | tenant bytes (2) | type bytes (2)
+            | nonce (8) | first received µs (8) | tenant bytes (2) | type bytes (2)
     then    tenant | type | body (the encoded body, or a blob reference)
 
 Every row of one put shares its header but for nothing at all, so a put writes
-``prefix + body`` per message; a receive rewrites only the dequeue count and the
-nonce, a move (visibility change, dead-letter, sweep) copies the value as it is,
+``prefix + body`` per message; a receive rewrites only the dequeue count, the nonce
+and (the receive that takes the dequeue count from 0 to 1) the first receive time,
+which later receives keep: 0 means never received. A move (visibility change,
+dead-letter, sweep) copies the value as it is,
 and a pop receipt is checked by comparing 8 bytes. Nothing on these paths decodes
 or re-encodes a body. A message's id is its store's id and its seq, so it is not
 stored either.
@@ -49,19 +51,21 @@ from rayq.core.codec.model import PREFIX, ROW_KEY, CountKind, Ending, TenantCoun
 TABLES = ("rows", "expiry", "blobs", "counts", "keys", "meta", "outcomes", "outcome_expiry",
           "spill", "tcounts", "nonces", "inflight")
 
-HEAD = struct.Struct(">QQIB8sHH")
+HEAD = struct.Struct(">QQIB8sQHH")
 DEQUEUE = struct.Struct(">I")
+RECEIVED = struct.Struct(">8sQ")     # nonce, first received µs: rewritten by each receive
 BLOB_REF = struct.Struct(">14sQI")   # blob id (store id + seq), size bytes, chunks
 TASK, BLOB = 1, 2                    # flags
 NO_NONCE = bytes(8)                  # a row never received: no receipt can match it
 _NONCE_AT, _NONCE_END = 21, 29
+_RECEIVED_END = _NONCE_END + 8
 _EXPIRES = slice(8, 16)
 _U64 = struct.Struct(">Q")
 
 
 def prefix(enqueued_us: int, expires_us: int, flags: int, tenant: bytes, type_: bytes) -> bytes:
     """The header and names shared by the rows of one put with these attributes."""
-    return HEAD.pack(enqueued_us, expires_us, 0, flags, NO_NONCE, len(tenant), len(type_)) \
+    return HEAD.pack(enqueued_us, expires_us, 0, flags, NO_NONCE, 0, len(tenant), len(type_)) \
         + tenant + type_
 
 
@@ -73,6 +77,7 @@ class RowMeta(NamedTuple):
     dequeue_count: int
     flags: int
     nonce: bytes
+    first_received_us: int  # 0: never received
     tenant: str
     type: str
     body_at: int
@@ -87,7 +92,7 @@ _NAMES_KEPT = 10_000
 
 
 def meta(value: bytes) -> RowMeta:
-    enqueued, expires, dequeues, flags, nonce, tenant_len, type_len = HEAD.unpack_from(value)
+    enqueued, expires, dequeues, flags, nonce, first, tenant_len, type_len = HEAD.unpack_from(value)
     body_at = HEAD.size + tenant_len + type_len
     raw = value[HEAD.size - 4:body_at]  # both lengths and both names: unambiguous
     names = _NAMES.get(raw)
@@ -96,7 +101,7 @@ def meta(value: bytes) -> RowMeta:
             _NAMES.clear()
         type_at = HEAD.size + tenant_len
         names = _NAMES[raw] = (value[HEAD.size:type_at].decode(), value[type_at:body_at].decode())
-    return RowMeta(enqueued, expires, dequeues, flags, nonce, names[0], names[1], body_at)
+    return RowMeta(enqueued, expires, dequeues, flags, nonce, first, names[0], names[1], body_at)
 
 
 def nonce_of(value: bytes) -> bytes:
@@ -115,10 +120,17 @@ def flags_of(value: bytes) -> int:
     return value[20]
 
 
-def redelivered(value: bytes, dequeue_count: int, nonce: bytes) -> bytes:
-    """The same row with a new dequeue count and nonce (the body is copied, not read)."""
-    return b"".join((value[:16], DEQUEUE.pack(dequeue_count), value[20:21], nonce,
-                     value[_NONCE_END:]))
+def redelivered(value: bytes, dequeue_count: int, nonce: bytes, first_received_us: int) -> bytes:
+    """The same row with a new dequeue count, nonce and first receive time (µs, 0: never
+    received); the body is copied, not read."""
+    return b"".join((value[:16], DEQUEUE.pack(dequeue_count), value[20:21],
+                     RECEIVED.pack(nonce, first_received_us), value[_RECEIVED_END:]))
+
+
+def first_received(meta: RowMeta, now_us: int) -> int:
+    """The first receive time (µs) a row has once received at ``now_us``: a row never
+    received (0) takes ``now_us``; one received before keeps its own."""
+    return meta.first_received_us or now_us
 
 
 def blob_ref(value: bytes, body_at: int) -> tuple[bytes, int, int]:
@@ -210,7 +222,7 @@ def unpack_u64(value: bytes) -> int:
 # -- meta ---------------------------------------------------------------------------------
 SEQ, STORE_ID, NEXT_KID, ROW_FORMAT = b"seq", b"store_id", b"next_kid", b"row_format"
 ID_KEY = b"id_key"  # the store's secret for message id tags (codec.model.message_id)
-ROW_FORMAT_NOW = b"2"  # the value of ROW_FORMAT for rows in this layout
+ROW_FORMAT_NOW = b"3"  # the value of ROW_FORMAT for rows in this layout
 STATE, PURGE, ORDERED = "state", "purge", "ordered"
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from rayq.config import StoreConfig
-from rayq.core.codec.model import (US, Ending, StoredMessage, SubqueueState, message_id,
+from rayq.core.codec.model import (US, Ending, StoredMessage, at_s, SubqueueState, message_id,
                                    parse_receipt,
                                    receipt_text)
 from rayq.core.kit.kv import Txn
@@ -299,12 +299,13 @@ class Ledger:
         ``visible_us``. Returns (new key, nonce, header, subqueue, key id, seq) of each,
         in order."""
         out, moved, expiry = [], [], []
-        ordered = self.index.ordered
+        ordered, now_us = self.index.ordered, self.now_us
         for i, (row_key, value) in enumerate(found):
             sq, kid, _, seq = rows.parse_row_key(row_key)
             meta = rows.meta(value)
             nonce = nonces[8 * i:8 * i + 8]
-            new_value = rows.redelivered(value, meta.dequeue_count + 1, nonce)
+            new_value = rows.redelivered(value, meta.dequeue_count + 1, nonce,
+                                         rows.first_received(meta, now_us))
             if sq in ordered:  # keeps its place; the in-flight entry hides it
                 new_key = row_key
                 self.txn.put("inflight", rows.inflight_key(sq, kid, seq), rows.pack_u64(visible_us))
@@ -370,9 +371,11 @@ class Ledger:
         """Hide a received row until ``visible_us`` under a new nonce; returns its new
         receipt. ``undeliver``: its delivery does not count (handed back unrun)."""
         sq, kid, _, seq = rows.parse_row_key(row_key)
-        dequeues = rows.meta(value).dequeue_count
-        nonce = os.urandom(8)
-        new_value = rows.redelivered(value, max(0, dequeues - 1) if undeliver else dequeues, nonce)
+        meta = rows.meta(value)
+        dequeues = max(0, meta.dequeue_count - 1) if undeliver else meta.dequeue_count
+        nonce = os.urandom(8)  # a row back at no receives was never received
+        new_value = rows.redelivered(value, dequeues, nonce,
+                                     meta.first_received_us if dequeues else 0)
         if sq in self.index.ordered:  # keeps its place; the in-flight entry hides it
             new_key = row_key
             self.txn.put("inflight", rows.inflight_key(sq, kid, seq), rows.pack_u64(visible_us))
@@ -412,7 +415,7 @@ class Ledger:
         meta = rows.meta(value)
         return StoredMessage(self.message_id(seq), receipt, self.body_of(value, meta),
                              meta.tenant, meta.type, self.key_name(kid), meta.dequeue_count,
-                             meta.enqueued_us / US, sq)
+                             meta.enqueued_us / US, sq, at_s(meta.first_received_us))
 
     def record(self, message_id: str, ending: Ending, payload: bytes = b"") -> None:
         """A task's outcome, kept ``outcome_ttl_us``; a task ends once."""

@@ -155,7 +155,7 @@ def _deliver(w: Ledger, env: Env, found: list[tuple[bytes, bytes]], hide_us: int
         cache.take(row_key)  # a hit: this read came from memory, not LMDB
         out.append([w.message_id(seq), receipt_text(new_key, nonce), w.body_of(value, meta),
                     meta.tenant, meta.type, w.key_name(kid), meta.dequeue_count + 1,
-                    meta.enqueued_us, sq])
+                    meta.enqueued_us, sq, rows.first_received(meta, w.now_us)])
     return out
 
 

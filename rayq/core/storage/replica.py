@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from rayq.core.kit.kv import KV, WriteSet, apply_writes
 from rayq.core.storage.layout import REPLICA_KEY, read_replica_state, replica_state
+from rayq.core.storage.migrate import migrate_before
 from rayq.errors import ReplicaBehind, StaleEpoch
 
 
@@ -49,6 +50,7 @@ class Replica:
 
             def write(txn) -> None:
                 for writes in write_sets[len(write_sets) - fresh:]:
+                    migrate_before(txn, writes)  # a leader that just moved to a new row format
                     apply_writes(txn, writes)
                 txn.put("meta", REPLICA_KEY, replica_state(epoch, last))
             self.kv.transact(write)
