@@ -21,7 +21,6 @@ import json
 import ssl
 import threading
 import uuid
-from collections import OrderedDict
 from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 
@@ -49,7 +48,6 @@ STATE = "rayq-sqs-state"
 KEYS_MAX_AGE_S = 2.0      # a replaced key is refused here at most this long after rotation
 KEYS_MIN_REFRESH_S = 1.0  # unknown keys refetch at most this often (forgeries cannot flood)
 SETTINGS_TTL_S = 2.0      # another replica's SetQueueAttributes shows here within this
-MAX_REMEMBERED = 100_000  # messages whose first receive and latest receipt a replica keeps
 SWEEP_EVERY = 1000        # FIFO sends between two sweeps of a queue's old deduplication ids
 WORKER_THREADS = 64       # a thread is held for one rayq call, never for a parked long poll
 THREADS_PER_ACCOUNT = WORKER_THREADS // 4
@@ -123,7 +121,6 @@ class ReplicaState:
         self._settings: dict[tuple[str, str], tuple[float, Settings]] = {}
         self._forwards = Forwards()
         self._latest = Forwards()   # message id -> the receipt this replica last gave it
-        self._first_ms: OrderedDict[str, int] = OrderedDict()
 
     def settings(self, account: str, queue: str) -> Settings:
         cached = self._settings.get((account, queue))
@@ -157,14 +154,6 @@ class ReplicaState:
         if receipt is not None:
             self._latest.put(owner, message_id, receipt)
         return self._latest.get(owner, message_id)
-
-    def first_received(self, message_id: str, receive_count: int, now_ms: int) -> int:
-        """When this replica first handed the message out (ms): kept in memory, so another
-        replica's (or a restarted one's) first receive shows as the next one seen here."""
-        first = self._first_ms.setdefault(message_id, now_ms)
-        while len(self._first_ms) > MAX_REMEMBERED:
-            self._first_ms.popitem(last=False)
-        return first
 
 
 class AccountSigner(Signer):

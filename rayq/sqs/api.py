@@ -50,7 +50,6 @@ class State(Protocol):
     def save(self, account: str, queue: str, settings: attrs.Settings | None) -> None: ...
     def forward(self, owner: str, handle: str) -> str | None: ...
     def record(self, owner: str, handle: str, receipt: str) -> None: ...
-    def first_received(self, message_id: str, receive_count: int, now_ms: int) -> int: ...
     def latest(self, owner: str, message_id: str, receipt: str | None = None) -> str | None: ...
     def fifo_admit(self, account: str, queue: str, keys: list[str],
                    now: float) -> list[fifo.Admitted]: ...
@@ -210,8 +209,7 @@ class SqsApi:
         def answer(got: list) -> dict:
             if redrive is not None and got:
                 got = self._dead_letter(t, queue, got, *redrive)
-            now_ms = int(self.clock() * 1000)
-            return {"Messages": [self._message(t, m, system, names, now_ms) for m in got]} \
+            return {"Messages": [self._message(t, m, system, names) for m in got]} \
                 if got else {}
         if wait_s:  # the replica awaits it on its event loop: no thread waits while it parks
             return Parked(queue.receive_async(max_messages=count, visibility_timeout_s=hide_s,
@@ -242,17 +240,14 @@ class SqsApi:
         queue.delete_batch([m.receipt for m in dead])
         return [m for m in got if m.dequeue_count <= max_receives]
 
-    def _message(self, t: Target, m, system: list[str], names: Any, now_ms: int) -> dict:
+    def _message(self, t: Target, m, system: list[str], names: Any) -> dict:
         """A received message in SQS's shape, with the attributes the receive asked for."""
         envelope = msgs.opened(m.body)
         self.state.latest(t.need().account, m.id, m.receipt)
         out = {"MessageId": m.id, "ReceiptHandle": m.receipt + m.id,
                "MD5OfBody": msgs.md5_hex(envelope.body.encode()), "Body": envelope.body}
-        if system or m.dequeue_count == 1:  # a later receive may ask when this one was
-            first_ms = self.state.first_received(m.id, m.dequeue_count, now_ms)
         if system:
-            out["Attributes"] = msgs.system_attributes(m, envelope, system, first_ms,
-                                                       sender=m.tenant)
+            out["Attributes"] = msgs.system_attributes(m, envelope, system, sender=m.tenant)
         attributes = envelope.attributes or (
             msgs.type_attributes(m.type) if m.type != "default" else {})
         picked = msgs.pick_attributes(attributes, names)

@@ -247,12 +247,14 @@ def check_system_names(names: Any) -> list[str]:
     return check_names(names, SYSTEM_ATTRIBUTES)
 
 
-def system_attributes(message, envelope: Envelope, names: list[str], first_receive_ms: int,
+def system_attributes(message, envelope: Envelope, names: list[str],
                       sender: str) -> dict[str, str]:
-    """The system attributes ``names`` of a received message (those it has)."""
+    """The system attributes ``names`` of a received message (those it has). The first
+    receive time is the one its shard stored with it (a received message has one)."""
+    first_s = message.first_received_at_s or message.enqueued_at
     values = {"SentTimestamp": str(envelope.sent_ms or int(message.enqueued_at * 1000)),
               "ApproximateReceiveCount": str(message.dequeue_count),
-              "ApproximateFirstReceiveTimestamp": str(first_receive_ms),
+              "ApproximateFirstReceiveTimestamp": str(int(first_s * 1000)),
               "SenderId": sender, "MessageGroupId": group_of(message, envelope),
               "MessageDeduplicationId": envelope.dedup, "SequenceNumber": envelope.sequence,
               "AWSTraceHeader": envelope.trace, "DeadLetterQueueSourceArn": envelope.source}
