@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from actors.kit import manager_handle, shard_handles
 from rayq.client import Client
@@ -36,8 +37,6 @@ class Movers:
     def __init__(self, kv: KV, config: Config, home_region: str, clock: Clock):
         self.tasks = MoveTasks(kv)
         self._config, self._home, self.clock = config, home_region, clock
-        self._stop = threading.Event()
-        self._threads: dict[str, threading.Thread] = {}
         for task in self.tasks.active():  # a restart: go on where they were
             self._spawn(task)
 
@@ -51,16 +50,9 @@ class Movers:
     def cancel(self, handle: str) -> MoveTask | None:
         return self.tasks.cancel(handle)
 
-    def stop(self) -> None:
-        """Stop every mover after its batch (the tasks stay active, to run again)."""
-        self._stop.set()
-
     def _spawn(self, task: MoveTask) -> None:
-        self._threads = {h: th for h, th in self._threads.items() if th.is_alive()}
-        thread = threading.Thread(target=self._run, args=(task,), daemon=True,
-                                  name=f"sqs-move-{task.handle[-8:]}")
-        self._threads[task.handle] = thread
-        thread.start()
+        threading.Thread(target=self._run, args=(task,), daemon=True,
+                         name=f"sqs-move-{task.handle[-8:]}").start()
 
     def _run(self, task: MoveTask) -> None:
         try:
@@ -68,7 +60,7 @@ class Movers:
             source = t.from_arn(task.source_arn)
             to = t.from_arn(task.destination_arn) if task.destination_arn else None
             moves.run(task, self.tasks, lambda n: moves.move_batch(t, source, to, n),
-                      self.clock, self._stop.wait)
+                      self.clock, _pause)
         except Exception as err:  # the runtime or the account is gone: the task failed
             log.warning("message move task from %s failed: %r", task.source_arn, err)
             self.tasks.finish(task.handle, MoveStatus.FAILED, f"{type(err).__name__}: {err}")
@@ -82,3 +74,9 @@ class Movers:
                         Signer(task.account, key))
         return Target(Caller(task.account, key, task.region), client, "", self._home,
                       lambda: keys)
+
+
+def _pause(seconds: float) -> bool:
+    """A mover's wait between batches: it runs until its task ends or its actor goes."""
+    time.sleep(seconds)
+    return False

@@ -33,7 +33,7 @@ from typing import Any
 from rayq.core.codec.model import Outgoing, pack, unpack
 from rayq.core.kit.clock import Clock
 from rayq.core.kit.kv import KV
-from rayq.errors import RayqError
+from rayq.errors import QueueNotFound
 from rayq.sqs import messages as msgs
 from rayq.sqs import queues
 from rayq.sqs.errors import SqsError, invalid, missing
@@ -220,11 +220,11 @@ class MoveFailed(Exception):
 def move_batch(t: Target, source: QueueId, to: QueueId | None, n: int) -> tuple[int, int, int]:
     """Move up to ``n`` messages from ``source`` to ``to`` (None: each to the queue it was
     dead-lettered from); (moved, left in the source: no destination known, received).
-    Raises MoveFailed when a queue is gone."""
+    Raises MoveFailed when a queue is gone (any other RayqError as it comes)."""
     try:
         queue = t.queue(source)
         got = queue.receive(max_messages=n, visibility_timeout_s=HIDE_S)
-    except (RayqError, SqsError) as err:
+    except (QueueNotFound, SqsError) as err:
         raise MoveFailed(NO_QUEUE) from err
     by_destination: dict[QueueId, list] = {}
     for m in got:
@@ -239,7 +239,7 @@ def move_batch(t: Target, source: QueueId, to: QueueId | None, n: int) -> tuple[
             t.queue(destination).send_batch([Outgoing(
                 envelope.moved(source=None).stored(), type=m.type,
                 key=msgs.group_of(m, envelope) if by_group else None) for m, envelope in batch])
-        except (RayqError, SqsError) as err:  # the rest stay hidden, and show again
+        except (QueueNotFound, SqsError) as err:  # the rest stay hidden, and show again
             raise MoveFailed(NO_QUEUE) from err
         queue.delete_batch([m.receipt for m, _ in batch])
         moved += len(batch)
