@@ -28,6 +28,7 @@ import ray
 from aiohttp import web
 
 from actors.kit import open_kv
+from actors.movers import Movers
 from rayq.client import Client
 from rayq.config import Config
 from rayq.core.auth.accounts import Signer
@@ -40,6 +41,7 @@ from rayq.sqs.attributes import Settings
 from rayq.sqs import protocol
 from rayq.sqs.errors import SqsError
 from rayq.sqs.fifo import Admitted, Dedup
+from rayq.sqs.moves import MoveTask
 from rayq.sqs.names import HOME_REGION, access_key_id
 from rayq.sqs.protocol import JSON_TYPE, XML_TYPE, decode_request
 from rayq.sqs.sigv4 import Caller, Claim, SignedRequest, claim, verify, verify_claim
@@ -69,13 +71,17 @@ class SqsState:
     ChangeMessageVisibility rayq's receipt changes while the client keeps its handle.
     Forwards are lost when this actor restarts; the handle then needs a new receive.
     Each queue owner keeps its own bounded share (:class:`Forwards`), so one account's changes
-    never push out another's."""
+    never push out another's. Message move tasks are kept and run here too (:class:`Movers`;
+    without a ``config`` none can start)."""
 
-    def __init__(self, data_dir: str):
+    def __init__(self, data_dir: str, config: Config | None = None,
+                 home_region: str = HOME_REGION, clock: Clock | None = None):
         self.kv = open_kv(data_dir, "sqs", map_size=256 << 20)
         self.dedup = Dedup(self.kv)
         self._records = 0
         self._forwards = Forwards()
+        self._movers = Movers(self.kv, config, home_region, clock or SystemClock()) \
+            if config is not None else None
 
     def settings(self, account: str, queue: str) -> dict | None:
         raw = self.kv.read(lambda txn: txn.get("meta", _key(account, queue)))
@@ -103,6 +109,15 @@ class SqsState:
 
     def record(self, owner: str, handle: str, receipt: str) -> None:
         self._forwards.put(owner, handle, receipt)
+
+    def move_start(self, task: MoveTask) -> bool:
+        return self._movers is not None and self._movers.start(task)
+
+    def move_list(self, source_arn: str) -> list[MoveTask]:
+        return self._movers.tasks.listed(source_arn) if self._movers is not None else []
+
+    def move_cancel(self, handle: str) -> MoveTask | None:
+        return self._movers.cancel(handle) if self._movers is not None else None
 
     def ping(self) -> int:
         return 1
@@ -145,6 +160,15 @@ class ReplicaState:
 
     def fifo_admit(self, account: str, queue: str, keys: list[str], now: float) -> list[Admitted]:
         return call(lambda: self._state.fifo_admit.remote(account, queue, keys, now))
+
+    def move_start(self, task: MoveTask) -> bool:
+        return call(lambda: self._state.move_start.remote(task))
+
+    def move_list(self, source_arn: str) -> list[MoveTask]:
+        return call(lambda: self._state.move_list.remote(source_arn))
+
+    def move_cancel(self, handle: str) -> MoveTask | None:
+        return call(lambda: self._state.move_cancel.remote(handle))
 
     def fifo_record(self, account: str, queue: str, sent: list, now: float) -> None:
         call(lambda: self._state.fifo_record.remote(account, queue, sent, now))

@@ -45,7 +45,8 @@ def serve_sqs(host: str = "127.0.0.1", port: int = 9324, replicas: int = 1, *,
     config = found["config"]
     placed = pinned(data_nodes(config)[0])  # beside the manager, whose folder it shares
     data_dir = ray.get(found["manager"].info.remote())["data_dir"]  # unsigned: the runtime's own
-    state = SqsStateRemote.options(name=STATE, **placed, **_OPTIONS).remote(data_dir)
+    state = SqsStateRemote.options(name=STATE, **placed, **_OPTIONS).remote(
+        data_dir, config, home_region)
     ray.get(state.ping.remote())
     endpoints = []
     for n, node in enumerate(_alive_nodes()):

@@ -54,7 +54,7 @@ MAX_TAGS = 50
 class Settings:
     """A queue's SQS settings (defaults as SQS's); times in seconds since the epoch.
     ``redrive`` is the RedrivePolicy JSON ("" for none); ``texts`` the attributes kept as
-    strings; ``purged_at`` the last PurgeQueue; ``moves`` the last message move tasks."""
+    strings; ``purged_at`` the last PurgeQueue; ``moves`` move tasks of an older endpoint."""
 
     visibility_timeout_s: int = 30
     retention_s: int = 345_600
@@ -67,7 +67,8 @@ class Settings:
     texts: tuple[tuple[str, str], ...] = ()
     tags: tuple[tuple[str, str], ...] = ()
     purged_at: float = 0.0
-    moves: tuple[str, ...] = ()     # the last message move tasks from this queue, as JSON
+    moves: tuple[str, ...] = ()     # move tasks from this queue run before tasks ran in the
+    #                                 background, as JSON (rayq.sqs.moves keeps them since)
 
     def to_record(self) -> dict:
         return asdict(self)
