@@ -6,9 +6,10 @@ spreads connections over them. A replica verifies each request's SigV4
 signature against the account keys it copies from the manager, then runs the
 operation (:class:`rayq.sqs.api.SqsApi`) on a thread pool through a rayq Client
 that signs for the caller's account, so the runtime's gates check every
-request as they check any client's. A request's Authorization header (account,
-scope, time) is checked before its body is read; bodies are read against a
-size limit, a deadline and a budget shared by all connections; each account gets
+request as they check any client's. A request's Authorization header (or a
+presigned one's X-Amz-* query parameters: account, scope, time) is checked before its
+body is read; bodies are read against a size limit, a deadline and a budget shared
+by all connections; each account gets
 a bounded share of threads and requests (:mod:`rayq.sqs.admission`), and a long
 poll waits on the event loop, not on a thread. :class:`SqsState` persists the queue
 settings rayq's registry does not keep and forwards changed receipt handles.

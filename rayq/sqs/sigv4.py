@@ -169,7 +169,8 @@ def _presigned_claim(params: Mapping[str, str], headers: Mapping[str, str],
     if unsigned:
         raise _incomplete(f"X-Amz-SignedHeaders must include {', '.join(unsigned)}")
     keys_now = _keys_of(account, service, keys)
-    return Claim(account, date, region, service, stamp, names, signature, keys_now, True)
+    return Claim(account, date, region, service, stamp, names, signature, keys_now,
+                 presigned=True)
 
 
 def _valid_window(stamp: str, date: str, expires: str, now: float, skew_s: float) -> str:
