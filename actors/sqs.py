@@ -6,9 +6,10 @@ spreads connections over them. A replica verifies each request's SigV4
 signature against the account keys it copies from the manager, then runs the
 operation (:class:`rayq.sqs.api.SqsApi`) on a thread pool through a rayq Client
 that signs for the caller's account, so the runtime's gates check every
-request as they check any client's. A request's Authorization header (account,
-scope, time) is checked before its body is read; bodies are read against a
-size limit, a deadline and a budget shared by all connections; each account gets
+request as they check any client's. A request's Authorization header (or a
+presigned one's X-Amz-* query parameters: account, scope, time) is checked before its
+body is read; bodies are read against a size limit, a deadline and a budget shared
+by all connections; each account gets
 a bounded share of threads and requests (:mod:`rayq.sqs.admission`), and a long
 poll waits on the event loop, not on a thread. :class:`SqsState` persists the queue
 settings rayq's registry does not keep and forwards changed receipt handles.
@@ -279,20 +280,20 @@ class SqsEndpoint:
         return entry[1]
 
     async def _serve(self, request: web.Request) -> web.Response:
-        query = protocol.is_query(request.headers.get("Content-Type", ""),
-                                        request.query_string,
-                                        request.headers.get("X-Amz-Target", ""))
+        # The query string as sent: yarl's query_string decodes what SigV4 signs encoded.
+        query_string = request.raw_path.partition("?")[2]
+        query = protocol.is_query(request.headers.get("Content-Type", ""), query_string,
+                                  request.headers.get("X-Amz-Target", ""))
         try:
             headers = {k.lower(): ",".join(request.headers.getall(k))
                        for k in request.headers.keys()}
-            found = await self._claim(headers)  # before a byte of the body is read
+            found = await self._claim(headers, query_string)  # before the body is read
             with self._shares.admit(found.account):
                 body = await self._body(request)
-                signed = SignedRequest(request.method, request.path, request.query_string,
-                                       headers, body)
+                signed = SignedRequest(request.method, request.path, query_string, headers, body)
                 caller = await self._verify(signed, found)
                 if query:
-                    action, params = protocol.decode_query(body, request.query_string,
+                    action, params = protocol.decode_query(body, query_string,
                                                            request.path, request.host)
                 else:
                     action, params = decode_request(request.method,
@@ -307,14 +308,17 @@ class SqsEndpoint:
             failure = SqsError("InternalFailure", f"{type(err).__name__}: {err}", 500, sender=False)
             return _refusal(failure, query)
 
-    async def _claim(self, headers: dict[str, str]) -> Claim:
+    async def _claim(self, headers: dict[str, str], query_string: str) -> Claim:
+        """The claim of the Authorization header, or of the query string when presigned."""
         await self._keys.fresh()
         try:
-            return self._keys.account_of(claim(headers, self._keys.get, self.clock.now()))
+            return self._keys.account_of(claim(headers, self._keys.get, self.clock.now(),
+                                               query=query_string))
         except SqsError as err:
             if err.code != "InvalidClientTokenId" or not await self._keys.fresh(force=True):
                 raise
-            return self._keys.account_of(claim(headers, self._keys.get, self.clock.now()))  # an account made since
+            return self._keys.account_of(claim(headers, self._keys.get, self.clock.now(),
+                                               query=query_string))  # an account made since
 
     async def _body(self, request: web.Request) -> bytes:
         """The body, read within BODY_TIMEOUT_S and the replica's byte budget. Raises

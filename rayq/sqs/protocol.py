@@ -21,6 +21,7 @@ from urllib.parse import parse_qsl
 from xml.sax.saxutils import escape
 
 from rayq.sqs.errors import SqsError
+from rayq.sqs.sigv4 import PRESIGN_PARAMS
 
 JSON_TYPE = "application/x-amz-json-1.0"
 
@@ -74,6 +75,9 @@ def decode_query(body: bytes, query_string: str, path: str, host: str) -> tuple[
     flat = dict(pairs)
     action = flat.pop("Action", "")
     flat.pop("Version", None)
+    if "X-Amz-Signature" in flat:  # presigned: the signature's parameters are no action's
+        for name in PRESIGN_PARAMS:
+            flat.pop(name, None)
     if not action:
         raise SqsError("MissingAction", "The request must contain the parameter Action.")
     params = _convert(_tree(flat), action)

@@ -3,8 +3,9 @@
 boto3 signs every SQS request with SigV4: an HMAC chain over a canonical form of
 the request. The endpoint recomputes it with each of the account's keys (the
 access key id is the account name, the secret its rayq key) and compares with
-``hmac.compare_digest``. Only the ``Authorization`` header form is accepted:
-SQS clients do not presign queue requests.
+``hmac.compare_digest``. A request is signed in its ``Authorization`` header (what
+SDKs send) or presigned: the signature and its scope in ``X-Amz-*`` query parameters,
+valid for ``X-Amz-Expires`` seconds (a URL handed to someone without the key).
 
 Written here rather than borrowed from botocore: botocore's signer is a client's.
 It reads the clock itself, picks which headers to sign, and rebuilds the request
@@ -20,9 +21,9 @@ import hmac
 import posixpath
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from urllib.parse import quote
+from urllib.parse import parse_qsl, quote
 
 from rayq.sqs.errors import SqsError
 
@@ -32,6 +33,13 @@ MAX_SKEW_S = 900.0
 # Headers the endpoint acts on, so the signature must cover them (botocore signs them):
 # the action (x-amz-target), the time (x-amz-date) and how the body is read.
 REQUIRED_SIGNED = ("host", "x-amz-date", "x-amz-target", "content-type")
+# A presigned request's query parameters; all but the security token are required.
+PRESIGN_PARAMS = ("X-Amz-Algorithm", "X-Amz-Credential", "X-Amz-Date", "X-Amz-Expires",
+                  "X-Amz-SignedHeaders", "X-Amz-Signature", "X-Amz-Security-Token")
+_REQUIRED_PARAMS = PRESIGN_PARAMS[:6]
+MAX_EXPIRES_S = 604_800  # a presigned request is valid for at most a week
+UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
+_SIGNATURE = re.compile(r"[0-9a-f]{64}")
 _AUTH = re.compile(r"^AWS4-HMAC-SHA256\s+Credential=([^,\s]+),\s*SignedHeaders=([^,\s]+),"
                    r"\s*Signature=([0-9a-f]{64})\s*$")
 
@@ -83,13 +91,20 @@ class Claim:
     signed_names: tuple[str, ...]
     signature: str
     keys: tuple[str, ...]
+    presigned: bool = False  # signed in the query string, not the Authorization header
 
 
 def claim(headers: Mapping[str, str], keys: Callable[[str], Sequence[str]], now: float,
-          skew_s: float = MAX_SKEW_S) -> Claim:
-    """The claim of a request's headers (lower-case names). Raises SqsError
-    (MissingAuthenticationToken, IncompleteSignature, InvalidClientTokenId or
-    SignatureDoesNotMatch) for a missing, malformed, unknown or stale one."""
+          skew_s: float = MAX_SKEW_S, query: str = "") -> Claim:
+    """The claim of a request's headers (lower-case names), or of its raw ``query`` string
+    when presigned. Raises SqsError (MissingAuthenticationToken, IncompleteSignature,
+    InvalidClientTokenId, SignatureDoesNotMatch, or for a presigned one
+    InvalidParameterCombination, InvalidQueryParameter, RequestExpired) for a missing,
+    malformed, unknown or stale one."""
+    if "X-Amz-" in query:  # the one test a header-signed request pays
+        params = _presign_params(query)
+        if params:
+            return _presigned_claim(params, headers, keys, now, skew_s)
     header = headers.get("authorization")
     if not header:
         raise _missing()
@@ -107,33 +122,119 @@ def claim(headers: Mapping[str, str], keys: Callable[[str], Sequence[str]], now:
     unsigned = [name for name in required if name not in names]
     if unsigned:  # else a captured request could be replayed as another action
         raise _incomplete(f"SignedHeaders must include {', '.join(unsigned)}")
+    keys_now = _keys_of(account, service, keys)
+    return Claim(account, date, region, service, stamp, names, signature, keys_now)
+
+
+def _keys_of(account: str, service: str, keys: Callable[[str], Sequence[str]]) -> tuple[str, ...]:
+    """The keys a signature of ``account`` for ``service`` may have been made with."""
     keys_now = tuple(keys(account))
     if not keys_now:
         raise SqsError("InvalidClientTokenId",
                        "The security token included in the request is invalid.", status=403)
     if service != SERVICE:
         raise _mismatch(f"Credential should be scoped to correct service: '{SERVICE}'.")
-    return Claim(account, date, region, service, stamp, names, signature, keys_now)
+    return keys_now
+
+
+def _presign_params(query: str) -> dict[str, str]:
+    """The presigning parameters of a raw query string (none: not presigned)."""
+    return {name: value for name, value in parse_qsl(query, keep_blank_values=True)
+            if name in PRESIGN_PARAMS}
+
+
+def _presigned_claim(params: Mapping[str, str], headers: Mapping[str, str],
+                     keys: Callable[[str], Sequence[str]], now: float, skew_s: float) -> Claim:
+    """The claim of a presigned request's query parameters: all present, the scope
+    well-formed, ``now`` within [X-Amz-Date - skew_s, X-Amz-Date + X-Amz-Expires]."""
+    if "authorization" in headers:
+        raise SqsError("InvalidParameterCombination", "A request is signed either in its "
+                       "Authorization header or in its query string (X-Amz-Signature), "
+                       "not both.")
+    missing = [name for name in _REQUIRED_PARAMS if not params.get(name)]
+    if missing:
+        raise _incomplete("AWS query-string parameters must include "
+                          f"{', '.join(repr(n) for n in _REQUIRED_PARAMS)}. Missing: "
+                          f"{', '.join(missing)}. Re-examine the query-string parameters.")
+    if params["X-Amz-Algorithm"] != ALGORITHM:
+        raise _incomplete(f"X-Amz-Algorithm must be {ALGORITHM}.")
+    signature = params["X-Amz-Signature"]
+    if not _SIGNATURE.fullmatch(signature):
+        raise _incomplete("X-Amz-Signature must be 64 lower-case hexadecimal digits.")
+    account, date, region, service = _scope(params["X-Amz-Credential"])
+    stamp = _valid_window(params["X-Amz-Date"], date, params["X-Amz-Expires"], now, skew_s)
+    names = tuple(name.lower() for name in params["X-Amz-SignedHeaders"].split(";"))
+    required = ["host"] + (["x-amz-target"] if "x-amz-target" in headers else [])
+    unsigned = [name for name in required if name not in names]
+    if unsigned:
+        raise _incomplete(f"X-Amz-SignedHeaders must include {', '.join(unsigned)}")
+    keys_now = _keys_of(account, service, keys)
+    return Claim(account, date, region, service, stamp, names, signature, keys_now,
+                 presigned=True)
+
+
+def _valid_window(stamp: str, date: str, expires: str, now: float, skew_s: float) -> str:
+    """A presigned request's X-Amz-Date, once ``now`` is within its validity: from
+    ``skew_s`` before it (a signer's clock ahead of ours) to X-Amz-Expires after it."""
+    signed_at = _signed_at(stamp, date, "query parameter")
+    expires_s = _expires_s(expires)
+    if now < signed_at - skew_s:
+        raise _expired(f"Request is not yet valid: X-Amz-Date {stamp} is more than "
+                       f"{skew_s / 60:.0f} minutes ahead of the server's time.")
+    if now > signed_at + expires_s:
+        raise _expired(f"Request has expired: signed at {stamp} for {expires_s} seconds.")
+    return stamp
+
+
+def _expires_s(text: str) -> int:
+    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_EXPIRES_S):
+        raise SqsError("InvalidQueryParameter", f"X-Amz-Expires must be a whole number of "
+                       f"seconds from 1 to {MAX_EXPIRES_S} (a week), got {text!r:.40}.")
+    return int(text)
+
+
+def _expired(message: str) -> SqsError:
+    return SqsError("RequestExpired", message, status=400)
 
 
 def verify(request: SignedRequest, keys: Callable[[str], Sequence[str]], now: float,
            skew_s: float = MAX_SKEW_S) -> Caller:
-    """The caller of a SigV4-signed request. Raises SqsError (MissingAuthenticationToken,
-    IncompleteSignature, InvalidClientTokenId or SignatureDoesNotMatch) otherwise."""
-    return verify_claim(request, claim(request.headers, keys, now, skew_s))
+    """The caller of a SigV4-signed request (header-signed or presigned). Raises SqsError
+    (as :func:`claim` and :func:`verify_claim` do) otherwise."""
+    return verify_claim(request, claim(request.headers, keys, now, skew_s, request.query))
 
 
 def verify_claim(request: SignedRequest, found: Claim) -> Caller:
     """The caller, once the body is read: the signature recomputed with each key of the
     claimed account. Raises SqsError (IncompleteSignature, SignatureDoesNotMatch)."""
+    if found.presigned:
+        return _match(found, presigned_canonical_requests(request, found))
+    return _match(found, [canonical_request(request, found.signed_names)])
+
+
+def presigned_canonical_requests(request: SignedRequest, found: Claim) -> list[str]:
+    """The canonical requests a presigned request may have been signed as: its query
+    without X-Amz-Signature, and the body's SHA-256 (botocore's SigV4QueryAuth) or, for
+    an empty body only, UNSIGNED-PAYLOAD (the SigV4 query-parameter form): a body that
+    carries parameters must be signed."""
+    query = "&".join(pair for pair in request.query.split("&")
+                     if not pair.startswith("X-Amz-Signature="))
+    unsigned = replace(request, query=query)
+    hashes = [_sha256(request.body)] + ([] if request.body else [UNSIGNED_PAYLOAD])
+    return [canonical_request(unsigned, found.signed_names, h) for h in hashes]
+
+
+def _match(found: Claim, canonicals: Sequence[str]) -> Caller:
+    """The caller whose key signed one of ``canonicals``; raises SignatureDoesNotMatch."""
     scope = f"{found.date}/{found.region}/{found.service}/aws4_request"
-    to_sign = "\n".join([ALGORITHM, found.stamp, scope,
-                         _sha256(canonical_request(request, found.signed_names))])
+    to_sign = [("\n".join([ALGORITHM, found.stamp, scope, _sha256(c)])).encode()
+               for c in canonicals]
     for key in found.keys:
-        mine = hmac.new(signing_key(key, found.date, found.region, found.service),
-                        to_sign.encode(), hashlib.sha256).hexdigest()
-        if hmac.compare_digest(mine, found.signature):
-            return Caller(found.account, key, found.region)
+        signing = signing_key(key, found.date, found.region, found.service)
+        for message in to_sign:
+            mine = hmac.new(signing, message, hashlib.sha256).hexdigest()
+            if hmac.compare_digest(mine, found.signature):
+                return Caller(found.account, key, found.region)
     raise _mismatch("The request signature we calculated does not match the signature you "
                     "provided. Check your AWS Secret Access Key and signing method.")
 
@@ -148,31 +249,43 @@ def _scope(credential: str) -> tuple[str, str, str, str]:
 
 def _timestamp(stamp: str, date: str, now: float, skew_s: float) -> str:
     """The X-Amz-Date of a request, checked against the scope's date and the clock."""
-    try:
-        signed_at = datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
-    except ValueError:
-        raise _missing("Request is missing a valid X-Amz-Date header (YYYYMMDDTHHMMSSZ)") from None
-    if stamp[:8] != date:
-        raise _mismatch(f"Date in Credential scope does not match YYYYMMDD from X-Amz-Date: "
-                        f"{date} != {stamp[:8]}")
-    if abs(signed_at.timestamp() - now) > skew_s:
+    if abs(_signed_at(stamp, date) - now) > skew_s:
         raise _mismatch(f"Signature expired: {stamp} is more than {skew_s / 60:.0f} minutes "
                         "away from the server's time.")
     return stamp
 
 
-def canonical_request(request: SignedRequest, signed_names: Sequence[str]) -> str:
-    """The canonical request of SigV4 over the headers named in ``signed_names``."""
+def _signed_at(stamp: str, date: str, where: str = "header") -> float:
+    """When an X-Amz-Date says the request was signed (s since the epoch); its day must be
+    the credential scope's."""
+    try:
+        signed_at = datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
+    except ValueError:
+        raise _missing(f"Request is missing a valid X-Amz-Date {where} "
+                       "(YYYYMMDDTHHMMSSZ)") from None
+    if stamp[:8] != date:
+        raise _mismatch(f"Date in Credential scope does not match YYYYMMDD from X-Amz-Date: "
+                        f"{date} != {stamp[:8]}")
+    return signed_at.timestamp()
+
+
+def canonical_request(request: SignedRequest, signed_names: Sequence[str],
+                      payload_hash: str | None = None) -> str:
+    """The canonical request of SigV4 over the headers named in ``signed_names``;
+    ``payload_hash`` stands for the body (default: its SHA-256, checked against
+    X-Amz-Content-SHA256)."""
     names = sorted(name.lower() for name in signed_names)
     headers = []
     for name in names:
         if name not in request.headers:
             raise _incomplete(f"Header {name!r} is signed but missing from the request")
         headers.append(f"{name}:{' '.join(request.headers[name].split())}\n")
-    body_hash = _sha256(request.body)
-    claimed = request.headers.get("x-amz-content-sha256")
-    if claimed is not None and claimed != body_hash:
-        raise _mismatch("X-Amz-Content-SHA256 does not match the request body")
+    body_hash = payload_hash
+    if body_hash is None:
+        body_hash = _sha256(request.body)
+        claimed = request.headers.get("x-amz-content-sha256")
+        if claimed is not None and claimed != body_hash:
+            raise _mismatch("X-Amz-Content-SHA256 does not match the request body")
     return "\n".join([request.method.upper(), _canonical_path(request.path),
                       _canonical_query(request.query), "".join(headers), ";".join(names),
                       body_hash])
