@@ -215,7 +215,8 @@ class ShardActor:
         """Store a put buffer (:mod:`rayq.core.codec.wire`) durably; the ids in order."""
         account = caller.account
         sender = None if account == ADMIN else (account, self.key_mode,
-                                                self.gate.task_types(account, subqueue))
+                                                self.gate.task_types(account, subqueue),
+                                                self.gate.owns_plain(account, subqueue))
         ids = await self._write(subqueue, "put", subqueue, batch, sender=sender, signed=caller.auth)
         self._ops[subqueue] += len(ids)
         return ids

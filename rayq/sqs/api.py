@@ -75,11 +75,15 @@ class Draft:
     def sequenced(self, sequence: str) -> "Draft":
         return replace(self, envelope=self.envelope.moved(sequence=sequence))
 
-    def outgoing(self, by_group: bool = False) -> Outgoing:
-        """The message to store; ``by_group``: keyed for fairness by its group."""
+    def outgoing(self, ordered: bool = False) -> Outgoing:
+        """The message to store, keyed for fairness by its group: on an ordered (FIFO)
+        queue its MessageGroupId; on a standard queue the group kept in its envelope (an
+        account's own group: a message without one, or grouped by the account's name,
+        takes the runtime's key, as does the ``default`` account's, whose group is the
+        tenant)."""
         return Outgoing(self.envelope.stored(), tenant=self.tenant, type=self.type,
                         delay_s=self.delay_s, ttl_s=self.ttl_s,
-                        key=self.group if by_group else None)
+                        key=self.group if ordered else self.envelope.group)
 
     def answer(self, message_id: str, sequence: str | None = None) -> dict:
         """SendMessage's answer: the id, the MD5s SDKs check, a FIFO's sequence number."""
@@ -160,8 +164,8 @@ class SqsApi:
         admitted = self.state.fifo_admit(queue.account, name, [d.key for d in drafts], now)
         fresh = [(d.sequenced(a.sequence), a) for d, a in zip(drafts, admitted)
                  if a.duplicate_of is None]
-        by_group = t.ordered()  # a FIFO queue made before ordered queues keeps its keys
-        ids = t.queue().send_batch([d.outgoing(by_group) for d, _ in fresh]) if fresh else []
+        ordered = t.ordered()
+        ids = t.queue().send_batch([d.outgoing(ordered) for d, _ in fresh]) if fresh else []
         sent = {d.key: mid for (d, _), mid in zip(fresh, ids)}
         self.state.fifo_record(queue.account, name,
                                [(d.key, mid, d.envelope.sequence) for (d, _), mid in
@@ -229,13 +233,13 @@ class SqsApi:
         moved = []
         try:
             dead_queue = t.from_arn(target_arn)
-            by_group = t.ordered(dead_queue)
+            ordered = t.ordered(dead_queue)
             for m in dead:
                 envelope = msgs.opened(m.body)
                 moved.append(Outgoing(envelope.moved(
                     source=source, sent_ms=envelope.sent_ms or int(m.enqueued_at * 1000)).stored(),
                     tenant=m.tenant if t.caller.account == ADMIN else None, type=m.type,
-                    key=msgs.group_of(m, envelope) if by_group else None))
+                    key=msgs.key_in(ordered, m, envelope)))
             t.queue(dead_queue).send_batch(moved)
         except (RayqError, SqsError):  # the dead-letter queue is gone: deliver them instead
             return got

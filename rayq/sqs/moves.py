@@ -87,10 +87,10 @@ def _move(t: Target, source, to) -> tuple[int, int]:
                 continue
             by_destination.setdefault(destination, []).append((m, envelope))
         for destination, batch in by_destination.items():
-            by_group = t.ordered(destination)
+            ordered = t.ordered(destination)
             t.queue(destination).send_batch([Outgoing(
                 envelope.moved(source=None).stored(), type=m.type,
-                key=msgs.group_of(m, envelope) if by_group else None) for m, envelope in batch])
+                key=msgs.key_in(ordered, m, envelope)) for m, envelope in batch])
             queue.delete_batch([m.receipt for m, _ in batch])
             moved += len(batch)
         if len(got) < BATCH and not by_destination:
