@@ -48,6 +48,8 @@ def start_message_move_task(api, t: Target, p: dict) -> dict:
     source = _existing(t, p, "SourceArn")
     destination = p.get("DestinationArn")
     to = None if destination is None else _existing(t, p, "DestinationArn")
+    if to is None and t.own_dead_letters(source):  # rayq's own <name>-dlq: back to <name>
+        to = source.source()
     rate = p.get("MaxNumberOfMessagesPerSecond")
     if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int)
                              or not 1 <= rate <= 500):

@@ -94,7 +94,11 @@ def test_a_rayq_queue_with_max_receives_shows_its_dead_letter_queue(runtime):
     # the receive past max_receives moves it to the dead-letter queue, which SQS reaches
     dead = eventually(lambda: receive(sqs, dlq_url, 1) or receive(sqs, url, 1, 0) and None)
     assert [m["Body"] for m in dead] == ["poison"]
-    sqs.delete_message(QueueUrl=dlq_url, ReceiptHandle=dead[0]["ReceiptHandle"])
+    sqs.change_message_visibility(QueueUrl=dlq_url, ReceiptHandle=dead[0]["ReceiptHandle"],
+                                  VisibilityTimeout=0)
+    sqs.start_message_move_task(SourceArn=arn)  # back to the queue it dead-lettered from
+    back = eventually(lambda: receive(sqs, url, 1))
+    assert [m["Body"] for m in back] == ["poison"] and receive(sqs, dlq_url) == []
     with pytest.raises(ClientError) as refused:  # it goes with its queue
         sqs.delete_queue(QueueUrl=dlq_url)
     assert code(refused.value) == "InvalidParameterValue"
