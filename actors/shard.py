@@ -215,7 +215,8 @@ class ShardActor:
         """Store a put buffer (:mod:`rayq.core.codec.wire`) durably; the ids in order."""
         account = caller.account
         sender = None if account == ADMIN else (account, self.key_mode,
-                                                self.gate.task_types(account, subqueue))
+                                                self.gate.task_types(account, subqueue),
+                                                self.gate.owns_plain(account, subqueue))
         ids = await self._write(subqueue, "put", subqueue, batch, sender=sender, signed=caller.auth)
         self._ops[subqueue] += len(ids)
         return ids
@@ -348,6 +349,9 @@ class ShardActor:
 
     async def set_ordered(self, subqueue: int) -> None:  # a FIFO queue's (ShardStore.set_ordered)
         await self._read(self.store.set_ordered, subqueue, True)
+
+    async def set_ordered_if_empty(self, subqueue: int) -> bool:  # an older FIFO queue's
+        return await self._read(self.store.set_ordered_if_empty, subqueue)
 
     # -- flooders ------------------------------------------------------------------
     async def set_diverts(self, diverts: dict, dedicated: list[int] = ()) -> None:

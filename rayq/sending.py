@@ -96,8 +96,8 @@ class Producer:
               task: bool = False, key: str | None = None) -> Attrs:
         """A message's attributes, checked once, here (sends and task submissions).
         ``tenant`` None is the transport's account; ``key`` None the runtime's fairness
-        key (another key: a message group, which only an ordered queue takes). Raises
-        InvalidMessage."""
+        key (another key: a message group, which an ordered queue takes, and a plain queue
+        the sending account owns). Raises InvalidMessage."""
         config = self._transport.config
         tenant = self._transport.account if tenant is None else tenant
         check_name(tenant, "tenant")

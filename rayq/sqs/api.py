@@ -43,6 +43,7 @@ MAX_WAIT_S = 20
 MAX_VISIBILITY_S = 43_200
 MAX_DELAY_S = 900
 MAX_BATCH_BYTES = 1_048_576  # SQS's limit on a batch's bodies together, whatever the queue's
+ORDER_RETRY_S = 5.0  # how often a send tries to order an older FIFO queue that held messages
 
 
 class State(Protocol):
@@ -77,11 +78,15 @@ class Draft:
     def sequenced(self, sequence: str) -> "Draft":
         return replace(self, envelope=self.envelope.moved(sequence=sequence))
 
-    def outgoing(self, by_group: bool = False) -> Outgoing:
-        """The message to store; ``by_group``: keyed for fairness by its group."""
+    def outgoing(self, ordered: bool = False) -> Outgoing:
+        """The message to store, keyed for fairness by its group: on an ordered (FIFO)
+        queue its MessageGroupId; on a standard queue the group kept in its envelope (an
+        account's own group: a message without one, or grouped by the account's name,
+        takes the runtime's key, as does the ``default`` account's, whose group is the
+        tenant)."""
         return Outgoing(self.envelope.stored(), tenant=self.tenant, type=self.type,
                         delay_s=self.delay_s, ttl_s=self.ttl_s,
-                        key=self.group if by_group else None)
+                        key=self.group if ordered else self.envelope.group)
 
     def answer(self, message_id: str, sequence: str | None = None) -> dict:
         """SendMessage's answer: the id, the MD5s SDKs check, a FIFO's sequence number."""
@@ -102,6 +107,7 @@ class SqsApi:
                  accounts: Callable[[], Iterable[str]] = tuple, home_region: str = HOME_REGION):
         self.clients, self.state, self.clock = clients, state, clock
         self.accounts, self.home = accounts, home_region
+        self._order_tried: dict[str, float] = {}  # older FIFO queue -> when last tried
         self._actions = {name: partial(action, self)
                          for name, action in {**queues.ACTIONS, **moves.ACTIONS}.items()}
         self._actions.update({name: getattr(self, "_" + _snake(name)) for name in MESSAGE_ACTIONS})
@@ -162,14 +168,29 @@ class SqsApi:
         admitted = self.state.fifo_admit(queue.account, name, [d.key for d in drafts], now)
         fresh = [(d.sequenced(a.sequence), a) for d, a in zip(drafts, admitted)
                  if a.duplicate_of is None]
-        by_group = t.ordered()  # a FIFO queue made before ordered queues keeps its keys
-        ids = t.queue().send_batch([d.outgoing(by_group) for d, _ in fresh]) if fresh else []
+        ordered = self._ordered(t)
+        ids = t.queue().send_batch([d.outgoing(ordered) for d, _ in fresh]) if fresh else []
         sent = {d.key: mid for (d, _), mid in zip(fresh, ids)}
         self.state.fifo_record(queue.account, name,
                                [(d.key, mid, d.envelope.sequence) for (d, _), mid in
                                 zip(fresh, ids)], now)
         return [d.answer(a.duplicate_of or sent[d.key], a.sequence)
                 for d, a in zip(drafts, admitted)]
+
+    def _ordered(self, t: Target) -> bool:
+        """Whether a FIFO queue is an ordered rayq queue. One made before FIFO queues were
+        ordered becomes one the first time a send finds it empty (tried again every
+        :data:`ORDER_RETRY_S` while it holds messages): see ``Target.order``."""
+        if t.ordered():
+            return True
+        ref, now = t.ref(t.need()), self.clock()
+        if now - self._order_tried.get(ref, float("-inf")) < ORDER_RETRY_S:
+            return False
+        self._order_tried[ref] = now
+        if not t.order():
+            return False
+        del self._order_tried[ref]
+        return True
 
     def _send_message(self, t: Target, p: dict) -> dict:
         t.need()
@@ -230,13 +251,13 @@ class SqsApi:
         moved = []
         try:
             dead_queue = t.from_arn(target_arn)
-            by_group = t.ordered(dead_queue)
+            ordered = t.ordered(dead_queue)
             for m in dead:
                 envelope = msgs.opened(m.body)
                 moved.append(Outgoing(envelope.moved(
                     source=source, sent_ms=envelope.sent_ms or int(m.enqueued_at * 1000)).stored(),
                     tenant=m.tenant if t.caller.account == ADMIN else None, type=m.type,
-                    key=msgs.group_of(m, envelope) if by_group else None))
+                    key=msgs.key_in(ordered, m, envelope)))
             t.queue(dead_queue).send_batch(moved)
         except (RayqError, SqsError):  # the dead-letter queue is gone: deliver them instead
             return got

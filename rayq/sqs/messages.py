@@ -265,3 +265,10 @@ def group_of(message, envelope: Envelope) -> str:
     """A received message's MessageGroupId: the one kept in its envelope, else its tenant
     (the ``default`` account sends as its group; another account's own name is kept so)."""
     return envelope.group or message.tenant
+
+
+def key_in(ordered: bool, message, envelope: Envelope) -> str | None:
+    """The fairness key a received message takes when sent on to a queue: its group on an
+    ordered (FIFO) queue; on a standard one the group its envelope keeps, else (None) the
+    runtime's key."""
+    return group_of(message, envelope) if ordered else envelope.group

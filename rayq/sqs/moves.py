@@ -235,10 +235,10 @@ def move_batch(t: Target, source: QueueId, to: QueueId | None, n: int) -> tuple[
     moved = 0
     for destination, batch in by_destination.items():
         try:
-            by_group = t.ordered(destination)
+            ordered = t.ordered(destination)
             t.queue(destination).send_batch([Outgoing(
                 envelope.moved(source=None).stored(), type=m.type,
-                key=msgs.group_of(m, envelope) if by_group else None) for m, envelope in batch])
+                key=msgs.key_in(ordered, m, envelope)) for m, envelope in batch])
         except (QueueNotFound, SqsError) as err:  # the rest stay hidden, and show again
             raise MoveFailed(NO_QUEUE) from err
         queue.delete_batch([m.receipt for m, _ in batch])
@@ -310,6 +310,8 @@ def start_message_move_task(api, t: Target, p: dict) -> dict:
     destination = p.get("DestinationArn")
     if destination is not None:
         _existing(t, destination, "DestinationArn")
+    elif t.own_dead_letters(source):  # rayq's own <name>-dlq: back to <name>
+        destination = source.source().arn()
     rate = p.get("MaxNumberOfMessagesPerSecond")
     if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int)
                              or not 1 <= rate <= MAX_RATE_PER_S):

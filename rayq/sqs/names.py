@@ -6,8 +6,10 @@ The id is derived from the name, so it needs no directory and never changes. SQS
 regions are separate namespaces: a queue of the endpoint's home region is the rayq
 queue of the same name (what rayq's own clients see), a queue of another region is
 ``<region>:<name>``. SQS allows names ending in ``-dlq``, which rayq keeps for the
-dead-letter queue it makes with each queue: such a name is stored with a ``~`` after
-it, and a rayq name that does end in ``-dlq`` is one of rayq's own, never listed.
+dead-letter queue it makes with each queue: such a name is stored with ``.q`` after
+it. A rayq name that does end in ``-dlq`` is one of rayq's own: it shows as the SQS
+queue of that name only while its queue dead-letters into it (rayq's ``max_receives``),
+and no queue of the SQS name was made (:meth:`rayq.sqs.target.Target.ref`).
 """
 
 from __future__ import annotations
@@ -75,6 +77,21 @@ class QueueId:
         """The rayq queue (in the owner's namespace) that holds this SQS queue."""
         stored = self.name + _ESCAPE if self.name.endswith(DLQ_SUFFIX) else self.name
         return stored if self.region == home else f"{self.region}.{stored}"
+
+    def dead_letters(self) -> "QueueId":
+        """The queue rayq's own dead-letter queue of this one shows as: ``<name>-dlq``."""
+        return QueueId(self.region, self.account, self.name + DLQ_SUFFIX)
+
+    def source(self) -> "QueueId | None":
+        """The queue whose rayq dead-letter queue this one may be (``<name>-dlq``), if any."""
+        if not self.name.endswith(DLQ_SUFFIX) or self.name == DLQ_SUFFIX:
+            return None
+        return QueueId(self.region, self.account, self.name[:-len(DLQ_SUFFIX)])
+
+    def own_dead_letters_name(self, home: str = HOME_REGION) -> str | None:
+        """The rayq name of rayq's own dead-letter queue this one may be, if any."""
+        source = self.source()
+        return None if source is None else source.rayq_name(home) + DLQ_SUFFIX
 
     def arn(self) -> str:
         return f"arn:aws:sqs:{self.region}:{account_id(self.account)}:{self.name}"

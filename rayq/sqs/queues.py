@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import json
 from typing import Any
 
 from rayq.sqs import attributes as attrs
@@ -62,14 +63,27 @@ def get_queue_url(api, t: Target, p: dict) -> dict:
 
 def _listed(t: Target) -> list[QueueId]:
     """The caller's SQS queues of the request's region (every account's for ``default``),
-    by rayq name order."""
+    by rayq name order, with rayq's own dead-letter queue of each queue that dead-letters
+    into it (``max_receives``)."""
     out = []
     for ref in sorted(t.client.list_queues()):
         owner, _, name = ref.rpartition("/")
         queue = from_rayq(owner or t.caller.account, name, t.region, t.home)
         if queue is not None:
             out.append(queue)
+            if t.redrives_to_own(queue) is not None and t.own_dead_letters(queue.dead_letters()):
+                out.append(queue.dead_letters())
     return out
+
+
+def own_redrive(t: Target, queue: QueueId) -> str | None:
+    """The RedrivePolicy SQS would show for a queue made with rayq's ``max_receives``: its
+    ``<name>-dlq`` and that count; None for other queues."""
+    count = t.redrives_to_own(queue)
+    if count is None or not t.own_dead_letters(queue.dead_letters()):
+        return None
+    return json.dumps({"deadLetterTargetArn": queue.dead_letters().arn(),
+                       "maxReceiveCount": count})
 
 
 def list_queues(api, t: Target, p: dict) -> dict:
@@ -88,6 +102,9 @@ def list_queues(api, t: Target, p: dict) -> dict:
 
 def delete_queue(api, t: Target, p: dict) -> dict:
     t.info()
+    if t.own_dead_letters(t.need()):
+        raise invalid(f"Queue {t.need().name} is the dead-letter queue rayq keeps for "
+                      f"{t.need().source().name}: it goes with that queue.")
     t.client.delete_queue(t.ref(t.need()))
     save(api, t, None)
     return {}
@@ -109,6 +126,9 @@ def get_queue_attributes(api, t: Target, p: dict) -> dict:
     info = t.info()
     settings = settings_of(api, t)
     values = settings.render()
+    redrive = own_redrive(t, t.need()) if attrs.REDRIVE not in values else None
+    if redrive is not None:
+        values[attrs.REDRIVE] = redrive
     values.update(CreatedTimestamp=str(int(info.created_at)),
                   LastModifiedTimestamp=str(int(settings.modified_at or info.created_at)),
                   QueueArn=t.need().arn())
@@ -160,6 +180,9 @@ def list_dead_letter_source_queues(api, t: Target, p: dict) -> dict:
     after = _token(p.get("NextToken"))
     urls = sorted(t.url(q) for q in _listed(t) if q.account == t.need().account and
                   (attrs.redrive_target(settings_of(api, t, q)) or ("",))[0] == arn)
+    source = t.need().source()
+    if source is not None and t.own_dead_letters(t.need()) and t.url(source) not in urls:
+        urls = sorted(urls + [t.url(source)])  # rayq's own dead letters of a queue
     urls = [u for u in urls if u > after]
     out: dict[str, Any] = {"queueUrls": urls[:limit or 1000]}
     if limit is not None and len(urls) > limit:

@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from rayq.core.auth.accounts import ADMIN
+from rayq.core.auth.operations import MANAGER_OPS
 from rayq.errors import QueueNotFound
 from rayq.queue import Queue
 from rayq.sqs.errors import SqsError, invalid, missing, no_queue
@@ -65,9 +66,36 @@ class Target:
         return QueueId(region, self._owner(owner), name)
 
     def ref(self, queue: QueueId) -> str:
-        """The rayq queue as the client names it (``owner/name`` for another account's)."""
-        name = queue.rayq_name(self.home)
+        """The rayq queue as the client names it (``owner/name`` for another account's).
+        ``<name>-dlq`` is rayq's own dead-letter queue of ``<name>`` while ``<name>``
+        dead-letters into it (``max_receives``) and no SQS queue ``<name>-dlq`` was made."""
+        own = queue.own_dead_letters_name(self.home)
+        if own is not None and self.redrives_to_own(queue.source()) is not None \
+                and not self._routed(self._qualified(queue, queue.rayq_name(self.home))):
+            return self._qualified(queue, own)
+        return self._qualified(queue, queue.rayq_name(self.home))
+
+    def _qualified(self, queue: QueueId, name: str) -> str:
         return name if queue.account == self.caller.account else f"{queue.account}/{name}"
+
+    def _routed(self, ref: str):
+        """The registry's record of the rayq queue ``ref`` (as the client keeps it), or None."""
+        try:
+            return self.client.transport.route(ref)[0]
+        except QueueNotFound:
+            return None
+
+    def redrives_to_own(self, queue: QueueId) -> int | None:
+        """rayq's ``max_receives`` of a queue made with it (so it dead-letters into rayq's
+        own ``<name>-dlq``), or None (none set, or no such queue)."""
+        info = self._routed(self.ref(queue))
+        return None if info is None or info.is_dlq else info.max_receives
+
+    def own_dead_letters(self, queue: QueueId) -> bool:
+        """Whether ``queue`` (``<name>-dlq``) is rayq's own dead-letter queue of ``<name>``."""
+        source = queue.source()
+        return source is not None and self.ref(queue) == \
+            self._qualified(queue, queue.own_dead_letters_name(self.home))
 
     def url(self, queue: QueueId | None = None) -> str:
         return (queue or self.need()).url(self.host)
@@ -94,6 +122,16 @@ class Target:
         """Whether a queue is an ordered rayq queue (a FIFO queue keyed by its groups),
         read from the route the client keeps. Raises QueueNotFound."""
         return self.client.transport.route(self.ref(queue or self.need()))[0].ordered
+
+    def order(self, queue: QueueId | None = None) -> bool:
+        """Make a FIFO queue made before FIFO queues were ordered an ordered rayq queue, if
+        it is empty now (the manager's ``order_queue``); whether it is ordered."""
+        ref = self.ref(queue or self.need())
+        transport = self.client.transport
+        done = transport.call(MANAGER_OPS["order_queue"], transport.manager, ref)
+        if done:
+            transport.forget_route(ref)  # routed again: ordered
+        return done
 
     def exists(self, queue: QueueId) -> bool:
         try:

@@ -285,3 +285,15 @@ def test_an_account_keys_its_own_ordered_queue_by_message_group_but_not_a_task_q
         check_senders("acme", grouped, "type", task_types={"report"}, ordered=True)
     with pytest.raises(AuthError):  # the tenant stays the account's
         check_senders("acme", [NewMessage(b"\x01", "bob", "report", "g")], "type", ordered=True)
+
+
+def test_an_account_keys_its_own_plain_queue_by_message_group_never_as_another_tenant():
+    from rayq.core.auth.accounts import check_senders
+    from rayq.core.codec.model import NewMessage
+
+    grouped = [NewMessage(b"\x01", "acme", "report", "group-7")]
+    check_senders("acme", grouped, "type", None, True)  # its own standard queue
+    with pytest.raises(AuthError):  # another owner's task queue: the runtime's key only
+        check_senders("acme", grouped, "type", {"report"}, True)
+    with pytest.raises(AuthError):
+        check_senders("acme", [NewMessage(b"\x01", "bob", "report", "g")], "type", None, True)

@@ -86,3 +86,16 @@ def test_an_access_key_id_is_akia_shaped_and_changes_with_the_key():
                                         ("eu-west-1.q", False)])
 def test_region_names_are_checked(region, ok):
     assert names.valid_region(region) is ok
+
+
+def test_rayqs_own_dead_letter_queue_is_named_after_its_queue_in_every_region():
+    from rayq.sqs.names import QueueId
+
+    orders = QueueId("us-east-1", "acme", "orders")
+    assert orders.dead_letters() == QueueId("us-east-1", "acme", "orders-dlq")
+    assert orders.dead_letters().source() == orders
+    assert orders.dead_letters().own_dead_letters_name() == "orders-dlq"
+    assert orders.dead_letters().rayq_name() == "orders-dlq.q"  # an SQS queue of that name
+    far = QueueId("eu-west-1", "acme", "jobs-dlq")
+    assert far.own_dead_letters_name() == "eu-west-1.jobs-dlq"
+    assert orders.source() is None and QueueId("us-east-1", "acme", "-dlq").source() is None

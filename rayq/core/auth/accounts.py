@@ -315,7 +315,8 @@ def check_access(account: str, queue: str, place: Place | None, shard: int,
 
 
 def check_senders(account: str, messages: Any, key_mode: str,
-                  task_types: Collection[str] | None = None, *, ordered: bool = False) -> None:
+                  task_types: Collection[str] | None = None, own_queue: bool = False, *,
+                  ordered: bool = False) -> None:
     """Raise AuthError unless every message a put carries is sent as ``account`` and keyed
     for fairness as the runtime would key it: an account can neither pass as another
     tenant nor dodge a suspension or bill its usage to a key of its choosing. With
@@ -323,7 +324,11 @@ def check_senders(account: str, messages: Any, key_mode: str,
     one of them: no consumer would run any other, it would only be put back forever.
     ``ordered`` (the put goes to an ordered subqueue, a FIFO queue's): in the account's
     own queue a key is its message group, so the account chooses it; the key is then
-    fair only among the queue's groups, which are all the account's."""
+    fair only among the queue's groups, which are all the account's. ``own_queue`` (the
+    put goes to a queue the account owns that carries no tasks) keys the same way: an
+    SQS standard queue is fair across its message groups, all of them the account's.
+    The tenant stays the account in every case, so quotas, tenant counts and flood
+    detection still see the account."""
     if account == ADMIN:
         return
     if not isinstance(messages, list) or not all(
@@ -332,7 +337,7 @@ def check_senders(account: str, messages: Any, key_mode: str,
     for m in messages:
         if m.tenant != account:
             raise AuthError(f"account {account!r} sends messages only as tenant {account!r}")
-        own_key = ordered and task_types is None
+        own_key = (ordered or own_queue) and task_types is None
         if not isinstance(m.type, str) or not own_key and \
                 m.key != fairness_key(m.tenant, m.type, key_mode):
             raise AuthError("a message's fairness key does not match its tenant and type")

@@ -160,6 +160,12 @@ class Gate:
             return None
         return place.types
 
+    def owns_plain(self, account: str, subqueue: int) -> bool:
+        """Whether ``subqueue`` is of a queue ``account`` owns that carries no tasks: its
+        puts may key messages by their message group (see ``check_senders``)."""
+        place = self._places.get(subqueue)
+        return place is not None and place.owner == account and not place.tasks
+
 
 @dataclass(frozen=True)
 class Caller:

@@ -171,7 +171,8 @@ class Outgoing:
     type: str = "default"
     delay_s: float = 0.0
     ttl_s: float | None = None
-    key: str | None = None  # None: the runtime's fairness key; else an ordered queue's group
+    key: str | None = None  # None: the runtime's fairness key; else the message's group
+    # (taken by an ordered queue, and by a plain queue the sending account owns)
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ class Outcome(NamedTuple):
     payload: bytes
 
 
-SenderCheck = Callable[..., None]  # (account, messages, key mode[, task types]): raises or not
+SenderCheck = Callable[..., None]  # (account, messages, key mode[, task types, own queue])
 
 
 class Env:

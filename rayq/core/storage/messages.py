@@ -50,8 +50,9 @@ class _Group:
 def put(w: Ledger, env: Env, subqueue: int, batch: bytes,
         sender: tuple | None = None) -> list[str]:
     """Store a put buffer (:mod:`rayq.core.codec.wire`); returns the message ids in order.
-    ``sender`` (account, fairness key mode, task types or None): refuse messages that
-    account may not send, by the store's sender check."""
+    ``sender`` (account, fairness key mode, task types or None[, whether the account
+    owns this plain queue]): refuse messages that account may not send, by the store's
+    sender check."""
     check_subqueue(subqueue)
     config = env.config
     decoded = decode_put(batch, max_message_bytes=config.max_message_bytes,
