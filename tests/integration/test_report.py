@@ -185,7 +185,10 @@ def test_a_report_with_no_events_says_so(tmp_path):
         run_report(str(tmp_path / "none"), str(tmp_path / "out"), AnalyticsConfig())
 
 
-def test_client_report_flushes_the_runtimes_events_and_counts_real_tasks(report, tmp_path_factory):
+def test_client_reports_flush_the_runtimes_events_count_real_tasks_and_find_spark_warm(
+        report, tmp_path_factory):
+    from actors import analytics
+
     config = Config(consumers=ConsumerConfig(count=1, poll_wait_s=0.3),
                     analytics=AnalyticsConfig(flush_interval_s=3600))  # only report() flushes
     client, data_dir = start_runtime(tmp_path_factory, config, name="report-runtime")
@@ -194,40 +197,23 @@ def test_client_report_flushes_the_runtimes_events_and_counts_real_tasks(report,
     def double(x):
         return 2 * x
 
-    refs = [client.submit(double, i, tenant=("a" if i % 3 else "b")) for i in range(30)]
-    assert ray.get(refs, timeout=60) == [2 * i for i in range(30)]
-    result = client.report(tmp_path_factory.mktemp("client-report"))
-    rows = {r["tenant"]: r["completed"] for r in pq.read_table(result.tables["usage_by_tenant"]).to_pylist()}
-    assert rows == {"a": 20, "b": 10}
-    kinds = read_events(os.path.join(data_dir, "events")).column("kind").to_pylist()
-    assert kinds.count("enqueue") == 30 and kinds.count("completion") == 30
-    rayq.shutdown()
-
-
-def test_a_second_report_finds_spark_warm_and_adds_only_the_new_events(report, tmp_path_factory):
-    from actors import analytics
-
-    config = Config(consumers=ConsumerConfig(count=1, poll_wait_s=0.3),
-                    analytics=AnalyticsConfig(flush_interval_s=3600))
-    client, data_dir = start_runtime(tmp_path_factory, config, name="warm-runtime")
-
-    @rayq.task(type="triple")
-    def triple(x):
-        return 3 * x
-
-    def run(count: int, tenant: str):
-        refs = [client.submit(triple, i, tenant=tenant) for i in range(count)]
-        assert ray.get(refs, timeout=60) == [3 * i for i in range(count)]
+    def run(tenants: list[str]):
+        refs = [client.submit(double, i, tenant=tenant) for i, tenant in enumerate(tenants)]
+        assert ray.get(refs, timeout=60) == [2 * i for i in range(len(tenants))]
         steps = []
-        result = client.report(tmp_path_factory.mktemp("warm-report"), progress=steps.append)
+        result = client.report(tmp_path_factory.mktemp("client-report"), progress=steps.append)
         rows = pq.read_table(result.tables["usage_by_tenant"]).to_pylist()
         return result, steps, {r["tenant"]: r["completed"] for r in rows}
 
-    first, first_steps, _ = run(12, "a")
-    second, steps, rows = run(8, "b")
+    first, first_steps, rows = run(["a" if i % 3 else "b" for i in range(30)])
+    assert rows == {"a": 20, "b": 10}
+    kinds = read_events(os.path.join(data_dir, "events")).column("kind").to_pylist()
+    assert kinds.count("enqueue") == 30 and kinds.count("completion") == 30
+    # a second report finds Spark warm and adds only the new events
+    second, steps, rows = run(["c"] * 8)
     assert first_steps[0].startswith("starting Spark") and steps[0] == "Spark is warm"
     assert len(steps) == len(first_steps) == STEPS
-    assert rows == {"a": 12, "b": 8}
+    assert rows == {"a": 20, "b": 10, "c": 8}
     assert second.events == read_events(os.path.join(data_dir, "events")).num_rows > first.events
     stats = analytics.stats()
     assert stats.spark and stats.reports == 2 and stats.events == second.events

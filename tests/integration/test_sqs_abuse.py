@@ -128,6 +128,9 @@ def test_one_accounts_long_polls_do_not_hold_up_another_accounts_send(endpoint):
     time.sleep(3)  # let the polls reach the endpoint first (no assertion rests on this)
     sender.send_message(QueueUrl=target, MessageBody="not starved")
     finished_before_send = len(done)
+    for first in range(0, polls, 10):  # a message for each poll ends it before its 20 s
+        poller.send_message_batch(QueueUrl=empty, Entries=[
+            {"Id": str(i), "MessageBody": "wake up"} for i in range(first, first + 10)])
     for thread in threads:
         thread.join(60)
     assert finished_before_send == 0  # the send did not wait for the polls to time out

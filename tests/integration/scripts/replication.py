@@ -1,6 +1,7 @@
 """Replication on a simulated cluster (ray.cluster_utils.Cluster): three data nodes
 n1, n2, n3, each shard a leader and a follower. Run as its own process by
-tests/integration/test_replication.py; prints one JSON line.
+tests/integration/test_replication.py, which names the modes to run one after
+another on the same cluster; prints one JSON line per mode.
 
 Modes:
 - ``copies``: messages sent are on the follower's disk too, stats show the roles;
@@ -24,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 
 import ray
 from ray.cluster_utils import Cluster
@@ -165,13 +167,15 @@ def node_kill(cluster, nodes, data_dir) -> dict:
     cluster.remove_node(nodes["n2"], allow_graceful=False)
     shutil.rmtree(os.path.join(data_dir, "n2"))  # nothing of n2's can be reopened
     wait_for_acks(senders, len(senders.acked) + 300)
-    time.sleep(3.0)
+    deadline = time.monotonic() + 60  # until every sender was acknowledged since the loss
+    while senders.longest_wait_s(lost_at) is None and time.monotonic() < deadline:
+        time.sleep(0.1)
     senders.stop()
     recovered_s = senders.longest_wait_s(lost_at)
     manager = ray.get_actor("rayq-manager")
     deadline = time.monotonic() + 90  # a new follower seeded for each shard n2 held a copy of
     while time.monotonic() < deadline and any(
-            len(p.in_sync) < 2 for p in ray.get(manager.places.remote()).values()):
+            len(p.in_sync) < 2 or "n2" in p.in_sync for p in ray.get(manager.places.remote()).values()):
         time.sleep(0.5)
     places = {k: [list(p.replicas), list(p.in_sync), p.epoch]
               for k, p in ray.get(manager.places.remote()).items()}
@@ -279,20 +283,42 @@ def grow(cluster, nodes, data_dir) -> dict:
             "rows": counts, "acked": len(senders.acked), "lost": len(senders.acked - received)}
 
 
-def main() -> None:
-    mode = sys.argv[1]
-    cluster, nodes = cluster_up(NODES[:2] if mode == "grow" else NODES)
+MODES = {"copies": copies, "node_kill": node_kill, "pause": pause, "grow": grow,
+         "restart": restart}
+
+
+def run(mode: str, cluster, nodes) -> dict:
+    """One scenario on its own runtime and data directory, stopped afterwards."""
     data_dir = tempfile.mkdtemp(prefix=f"rayq-replication-{mode}-")
     try:
-        result = {"copies": copies, "node_kill": node_kill, "pause": pause, "grow": grow,
-                  "restart": restart}[mode](
-            cluster, nodes, data_dir)
-        print(json.dumps(result), flush=True)
+        return MODES[mode](cluster, nodes, data_dir)
     finally:
         rayq.shutdown()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def main() -> int:
+    """Run the scenarios named on the command line, in order, on one cluster (``grow``
+    needs one of two data nodes, the others one of three; ``node_kill`` removes n2, so
+    it comes last); prints a JSON line per scenario done. Exits 1 when one failed."""
+    modes = sys.argv[1:]
+    assert modes and ("grow" not in modes or modes == ["grow"]), modes
+    assert "node_kill" not in modes[:-1], "node_kill removes a node: it runs last"
+    cluster, nodes = cluster_up(NODES[:2] if modes == ["grow"] else NODES)
+    failed = False
+    try:
+        for mode in modes:
+            try:
+                result = run(mode, cluster, nodes)
+            except Exception:
+                traceback.print_exc()
+                failed = True
+                continue
+            print(json.dumps({"mode": mode, "result": result}), flush=True)
+    finally:
         ray.shutdown()
         cluster.shutdown()
-        shutil.rmtree(data_dir, ignore_errors=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
