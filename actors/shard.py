@@ -17,7 +17,6 @@ import asyncio
 import logging
 import os
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +31,7 @@ from actors.metrics import BackgroundFailures, ShardMetrics, trim_heap
 from actors.parking import ParkedPolls
 from actors.placement import this_node_name
 from actors.shipping import replication_of
+from actors.storethread import StoreThread
 from rayq.analytics.eventlog import open_event_log
 from rayq.batching import AsyncBatcher
 from rayq.channel import CHANNEL_METHODS
@@ -41,6 +41,7 @@ from rayq.core.auth.operations import SHARD_OPS
 from rayq.core.kit.batcher import Batcher
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.storage.dispatch import DispatchPolicy, NoisyKey
+from rayq.core.storage.operations import small_group
 from rayq.core.control.consuming import check_end_calls
 from rayq.core.auth.gate import (Caller, Gate, check_reads_own, of_subqueues, per_queue,
                                  queues_on, signed)
@@ -94,7 +95,7 @@ class ShardActor:
         self.store = open_store(path, config=shard_store_config(config), clock=self.clock,
                                 dispatch=DispatchPolicy.of(config.fairness),
                                 check_senders=check_senders)
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard-{index}")
+        self._store = StoreThread(f"shard-{index}")
         self._loop = asyncio.get_running_loop()
         # group commit of (store call or None for a nonce alone, args, kwargs, nonce key or None)
         commits = Batcher(max_pending=MAX_PENDING_CALLS, name=f"shard {index}")
@@ -105,8 +106,7 @@ class ShardActor:
         self._throttled: Counter[int] = Counter()
         self._commits = self._calls = 0
         self.outcomes = OutcomeWaiters(
-            lambda ids: asyncio.get_running_loop().run_in_executor(  # the waiter's loop
-                self._thread, self.store.outcomes, ids),
+            lambda ids: self._read(self.store.outcomes, ids),
             OUTCOME_RECHECK_S)
         self.metrics = ShardMetrics(index)
         self._channel = ChannelServer(self, CHANNEL_METHODS, f"shard-{index}", path)
@@ -168,8 +168,8 @@ class ShardActor:
         raised (a failed transaction fails every call: nothing of it was committed).
         Wakes the polls parked on the subqueues the puts filled."""
         try:
-            results, finished, shipment = await self._loop.run_in_executor(
-                self._thread, self._group, calls)
+            results, finished, shipment = await self._store.run(
+                self._group, calls, inline=small_group(calls))
             self.outcomes.notify(finished)
             results = self.shipper.ship(results, shipment)  # acked once followers applied it
         except RayqError as err:
@@ -199,7 +199,7 @@ class ShardActor:
         return results, self.store.take_finished(), shipment
 
     async def _read(self, fn, *args) -> Any:
-        return await self._loop.run_in_executor(self._thread, fn, *args)
+        return await self._store.run(fn, *args)
 
     async def _park(self, subqueues: list[int], timeout_s: float) -> None:
         """Wait until a put to one of ``subqueues`` wakes this poll, a hidden or delayed

@@ -34,8 +34,10 @@ from rayq.client import Client
 from rayq.config import Config
 from rayq.core.auth.accounts import Signer
 from rayq.core.kit.clock import Clock, SystemClock
+from rayq.core.kit.renewed import MISSING, Renewed
 from rayq.core.codec.model import pack, unpack
-from rayq.remote import call, call_async, named
+from rayq.errors import RayqError
+from rayq.remote import NO_RETRY, call, call_async, named
 from rayq.sqs.admission import BodyBudget, Forwards, Parked, Shares
 from rayq.sqs.api import SqsApi
 from rayq.sqs.attributes import Settings
@@ -134,22 +136,38 @@ class ReplicaState:
 
     def __init__(self, state, clock: Clock):
         self._state, self.clock = state, clock
-        self._settings: dict[tuple[str, str], tuple[float, Settings]] = {}
+        self._settings = Renewed(SETTINGS_TTL_S)
+        self._renewals = ThreadPoolExecutor(1, thread_name_prefix="sqs-settings")
         self._forwards = Forwards()
         self._latest = Forwards()   # message id -> the receipt this replica last gave it
 
     def settings(self, account: str, queue: str) -> Settings:
-        cached = self._settings.get((account, queue))
-        if cached and self.clock.monotonic() - cached[0] < SETTINGS_TTL_S:
-            return cached[1]
-        settings = Settings.from_record(call(lambda: self._state.settings.remote(account, queue)))
-        self._settings[(account, queue)] = (self.clock.monotonic(), settings)
+        """A queue's settings as read at most SETTINGS_TTL_S ago, renewed in the background
+        while the queue is in use (:class:`~rayq.core.kit.renewed.Renewed`)."""
+        name, now = (account, queue), self.clock.monotonic()
+        settings, renew = self._settings.get(name, now)
+        if renew:
+            self._renewals.submit(self._renew, name, now)
+        if settings is MISSING:
+            settings = self._settings.keep(name, now, Settings.from_record(
+                call(lambda: self._state.settings.remote(account, queue))))
         return settings
+
+    def _renew(self, name: tuple[str, str], read_at: float) -> None:
+        """Read a queue's settings again, on the renewal thread (failures are let be: the
+        first read past the TTL asks itself)."""
+        try:
+            record = call(lambda: self._state.settings.remote(*name), NO_RETRY)
+            self._settings.keep(name, read_at, Settings.from_record(record))
+        except RayqError:
+            pass
+        finally:
+            self._settings.renewed(name)
 
     def save(self, account: str, queue: str, settings: Settings | None) -> None:
         record = settings.to_record() if settings is not None else None
         call(lambda: self._state.save.remote(account, queue, record))
-        self._settings.pop((account, queue), None)
+        self._settings.changed((account, queue), self.clock.monotonic())
 
     def forward(self, owner: str, handle: str) -> str | None:
         return (self._forwards.get(owner, handle)

@@ -68,3 +68,26 @@ def _misfit_arguments(fn: Operation, args: tuple, kwargs: dict) -> InvalidMessag
     except TypeError as err:
         return InvalidMessage(f"bad arguments to {getattr(fn, '__name__', fn)}: {err}")
     return None
+
+
+# -- a small group ----------------------------------------------------------------------
+SMALL_CALLS = 4             # store calls in one group commit
+SMALL_PUT_BYTES = 64 << 10  # bytes of one put's batch
+SMALL_ROWS = 100            # rows one receive or delete may touch
+_SMALL: Mapping[str | None, Callable[[tuple], bool]] = MappingProxyType({
+    "put": lambda args: len(args[1]) <= SMALL_PUT_BYTES,
+    "receive": lambda args: args[1] <= SMALL_ROWS,
+    "delete": lambda args: len(args[0]) <= SMALL_ROWS,
+    "change_visibility": lambda args: True,
+    "defer": lambda args: True,
+    "finish": lambda args: True,
+    None: lambda args: True,  # a signed read's nonce alone
+})
+
+
+def small_group(calls: list) -> bool:
+    """Whether a group commit of ``calls`` ((operation name or None, args, kwargs, nonce))
+    touches only a few rows: cheap enough for a shard to run on its event loop."""
+    return len(calls) <= SMALL_CALLS and all(
+        name in _SMALL and _SMALL[name](args) for name, args, _, _ in calls)
+
