@@ -194,14 +194,17 @@ def test_a_rotated_key_is_refused_and_the_other_keeps_working(client):
 def test_an_account_cannot_rekey_its_messages_or_squat_a_task_queue(client, accounts):
     clients, keys = accounts
     acme = clients["acme"]
-    shard, target = _put_target(acme, "acme-jobs")
-    before = _stored(client, "acme/acme-jobs")
-    # keyed "x" instead of its type: would dodge a suspension of "report"
+    acme.submit(greet, "warm")  # the shared task queue exists
+    shard, target = _put_target(acme, "default/tasks")  # the default account's, shared
+    before = _stored(client, "tasks")
+    # keyed "x" instead of the runtime's key: would dodge a suspension of "report" on a
+    # queue acme shares (on a plain queue of its own, a key of its choosing is its group)
     dodging = encode_messages([NewMessage(encode_body("m", 1 << 20), "acme", "report", "x")])
-    auth = Signer("acme", keys["acme"]).sign(SHARD_OPS["put"], target, dodging, queue="acme-jobs")
+    auth = Signer("acme", keys["acme"]).sign(SHARD_OPS["put"], target, dodging,
+                                             queue="default/tasks")
     with pytest.raises(rayq.AuthError, match="fairness key"):
         rayq.remote.call(lambda: shard.put.remote(target, dodging, auth=auth))
-    assert _stored(client, "acme/acme-jobs") == before
+    assert _stored(client, "tasks") == before
 
     acme.create_queue("acme-squat").send("acme's own")  # made before an admin puts tasks there
 
