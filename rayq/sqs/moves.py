@@ -307,6 +307,8 @@ def _existing(t: Target, arn: Any, parameter: str) -> QueueId:
 
 def start_message_move_task(api, t: Target, p: dict) -> dict:
     source = _existing(t, p.get("SourceArn"), "SourceArn")
+    if not queues.dead_letter_sources(api, t, source):
+        raise invalid("Source queue must be configured as a Dead Letter Queue.")
     destination = p.get("DestinationArn")
     if destination is not None:
         _existing(t, destination, "DestinationArn")

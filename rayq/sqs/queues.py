@@ -175,19 +175,25 @@ def check_redrive(api, t: Target, queue: QueueId, settings: attrs.Settings) -> N
 
 def list_dead_letter_source_queues(api, t: Target, p: dict) -> dict:
     t.info()
-    arn = t.need().arn()
     limit = _int(p, "MaxResults", 1, 1000)
     after = _token(p.get("NextToken"))
-    urls = sorted(t.url(q) for q in _listed(t) if q.account == t.need().account and
-                  (attrs.redrive_target(settings_of(api, t, q)) or ("",))[0] == arn)
-    source = t.need().source()
-    if source is not None and t.own_dead_letters(t.need()) and t.url(source) not in urls:
-        urls = sorted(urls + [t.url(source)])  # rayq's own dead letters of a queue
-    urls = [u for u in urls if u > after]
+    urls = [u for u in dead_letter_sources(api, t, t.need()) if u > after]
     out: dict[str, Any] = {"queueUrls": urls[:limit or 1000]}
     if limit is not None and len(urls) > limit:
         out["NextToken"] = base64.urlsafe_b64encode(urls[limit - 1].encode()).decode()
     return out
+
+
+def dead_letter_sources(api, t: Target, queue: QueueId) -> list[str]:
+    """The URLs of the queues whose redrive policy names ``queue`` (and the queue whose
+    own rayq dead letters ``queue`` holds), sorted."""
+    arn = queue.arn()
+    urls = sorted(t.url(q) for q in _listed(t) if q.account == queue.account and
+                  (attrs.redrive_target(settings_of(api, t, q)) or ("",))[0] == arn)
+    source = queue.source()
+    if source is not None and t.own_dead_letters(queue) and t.url(source) not in urls:
+        urls = sorted(urls + [t.url(source)])  # rayq's own dead letters of a queue
+    return urls
 
 
 # -- tags and permissions ------------------------------------------------------------

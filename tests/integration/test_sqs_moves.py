@@ -2,6 +2,8 @@
 seen RUNNING, completes, cancels midway without losing or doubling a message, refuses a
 second task on its source, and goes on after its state actor is killed."""
 
+import json
+
 import ray
 
 from actors import NAMESPACE
@@ -17,8 +19,11 @@ def arn_of(client, url: str) -> str:
 
 
 def filled(client, count: int) -> tuple[str, str, set[str]]:
-    """(source url, its ARN, the bodies sent to it)."""
+    """(source url, its ARN, the bodies sent to it): a dead-letter queue, as a move
+    task's source must be (another queue's redrive policy names it)."""
     url = new_queue(client)
+    new_queue(client, RedrivePolicy=json.dumps({"deadLetterTargetArn": arn_of(client, url),
+                                                "maxReceiveCount": 5}))
     bodies = {f"m{i}" for i in range(count)}
     for chunk in range(0, count, 10):
         client.send_message_batch(QueueUrl=url, Entries=[
@@ -136,3 +141,11 @@ def test_a_task_goes_on_after_its_state_actor_is_killed(endpoint):
     left = int(counts["ApproximateNumberOfMessages"]) + int(
         counts["ApproximateNumberOfMessagesNotVisible"])
     assert len(set(in_destination)) + left >= len(bodies)
+
+
+def test_a_queue_no_redrive_policy_names_is_not_a_move_task_source(endpoint):
+    client = sqs(endpoint)
+    plain = new_queue(client)
+    assert refused(client.start_message_move_task, SourceArn=arn_of(client, plain)) == (
+        "InvalidParameterValue", 400)
+
