@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import rayq
+from rayq.runtime.local import free_port  # noqa: F401 (the tests' one free port helper)
 
 _names = itertools.count()
 _HERE = Path(__file__).resolve().parent

@@ -7,7 +7,6 @@ import itertools
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,16 +28,10 @@ import rayq
 from rayq.config import with_consumers
 from rayq.sqs.names import access_key_id, account_id
 
-from .conftest import start_runtime
+from .conftest import free_port, start_runtime
 
 _names = itertools.count()
 REGION = "eu-west-1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ expired, altered or doubly signed ones with SQS's errors."""
 
 import datetime
 import hashlib
-import socket
 import urllib.error
 import urllib.request
 import xml.etree.ElementTree as ET
@@ -21,16 +20,10 @@ import rayq
 from rayq.config import with_consumers
 from rayq.sqs.names import access_key_id
 
-from .conftest import start_runtime
+from .conftest import free_port, start_runtime
 
 REGION = "eu-west-1"
 NS = {"q": "http://queue.amazonaws.com/doc/2012-11-05/"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 VisibilityTimeout and ReceiveMessageWaitTimeSeconds (driven by boto3)."""
 
 import itertools
-import socket
 
 import boto3
 import pytest
@@ -11,15 +10,9 @@ from botocore.config import Config as BotoConfig
 import rayq
 from rayq.config import with_consumers
 
-from .conftest import start_runtime
+from .conftest import free_port, start_runtime
 
 _names = itertools.count()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,6 @@
 (``SigV4QueryAuth``, and ``S3SigV4QueryAuth`` for the UNSIGNED-PAYLOAD form): the
 canonical request, the validity window, the parameters' refusals."""
 
-import datetime
-
 import botocore.auth
 import pytest
 from botocore.auth import S3SigV4QueryAuth, SigV4Auth, SigV4QueryAuth
@@ -11,12 +9,10 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
 from rayq.sqs import protocol, sigv4
-from rayq.sqs.errors import SqsError
 
-SIGNED_AT = datetime.datetime(2026, 5, 4, 12, 0, 0)
-NOW = SIGNED_AT.replace(tzinfo=datetime.timezone.utc).timestamp()
+from .test_sqs import KEYS, NOW, SIGNED_AT, error_of, verify
+
 HOST = "127.0.0.1:9324"
-KEYS = {"acme": ["key-one", "key-two"]}
 SEND = {"Action": "SendMessage", "QueueUrl": f"http://{HOST}/acme/q",
         "MessageBody": "hi & bye/+ é ~*"}
 RECEIVE = {"Action": "ReceiveMessage", "QueueUrl": f"http://{HOST}/acme/q",
@@ -55,16 +51,6 @@ def presign(monkeypatch, params=SEND, method="GET", key="key-one", account="acme
 
 def seen(method: str, query: str, body: bytes = b"", **headers: str) -> sigv4.SignedRequest:
     return sigv4.SignedRequest(method, "/acme/q", query, {"host": HOST, **headers}, body)
-
-
-def verify(request, now=NOW):
-    return sigv4.verify(request, lambda account: KEYS.get(account, []), now)
-
-
-def error_of(request, now=NOW) -> tuple[str, int]:
-    with pytest.raises(SqsError) as info:
-        verify(request, now)
-    return info.value.code, info.value.status
 
 
 def with_query(request, query: str) -> sigv4.SignedRequest:
