@@ -173,7 +173,7 @@ def node_kill(cluster, nodes, data_dir) -> dict:
     senders.stop()
     recovered_s = senders.longest_wait_s(lost_at)
     manager = ray.get_actor("rayq-manager")
-    deadline = time.monotonic() + 90  # a new follower seeded for each shard n2 held a copy of
+    deadline = time.monotonic() + 180  # a new follower seeded for each shard n2 held a copy of
     while time.monotonic() < deadline and any(
             len(p.in_sync) < 2 or "n2" in p.in_sync for p in ray.get(manager.places.remote()).values()):
         time.sleep(0.5)
