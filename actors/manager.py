@@ -167,22 +167,6 @@ class QueueManager(ControlActor):
             await self._apply_put_states(queue)
         return queue
 
-    @signed(MANAGER_OPS["order_queue"])
-    async def order_queue(self, name: str, *, caller: Caller) -> bool:
-        """Make a queue ordered (an SQS FIFO queue made before FIFO queues were ordered)
-        when its one subqueue is empty: its shard orders the subqueue only if it holds no
-        message, then the registry records it. Whether the queue is ordered now."""
-        queue = self._visible(caller.account, name, owned=True)
-        if queue.ordered:
-            return True
-        if len(queue.subqueues) != 1:
-            return False
-        sq = queue.subqueues[0]
-        if not await call_async(lambda: self.shards[sq.shard].set_ordered_if_empty.remote(sq.id)):
-            return False
-        self.registry.set_ordered(queue.ref)
-        return True
-
     def get_queue(self, ref: str) -> QueueInfo:
         return self.registry.get(ref)
 

@@ -350,9 +350,6 @@ class ShardActor:
     async def set_ordered(self, subqueue: int) -> None:  # a FIFO queue's (ShardStore.set_ordered)
         await self._read(self.store.set_ordered, subqueue, True)
 
-    async def set_ordered_if_empty(self, subqueue: int) -> bool:  # an older FIFO queue's
-        return await self._read(self.store.set_ordered_if_empty, subqueue)
-
     # -- flooders ------------------------------------------------------------------
     async def set_diverts(self, diverts: dict, dedicated: list[int] = ()) -> None:
         """Flooders whose new messages to a subqueue go to the spill store, and the

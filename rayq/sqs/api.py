@@ -43,7 +43,6 @@ MAX_WAIT_S = 20
 MAX_VISIBILITY_S = 43_200
 MAX_DELAY_S = 900
 MAX_BATCH_BYTES = 1_048_576  # SQS's limit on a batch's bodies together, whatever the queue's
-ORDER_RETRY_S = 5.0  # how often a send tries to order an older FIFO queue that held messages
 
 
 class State(Protocol):
@@ -107,7 +106,6 @@ class SqsApi:
                  accounts: Callable[[], Iterable[str]] = tuple, home_region: str = HOME_REGION):
         self.clients, self.state, self.clock = clients, state, clock
         self.accounts, self.home = accounts, home_region
-        self._order_tried: dict[str, float] = {}  # older FIFO queue -> when last tried
         self._actions = {name: partial(action, self)
                          for name, action in {**queues.ACTIONS, **moves.ACTIONS}.items()}
         self._actions.update({name: getattr(self, "_" + _snake(name)) for name in MESSAGE_ACTIONS})
@@ -168,7 +166,7 @@ class SqsApi:
         admitted = self.state.fifo_admit(queue.account, name, [d.key for d in drafts], now)
         fresh = [(d.sequenced(a.sequence), a) for d, a in zip(drafts, admitted)
                  if a.duplicate_of is None]
-        ordered = self._ordered(t)
+        ordered = t.ordered()
         ids = t.queue().send_batch([d.outgoing(ordered) for d, _ in fresh]) if fresh else []
         sent = {d.key: mid for (d, _), mid in zip(fresh, ids)}
         self.state.fifo_record(queue.account, name,
@@ -176,21 +174,6 @@ class SqsApi:
                                 zip(fresh, ids)], now)
         return [d.answer(a.duplicate_of or sent[d.key], a.sequence)
                 for d, a in zip(drafts, admitted)]
-
-    def _ordered(self, t: Target) -> bool:
-        """Whether a FIFO queue is an ordered rayq queue. One made before FIFO queues were
-        ordered becomes one the first time a send finds it empty (tried again every
-        :data:`ORDER_RETRY_S` while it holds messages): see ``Target.order``."""
-        if t.ordered():
-            return True
-        ref, now = t.ref(t.need()), self.clock()
-        if now - self._order_tried.get(ref, float("-inf")) < ORDER_RETRY_S:
-            return False
-        self._order_tried[ref] = now
-        if not t.order():
-            return False
-        del self._order_tried[ref]
-        return True
 
     def _send_message(self, t: Target, p: dict) -> dict:
         t.need()

@@ -8,7 +8,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from rayq.core.auth.accounts import ADMIN
-from rayq.core.auth.operations import MANAGER_OPS
 from rayq.errors import QueueNotFound
 from rayq.queue import Queue
 from rayq.sqs.errors import SqsError, invalid, missing, no_queue
@@ -122,16 +121,6 @@ class Target:
         """Whether a queue is an ordered rayq queue (a FIFO queue keyed by its groups),
         read from the route the client keeps. Raises QueueNotFound."""
         return self.client.transport.route(self.ref(queue or self.need()))[0].ordered
-
-    def order(self, queue: QueueId | None = None) -> bool:
-        """Make a FIFO queue made before FIFO queues were ordered an ordered rayq queue, if
-        it is empty now (the manager's ``order_queue``); whether it is ordered."""
-        ref = self.ref(queue or self.need())
-        transport = self.client.transport
-        done = transport.call(MANAGER_OPS["order_queue"], transport.manager, ref)
-        if done:
-            transport.forget_route(ref)  # routed again: ordered
-        return done
 
     def exists(self, queue: QueueId) -> bool:
         try:

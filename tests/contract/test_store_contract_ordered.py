@@ -163,15 +163,3 @@ def test_an_account_keys_its_own_plain_subqueue_by_group_when_the_shard_says_it_
         assert (got.tenant, got.key) == ("acme", "group-1")  # the tenant stays the account
     finally:
         store.close()
-
-
-def test_a_subqueue_is_ordered_in_place_only_while_it_holds_no_message(store, clock):
-    store.put(0, [message("a1", key="a")])
-    [got] = store.receive(0, 1, 30)
-    assert not store.set_ordered_if_empty(0) and not store.ordered(0)  # one in flight
-    store.delete([got.receipt])
-    assert store.set_ordered_if_empty(0) and store.ordered(0)
-    assert store.set_ordered_if_empty(0)  # already ordered
-    store.put(0, [message("a2", key="a"), message("a3", key="a")])
-    assert values(store.receive(0, 1, 30)) == ["a2"]
-    assert store.receive(0, 10, 30) == []  # the group is held now

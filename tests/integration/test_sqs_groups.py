@@ -1,23 +1,17 @@
 """The SQS endpoint driven by boto3: message groups are the fairness keys of an account's
 standard queue, a queue made with rayq's ``max_receives`` shows its dead-letter queue as
-SQS would, and a FIFO queue made before FIFO queues were ordered becomes ordered."""
+SQS would."""
 
 import itertools
 import json
-import time
 
 import boto3
 import pytest
-import ray
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import ClientError
 
 import rayq
-from actors import NAMESPACE
-from actors.sqs import STATE
 from rayq.config import with_consumers
-from rayq.sqs.api import ORDER_RETRY_S
-from rayq.sqs.attributes import CONTENT_DEDUP, Settings
 from rayq.sqs.names import account_id
 
 from .conftest import start_runtime
@@ -121,33 +115,3 @@ def test_a_queue_without_a_redrive_policy_still_shows_no_dead_letter_queue(runti
 
 
 # -- a FIFO queue made before FIFO queues were ordered ---------------------------------------
-def test_an_older_fifo_queue_becomes_ordered_the_first_time_a_send_finds_it_empty(runtime):
-    sqs, acme, admin = runtime["sqs"], runtime["acme"], runtime["admin"]
-    queue = name("legacy") + ".fifo"
-    acme.create_queue(queue, max_receives=None)  # as the endpoint made FIFO queues before
-    state = ray.get_actor(STATE, namespace=NAMESPACE)
-    ray.get(state.save.remote("acme", queue, Settings(
-        fifo=True, texts=((CONTENT_DEDUP, "true"),)).to_record()))
-
-    def ordered() -> bool:
-        return admin.transport.route(f"acme/{queue}", refresh=True)[0].ordered
-    acme.queue(queue).send("stored before")  # not empty: it stays as it was
-    url = sqs.get_queue_url(QueueName=queue)["QueueUrl"]
-    send(sqs, url, "a", "a0")
-    assert not ordered()
-    drained = []
-
-    def drain() -> bool:
-        for m in receive(sqs, url):
-            sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
-            drained.append(m["Body"])
-        return len(drained) == 2
-    eventually(drain)
-    time.sleep(ORDER_RETRY_S)  # the next try to order it
-    send(sqs, url, "a", "a1", "a2")  # empty now: ordered before these are stored
-    assert ordered()
-    [first] = receive(sqs, url, 1)
-    assert first["Body"] == "a1"
-    assert receive(sqs, url) == []  # the group is held while a1 is in flight
-    sqs.delete_message(QueueUrl=url, ReceiptHandle=first["ReceiptHandle"])
-    assert [m["Body"] for m in receive(sqs, url)] == ["a2"]

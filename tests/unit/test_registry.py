@@ -130,15 +130,3 @@ def test_an_ordered_queue_neither_scales_nor_is_watched_for_flooders(tmp_path):
         False, True, ordered.subqueues)
     assert (plain.scales, plain.shards_told, plain.ordered_subqueues) == (True, False, ())
     assert list(flood_watched(reg.all())) == ["plain"]
-
-
-def test_an_older_fifo_queue_is_recorded_ordered_only_with_one_subqueue(tmp_path):
-    reg = QueueRegistry(LmdbKV(tmp_path), shards=2, clock=FakeClock(1000.0))
-    reg.create("old.fifo", subqueues=1, max_receives=None, shard_depths={})
-    reg.create("wide.fifo", subqueues=2, max_receives=None, shard_depths={})
-    assert reg.set_ordered("old.fifo").ordered and reg.set_ordered("old.fifo").ordered
-    with pytest.raises(InvalidMessage):
-        reg.set_ordered("wide.fifo")
-    reg.kv.close()
-    reg = QueueRegistry(LmdbKV(tmp_path), shards=2, clock=FakeClock(1000.0))
-    assert reg.get("old.fifo").ordered and not reg.get("wide.fifo").ordered

@@ -192,7 +192,6 @@ OPERATIONS: Mapping[str, Operation] = MappingProxyType({op.name: op for op in (
     _entry("manager", "list_queues", "", _A),
     _entry("manager", "delete_queue", "name", _A, queue="name"),
     _entry("manager", "clear_queue", "name", _A, queue="name"),
-    _entry("manager", "order_queue", "name", _A, queue="name"),
     _entry("manager", "routing", "name", _A, queue="name"),
     _entry("manager", "set_metadata", "name, metadata", _A, queue="name"),
     _entry("manager", "queue_metadata", "name", _A, queue="name"),

@@ -361,17 +361,6 @@ class QueueRegistry:
         self._save(queue)
         return queue
 
-    def set_ordered(self, name: str) -> QueueInfo:
-        """Mark queue ``name`` ordered (a FIFO queue made before FIFO queues were ordered,
-        once its shard ordered its one subqueue). Raises InvalidMessage past one subqueue."""
-        queue = self.get(name)
-        if not queue.ordered:
-            if len(queue.subqueues) != 1:
-                raise InvalidMessage("an ordered queue has one subqueue")
-            queue = replace(queue, ordered=True)
-            self._save(queue)
-        return queue
-
     def set_disabled(self, name: str, disabled: bool) -> QueueInfo:
         """Mark queue ``name`` disabled (it refuses puts) or enabled again."""
         if not isinstance(disabled, bool):

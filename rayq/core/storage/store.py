@@ -346,18 +346,6 @@ class ShardStore:
             self.kv.transact(lambda txn: txn.delete("meta", key))
             self.index.ordered.discard(subqueue)
 
-    def set_ordered_if_empty(self, subqueue: int) -> bool:
-        """Make a subqueue ordered (:meth:`set_ordered`) if it holds no message at all;
-        whether it is ordered now. Rows received before it was ordered moved to their new
-        visible time and keep no in-flight entry, so an order set over them would neither
-        hold their groups nor find them where ordered rows are: only an empty subqueue is
-        ordered in place. Run on the store's thread, between group commits."""
-        if subqueue not in self.index.ordered:
-            if self.stored_count(subqueue):
-                return False
-            self.set_ordered(subqueue)
-        return True
-
     def count(self, subqueue: int) -> int:
         """Messages of a subqueue (visible, hidden, delayed, and spilled from it):
         O(keys of that subqueue)."""
