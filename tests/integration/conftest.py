@@ -8,10 +8,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import boto3
 import pytest
+from botocore.config import Config as BotoConfig
 
 import rayq
-from rayq.runtime.local import free_port  # noqa: F401 (the tests' one free port helper)
+from rayq.config import with_consumers
+from rayq.runtime.local import free_port
 
 _names = itertools.count()
 _HERE = Path(__file__).resolve().parent
@@ -90,6 +93,25 @@ def start_runtime(tmp_path_factory, config: rayq.Config | None = None, name: str
     rayq.shutdown()
     data_dir = tmp_path_factory.mktemp(name)
     return rayq.start(data_dir=data_dir, config=config or rayq.Config()), data_dir
+
+
+@contextlib.contextmanager
+def sqs_endpoint(tmp_path_factory, name: str, accounts=("acme",)):
+    """A fresh runtime without consumers, ``accounts`` made, and the SQS endpoint serving
+    on a free loopback port: (url, {account: key}, the admin client). Shut down after."""
+    admin, _ = start_runtime(tmp_path_factory, with_consumers(rayq.Config(), 0), name=name)
+    keys = {account: admin.create_account(account) for account in accounts}
+    url = rayq.serve_sqs(port=free_port())
+    try:
+        yield url, keys, admin
+    finally:
+        rayq.shutdown()
+
+
+def boto3_sqs(url: str, account: str, key: str, region: str = "eu-west-1"):
+    """A boto3 SQS client signing as ``account`` (one attempt per call: no retries)."""
+    return boto3.client("sqs", endpoint_url=url, region_name=region, aws_access_key_id=account,
+                        aws_secret_access_key=key, config=BotoConfig(retries={"max_attempts": 1}))
 
 
 @pytest.fixture(scope="module")

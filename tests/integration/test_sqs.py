@@ -14,21 +14,18 @@ import time
 import xml.etree.ElementTree as ET
 from urllib.parse import urlencode
 
-import boto3
 import botocore.auth
 import pytest
 import requests
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
-from botocore.config import Config as BotoConfig
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
 import rayq
-from rayq.config import with_consumers
 from rayq.sqs.names import access_key_id, account_id
 
-from .conftest import free_port, start_runtime
+from .conftest import boto3_sqs, free_port, sqs_endpoint
 
 _names = itertools.count()
 REGION = "eu-west-1"
@@ -36,19 +33,14 @@ REGION = "eu-west-1"
 
 @pytest.fixture(scope="module")
 def endpoint(ray_session, tmp_path_factory):
-    client, _ = start_runtime(tmp_path_factory, with_consumers(rayq.Config(), 0), name="sqs")
-    keys = {name: client.create_account(name) for name in ("acme", "beta", "rot", "tool")}
-    url = rayq.serve_sqs(port=free_port())
-    yield {"url": url, "keys": keys, "admin": client}
-    rayq.shutdown()
+    with sqs_endpoint(tmp_path_factory, "sqs", ("acme", "beta", "rot", "tool")) as (
+            url, keys, admin):
+        yield {"url": url, "keys": keys, "admin": admin}
 
 
 def sqs(endpoint, account="acme", key=None):
     """A boto3 SQS client signing as ``account`` (retries off: each call is one request)."""
-    return boto3.client("sqs", endpoint_url=endpoint["url"], region_name=REGION,
-                        aws_access_key_id=account,
-                        aws_secret_access_key=key or endpoint["keys"][account],
-                        config=BotoConfig(retries={"max_attempts": 1}))
+    return boto3_sqs(endpoint["url"], account, key or endpoint["keys"][account], REGION)
 
 
 def code(err: ClientError) -> str:
@@ -329,8 +321,7 @@ def test_tags_policies_and_permissions_are_kept_and_returned(endpoint):
 
 def test_regions_are_separate_namespaces(endpoint):
     west = sqs(endpoint)
-    east = boto3.client("sqs", endpoint_url=endpoint["url"], region_name="us-east-1",
-                        aws_access_key_id="acme", aws_secret_access_key=endpoint["keys"]["acme"])
+    east = boto3_sqs(endpoint["url"], "acme", endpoint["keys"]["acme"], "us-east-1")
     west_url = west.create_queue(QueueName="regional")["QueueUrl"]
     assert refused(east.get_queue_url, QueueName="regional")[0] == "QueueDoesNotExist"
     east_url = east.create_queue(QueueName="regional", Attributes={"DelaySeconds": "3"})[
@@ -426,14 +417,11 @@ def test_an_akia_access_key_id_signs_for_its_account(endpoint):
     key = endpoint["keys"]["acme"]
     key_id = access_key_id("acme", key)
     assert key_id.startswith("AKIA") and len(key_id) == 20
-    by_id = boto3.client("sqs", endpoint_url=endpoint["url"], region_name=REGION,
-                         aws_access_key_id=key_id, aws_secret_access_key=key)
+    by_id = boto3_sqs(endpoint["url"], key_id, key, REGION)
     url = by_id.create_queue(QueueName="by-key-id")["QueueUrl"]
     assert url == sqs(endpoint).get_queue_url(QueueName="by-key-id")["QueueUrl"]  # acme's queue
     by_id.send_message(QueueUrl=url, MessageBody="x", MessageGroupId="any-group")
-    wrong = boto3.client("sqs", endpoint_url=endpoint["url"], region_name=REGION,
-                         aws_access_key_id=access_key_id("acme", "not-the-key"),
-                         aws_secret_access_key=key)
+    wrong = boto3_sqs(endpoint["url"], access_key_id("acme", "not-the-key"), key, REGION)
     assert refused(wrong.list_queues)[0] == "InvalidClientTokenId"
 
 
@@ -674,8 +662,7 @@ def test_rayq_serve_runs_an_embedded_runtime_until_stopped(tmp_path):
     try:
         url = proc.stdout.readline().strip()
         assert url == f"http://127.0.0.1:{port}"
-        stranger = boto3.client("sqs", endpoint_url=url, region_name=REGION,
-                                aws_access_key_id="nobody", aws_secret_access_key="x" * 44)
+        stranger = boto3_sqs(url, "nobody", "x" * 44, REGION)
         assert refused(stranger.list_queues) == ("InvalidClientTokenId", 403)
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -17,11 +17,10 @@ from botocore.config import Config as BotoConfig
 from botocore.credentials import Credentials
 
 import rayq
-from rayq.config import with_consumers
 from rayq.core.codec.wire import decode_delivered
 from rayq.runtime.local import free_port
 
-from .conftest import start_runtime
+from .conftest import sqs_endpoint
 
 REGION = "eu-west-1"
 EIGHT_MIB = 8 << 20
@@ -29,11 +28,8 @@ EIGHT_MIB = 8 << 20
 
 @pytest.fixture(scope="module")
 def endpoint(ray_session, tmp_path_factory):
-    client, _ = start_runtime(tmp_path_factory, with_consumers(rayq.Config(), 0), name="abuse")
-    keys = {name: client.create_account(name) for name in ("poller", "sender")}
-    url = rayq.serve_sqs(port=free_port())
-    yield {"url": url, "port": urlsplit(url).port, "keys": keys, "admin": client}
-    rayq.shutdown()
+    with sqs_endpoint(tmp_path_factory, "abuse", ("poller", "sender")) as (url, keys, admin):
+        yield {"url": url, "port": urlsplit(url).port, "keys": keys, "admin": admin}
 
 
 def boto(endpoint, account, pool=10):

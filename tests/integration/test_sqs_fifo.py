@@ -4,15 +4,10 @@ the queue fairly."""
 
 import itertools
 
-import boto3
 import pytest
-from botocore.config import Config as BotoConfig
 
-import rayq
-from rayq.config import with_consumers
-
-from .conftest import start_runtime
-from .test_sqs import eventually, free_port
+from .conftest import boto3_sqs, sqs_endpoint
+from .test_sqs import eventually
 
 _names = itertools.count()
 REGION = "eu-west-1"
@@ -20,12 +15,8 @@ REGION = "eu-west-1"
 
 @pytest.fixture(scope="module")
 def client(ray_session, tmp_path_factory):
-    admin, _ = start_runtime(tmp_path_factory, with_consumers(rayq.Config(), 0), name="sqsfifo")
-    key = admin.create_account("acme")
-    url = rayq.serve_sqs(port=free_port())
-    yield boto3.client("sqs", endpoint_url=url, region_name=REGION, aws_access_key_id="acme",
-                       aws_secret_access_key=key, config=BotoConfig(retries={"max_attempts": 1}))
-    rayq.shutdown()
+    with sqs_endpoint(tmp_path_factory, "sqsfifo") as (url, keys, _):
+        yield boto3_sqs(url, "acme", keys["acme"], REGION)
 
 
 def fifo_queue(client) -> str:

@@ -5,17 +5,14 @@ SQS would."""
 import itertools
 import json
 
-import boto3
 import pytest
-from botocore.config import Config as BotoConfig
 from botocore.exceptions import ClientError
 
 import rayq
-from rayq.config import with_consumers
 from rayq.sqs.names import account_id
 
-from .conftest import start_runtime
-from .test_sqs import code, eventually, free_port
+from .conftest import boto3_sqs, sqs_endpoint
+from .test_sqs import code, eventually
 
 _names = itertools.count()
 REGION = "us-east-1"  # the home region: the SQS queue of a name is the rayq queue of it
@@ -23,13 +20,9 @@ REGION = "us-east-1"  # the home region: the SQS queue of a name is the rayq que
 
 @pytest.fixture(scope="module")
 def runtime(ray_session, tmp_path_factory):
-    admin, _ = start_runtime(tmp_path_factory, with_consumers(rayq.Config(), 0), name="sqsgroups")
-    key = admin.create_account("acme")
-    url = rayq.serve_sqs(port=free_port())
-    sqs = boto3.client("sqs", endpoint_url=url, region_name=REGION, aws_access_key_id="acme",
-                       aws_secret_access_key=key, config=BotoConfig(retries={"max_attempts": 1}))
-    yield {"sqs": sqs, "acme": rayq.connect(account="acme", key=key), "admin": admin}
-    rayq.shutdown()
+    with sqs_endpoint(tmp_path_factory, "sqsgroups") as (url, keys, admin):
+        yield {"sqs": boto3_sqs(url, "acme", keys["acme"], REGION),
+               "acme": rayq.connect(account="acme", key=keys["acme"]), "admin": admin}
 
 
 def name(prefix: str) -> str:

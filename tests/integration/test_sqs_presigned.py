@@ -8,19 +8,15 @@ import urllib.error
 import urllib.request
 import xml.etree.ElementTree as ET
 
-import boto3
 import botocore.auth
 import pytest
 from botocore.auth import SigV4Auth, SigV4QueryAuth
 from botocore.awsrequest import AWSRequest
-from botocore.config import Config as BotoConfig
 from botocore.credentials import Credentials
 
-import rayq
-from rayq.config import with_consumers
 from rayq.sqs.names import access_key_id
 
-from .conftest import free_port, start_runtime
+from .conftest import boto3_sqs, sqs_endpoint
 
 REGION = "eu-west-1"
 NS = {"q": "http://queue.amazonaws.com/doc/2012-11-05/"}
@@ -28,15 +24,10 @@ NS = {"q": "http://queue.amazonaws.com/doc/2012-11-05/"}
 
 @pytest.fixture(scope="module")
 def endpoint(ray_session, tmp_path_factory):
-    client, _ = start_runtime(tmp_path_factory, with_consumers(rayq.Config(), 0),
-                              name="sqs-presigned")
-    key = client.create_account("acme")
-    url = rayq.serve_sqs(port=free_port())
-    sqs = boto3.client("sqs", endpoint_url=url, region_name=REGION, aws_access_key_id="acme",
-                       aws_secret_access_key=key, config=BotoConfig(retries={"max_attempts": 1}))
-    queue_url = sqs.create_queue(QueueName="presigned")["QueueUrl"]
-    yield {"url": url, "key": key, "sqs": sqs, "queue": queue_url}
-    rayq.shutdown()
+    with sqs_endpoint(tmp_path_factory, "sqs-presigned") as (url, keys, _):
+        sqs = boto3_sqs(url, "acme", keys["acme"], REGION)
+        queue_url = sqs.create_queue(QueueName="presigned")["QueueUrl"]
+        yield {"url": url, "key": keys["acme"], "sqs": sqs, "queue": queue_url}
 
 
 def presign(endpoint, params: dict, method="GET", expires_s=300, key_id="acme") -> str:

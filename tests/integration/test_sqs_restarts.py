@@ -6,20 +6,15 @@ import os
 import re
 import time
 
-import boto3
 import pytest
 import ray
-from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
-import rayq
 from actors import NAMESPACE
 from actors.sqs import replica_name
-from rayq.config import with_consumers
 from rayq.remote import actor_names
 
-from .conftest import start_runtime
-from .test_sqs import free_port
+from .conftest import boto3_sqs, sqs_endpoint
 
 REGION = "eu-west-1"
 NAMES = ["ApproximateFirstReceiveTimestamp", "ApproximateReceiveCount"]
@@ -27,13 +22,8 @@ NAMES = ["ApproximateFirstReceiveTimestamp", "ApproximateReceiveCount"]
 
 @pytest.fixture(scope="module")
 def client(ray_session, tmp_path_factory):
-    admin, _ = start_runtime(tmp_path_factory, with_consumers(rayq.Config(), 0),
-                             name="sqsrestarts")
-    key = admin.create_account("acme")
-    url = rayq.serve_sqs(port=free_port())
-    yield boto3.client("sqs", endpoint_url=url, region_name=REGION, aws_access_key_id="acme",
-                       aws_secret_access_key=key, config=BotoConfig(retries={"max_attempts": 1}))
-    rayq.shutdown()
+    with sqs_endpoint(tmp_path_factory, "sqsrestarts") as (url, keys, _):
+        yield boto3_sqs(url, "acme", keys["acme"], REGION)
 
 
 def pid_of(actor) -> int:

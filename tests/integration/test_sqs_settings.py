@@ -3,14 +3,9 @@ VisibilityTimeout and ReceiveMessageWaitTimeSeconds (driven by boto3)."""
 
 import itertools
 
-import boto3
 import pytest
-from botocore.config import Config as BotoConfig
 
-import rayq
-from rayq.config import with_consumers
-
-from .conftest import free_port, start_runtime
+from .conftest import boto3_sqs, sqs_endpoint
 
 _names = itertools.count()
 
@@ -18,14 +13,8 @@ _names = itertools.count()
 @pytest.fixture(scope="module")
 def sqs(ray_session, tmp_path_factory):
     """A boto3 SQS client of account ``acme`` on a fresh endpoint."""
-    client, _ = start_runtime(tmp_path_factory, with_consumers(rayq.Config(), 0),
-                              name="sqs-settings")
-    key = client.create_account("acme")
-    url = rayq.serve_sqs(port=free_port())
-    yield boto3.client("sqs", endpoint_url=url, region_name="eu-west-1",
-                       aws_access_key_id="acme", aws_secret_access_key=key,
-                       config=BotoConfig(retries={"max_attempts": 1}))
-    rayq.shutdown()
+    with sqs_endpoint(tmp_path_factory, "sqs-settings") as (url, keys, _):
+        yield boto3_sqs(url, "acme", keys["acme"])
 
 
 def new_queue(sqs, **attributes) -> str:
