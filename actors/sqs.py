@@ -316,7 +316,8 @@ class SqsEndpoint:
                 else:
                     action, params = decode_request(request.method,
                                                     headers.get("x-amz-target", ""), body)
-                result = await self._run(action, params, caller, request.host)
+                result = await self._run(action, params, caller,
+                                         f"{request.scheme}://{request.host}")
                 return _reply(200, result, action if query else None)
         except SqsError as err:
             if err.code == "InvalidClientTokenId":
@@ -366,12 +367,12 @@ class SqsEndpoint:
             return self._keys.account_of(  # a key rotated since
                 verify(signed, self._keys.get, self.clock.now()))
 
-    async def _run(self, action: str, params, caller: Caller, host: str) -> dict:
+    async def _run(self, action: str, params, caller: Caller, base: str) -> dict:
         """The action's answer, run on one of the account's threads. A long poll's comes
         back :class:`Parked` and is awaited here, on the event loop: while the shard
         parks it, it holds one of the account's admitted requests and no thread."""
         answer = await self._shares.in_thread(caller.account, self._pool, self._api.handle,
-                                              action, params, caller, host)
+                                              action, params, caller, base)
         if not isinstance(answer, Parked):
             return answer
         got = await answer.result()  # the shard parks it: no thread waits meanwhile

@@ -110,15 +110,16 @@ class SqsApi:
                          for name, action in {**queues.ACTIONS, **moves.ACTIONS}.items()}
         self._actions.update({name: getattr(self, "_" + _snake(name)) for name in MESSAGE_ACTIONS})
 
-    def handle(self, action: str, params: Any, caller: Caller, host: str) -> dict:
-        """The response of one action. Raises SqsError."""
+    def handle(self, action: str, params: Any, caller: Caller, base: str) -> dict:
+        """The response of one action; ``base`` is the endpoint's scheme and host, as the
+        request reached it (queue URLs are made under it). Raises SqsError."""
         method = self._actions.get(action)
         if method is None:
             raise _unsupported(action)
         if not isinstance(params, dict):
             raise invalid("The request body must be a JSON object.")
         try:
-            target = Target(caller, self.clients(caller), host, self.home, self.accounts,
+            target = Target(caller, self.clients(caller), base, self.home, self.accounts,
                             params.get("QueueUrl"))
             return method(target, params)
         except RayqError as err:

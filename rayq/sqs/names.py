@@ -96,8 +96,9 @@ class QueueId:
     def arn(self) -> str:
         return f"arn:aws:sqs:{self.region}:{account_id(self.account)}:{self.name}"
 
-    def url(self, host: str) -> str:
-        return f"http://{host}/{account_id(self.account)}/{self.name}"
+    def url(self, base: str) -> str:
+        """The queue's URL under the endpoint's ``base`` (its scheme and host)."""
+        return f"{base}/{account_id(self.account)}/{self.name}"
 
 
 def from_rayq(account: str, rayq_name: str, region: str, home: str = HOME_REGION

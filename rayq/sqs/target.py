@@ -20,9 +20,9 @@ class Target:
     QueueUrl names (None without one). An account reaches its own queues only; the
     ``default`` account reaches every account's (the runtime's gates check it again)."""
 
-    def __init__(self, caller: Caller, client, host: str, home: str,
+    def __init__(self, caller: Caller, client, base: str, home: str,
                  accounts: Callable[[], Iterable[str]], url: Any = None):
-        self.caller, self.client, self.host, self.home = caller, client, host, home
+        self.caller, self.client, self.base, self.home = caller, client, base, home
         self._accounts = accounts
         self.region = caller.region
         self.queue_id = self._from_url(url) if url is not None else None
@@ -97,7 +97,7 @@ class Target:
             self._qualified(queue, queue.own_dead_letters_name(self.home))
 
     def url(self, queue: QueueId | None = None) -> str:
-        return (queue or self.need()).url(self.host)
+        return (queue or self.need()).url(self.base)
 
     # -- reaching -------------------------------------------------------------------------
     def need(self) -> QueueId:

@@ -221,6 +221,7 @@ def test_the_endpoint_serves_https_with_a_certificate_and_key(endpoint, tmp_path
                           aws_secret_access_key=endpoint["keys"]["sender"],
                           config=BotoConfig(retries={"max_attempts": 1}))
     queue = client.create_queue(QueueName="over-tls")["QueueUrl"]
+    assert queue.startswith(url + "/")  # queue URLs are https too (SDKs send to them)
     client.send_message(QueueUrl=queue, MessageBody="sealed")
     assert client.receive_message(QueueUrl=queue)["Messages"][0]["Body"] == "sealed"
     with pytest.raises(rayq.InvalidMessage):

@@ -39,7 +39,7 @@ def test_rayqs_own_dead_letter_queues_are_no_sqs_queue():
 
 def test_urls_and_arns_name_the_account_by_its_id():
     queue = QueueId("eu-west-1", "acme", "orders")
-    assert queue.url("h:1") == f"http://h:1/{names.account_id('acme')}/orders"
+    assert queue.url("http://h:1") == f"http://h:1/{names.account_id('acme')}/orders"
     assert names.parse_arn(queue.arn()) == ("eu-west-1", names.account_id("acme"), "orders")
     assert names.parse_arn("arn:aws:sqs:eu-west-1:acme") is None
 
