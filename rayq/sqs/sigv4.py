@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from urllib.parse import parse_qsl, quote
 
 from rayq.sqs.errors import SqsError
+from rayq.sqs.names import valid_region
 
 ALGORITHM = "AWS4-HMAC-SHA256"
 SERVICE = "sqs"
@@ -242,7 +243,8 @@ def _match(found: Claim, canonicals: Sequence[str]) -> Caller:
 
 def _scope(credential: str) -> tuple[str, str, str, str]:
     parts = credential.split("/")
-    if len(parts) != 5 or parts[4] != "aws4_request" or not re.fullmatch(r"\d{8}", parts[1]):
+    if len(parts) != 5 or parts[4] != "aws4_request" or not re.fullmatch(r"\d{8}", parts[1]) \
+            or not valid_region(parts[2]):  # the region names the queues' namespace
         raise _incomplete(f"Credential must have the form "
                           f"ACCOUNT/YYYYMMDD/REGION/{SERVICE}/aws4_request, got {credential!r}")
     return parts[0], parts[1], parts[2], parts[3]

@@ -125,6 +125,14 @@ def test_a_malformed_authorization_header_is_incomplete(monkeypatch, value):
     assert error_of(mangled) == ("IncompleteSignature", 400)
 
 
+@pytest.mark.parametrize("region", ["eu.west-1", "eu/west-1", "EU-WEST-1", ""])
+def test_a_credential_scope_naming_no_region_is_incomplete(monkeypatch, region):
+    request = signed(monkeypatch)  # the region is the queues' namespace: never a path or a dot
+    mangled = sigv4.SignedRequest("POST", "/", "", {**request.headers, "authorization": (
+        request.headers["authorization"].replace("/eu-west-1/", f"/{region}/"))}, request.body)
+    assert error_of(mangled) == ("IncompleteSignature", 400)
+
+
 # -- queue attributes ------------------------------------------------------------------
 def parse(values: dict, base=attributes.Settings(), creating=True):
     return attributes.parse(values, base, now=5.0, creating=creating)
