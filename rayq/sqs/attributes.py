@@ -54,7 +54,7 @@ MAX_TAGS = 50
 class Settings:
     """A queue's SQS settings (defaults as SQS's); times in seconds since the epoch.
     ``redrive`` is the RedrivePolicy JSON ("" for none); ``texts`` the attributes kept as
-    strings; ``purged_at`` the last PurgeQueue; ``moves`` move tasks of an older endpoint."""
+    strings; ``purged_at`` the last PurgeQueue."""
 
     visibility_timeout_s: int = 30
     retention_s: int = 345_600
@@ -67,8 +67,6 @@ class Settings:
     texts: tuple[tuple[str, str], ...] = ()
     tags: tuple[tuple[str, str], ...] = ()
     purged_at: float = 0.0
-    moves: tuple[str, ...] = ()     # move tasks from this queue run before tasks ran in the
-    #                                 background, as JSON (rayq.sqs.moves keeps them since)
 
     def to_record(self) -> dict:
         return asdict(self)
@@ -81,7 +79,6 @@ class Settings:
         values = {k: v for k, v in record.items() if k in known}
         for pairs in ("texts", "tags"):
             values[pairs] = tuple(tuple(p) for p in values.get(pairs, ()))
-        values["moves"] = tuple(values.get("moves", ()))
         return cls(**values)
 
     def text(self, name: str) -> str | None:

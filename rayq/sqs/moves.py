@@ -333,16 +333,7 @@ def list_message_move_tasks(api, t: Target, p: dict) -> dict:
     limit = p.get("MaxResults", 1)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= KEPT_TASKS:
         raise invalid(f"MaxResults must be between 1 and {KEPT_TASKS}.")
-    found = [task.entry() for task in api.state.move_list(source.arn())]
-    # tasks that ran within their start call, before tasks ran in the background
-    found += [_legacy(task) for task in queues.settings_of(api, t, source).moves]
-    return {"Results": found[:limit]}
-
-
-def _legacy(record: str) -> dict:
-    task = json.loads(record)
-    task.pop("TaskHandle", None)  # shown for RUNNING tasks only
-    return task
+    return {"Results": [task.entry() for task in api.state.move_list(source.arn())][:limit]}
 
 
 def cancel_message_move_task(api, t: Target, p: dict) -> dict:
