@@ -16,10 +16,11 @@ a message still finds it: a delete with it deletes the message as last received
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from dataclasses import dataclass, replace
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import Any, Protocol
 
@@ -279,16 +280,19 @@ class SqsApi:
             raise bad_handle(handle) from None
         return handle[:RECEIPT_CHARS], handle[RECEIPT_CHARS:] or None
 
-    def _candidates(self, owner: str, receipt: str, message_id: str | None) -> list[str]:
+    def _candidates(self, owner: str, receipt: str, message_id: str | None) -> Iterator[str]:
         """The rayq receipts a handle (on a queue of ``owner``) may stand for, most likely
         first: its own, the one ChangeMessageVisibility gave in its place, the message's
-        latest receive."""
-        out = [receipt]
-        for other in (self.state.forward(owner, receipt),
-                      self.state.latest(owner, message_id) if message_id else None):
-            if other is not None and other not in out:
-                out.append(other)
-        return out
+        latest receive. Lazily: the others are looked up (the forward may ask the state
+        actor) only when the handle's own receipt was refused."""
+        yield receipt
+        seen = {receipt}
+        for look_up in (lambda: self.state.forward(owner, receipt),
+                        lambda: self.state.latest(owner, message_id) if message_id else None):
+            other = look_up()
+            if other is not None and other not in seen:
+                seen.add(other)
+                yield other
 
     def _delete_message(self, t: Target, p: dict) -> dict:
         t.need()
@@ -319,7 +323,7 @@ class SqsApi:
         except ReceiptInvalid as err:
             refused = set(err.receipts)
         retry = [c for receipt, mid in handles if receipt in refused
-                 for c in self._candidates(owner, receipt, mid)[1:]]
+                 for c in itertools.islice(self._candidates(owner, receipt, mid), 1, None)]
         if retry:
             try:
                 queue.delete_batch(retry)
