@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import ssl
 import threading
 import uuid
+from collections import Counter
 from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 
@@ -81,7 +83,7 @@ class SqsState:
                  home_region: str = HOME_REGION, clock: Clock | None = None):
         self.kv = open_kv(data_dir, "sqs", map_size=256 << 20)
         self.dedup = Dedup(self.kv)
-        self._records = 0
+        self._records: Counter[str] = Counter()  # FIFO records per queue since its last sweep
         self._forwards = Forwards()
         self._movers = Movers(self.kv, config, home_region, clock or SystemClock()) \
             if config is not None else None
@@ -92,8 +94,10 @@ class SqsState:
 
     def save(self, account: str, queue: str, record: dict | None) -> None:
         key = _key(account, queue)
-        if record is None:
+        if record is None:  # the queue is deleted: its deduplication ids go with it
             self.kv.transact(lambda txn: txn.delete("meta", key))
+            self.dedup.forget(key.decode(), math.inf)
+            self._records.pop(key.decode(), None)
         else:
             self.kv.transact(lambda txn: txn.put("meta", key, pack(record)))
 
@@ -103,8 +107,9 @@ class SqsState:
     def fifo_record(self, account: str, queue: str, sent: list, now: float) -> None:
         name = _key(account, queue).decode()
         self.dedup.record(name, [tuple(s) for s in sent], now)
-        self._records = (self._records + 1) % SWEEP_EVERY
-        if self._records == 0:  # ids past the window go now and then, not on every send
+        self._records[name] += 1
+        if self._records[name] >= SWEEP_EVERY:  # its ids past the window go now and then
+            del self._records[name]
             self.dedup.forget(name, now)
 
     def forward(self, owner: str, handle: str) -> str | None:

@@ -6,6 +6,9 @@ import itertools
 
 import pytest
 
+from actors import sqs as state_actor
+from rayq.sqs.fifo import WINDOW_S
+
 from .conftest import boto3_sqs, sqs_endpoint
 from .test_sqs import eventually
 
@@ -91,3 +94,23 @@ def test_a_purged_fifo_queue_still_holds_its_groups(client):
     send(client, url, "a", "a1", "a2")
     assert bodies(eventually(lambda: receive(client, url, 1))) == ["a1"]
     assert receive(client, url, 10) == []
+
+
+def test_the_state_sweeps_each_queues_old_ids_and_drops_a_deleted_queues(tmp_path, monkeypatch):
+    monkeypatch.setattr(state_actor, "SWEEP_EVERY", 2)
+    state = state_actor.SqsState(str(tmp_path))
+    try:
+        for queue in ("quiet.fifo", "busy.fifo"):
+            state.fifo_admit("acme", queue, ["k"], 0.0)
+            state.fifo_record("acme", queue, [("k", f"id-{queue}", "1")], 0.0)
+        state.fifo_record("acme", "quiet.fifo", [("j", "id-j", "2")], WINDOW_S + 1)
+        # the quiet queue's second record swept its own old "k" (the busy queue's stays)
+        [quiet] = state.fifo_admit("acme", "quiet.fifo", ["k"], WINDOW_S + 1)
+        assert quiet.duplicate_of is None
+        [busy] = state.fifo_admit("acme", "busy.fifo", ["k"], 1.0)
+        assert busy.duplicate_of == "id-busy.fifo"
+        state.save("acme", "busy.fifo", None)  # deleted: a queue made again starts afresh
+        [again] = state.fifo_admit("acme", "busy.fifo", ["k"], 2.0)
+        assert again.duplicate_of is None
+    finally:
+        state.kv.close()
