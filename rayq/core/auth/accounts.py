@@ -334,10 +334,10 @@ def check_senders(account: str, messages: Any, key_mode: str,
     if not isinstance(messages, list) or not all(
             isinstance(getattr(m, "tenant", None), str) for m in messages):
         raise AuthError("a put carries a list of messages")
+    own_key = (ordered or own_queue) and task_types is None
     for m in messages:
         if m.tenant != account:
             raise AuthError(f"account {account!r} sends messages only as tenant {account!r}")
-        own_key = (ordered or own_queue) and task_types is None
         if not isinstance(m.type, str) or not own_key and \
                 m.key != fairness_key(m.tenant, m.type, key_mode):
             raise AuthError("a message's fairness key does not match its tenant and type")
