@@ -32,7 +32,7 @@ _SPILL_HEAD_BYTES = rows.SPILL_HEAD.size  # the same in every format
 _V2_NONCE_END = 29  # where format 2's header put the type and tenant lengths
 
 
-def migrate_rows(txn: Txn, store_id: bytes = b"") -> int:
+def migrate_rows(txn: Txn) -> int:
     """Bring every row of the shard to the current format; returns how many changed."""
     found = txn.get("meta", rows.ROW_FORMAT)
     if found == rows.ROW_FORMAT_NOW:

@@ -118,7 +118,7 @@ class ShardStore:
         if id_key is None:  # made once: ids stay the same across restarts
             id_key = os.urandom(16)
             txn.put("meta", rows.ID_KEY, id_key)
-        migrate_rows(txn, store_id)
+        migrate_rows(txn)
         return ShardIndex(txn, store_id, id_key)
 
     @property
