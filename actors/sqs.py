@@ -230,9 +230,11 @@ class Keys:
         age = self.clock.monotonic() - self._fetched_at
         if age < (KEYS_MIN_REFRESH_S if force else KEYS_MAX_AGE_S):
             return False
-        self.table, _ = await call_async(lambda: self._manager.directory.remote())
-        self._by_id = {access_key_id(account, key): (account, key)
-                       for account, keys in self.table.items() for key in keys}
+        table, _ = await call_async(lambda: self._manager.directory.remote())
+        if table != self.table:  # an HMAC per key: only when a key was made or rotated
+            self._by_id = {access_key_id(account, key): (account, key)
+                           for account, keys in table.items() for key in keys}
+            self.table = table
         self._fetched_at = self.clock.monotonic()
         return True
 
