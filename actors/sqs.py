@@ -112,6 +112,9 @@ class SqsState:
             del self._records[name]
             self.dedup.forget(name, now)
 
+    def fifo_release(self, account: str, queue: str, keys: list[str]) -> None:
+        self.dedup.release(_key(account, queue).decode(), keys)
+
     def forward(self, owner: str, handle: str) -> str | None:
         return self._forwards.get(owner, handle)
 
@@ -196,6 +199,9 @@ class ReplicaState:
 
     def fifo_record(self, account: str, queue: str, sent: list, now: float) -> None:
         call(lambda: self._state.fifo_record.remote(account, queue, sent, now))
+
+    def fifo_release(self, account: str, queue: str, keys: list[str]) -> None:
+        call(lambda: self._state.fifo_release.remote(account, queue, keys))
 
     def latest(self, owner: str, message_id: str, receipt: str | None = None) -> str | None:
         """The receipt this replica last gave the message (recording ``receipt`` first)."""

@@ -44,6 +44,8 @@ MAX_WAIT_S = 20
 MAX_VISIBILITY_S = 43_200
 MAX_DELAY_S = 900
 MAX_BATCH_BYTES = 1_048_576  # SQS's limit on a batch's bodies together, whatever the queue's
+FIFO_WAIT_S = 10.0   # a FIFO send waits this long at most for another send of its id
+FIFO_POLL_S = 0.02   # and asks again this often
 
 
 class State(Protocol):
@@ -56,6 +58,7 @@ class State(Protocol):
                    now: float) -> list[fifo.Admitted]: ...
     def fifo_record(self, account: str, queue: str, sent: list[tuple[str, str, str]],
                     now: float) -> None: ...
+    def fifo_release(self, account: str, queue: str, keys: list[str]) -> None: ...
     def move_start(self, task: moves.MoveTask) -> bool: ...
     def move_list(self, source_arn: str) -> list[moves.MoveTask]: ...
     def move_cancel(self, handle: str) -> moves.MoveTask | None: ...
@@ -165,17 +168,38 @@ class SqsApi:
             return [d.answer(mid) for d, mid in zip(drafts, ids)]
         queue = t.need()
         name, now = queue.rayq_name(t.home), self.clock()
-        admitted = self.state.fifo_admit(queue.account, name, [d.key for d in drafts], now)
+        admitted = self._admit(queue.account, name, [d.key for d in drafts], now)
         fresh = [(d.sequenced(a.sequence), a) for d, a in zip(drafts, admitted)
                  if a.duplicate_of is None]
         ordered = t.ordered()
-        ids = t.queue().send_batch([d.outgoing(ordered) for d, _ in fresh]) if fresh else []
+        try:
+            ids = t.queue().send_batch([d.outgoing(ordered) for d, _ in fresh]) if fresh else []
+        except BaseException:  # nothing stored: a retry of these ids must not wait on us
+            self.state.fifo_release(queue.account, name, [d.key for d, _ in fresh])
+            raise
         sent = {d.key: mid for (d, _), mid in zip(fresh, ids)}
         self.state.fifo_record(queue.account, name,
                                [(d.key, mid, d.envelope.sequence) for (d, _), mid in
                                 zip(fresh, ids)], now)
         return [d.answer(a.duplicate_of or sent[d.key], a.sequence)
                 for d, a in zip(drafts, admitted)]
+
+    def _admit(self, account: str, name: str, keys: list[str], now: float) -> list[fifo.Admitted]:
+        """:meth:`State.fifo_admit`, asked again for the keys another send holds until that
+        send stored (or gave up) its message. Raises ServiceUnavailable (SDKs retry it) if
+        one is still held after FIFO_WAIT_S."""
+        admitted = self.state.fifo_admit(account, name, keys, now)
+        deadline = time.monotonic() + FIFO_WAIT_S
+        while any(a.waiting for a in admitted):
+            if time.monotonic() > deadline:
+                raise SqsError("ServiceUnavailable", "A send of the same deduplication id is "
+                               "still in progress; retry.", status=503, sender=False)
+            time.sleep(FIFO_POLL_S)
+            held = [i for i, a in enumerate(admitted) if a.waiting]
+            again = self.state.fifo_admit(account, name, [keys[i] for i in held], self.clock())
+            for i, answer in zip(held, again):
+                admitted[i] = answer
+        return admitted
 
     def _send_message(self, t: Target, p: dict) -> dict:
         t.need()

@@ -4,7 +4,10 @@ SQS drops a FIFO message whose deduplication id was sent to the queue (or, with
 ``DeduplicationScope=messageGroup``, to its group) in the last 5 minutes, answering
 with the first message's id and sequence number. :class:`Dedup` keeps those ids and
 each queue's sequence counter in a KV (the endpoint's state actor's LMDB, fsync'd),
-so they survive any restart. Pure: time is passed in.
+so they survive any restart. An id is reserved when its send is admitted, before the
+message is stored: a second send of it meanwhile (a retry through another replica)
+waits for the first one's answer rather than storing the message twice. Pure: time is
+passed in.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from rayq.core.kit.kv import KV, Txn
 from rayq.sqs.errors import invalid, missing, out_of_range
 
 WINDOW_S = 300.0
+# A reservation whose send neither stored nor released it within this long (its replica
+# died) no longer holds its id: a send is answered well within it.
+RESERVED_S = 60.0
 _DEDUP_ID = re.compile(r"^[!-~]{1,128}$")
 _TABLE = "meta"
 _SEQ = struct.Struct(">Q")
@@ -28,10 +34,12 @@ _SEQ = struct.Struct(">Q")
 @dataclass(frozen=True)
 class Admitted:
     """A FIFO send as :meth:`Dedup.admit` answers it: its sequence number and, for a
-    duplicate, the id of the message first sent with its deduplication id."""
+    duplicate, the id of the message first sent with its deduplication id. ``waiting``:
+    another send holds the id and has not stored its message yet (ask again)."""
 
     sequence: str
     duplicate_of: str | None = None
+    waiting: bool = False
 
 
 def dedup_id(entry: dict, body: str, content_based: bool) -> str:
@@ -71,9 +79,11 @@ class Dedup:
         self.kv = kv
 
     def admit(self, queue: str, keys: list[str], now: float) -> list[Admitted]:
-        """For each send (by its scope key, in order): a new sequence number, or what the
-        first send of that key within the window got. A key repeated in ``keys`` is a
-        duplicate of its first occurrence (``duplicate_of`` "" until it is recorded)."""
+        """For each send (by its scope key, in order): a new sequence number, its key
+        reserved until :meth:`record` or :meth:`release`; or what the first send of that
+        key within the window got (``waiting`` while that send holds it unrecorded). A key
+        repeated in ``keys`` is a duplicate of its first occurrence (``duplicate_of`` ""
+        until it is recorded)."""
         return self.kv.transact(lambda txn: self._admit(txn, queue, keys, now))
 
     def _admit(self, txn: Txn, queue: str, keys: list[str], now: float) -> list[Admitted]:
@@ -85,13 +95,17 @@ class Dedup:
         for key in keys:
             seen = txn.get(_TABLE, _key(b"dedup", queue, key))
             record = unpack(seen) if seen else None
-            if record and now - record["at"] < WINDOW_S:
-                out.append(Admitted(record["seq"], record["id"]))
-            elif key in fresh:
+            if key in fresh:
                 out.append(Admitted(fresh[key], ""))
+            elif record and record["id"] is None and now - record["at"] < RESERVED_S:
+                out.append(Admitted(record["seq"], waiting=True))
+            elif record and record["id"] is not None and now - record["at"] < WINDOW_S:
+                out.append(Admitted(record["seq"], record["id"]))
             else:
                 counter += 1
                 fresh[key] = f"{counter:020d}"
+                txn.put(_TABLE, _key(b"dedup", queue, key),
+                        pack({"id": None, "seq": fresh[key], "at": now}))
                 out.append(Admitted(fresh[key]))
         txn.put(_TABLE, counter_key, _SEQ.pack(counter))
         return out
@@ -103,6 +117,15 @@ class Dedup:
                 txn.put(_TABLE, _key(b"dedup", queue, key),
                         pack({"id": message_id, "seq": sequence, "at": now}))
         self.kv.transact(write)
+
+    def release(self, queue: str, keys: list[str]) -> None:
+        """Free the reserved keys of a send that failed (recorded ones stay)."""
+        def free(txn: Txn) -> None:
+            for key in keys:
+                seen = txn.get(_TABLE, _key(b"dedup", queue, key))
+                if seen is not None and unpack(seen)["id"] is None:
+                    txn.delete(_TABLE, _key(b"dedup", queue, key))
+        self.kv.transact(free)
 
     def forget(self, queue: str, now: float) -> int:
         """Drop the queue's ids older than the window (all of them for a deleted queue,

@@ -3,6 +3,7 @@ one of its messages is in flight, keeps its order across a redelivery, and group
 the queue fairly."""
 
 import itertools
+import threading
 
 import pytest
 
@@ -17,9 +18,15 @@ REGION = "eu-west-1"
 
 
 @pytest.fixture(scope="module")
-def client(ray_session, tmp_path_factory):
+def endpoint(ray_session, tmp_path_factory):
+    """(url, acme's key)."""
     with sqs_endpoint(tmp_path_factory, "sqsfifo") as (url, keys, _):
-        yield boto3_sqs(url, "acme", keys["acme"], REGION)
+        yield url, keys["acme"]
+
+
+@pytest.fixture(scope="module")
+def client(endpoint):
+    return boto3_sqs(endpoint[0], "acme", endpoint[1], REGION)
 
 
 def fifo_queue(client) -> str:
@@ -85,6 +92,32 @@ def test_groups_are_served_fairly_not_in_send_order(client):
         served.append(m["Body"])
         client.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
     assert served == ["big0", "small0"]  # not behind big's backlog
+
+
+def test_concurrent_sends_of_one_deduplication_id_store_one_message(client, endpoint):
+    url = client.create_queue(QueueName=f"fifo{next(_names)}.fifo",
+                              Attributes={"FifoQueue": "true"})["QueueUrl"]
+    other = boto3_sqs(endpoint[0], "acme", endpoint[1], REGION)
+    ids = [f"d{i}" for i in range(20)]
+    answers: dict[str, list[str]] = {d: [] for d in ids}
+    start = threading.Barrier(2)
+
+    def sender(sqs) -> None:
+        for d in ids:
+            start.wait()  # both send d at once
+            answers[d].append(sqs.send_message(
+                QueueUrl=url, MessageBody=d, MessageGroupId=d,
+                MessageDeduplicationId=d)["MessageId"])
+    threads = [threading.Thread(target=sender, args=(sqs,)) for sqs in (client, other)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(len(set(got)) == 1 for got in answers.values())  # one id per message
+    stored = []
+    while batch := receive(client, url, 10):
+        stored += bodies(batch)
+    assert sorted(stored) == sorted(ids)
 
 
 def test_a_purged_fifo_queue_still_holds_its_groups(client):

@@ -18,6 +18,27 @@ def test_a_deduplication_id_seen_within_five_minutes_answers_the_first_send():
     assert dedup.admit("other", ["d1"], now=1.0) == [fifo.Admitted("00000000000000000001")]
 
 
+def test_an_admitted_id_is_held_until_its_send_records_or_releases_it():
+    dedup = fifo.Dedup(MemoryKV())
+    [first] = dedup.admit("q", ["d1"], now=0.0)
+    assert dedup.admit("q", ["d1"], now=1.0) == [fifo.Admitted(first.sequence, waiting=True)]
+    dedup.record("q", [("d1", "m1", first.sequence)], now=1.0)
+    assert dedup.admit("q", ["d1"], now=2.0) == [fifo.Admitted(first.sequence, "m1")]
+    [held] = dedup.admit("q", ["d2"], now=2.0)
+    dedup.release("q", ["d1", "d2"])  # a failed send: its own reservation goes, records stay
+    assert dedup.admit("q", ["d1"], now=3.0)[0].duplicate_of == "m1"
+    [again] = dedup.admit("q", ["d2"], now=3.0)
+    assert not again.waiting and again.sequence > held.sequence
+
+
+def test_a_reservation_its_sender_abandoned_lapses():
+    dedup = fifo.Dedup(MemoryKV())
+    dedup.admit("q", ["d1"], now=0.0)
+    assert dedup.admit("q", ["d1"], now=fifo.RESERVED_S - 1)[0].waiting
+    [taken] = dedup.admit("q", ["d1"], now=fifo.RESERVED_S)
+    assert not taken.waiting and taken.duplicate_of is None
+
+
 def test_a_key_repeated_in_one_batch_is_a_duplicate_of_its_first():
     dedup = fifo.Dedup(MemoryKV())
     assert dedup.admit("q", ["a", "a", "b"], now=0.0) == [
