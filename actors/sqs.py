@@ -232,8 +232,15 @@ class Keys:
         self._fetched_at = float("-inf")
 
     async def fresh(self, force: bool = False) -> bool:
-        """Refetch if due; returns whether it did."""
-        age = self.clock.monotonic() - self._fetched_at
+        """Refetch if due; returns whether it did. ``force`` (a request our copy refused)
+        refetches once KEYS_MIN_REFRESH_S passed since the last fetch, waiting for that
+        if need be: a key made or rotated just after a fetch still works at once."""
+        age, fetched_at = self.clock.monotonic() - self._fetched_at, self._fetched_at
+        if force and age < KEYS_MIN_REFRESH_S:
+            await asyncio.sleep(KEYS_MIN_REFRESH_S - age)
+            if self._fetched_at != fetched_at:
+                return True  # another request's refetch ran meanwhile: try that copy
+            age = self.clock.monotonic() - self._fetched_at
         if age < (KEYS_MIN_REFRESH_S if force else KEYS_MAX_AGE_S):
             return False
         table, _ = await call_async(lambda: self._manager.directory.remote())
