@@ -10,6 +10,7 @@ Ray can connect, as only it can reach the LMDB files.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import inspect
 import logging
@@ -19,7 +20,7 @@ import stat
 import tempfile
 from typing import Any
 
-from rayq.channel import host_id
+from rayq.channel import host_id, serve_in_process
 from rayq.core.auth.accounts import Signature
 from rayq.core.codec.frames import (HEADER, MAX_FRAME_BYTES, FrameError, decode_request,
                               encode_failure, encode_reply)
@@ -43,6 +44,7 @@ class ChannelServer:
         self._starting = asyncio.Lock()  # concurrent first asks start one server
         self._tasks: set[asyncio.Task] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the shard's, once serve_here ran
 
     async def address(self) -> tuple[str, str]:
         """(host id, socket path), starting the server on first use."""
@@ -56,6 +58,23 @@ class ChannelServer:
                                                                limit=1 << 20)
                 self._dir = directory
         return host_id(), os.path.join(self._dir, "s")
+
+    async def serve_here(self) -> str:
+        """Let this process's own links to the shard call it in-process
+        (:class:`rayq.channel.LocalChannel`) rather than over the socket; the socket's
+        folder (0700, the shard's alone)."""
+        _, path = await self.address()
+        self._loop = asyncio.get_running_loop()
+        serve_in_process(path, self._call_here)
+        return self._dir
+
+    def _call_here(self, method: str, args: tuple, kwargs: dict,
+                   auth: Signature | None) -> concurrent.futures.Future:
+        """A call from this process (rayq.channel.LocalChannel), from any thread: the
+        method runs on the shard's event loop, as a socket's call would."""
+        kwargs = self._bind(method, args, kwargs, auth)
+        return asyncio.run_coroutine_threadsafe(getattr(self._target, method)(*args, **kwargs),
+                                                self._loop)
 
     def _directory(self) -> str:
         """The socket's folder: one per shard and data directory, mode 0700, kept across

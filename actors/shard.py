@@ -34,7 +34,8 @@ from actors.shipping import replication_of
 from actors.storethread import StoreThread
 from rayq.analytics.eventlog import open_event_log
 from rayq.batching import AsyncBatcher
-from rayq.channel import CHANNEL_METHODS
+from rayq.channel import CHANNEL_METHODS, host_id
+from rayq.handoff import Host
 from rayq.config import Config, shard_store_config
 from rayq.core.auth.accounts import ADMIN, Signature, check_senders
 from rayq.core.auth.operations import SHARD_OPS
@@ -110,6 +111,7 @@ class ShardActor:
             OUTCOME_RECHECK_S)
         self.metrics = ShardMetrics(index)
         self._channel = ChannelServer(self, CHANNEL_METHODS, f"shard-{index}", path)
+        self._handed = Host()  # the connections handed to this shard (door)
         self.failures = BackgroundFailures("shard", index)
         self._housekeeping = self._loop.create_task(
             self.failures.every(EXPIRY_INTERVAL_S, "housekeeping", self._collect_expired))
@@ -460,6 +462,17 @@ class ShardActor:
         await self._remember(caller.auth)
         await self._collect_events()
         return await asyncio.to_thread(self.events.flush)
+
+    async def door(self, start) -> tuple[str, str]:
+        """(host id, path) of the door through which processes on this host hand this
+        shard connections (rayq.handoff). They are answered by the server ``start()``
+        (awaiting a rayq.handoff.Served) runs here, started on the first ask; its calls to
+        this shard stay in-process."""
+        return host_id(), await self._handed.door(self._channel.serve_here, start)
+
+    async def close_door(self) -> None:
+        """Close the door and every connection handed here (their endpoint stopped)."""
+        await self._handed.close()
 
     async def channel(self) -> tuple[str, str]:
         """(host id, socket path) of this shard's local channel (rayq.channel)."""

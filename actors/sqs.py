@@ -25,6 +25,7 @@ import threading
 import uuid
 from collections import Counter
 from dataclasses import replace
+from functools import partial
 from concurrent.futures import ThreadPoolExecutor
 
 import ray
@@ -32,6 +33,7 @@ from aiohttp import web
 
 from actors.kit import open_kv
 from actors.movers import Movers
+from rayq.channel import host_id
 from rayq.client import Client
 from rayq.config import Config
 from rayq.core.auth.accounts import Signer
@@ -39,9 +41,10 @@ from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.renewed import MISSING, Renewed
 from rayq.core.codec.model import pack, unpack
 from rayq.errors import RayqError
+from rayq.handoff import Doors, Served
 from rayq.remote import NO_RETRY, call, call_async, named
 from rayq.sqs.admission import BodyBudget, Forwards, Parked, Shares
-from rayq.sqs.api import SqsApi
+from rayq.sqs.api import MESSAGE_ACTIONS, SqsApi
 from rayq.sqs.attributes import Settings
 from rayq.sqs import protocol
 from rayq.sqs.errors import SqsError
@@ -268,7 +271,10 @@ class Keys:
 
 
 class SqsEndpoint:
-    """One HTTP replica of the SQS endpoint, serving from its constructor on."""
+    """One HTTP replica of the SQS endpoint, serving from its constructor on. After its
+    first message request, a plain-HTTP connection moves to its queue's shard when that
+    shard is on this host (:mod:`rayq.handoff`). Without a ``host`` it listens nowhere
+    and hands nothing on: a shard runs one so to answer the connections handed to it."""
 
     def __init__(self, host: str, port: int, manager, shards: list, config: Config,
                  clock: Clock | None = None, tls: tuple[str, str] | None = None,
@@ -285,14 +291,18 @@ class SqsEndpoint:
         self._shares = Shares(in_flight_per_account=IN_FLIGHT_PER_ACCOUNT,
                               threads_per_account=THREADS_PER_ACCOUNT)
         self._budget = BodyBudget(MAX_BUFFERED_BYTES)
+        self._home_region = home_region
+        self._doors = Doors(self._pool, self._door_of, MESSAGE_ACTIONS if host else (), host_id())
         self._served = asyncio.get_running_loop().create_task(self._listen(host, port, tls))
 
-    async def _listen(self, host: str, port: int, tls: tuple[str, str] | None) -> None:
+    async def _listen(self, host: str | None, port: int, tls: tuple[str, str] | None) -> None:
         app = web.Application(client_max_size=MAX_REQUEST_BYTES)
         app.router.add_route("*", "/{tail:.*}", self._serve)
-        runner = web.AppRunner(app, access_log=None, keepalive_timeout=KEEPALIVE_S)
+        self._runner = runner = web.AppRunner(app, access_log=None, keepalive_timeout=KEEPALIVE_S)
         await runner.setup()
-        server = runner.server
+        self.server = server = runner.server
+        if host is None:
+            return
 
         def connection():  # past the cap a connection is closed before it is read
             return server() if len(server.connections) < MAX_CONNECTIONS else _Refused()
@@ -304,6 +314,17 @@ class SqsEndpoint:
         """(host, port) once the server listens (raises if it could not bind)."""
         await self._served
         return self.address
+
+    async def close(self) -> None:
+        """Close every connection (a shard's, when the endpoint stops)."""
+        await self._served
+        await self._runner.cleanup()
+
+    async def _door_of(self, shard: int) -> tuple[str, str]:
+        """(host id, path) of shard ``shard``'s door; the first ask starts an endpoint
+        there (:func:`hosted`)."""
+        start = partial(hosted, self._manager, self._shards, self._config, self._home_region)
+        return await call_async(lambda: self._shards[shard].door.remote(start), NO_RETRY)
 
     def _client(self, caller: Caller) -> Client:
         """The one client of the caller's account (worker threads ask at once): one, so that
@@ -336,9 +357,11 @@ class SqsEndpoint:
                 else:
                     action, params = decode_request(request.method,
                                                     headers.get("x-amz-target", ""), body)
-                result = await self._run(action, params, caller,
-                                         f"{request.scheme}://{request.host}")
-                return _reply(200, result, action if query else None)
+                base = f"{request.scheme}://{request.host}"
+                result = await self._run(action, params, caller, base)
+                return await self._doors.answer(
+                    request, _reply(200, result, action if query else None), action,
+                    partial(self._api.home_shard, action, params, caller, base))
         except SqsError as err:
             if err.code == "InvalidClientTokenId":
                 self._keys.forget()  # the runtime refused a key our copy still had
@@ -397,6 +420,14 @@ class SqsEndpoint:
             return answer
         got = await answer.result()  # the shard parks it: no thread waits meanwhile
         return await self._shares.in_thread(caller.account, self._pool, answer.finish, got)
+
+
+async def hosted(manager, shards: list, config: Config, home_region: str) -> Served:
+    """An endpoint that listens nowhere, run in a shard's process for the connections
+    replicas hand that shard (rayq.handoff)."""
+    endpoint = SqsEndpoint(None, 0, manager, shards, config, home_region=home_region)
+    await endpoint.ready()
+    return Served(endpoint.server, MAX_CONNECTIONS, endpoint.close)
 
 
 def _tls_context(tls: tuple[str, str] | None) -> ssl.SSLContext | None:

@@ -142,8 +142,30 @@ class Channel:
             self._sock.close()
 
 
-_channels: dict[str, Channel] = {}  # socket path -> this process's channel to it
+class LocalChannel:
+    """The channel to a shard in this very process (the SQS endpoint a shard runs for
+    the connections handed to it): each call runs on the shard's event loop, with no
+    socket and no copy of its arguments."""
+
+    closed = False
+
+    def __init__(self, call: Callable[[str, tuple, dict, Any], Future]):
+        self._call = call
+
+    def request(self, method: str, args: tuple, kwargs: dict) -> Future:
+        auth = kwargs.get("auth")
+        return self._call(method, args, {k: v for k, v in kwargs.items() if k != "auth"}, auth)
+
+
+_channels: dict[str, Channel | LocalChannel] = {}  # socket path -> this process's channel to it
 _channels_lock = threading.Lock()
+
+
+def serve_in_process(path: str, call: Callable[[str, tuple, dict, Any], Future]) -> None:
+    """Make this process's links to the shard listening at ``path`` call it through
+    ``call(method, args, kwargs, auth)`` (the shard is in this process)."""
+    with _channels_lock:
+        _channels[path] = LocalChannel(call)
 
 
 def _forget_channels_after_fork() -> None:
@@ -161,7 +183,7 @@ def _forget_channels_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_channels_after_fork)
 
 
-def _connect(path: str) -> Channel:
+def _connect(path: str) -> Channel | LocalChannel:
     with _channels_lock:
         channel = _channels.get(path)
         if channel is None or channel.closed:

@@ -14,7 +14,8 @@ from actors.placement import data_nodes, pinned
 from actors.runtime import find_runtime
 from actors.sqs import STATE, SqsEndpointRemote, SqsStateRemote, replica_name
 from rayq.core.codec.model import check_count
-from rayq.errors import InvalidMessage, RuntimeFailure
+from rayq.errors import InvalidMessage, RayqError, RuntimeFailure
+from rayq.remote import NO_RETRY, call
 from rayq.sqs.names import HOME_REGION, valid_region
 
 # Endpoint actors only parse, verify and forward: no CPU slot taken from consumers.
@@ -92,3 +93,12 @@ def stop_sqs() -> None:
             ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
         except ValueError:
             pass  # gone meanwhile
+    try:  # and the connections replicas handed to shards (rayq.handoff)
+        shards = find_runtime()["shards"]
+    except RuntimeFailure:
+        return
+    for shard in shards:
+        try:
+            call(lambda: shard.close_door.remote(), NO_RETRY)
+        except RayqError:
+            pass  # down: it restarts without them

@@ -129,6 +129,20 @@ class SqsApi:
         except RayqError as err:
             raise from_rayq(err) from err
 
+    def home_shard(self, action: str, params: Any, caller: Caller, base: str) -> int | None:
+        """The one shard whose subqueues hold the queue a message action names (None: not a
+        message action, no such queue, or its subqueues are spread over shards)."""
+        if action not in MESSAGE_ACTIONS or not isinstance(params, dict):
+            return None
+        try:
+            target = Target(caller, self.clients(caller), base, self.home, self.accounts,
+                            params.get("QueueUrl"))
+            info = target.client.transport.route(target.ref(target.need()))[0]
+        except (RayqError, SqsError):
+            return None
+        shards = {subqueue.shard for subqueue in info.subqueues}
+        return shards.pop() if len(shards) == 1 else None
+
     # -- sending ----------------------------------------------------------------------
     def _draft(self, t: Target, entry: dict, settings: attrs.Settings) -> Draft:
         """A SendMessage (or batch entry), checked. Raises SqsError."""
