@@ -22,6 +22,7 @@ from typing import Any
 
 from rayq.channel import host_id, serve_in_process
 from rayq.core.auth.accounts import Signature
+from rayq.core.auth.gate import Vouched
 from rayq.core.codec.frames import (HEADER, MAX_FRAME_BYTES, FrameError, decode_request,
                               encode_failure, encode_reply)
 from rayq.errors import InvalidMessage, RayqError, RuntimeFailure
@@ -71,8 +72,9 @@ class ChannelServer:
     def _call_here(self, method: str, args: tuple, kwargs: dict,
                    auth: Signature | None) -> concurrent.futures.Future:
         """A call from this process (rayq.channel.LocalChannel), from any thread: the
-        method runs on the shard's event loop, as a socket's call would."""
-        kwargs = self._bind(method, args, kwargs, auth)
+        method runs on the shard's event loop, as a socket's call would, its signature
+        vouched for (rayq.core.auth.gate.Vouched): this process made it."""
+        kwargs = self._bind(method, args, kwargs, None if auth is None else Vouched.of(auth))
         return asyncio.run_coroutine_threadsafe(getattr(self._target, method)(*args, **kwargs),
                                                 self._loop)
 

@@ -6,7 +6,8 @@ import asyncio
 import pytest
 
 from rayq.core.auth import gate as gate_module
-from rayq.core.auth.gate import Gate, check_reads_own, of_subqueues, per_queue, queues_on
+from rayq.core.auth.gate import (Gate, Vouched, check_reads_own, of_subqueues, per_queue,
+                                  queues_on)
 from rayq.core.storage.store import KeyDepth
 from rayq.core.auth.accounts import ADMIN, Accounts, Place, Signer
 from rayq.core.auth.operations import FLOOD_OPS, MANAGER_OPS, SHARD_OPS
@@ -148,3 +149,16 @@ def test_reads_keep_the_rows_of_the_named_subqueues_and_counts_sum_per_queue():
     mine = queues_on(places, 0)
     assert mine == {1: "acme/jobs", 3: "tasks"}
     assert per_queue({**mine, 4: "acme/jobs"}, {1: 5, 3: 2, 4: 1}) == {"acme/jobs": 6, "tasks": 2}
+
+
+def test_a_call_vouched_for_in_process_keeps_every_check_but_the_hmac(manager):
+    async def scenario():
+        gate = Gate(manager.fetch, shard=0)
+        manager.places[2] = Place("globex/own", "globex", 0)
+        # acme has no key at all: no signature of it could be verified
+        assert await admit(gate, PEEK, Vouched("acme", "jobs"), 1) == "acme"
+        with pytest.raises(AuthError):  # vouched for another queue than it names
+            await admit(gate, PEEK, Vouched("acme", "other"), 1)
+        with pytest.raises(AuthError):  # another account's subqueue
+            await admit(gate, PEEK, Vouched("acme", "jobs"), 2)
+    run(scenario())

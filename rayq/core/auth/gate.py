@@ -19,6 +19,11 @@ Seen nonces outlive a restart (rayq.core.auth.nonces): a gate starts with the no
 its actor stored, and with a ``journal`` it stores each verified request's nonce
 before the request acts. Shards pass none: they store nonces in the group commit
 of the request itself.
+
+A call from the actor's own process (the SQS endpoint a shard runs for connections
+handed to it, through rayq.channel.LocalChannel) carries a :class:`Vouched` instead of a
+signature: the process that would verify the signature made it, so the account is
+taken as signed, with no HMAC and no nonce; every other check still runs.
 """
 
 from __future__ import annotations
@@ -133,6 +138,10 @@ class Gate:
         does not hold."""
         if auth is None:
             return ADMIN
+        if isinstance(auth, Vouched):
+            if auth.queue != queue:
+                raise AuthError("the call is for another queue")
+            return auth.account
         await self._refresh()
         account = self.verifier.verify(auth, queue, operation, body, self.clock.now())
         if self._journal is not None:  # durable before the request acts
@@ -168,6 +177,21 @@ class Gate:
 
 
 @dataclass(frozen=True)
+class Vouched:
+    """A request from the gate's own process, for ``account`` on ``queue`` (see the
+    module docstring). Only a shard's in-process channel makes one: frames on the
+    socket carry Signatures, and a Ray caller able to pass one may act unsigned, as
+    the ``default`` account, anyway."""
+
+    account: str
+    queue: str
+
+    @classmethod
+    def of(cls, signature: Signature) -> "Vouched":
+        return cls(signature.account, signature.queue)
+
+
+@dataclass(frozen=True)
 class Caller:
     """Who a request acts for, handed to a ``@signed`` method that takes a ``caller``
     parameter: its account, and its signature (None when unsigned; a shard stores the
@@ -193,7 +217,8 @@ def signed(operation: Operation) -> Callable:
             caller = UNSIGNED
             if auth is not None:
                 arguments = operation.bind(*args, **kwargs)
-                caller = Caller(await self.gate.admit(operation, auth, arguments), auth)
+                caller = Caller(await self.gate.admit(operation, auth, arguments),
+                                None if isinstance(auth, Vouched) else auth)  # no nonce to keep
             if wants_caller:
                 kwargs["caller"] = caller
             return await method(self, *args, **kwargs)
