@@ -95,11 +95,12 @@ def _log_failure(task: asyncio.Task) -> None:
 
 def movable(request: web.Request) -> bool:
     """Whether ``request``'s connection could move after it is answered: plain HTTP,
-    kept alive, and no later request already read from it."""
+    kept alive, its body read to the end, and no later request already read from it."""
     transport = request.transport
     return (transport is not None and not transport.is_closing()
             and transport.get_extra_info("sslcontext") is None
-            and request.keep_alive and not getattr(request.protocol, "_messages", True))
+            and request.keep_alive and request.content.at_eof()
+            and not getattr(request.protocol, "_messages", True))
 
 
 async def hand_off(request: web.Request, response: web.StreamResponse, door: str) -> bool:

@@ -23,6 +23,7 @@ async def _servers(tmp_path, door_path=None, replica_says=None):
     door = handoff.Door(str(tmp_path / "door"), handoff.adopt_into(shard.server, 8))
 
     async def hand_every_one(request):
+        await request.read()  # as the endpoint does before it answers
         response = web.Response(text="replica")
         if handoff.movable(request):
             await handoff.hand_off(request, response, door_path or door.path)
@@ -55,7 +56,7 @@ async def _close(replica, shard, door):
     await shard.cleanup()
 
 
-def _answers(port: int, count: int, actions=()) -> list[str]:
+def _answers(port: int, count: int, actions=(), body_bytes: int = 2) -> list[str]:
     """The bodies of ``count`` requests on one keep-alive connection, one after another
     (the first ones with the X-Action headers ``actions``, the rest with "Send")."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
@@ -63,7 +64,8 @@ def _answers(port: int, count: int, actions=()) -> list[str]:
     try:
         out = []
         for action in actions:
-            connection.request("POST", "/", body=b"{}", headers={"X-Action": action})
+            connection.request("POST", "/", body=b"x" * body_bytes,
+                               headers={"X-Action": action})
             out.append(connection.getresponse().read().decode())
         return out
     finally:
@@ -116,6 +118,7 @@ def _with_doors(tmp_path, ask, actions, count, home=lambda: 0):
         doors = {}
 
         async def replica_says(request, door):
+            await request.read()
             if "d" not in doors:
                 doors["d"] = handoff.Doors(None, lambda shard: ask(shard, door.path),
                                            {"Send"}, "here")
@@ -148,3 +151,18 @@ def test_doors_leave_a_connection_whose_shard_is_elsewhere_down_or_spread(tmp_pa
     assert _with_doors(tmp_path, elsewhere, [], 3) == ["replica"] * 3
     assert _with_doors(tmp_path, down, [], 3) == ["replica"] * 3
     assert _with_doors(tmp_path, elsewhere, [], 2, home=lambda: None) == ["replica"] * 2
+
+
+def test_a_request_whose_body_was_not_read_keeps_its_connection_here(tmp_path):
+    async def main():
+        async def unread(request, door):
+            response = web.Response(text="replica")
+            if handoff.movable(request):
+                await handoff.hand_off(request, response, door.path)
+            return response
+        port, *servers = await _servers(tmp_path, replica_says=unread)
+        try:
+            return await asyncio.to_thread(_answers, port, 3, [], 1 << 16)
+        finally:
+            await _close(*servers)
+    assert asyncio.run(main()) == ["replica"] * 3
