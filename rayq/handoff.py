@@ -11,8 +11,10 @@ The socket travels by SCM_RIGHTS through the shard's *door*, a Unix datagram soc
 in the shard's 0700 channel folder. The replica hands it over between two requests:
 it stops reading before it writes its answer, so the client's next request waits in
 the kernel until the shard reads it. A connection with anything else in flight (TLS
-state, a pipelined request already read, an answer not yet written out) stays where
-it is.
+state, a pipelined request already read, a body not read to its end, an answer not yet
+written out) stays where it is. Only a client that pipelines (sends its next request
+before the answer) and splits that request's headers across packets could lose it
+here, as a timeout it retries: SQS SDKs do not pipeline.
 """
 
 from __future__ import annotations
