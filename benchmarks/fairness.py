@@ -3,7 +3,7 @@ intervention (docs/fair-dispatch.md, docs/fairness-coordinator.md).
 
     python benchmarks/fairness.py [--scale 1.0] [--only burst,weights,intervention,overhead]
 
-1. Burst (issue 14's scenario, default thresholds): FairnessConfig(key="tenant"), 2
+1. Burst (the noisy-burst scenario, default thresholds): FairnessConfig(key="tenant"), 2
    consumers; three quiet tenants each submit one 20 ms task every 0.5 s for 20 s;
    dwell = handler start - submit. Quiet tenants' p50/p99 dwell alone, during a
    noisy tenant's burst of 1 500 tasks of 200 ms with rayq's fair dispatch, and

@@ -4,7 +4,7 @@
                                [--deep 1000000] [--parts e2e,send,tasks,depth]
 
 200-byte bodies, every write fsync'd before it is acknowledged. Each rayq
-figure sits beside its peer from the same run and the target ratio of issue 15:
+figure sits beside its peer from the same run and its target ratio:
 - end-to-end, 2 pipelines of send_batch(500) -> receive(500) -> delete_batch,
   beside Redis Streams (appendfsync always; redis-py pipelines of 500:
   XADD / XREADGROUP / XACK+XDEL);

@@ -144,7 +144,7 @@ def depth_figures(client: rayq.Client, deep: int) -> dict:
 
 
 def depth_rows(depth: dict, budget_bytes: int, targets: bool = False) -> list[dict]:
-    """The table rows of :func:`depth_figures`, with the issue's targets if ``targets``."""
+    """The table rows of :func:`depth_figures`, with their targets if ``targets``."""
     mib, deep = 1 << 20, depth["deep"]
     ceiling = {"baseline": "cache budget + 150 MiB", "baseline_value": budget_bytes / mib + 150,
                **({"target": "<= 1.00"} if targets else {})}

@@ -26,11 +26,12 @@ import socket
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
-from typing import NamedTuple
-
-from aiohttp import web
+from typing import TYPE_CHECKING, NamedTuple
 
 from rayq.errors import RayqError
+
+if TYPE_CHECKING:  # aiohttp is loaded by the endpoint, not by every shard that imports this
+    from aiohttp import web
 
 log = logging.getLogger("rayq.handoff")
 
