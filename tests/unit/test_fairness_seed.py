@@ -31,7 +31,7 @@ def waiting(key, since, now=NOW):
 # window it ran 2 and deferred 8 (the source's example, "fraction ... to 0.2").
 @pytest.mark.parametrize("used_s, deferrals, expected_s, starvation, group", [
     # a usage victim: 100 of 300; revised to 300 x 0.2 = 60 < 100, so up to what it
-    # used: a fair user, never an offender (not -1.0: an offender's mark)
+    # used: a fair user, never an offender
     (100, True, 100, 0.0, "fair_users"),
     # a deep usage victim stays one after the revision: 10 of 60
     (10, True, 60, 50 / 60, "usage_victims"),
