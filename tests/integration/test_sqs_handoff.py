@@ -38,12 +38,17 @@ def moved_client(key: str):
     return client, url
 
 
-def test_a_moved_connection_is_answered_by_its_shard_after_every_replica_is_killed(key):
-    client, url = moved_client(key)
+def kill_replicas() -> None:
+    """Kill every replica for good: no process listens on the endpoint's port after."""
     replicas = [n for n in actor_names() if n.startswith(replica_name("")) and n != STATE]
     assert replicas
     for name in replicas:
         ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+
+
+def test_a_moved_connection_is_answered_by_its_shard_after_every_replica_is_killed(key):
+    client, url = moved_client(key)
+    kill_replicas()
     client.send_message(QueueUrl=url, MessageBody="second")  # the same connection
     got = client.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]
     assert sorted(m["Body"] for m in got) == ["first", "second"]
@@ -55,6 +60,8 @@ def test_a_moved_connection_is_answered_by_its_shard_after_every_replica_is_kill
 
 def test_stopping_the_endpoint_closes_the_connections_shards_were_handed(key):
     client, url = moved_client(key)
+    kill_replicas()
+    client.send_message(QueueUrl=url, MessageBody="moved")  # the shard holds it
     stop_sqs()
     with pytest.raises(BotoCoreError):  # closed, and no replica takes a new one
         client.send_message(QueueUrl=url, MessageBody="after")
