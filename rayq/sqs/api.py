@@ -35,7 +35,8 @@ from rayq.sqs import messages as msgs
 from rayq.sqs import moves, queues
 from rayq.sqs.admission import Parked
 from rayq.sqs.batches import check_entries, failure
-from rayq.sqs.errors import SqsError, bad_handle, from_rayq, invalid, missing, out_of_range
+from rayq.sqs.errors import (SqsError, bad_handle, from_rayq, int_param, invalid, missing,
+                              out_of_range)
 from rayq.sqs.names import HOME_REGION
 from rayq.sqs.sigv4 import Caller
 from rayq.sqs.target import Target
@@ -193,7 +194,7 @@ class SqsApi:
                                "queue type.")
         group = entry.get("MessageGroupId")
         tenant, kept_group = _group(group, t.caller.account)
-        delay = _int(entry, "DelaySeconds", 0, MAX_DELAY_S, settings.delay_s)
+        delay = int_param(entry, "DelaySeconds", 0, MAX_DELAY_S, settings.delay_s)
         trace = system.get(msgs.TRACE_HEADER, {}).get("StringValue")
         envelope = msgs.Envelope(body, attributes, trace=trace, group=kept_group, dedup=dedup)
         key = fifo.scope_key(dedup, group, settings.text("DeduplicationScope") ==
@@ -279,9 +280,9 @@ class SqsApi:
     def _receive_message(self, t: Target, p: dict) -> dict:
         t.need()
         settings = queues.settings_of(self, t)
-        count = _int(p, "MaxNumberOfMessages", 1, MAX_RECEIVE, 1)
-        hide_s = _int(p, "VisibilityTimeout", 0, MAX_VISIBILITY_S, settings.visibility_timeout_s)
-        wait_s = _int(p, "WaitTimeSeconds", 0, MAX_WAIT_S, settings.wait_s)
+        count = int_param(p, "MaxNumberOfMessages", 1, MAX_RECEIVE, 1)
+        hide_s = int_param(p, "VisibilityTimeout", 0, MAX_VISIBILITY_S, settings.visibility_timeout_s)
+        wait_s = int_param(p, "WaitTimeSeconds", 0, MAX_WAIT_S, settings.wait_s)
         system = msgs.check_system_names(p.get("MessageSystemAttributeNames",
                                                p.get("AttributeNames")))
         names = p.get("MessageAttributeNames")
@@ -458,15 +459,6 @@ def _unsupported(action: str) -> SqsError:
 
 def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
-
-
-def _int(p: dict, name: str, low: int, high: int, default: int | None) -> int | None:
-    value = p.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise out_of_range(name, value, f"Must be between {low} and {high}, if provided.")
-    return value
 
 
 def _group(group: Any, account: str) -> tuple[str | None, str | None]:

@@ -9,6 +9,7 @@ gates decide who reaches a queue, and LMDB stores messages as they came.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import asdict, dataclass, fields, replace
@@ -236,9 +237,13 @@ def redrive_policy(value: str) -> str:
 
 def redrive_target(settings: Settings) -> tuple[str, int] | None:
     """(deadLetterTargetArn, maxReceiveCount) of a queue with a redrive policy."""
-    if not settings.redrive:
-        return None
-    policy = json.loads(settings.redrive)
+    return _redrive(settings.redrive) if settings.redrive else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _redrive(policy_json: str) -> tuple[str, int]:
+    """A RedrivePolicy read once per text (every receive of the queue asks)."""
+    policy = json.loads(policy_json)
     return policy["deadLetterTargetArn"], policy["maxReceiveCount"]
 
 

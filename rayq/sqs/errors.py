@@ -61,6 +61,18 @@ def out_of_range(name: str, value: object, reason: str) -> SqsError:
     return invalid(f"Value {value!s:.80} for parameter {name} is invalid. Reason: {reason}")
 
 
+def int_param(params: dict, name: str, low: int, high: int,
+              default: int | None = None) -> int | None:
+    """A request's integer parameter ``name``, from ``low`` to ``high``; ``default`` when
+    it is absent. Raises InvalidParameterValue otherwise."""
+    value = params.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise out_of_range(name, value, f"Must be between {low} and {high}, if provided.")
+    return value
+
+
 def too_long(max_bytes: int) -> SqsError:
     return invalid(f"One or more parameters are invalid. Reason: Message must be shorter than "
                    f"{max_bytes} bytes.")

@@ -7,11 +7,12 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+from collections.abc import Callable
 from typing import Any
 
 from rayq.sqs import attributes as attrs
 from rayq.sqs import policy
-from rayq.sqs.errors import SqsError, invalid, missing
+from rayq.sqs.errors import SqsError, int_param, invalid, missing
 from rayq.sqs.names import QueueId, from_rayq, is_fifo, valid_name
 from rayq.sqs.target import Target
 
@@ -90,13 +91,10 @@ def list_queues(api, t: Target, p: dict) -> dict:
     prefix = p.get("QueueNamePrefix", "")
     if not isinstance(prefix, str):
         raise invalid("QueueNamePrefix must be a string.")
-    limit = _int(p, "MaxResults", 1, 1000)
-    after = _token(p.get("NextToken"))
-    urls = sorted(t.url(q) for q in _listed(t) if q.name.startswith(prefix))
-    urls = [u for u in urls if u > after]
-    out: dict[str, Any] = {"QueueUrls": urls[:limit or 1000]} if urls else {}
-    if limit is not None and len(urls) > limit:
-        out["NextToken"] = base64.urlsafe_b64encode(urls[limit - 1].encode()).decode()
+    out = _page(p, "QueueUrls", lambda: sorted(
+        t.url(q) for q in _listed(t) if q.name.startswith(prefix)))
+    if not out["QueueUrls"]:  # SQS leaves an empty list out
+        del out["QueueUrls"]
     return out
 
 
@@ -175,13 +173,7 @@ def check_redrive(api, t: Target, queue: QueueId, settings: attrs.Settings) -> N
 
 def list_dead_letter_source_queues(api, t: Target, p: dict) -> dict:
     t.info()
-    limit = _int(p, "MaxResults", 1, 1000)
-    after = _token(p.get("NextToken"))
-    urls = [u for u in dead_letter_sources(api, t, t.need()) if u > after]
-    out: dict[str, Any] = {"queueUrls": urls[:limit or 1000]}
-    if limit is not None and len(urls) > limit:
-        out["NextToken"] = base64.urlsafe_b64encode(urls[limit - 1].encode()).decode()
-    return out
+    return _page(p, "queueUrls", lambda: dead_letter_sources(api, t, t.need()))
 
 
 def dead_letter_sources(api, t: Target, queue: QueueId) -> list[str]:
@@ -246,14 +238,18 @@ def _queue_name_param(p: dict) -> str:
     return name
 
 
-def _int(p: dict, name: str, low: int, high: int) -> int | None:
-    value = p.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise invalid(f"Value {value!s:.40} for parameter {name} is invalid. Reason: Must be "
-                      f"between {low} and {high}, if provided.")
-    return value
+def _page(p: dict, key: str, listed: Callable[[], list[str]]) -> dict:
+    """One page, under ``key``, of the sorted URLs ``listed()`` gives: those after the
+    request's NextToken, MaxResults of them (1 to 1000; all without), and the
+    NextToken of the page after when more are left. The parameters are checked
+    before anything is listed."""
+    limit = int_param(p, "MaxResults", 1, 1000)
+    after = _token(p.get("NextToken"))
+    urls = [u for u in listed() if u > after]
+    out: dict[str, Any] = {key: urls[:limit or 1000]}
+    if limit is not None and len(urls) > limit:
+        out["NextToken"] = base64.urlsafe_b64encode(urls[limit - 1].encode()).decode()
+    return out
 
 
 def _token(token: Any) -> str:
