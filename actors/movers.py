@@ -7,7 +7,8 @@ its LMDB) and runs them: a task outlives the replica that started it, and a stat
 that restarts runs its RUNNING tasks again (CANCELLING ones end CANCELLED). A mover acts
 through a rayq client of the account that started the task, signed with the account's
 first key from the manager's directory, so the runtime's gates check it as they check the
-account's own requests.
+account's own requests; a batch refused after the key was rotated is signed anew with
+the key of now.
 """
 
 from __future__ import annotations
@@ -55,12 +56,13 @@ class Movers:
                          name=f"sqs-move-{task.handle[-8:]}").start()
 
     def _run(self, task: MoveTask) -> None:
-        try:
+        def mover():  # with the account's key of now (it may be rotated meanwhile)
             t = self._target(task)
             source = t.from_arn(task.source_arn)
             to = t.from_arn(task.destination_arn) if task.destination_arn else None
-            moves.run(task, self.tasks, lambda n: moves.move_batch(t, source, to, n),
-                      self.clock, _pause)
+            return lambda n: moves.move_batch(t, source, to, n)
+        try:
+            moves.run(task, self.tasks, moves.signed_anew(mover), self.clock, _pause)
         except Exception as err:  # the runtime or the account is gone: the task failed
             log.warning("message move task from %s failed: %r", task.source_arn, err)
             self.tasks.finish(task.handle, MoveStatus.FAILED, f"{type(err).__name__}: {err}")

@@ -33,7 +33,7 @@ from typing import Any
 from rayq.core.codec.model import Outgoing, pack, unpack
 from rayq.core.kit.clock import Clock
 from rayq.core.kit.kv import KV
-from rayq.errors import QueueNotFound
+from rayq.errors import AuthError, QueueNotFound
 from rayq.sqs import messages as msgs
 from rayq.sqs import queues
 from rayq.sqs.errors import SqsError, invalid, missing
@@ -259,6 +259,23 @@ def pause_s(done: int, rate_per_s: int, elapsed_s: float) -> float:
     """How long to wait before the next batch so that ``done`` messages in ``elapsed_s``
     keep to ``rate_per_s``."""
     return max(0.0, done / rate_per_s - elapsed_s)
+
+
+def signed_anew(make: Callable[[], Callable[[int], tuple[int, int, int]]]
+                ) -> Callable[[int], tuple[int, int, int]]:
+    """A task's ``batch`` for :func:`run`, made by ``make()`` with the account's key of now,
+    and made again once when the runtime refuses it as signed (the account's key was
+    rotated since). A key rotated between a batch's receive and its send leaves what it
+    received hidden in the source for HIDE_S, as any move cut short does."""
+    current = [make()]
+
+    def batch(n: int) -> tuple[int, int, int]:
+        try:
+            return current[0](n)
+        except AuthError:
+            current[0] = make()
+            return current[0](n)
+    return batch
 
 
 def run(task: MoveTask, tasks: MoveTasks, batch: Callable[[int], tuple[int, int, int]],

@@ -73,6 +73,20 @@ def test_a_slow_task_is_seen_running_then_completes_with_every_message_moved(end
     assert sorted(moved) == sorted(bodies) and drained(client, url) == []
 
 
+def test_a_task_goes_on_after_its_accounts_key_is_rotated(endpoint):
+    client = sqs(endpoint, "tool")
+    url, source_arn, bodies = filled(client, 12)
+    destination = new_queue(client)
+    client.start_message_move_task(SourceArn=source_arn, DestinationArn=arn_of(
+        client, destination), MaxNumberOfMessagesPerSecond=2)
+    eventually(lambda: latest(client, source_arn)["ApproximateNumberOfMessagesMoved"] > 0)
+    # the key the task started with (and this client signs with) is replaced
+    fresh = sqs(endpoint, "tool", endpoint["admin"].rotate_key(1, account="tool"))
+    task = ended(fresh, source_arn)
+    assert (task["Status"], task["ApproximateNumberOfMessagesMoved"]) == ("COMPLETED", 12)
+    assert sorted(drained(fresh, destination)) == sorted(bodies) and drained(fresh, url) == []
+
+
 def test_a_second_task_on_a_running_source_is_refused(endpoint):
     client = sqs(endpoint)
     _, source_arn, _ = filled(client, 10)

@@ -4,9 +4,11 @@ loop, over a memory KV and a fake clock."""
 import pytest
 
 from rayq.core.kit.clock import FakeClock
+from rayq.errors import AuthError
 from rayq.sqs.errors import SqsError
 from rayq.sqs.moves import (BATCH, DEFAULT_RATE_PER_S, KEPT_TASKS, MoveFailed, MoveStatus,
-                            MoveTask, MoveTasks, handle_source, new_handle, pause_s, run)
+                            MoveTask, MoveTasks, handle_source, new_handle, pause_s, run,
+                            signed_anew)
 from rayq.testing import MemoryKV
 
 SOURCE = "arn:aws:sqs:eu-west-1:123456789012:dlq"
@@ -234,3 +236,30 @@ def test_a_task_cancelled_while_its_mover_was_away_ends_cancelled(tasks):
     tasks.cancel(task.handle)
     ended = run(task, tasks, source.batch, FakeClock(), waiting(FakeClock())[0])
     assert (ended.status, ended.moved, source.sizes) == (MoveStatus.CANCELLED, 0, [])
+
+
+def test_a_batch_refused_after_a_key_rotation_is_made_again_with_the_key_of_now():
+    keys = iter(["old", "new"])
+    made = []
+
+    def make():
+        key = next(keys)
+        made.append(key)
+
+        def batch(n):
+            if key == "old":
+                raise AuthError("the signature does not match the account's keys")
+            return n, 0, n
+        return batch
+    batch = signed_anew(make)
+    assert batch(3) == (3, 0, 3) and batch(2) == (2, 0, 2)
+    assert made == ["old", "new"]  # made again once, then kept
+
+
+def test_a_batch_refused_with_the_key_of_now_too_fails_its_task():
+    def make():
+        def batch(n):
+            raise AuthError("the account is gone")
+        return batch
+    with pytest.raises(AuthError):
+        signed_anew(make)(1)
