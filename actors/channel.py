@@ -23,6 +23,7 @@ from typing import Any
 from rayq.channel import host_id, serve_in_process
 from rayq.core.auth.accounts import Signature
 from rayq.core.auth.gate import Vouched
+from rayq.core.auth.operations import Binder
 from rayq.core.codec.frames import (HEADER, MAX_FRAME_BYTES, FrameError, decode_request,
                               encode_failure, encode_reply)
 from rayq.errors import InvalidMessage, RayqError, RuntimeFailure
@@ -39,7 +40,7 @@ class ChannelServer:
         self._target, self._name = target, name
         self._key = None if home is None else hashlib.blake2b(
             os.path.abspath(home).encode(), digest_size=6).hexdigest()
-        self._methods = {m: inspect.signature(getattr(target, m)) for m in methods}
+        self._methods = {m: Binder(inspect.signature(getattr(target, m))) for m in methods}
         self._server: asyncio.base_events.Server | None = None
         self._dir: str | None = None
         self._starting = asyncio.Lock()  # concurrent first asks start one server
@@ -128,16 +129,16 @@ class ChannelServer:
         """The call's keyword arguments, ``auth`` included; refuses a method the channel
         does not serve, arguments it does not take, and auth anywhere but the frame's
         own field (where frames.decode_request checked it is a Signature)."""
-        signature = self._methods.get(method)
-        if signature is None or "auth" in kwargs:
+        bind = self._methods.get(method)
+        if bind is None or "auth" in kwargs:
             raise InvalidMessage(f"{method!r} is not served on the local channel")
         if auth is not None:
             kwargs = {**kwargs, "auth": auth}
         try:
-            bound = signature.bind(*args, **kwargs)
+            bound = bind(args, kwargs)
         except TypeError as err:
             raise InvalidMessage(f"{method}: {err}") from None
-        if bound.arguments.get("auth") is not auth:  # a positional argument in auth's place
+        if bound.get("auth") is not auth:  # a positional argument in auth's place
             raise InvalidMessage(f"{method}: auth travels in the frame, not as an argument")
         return kwargs
 

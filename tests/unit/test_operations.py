@@ -227,3 +227,35 @@ def test_a_signed_method_admits_its_caller_before_it_runs(world):
     with pytest.raises(AuthError, match="default"):
         asyncio.run(shard.stats(auth=signers["acme"].sign(SHARD_OPS["stats"])))
     assert asyncio.run(shard.stats(auth=signers[ADMIN].sign(SHARD_OPS["stats"]))) == "stats"
+
+
+_SIGNATURES = [inspect.signature(f) for f in (
+    lambda a, b=1, *, c=None: None,
+    lambda a, b, c=3: None,
+    lambda *, k, auth=None: None,
+    lambda a, *rest, **more: None,
+)] + [op.signature for op in OPERATIONS.values()]
+
+
+@pytest.mark.parametrize("signature", _SIGNATURES, ids=str)
+def test_binder_binds_as_inspect_does(signature):
+    """Binder's fast path answers exactly what inspect's bind + apply_defaults answers,
+    and refuses (TypeError) exactly what inspect refuses."""
+    from rayq.core.auth.operations import Binder
+
+    names = list(signature.parameters) + ["stray"]
+    binder = Binder(signature)
+    cases = [((), {})] + [(tuple(range(n)), {}) for n in range(1, len(names) + 2)]
+    for n in range(len(names)):
+        for chosen in (names[n:], names[:n], names[::2], [names[n]]):
+            cases += [((), dict.fromkeys(chosen, "v")), ((0,), dict.fromkeys(chosen, "v"))]
+    for args, kwargs in cases:
+        try:
+            expected = signature.bind(*args, **kwargs)
+        except TypeError:
+            with pytest.raises(TypeError):
+                binder(args, kwargs)
+            continue
+        expected.apply_defaults()
+        got = binder(args, kwargs)
+        assert got == dict(expected.arguments) and list(got) == list(expected.arguments)

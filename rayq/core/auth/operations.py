@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import enum
+import functools
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,6 +37,36 @@ from rayq.core.codec.model import Receipt
 from rayq.errors import AuthError, InvalidMessage, ReceiptInvalid
 
 RESERVED = frozenset({"auth", "caller", "queue", "self"})  # never an operation's parameter
+
+
+class Binder:
+    """``signature.bind(*args, **kwargs)`` with defaults applied, as a dict in parameter
+    order: what every signed call does two or three times, so the common case (no
+    ``*args``/``**kwargs`` parameter, nothing missing or doubled) skips inspect's
+    general binding. Anything else goes to inspect, which raises its TypeError."""
+
+    def __init__(self, signature: inspect.Signature):
+        params = list(signature.parameters.values())
+        self.signature = signature
+        self._plain = all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params)
+        self._positional = tuple(p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD)
+        self._names = tuple(signature.parameters)
+        self._known = frozenset(self._names)
+        self._defaults = {p.name: p.default for p in params if p.default is not p.empty}
+
+    def __call__(self, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        if self._plain and len(args) <= len(self._positional) and kwargs.keys() <= self._known:
+            given = dict(zip(self._positional, args))
+            if not given.keys() & kwargs.keys():
+                given.update(kwargs)
+                if len(given) == len(self._names):
+                    return {name: given[name] for name in self._names}
+                if all(name in given or name in self._defaults for name in self._names):
+                    return {name: given[name] if name in given else self._defaults[name]
+                            for name in self._names}
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
 
 
 class Scope(enum.Enum):
@@ -72,15 +103,17 @@ class Operation:
     def admin_only(self) -> bool:
         return self.scope is Scope.ADMIN
 
+    @functools.cached_property
+    def _binder(self) -> Binder:
+        return Binder(self.signature)
+
     def bind(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """The call's arguments by name, defaults filled in. Raises InvalidMessage for
         arguments the operation does not take."""
         try:
-            bound = self.signature.bind(*args, **kwargs)
+            return self._binder(args, kwargs)
         except TypeError as err:
             raise InvalidMessage(f"{self.name}: {err}") from None
-        bound.apply_defaults()
-        return dict(bound.arguments)
 
     def body(self, arguments: Mapping[str, Any]) -> bytes:
         """The canonical bytes a signature's digest covers: every parameter, by name, in
