@@ -168,7 +168,7 @@ class ReplicaKeeper:
         try:
             await kill_named(follower_name(shard, node.name))  # an out-of-sync one: anew
             follower = start_follower(shard, node, self.data_dir, self.config)
-            await call_async(lambda: follower.state.remote())
+            await asyncio.wait_for(call_async(lambda: follower.state.remote()), SEED_TIMEOUT_S)
             leader = ray.get_actor(shard_name(shard), namespace=NAMESPACE)
             seq = await asyncio.wait_for(call_async(lambda: leader.seed.remote(node.name),
                                                     NO_RETRY), SEED_TIMEOUT_S)

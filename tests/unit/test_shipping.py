@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from rayq.core.control.placement import ShardPlace
-from rayq.core.control.replicas import shrink
+from rayq.core.control.replicas import rejoin, shrink
 from rayq.core.control.shipping import Shipper, acknowledged
 from rayq.core.kit.kv import LmdbKV, Write
 from rayq.core.storage.replica import Replica
@@ -33,6 +33,10 @@ class FakePeers:
 
     async def shrink(self, node, epoch):
         self.place = shrink(self.place, node, epoch)
+        return self.place
+
+    async def rejoin(self, node, epoch):
+        self.place = rejoin(self.place, node)
         return self.place
 
 
@@ -120,3 +124,60 @@ def test_a_follower_that_applied_other_write_sets_is_out_of_sync(tmp_path):
         assert await group(shipper, 1) == 1
     run(scenario())
     assert peers.place.in_sync == ("a",)
+
+
+def test_a_seeded_follower_joins_while_writes_never_stop_and_only_holding_every_ack(tmp_path):
+    """A write lands during every apply call to the new follower c, so c is never
+    exactly caught up; it still joins, and only once it holds every write set already
+    acknowledged (failover may promote it from then on)."""
+    place = ShardPlace(0, ("a", "b"), ("a", "b"), 1)
+    peers = FakePeers(tmp_path, place)
+    peers.replicas["c"] = Replica(LmdbKV(tmp_path / "c"))
+    shipped: list = []  # (n, its Shipped) of every group commit
+    held_at_join: list = []
+
+    async def scenario():
+        shipper = Shipper(0, place, 0, 1, peers)
+
+        def commit():
+            n = len(shipped) + 1
+            shipped.append((n, shipper.ship([n], (Write("rows", b"k%d" % n, b"v"),))[0]))
+
+        apply = peers.apply
+
+        async def apply_while_writing(node, epoch, first_seq, sets):
+            if node == "c" and "c" not in peers.place.in_sync:
+                commit()
+            await asyncio.sleep(0)
+            return await apply(node, epoch, first_seq, sets)
+
+        async def rejoin_checked(node, epoch):
+            acked = [n for n, one in shipped if one.acked.done()]
+            held_at_join.append((peers.replicas["c"].seq, max(acked)))
+            return await FakePeers.rejoin(peers, node, epoch)
+
+        peers.apply, peers.rejoin = apply_while_writing, rejoin_checked
+        for _ in range(3):
+            commit()
+        await asyncio.sleep(0.05)
+
+        async def install(seq):
+            peers.replicas["c"].apply(1, 1, [(Write("rows", b"k%d" % n, b"v"),)
+                                            for n in range(1, seq + 1)])
+
+        async def copy():
+            return shipper.log.committed
+
+        await shipper.seed("c", copy, install)
+        commit()  # the first write after the copy: from here on one lands in each call
+        while "c" not in peers.place.in_sync:
+            await asyncio.sleep(0.01)
+        commit()
+        last = shipped[-1][1]
+        await last.acked
+        assert peers.replicas["c"].seq >= shipped[-1][0]  # acknowledged: c applied it too
+        shipper.stop()
+    run(scenario())
+    (held, acked), = held_at_join
+    assert held >= acked
+    assert peers.place.in_sync == ("a", "b", "c")

@@ -229,9 +229,11 @@ class ShipLog:
     def follows(self, node: str) -> bool:
         return node in self.acked or node in self.joining
 
-    def caught_up(self, node: str) -> bool:
-        """Whether a joining follower applied every write set committed so far."""
-        return self.joining.get(node, -1) >= self.committed
+    def caught_up(self, node: str, lag: int = 0) -> bool:
+        """Whether a joining follower applied every write set committed so far but at
+        most ``lag`` (while writes go on, one always lands during the call that applied
+        the rest)."""
+        return node in self.joining and self.joining[node] >= self.committed - lag
 
     def count(self, node: str) -> None:
         """A joining follower is in sync from now on: acknowledgements wait for it."""

@@ -91,6 +91,7 @@ class Shipper:
         self.log = ShipLog(committed, place.in_sync[1:])
         self.refused: RayqError | None = None  # set once a newer epoch replaced this leader
         self._more = {node: asyncio.Event() for node in self.log.followers}
+        self._joining: dict[str, int] = {}  # seeded followers counted: the seq they must reach
         self._senders = [asyncio.get_running_loop().create_task(self._send_forever(node))
                          for node in self.log.followers]
 
@@ -122,6 +123,7 @@ class Shipper:
         follower; the write sets after it follow, and once the follower caught up the
         manager puts it in sync. Returns the copy's sequence number."""
         self.log.join(node)  # before the copy: the write sets after it are kept
+        self._joining.pop(node, None)
         self._more[node] = asyncio.Event()
         try:
             seq = await copy()
@@ -156,18 +158,24 @@ class Shipper:
             self.peers.apply(node, self.place.epoch, first, sets), self.timeout_s)
         self.log.applied(node, applied)
         self._release()
-        if self.log.caught_up(node):
+        if self.log.caught_up(node, lag=MAX_SETS_PER_CALL):
+            # A seeded follower one call behind: acknowledgements wait for it from now
+            # on; the earlier ones did not, so it joins once it holds those too.
+            self.log.count(node)
+            self._joining[node] = self.log.committed
+        mark = self._joining.get(node)
+        if mark is not None and self.log.acked[node] >= mark:
+            del self._joining[node]
             await self._rejoin(node)
 
     async def _rejoin(self, node: str) -> None:
-        """A seeded follower caught up: the manager puts it in sync (a new epoch), and
-        acknowledgements wait for it from then on."""
+        """A seeded follower holds every acknowledged write set, and acknowledgements
+        wait for it: the manager puts it in sync (a new epoch), so failover may promote it."""
         try:
             self.place = await self.peers.rejoin(node, self.place.epoch)
         except StaleEpoch as err:
             self._refuse(err)
             return
-        self.log.count(node)
         log.info("shard %d: follower on %s in sync, epoch %d", self.index, node, self.place.epoch)
 
     async def _handshake(self, node: str) -> None:
@@ -198,6 +206,7 @@ class Shipper:
     def _shrunk(self, node: str, place: ShardPlace) -> None:
         self.place = place
         self.log.remove(node)
+        self._joining.pop(node, None)
         try:
             check_in_sync(place, self.min_in_sync)
         except NotEnoughReplicas as err:
