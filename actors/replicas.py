@@ -163,8 +163,9 @@ class ReplicaKeeper:
                 await self._fail_over(self.places[shard], nodes, prefer=node)
 
     async def _seed(self, shard: int, node: DataNode) -> None:
-        """Start a fresh follower on ``node`` and have the leader seed it (the leader
-        asks for it to join the in-sync set once it caught up)."""
+        """Start a fresh follower on ``node`` and have the leader seed it; done once the
+        follower is in sync (the leader asks for that once it caught up) or lost: a
+        shard stays out of :meth:`_reseed`'s choice until then."""
         try:
             await kill_named(follower_name(shard, node.name))  # an out-of-sync one: anew
             follower = start_follower(shard, node, self.data_dir, self.config)
@@ -172,7 +173,7 @@ class ReplicaKeeper:
             leader = ray.get_actor(shard_name(shard), namespace=NAMESPACE)
             seq = await asyncio.wait_for(call_async(lambda: leader.seed.remote(node.name),
                                                     NO_RETRY), SEED_TIMEOUT_S)
-            log.warning("shard %d: follower on %s seeded at %d", shard, node.name, seq)
+            log.warning("shard %d: follower on %s seeded at %d, in sync", shard, node.name, seq)
         except (RayqError, ray.exceptions.RayError, ValueError, asyncio.TimeoutError) as err:
             log.warning("shard %d: seeding a follower on %s failed: %r", shard, node.name, err)
 

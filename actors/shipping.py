@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from typing import Any
 
 import ray
 
@@ -44,13 +45,23 @@ class RayPeers:
                                                           namespace=NAMESPACE)
         return found
 
+    def forget(self, node: str) -> None:
+        """Look ``node``'s follower up anew next time (the manager started another)."""
+        self._followers.pop(node, None)
+
+    async def _call(self, node: str, method: str, *args) -> Any:
+        try:
+            follower = self._follower(node)
+            return await call_async(lambda: getattr(follower, method).remote(*args), NO_RETRY)
+        except BaseException:
+            self.forget(node)  # gone, or replaced under its name
+            raise
+
     async def state(self, node: str) -> tuple[int, int]:
-        follower = self._follower(node)
-        return await call_async(lambda: follower.state.remote(), NO_RETRY)
+        return await self._call(node, "state")
 
     async def apply(self, node: str, epoch: int, first_seq: int, sets: list[WriteSet]) -> int:
-        follower = self._follower(node)
-        return await call_async(lambda: follower.apply.remote(epoch, first_seq, sets), NO_RETRY)
+        return await self._call(node, "apply", epoch, first_seq, sets)
 
     async def shrink(self, node: str, epoch: int) -> ShardPlace:
         manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
@@ -141,13 +152,19 @@ class Replication:
         """Seed a follower on ``node``: a consistent copy of the store (taken on the
         store thread, between group commits) goes to it in chunks, the write sets
         after the copy follow, and it joins the in-sync set once caught up. Returns
-        the copy's sequence number."""
+        the copy's sequence number once it is in sync."""
         folder = os.path.join(os.path.dirname(self.path), f"seeding-{self.index}-{node}")
         epoch = self.shipper.place.epoch
+        self.shipper.peers.forget(node)  # the manager started this follower anew
+
+        async def install(seq: int) -> None:
+            try:
+                await send_copy(self.index, node, folder, epoch, seq)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
         try:
-            return await self.shipper.seed(
-                node, lambda: on_store_thread(self._copy, folder),
-                lambda seq: send_copy(self.index, node, folder, epoch, seq))
+            return await self.shipper.seed(node, lambda: on_store_thread(self._copy, folder),
+                                           install)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 

@@ -11,7 +11,7 @@ from rayq.core.control.replicas import rejoin, shrink
 from rayq.core.control.shipping import Shipper, acknowledged
 from rayq.core.kit.kv import LmdbKV, Write
 from rayq.core.storage.replica import Replica
-from rayq.errors import NotEnoughReplicas, StaleEpoch
+from rayq.errors import NotEnoughReplicas, RuntimeFailure, StaleEpoch
 
 
 class FakePeers:
@@ -168,10 +168,11 @@ def test_a_seeded_follower_joins_while_writes_never_stop_and_only_holding_every_
         async def copy():
             return shipper.log.committed
 
-        await shipper.seed("c", copy, install)
+        seeding = asyncio.ensure_future(shipper.seed("c", copy, install))
+        await asyncio.sleep(0.05)
         commit()  # the first write after the copy: from here on one lands in each call
-        while "c" not in peers.place.in_sync:
-            await asyncio.sleep(0.01)
+        assert await seeding == 3            # once c is in sync
+        assert "c" in peers.place.in_sync
         commit()
         last = shipped[-1][1]
         await last.acked
@@ -181,3 +182,27 @@ def test_a_seeded_follower_joins_while_writes_never_stop_and_only_holding_every_
     (held, acked), = held_at_join
     assert held >= acked
     assert peers.place.in_sync == ("a", "b", "c")
+
+
+def test_a_seeding_fails_when_its_follower_is_lost_before_it_is_in_sync(tmp_path):
+    place = ShardPlace(0, ("a", "b"), ("a", "b"), 1)
+    peers = FakePeers(tmp_path, place)
+    peers.replicas["c"] = Replica(LmdbKV(tmp_path / "c"))
+
+    async def scenario():
+        shipper = Shipper(0, place, 0, 1, peers)
+        await group(shipper, 1)
+
+        async def copy():
+            return 0
+
+        async def install(seq):
+            peers.down.add("c")   # the new follower dies right after its copy
+
+        seeding = asyncio.ensure_future(shipper.seed("c", copy, install))
+        await asyncio.sleep(0.05)
+        assert await group(shipper, 2) == 2  # the leader goes on without it
+        with pytest.raises(RuntimeFailure):
+            await seeding
+    run(scenario())
+    assert peers.place.in_sync == ("a", "b")

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from rayq.core.control.placement import ShardPlace
 from rayq.core.control.replicas import ShipLog, check_in_sync
 from rayq.core.kit.kv import WriteSet
-from rayq.errors import NotEnoughReplicas, RayqError, StaleEpoch
+from rayq.errors import NotEnoughReplicas, RayqError, RuntimeFailure, StaleEpoch
 
 log = logging.getLogger("rayq.shipping")
 FOLLOWER_TIMEOUT_S = 5.0   # a follower slower than this is taken out of the in-sync set
@@ -92,6 +92,7 @@ class Shipper:
         self.refused: RayqError | None = None  # set once a newer epoch replaced this leader
         self._more = {node: asyncio.Event() for node in self.log.followers}
         self._joining: dict[str, int] = {}  # seeded followers counted: the seq they must reach
+        self._joined: dict[str, asyncio.Future] = {}  # seedings waiting for their follower
         self._senders = [asyncio.get_running_loop().create_task(self._send_forever(node))
                          for node in self.log.followers]
 
@@ -121,7 +122,8 @@ class Shipper:
         """Seed a follower on ``node``: ``copy()`` takes a consistent copy of the store
         and returns the sequence number it holds, ``install(seq)`` brings it to the
         follower; the write sets after it follow, and once the follower caught up the
-        manager puts it in sync. Returns the copy's sequence number."""
+        manager puts it in sync. Returns the copy's sequence number once the follower
+        is in sync; raises if it is lost before."""
         self.log.join(node)  # before the copy: the write sets after it are kept
         self._joining.pop(node, None)
         self._more[node] = asyncio.Event()
@@ -132,8 +134,10 @@ class Shipper:
         except BaseException:
             self.log.remove(node)
             raise
+        joined = self._joined[node] = asyncio.get_running_loop().create_future()
         self._senders.append(asyncio.get_running_loop().create_task(
             self._send_forever(node, seeded=True)))
+        await joined
         return seq
 
     async def _send_forever(self, node: str, seeded: bool = False) -> None:
@@ -147,6 +151,18 @@ class Shipper:
         except Exception as err:  # the follower failed, is gone or is too slow
             log.warning("shard %d: follower on %s lost: %r", self.index, node, err)
             await self._out_of_sync(node)
+        finally:
+            self._settle(node, RuntimeFailure(
+                f"shard {self.index}: the follower on {node} was lost before it was in sync"))
+
+    def _settle(self, node: str, error: Exception | None = None) -> None:
+        """End the wait of ``node``'s seeding: in sync (no ``error``) or lost."""
+        joined = self._joined.pop(node, None)
+        if joined is not None and not joined.done():
+            if error is None:
+                joined.set_result(None)
+            else:
+                joined.set_exception(error)
 
     async def _send(self, node: str) -> None:
         first, sets = self.log.batch(node, MAX_SETS_PER_CALL)
@@ -177,6 +193,7 @@ class Shipper:
             self._refuse(err)
             return
         log.info("shard %d: follower on %s in sync, epoch %d", self.index, node, self.place.epoch)
+        self._settle(node)
 
     async def _handshake(self, node: str) -> None:
         """A follower is in sync only if it applied exactly what this leader committed
