@@ -63,7 +63,7 @@ class QueueManager(ControlActor):
         self._states_told = False  # whether the shards were told every queue's put states
         self.run_every(config.scaling.interval_s, "scaling", self._scale_round)
         # the shards' replicas: in-sync sets and failover (docs/replication.md)
-        self.replicas = ReplicaKeeper(self.kv, data_root or data_dir, config)
+        self.replicas = ReplicaKeeper(self.kv, data_root or data_dir, config, self.clock)
         self.run_every(WATCH_INTERVAL_S, "replicas", self.replicas.watch)
 
     async def shrink_in_sync(self, shard: int, node: str, epoch: int) -> ShardPlace:

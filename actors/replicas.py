@@ -24,6 +24,7 @@ from rayq.core.control.placement import (LOCAL_NODE, DataNode, ShardPlace, defau
 from rayq.core.control.replicas import (check_epoch, count_missed, decode_places, encode_places,
                                         leader_move, lost_leaders, newest, promote, rejoin,
                                         seeds_wanted, shrink, watched)
+from rayq.core.kit.clock import Clock
 from rayq.core.kit.kv import LmdbKV
 from rayq.errors import RayqError
 from rayq.remote import NO_RETRY, call_async
@@ -40,6 +41,7 @@ MAX_FAILED_PINGS = 3        # missed in a row: the leader counts as lost
 FENCE_TIMEOUT_S = 2.0
 GONE_TIMEOUT_S = 10.0       # how long a killed actor's name may take to free
 SEED_TIMEOUT_S = 600.0      # copying a shard to a new follower and catching up
+LEADER_START_S = 60.0       # a leader started here may take this long to answer a first ping
 
 
 def shard_folder(data_dir: str, node: str, index: int) -> str:
@@ -89,13 +91,14 @@ class ReplicaKeeper:
     Ray's GCS; in-sync changes asked by leaders; the leaders watched, and replaced by
     an in-sync follower when lost."""
 
-    def __init__(self, kv: LmdbKV, data_dir: str, config: Config):
-        self.kv, self.data_dir, self.config = kv, data_dir, config
+    def __init__(self, kv: LmdbKV, data_dir: str, config: Config, clock: Clock):
+        self.kv, self.data_dir, self.config, self.clock = kv, data_dir, config, clock
         stored = decode_places(kv.read(lambda txn: txn.get("meta", PLACES_KEY)))
         self.places = newest(stored, published_places())
         self._save()
         self._missed: dict[int, int] = {}
         self._seeding: dict[int, asyncio.Task] = {}
+        self._starting: dict[int, float] = {}  # leaders started, not yet answered: until when
         self._lock = asyncio.Lock()
 
     def _save(self) -> None:
@@ -137,7 +140,13 @@ class ReplicaKeeper:
     async def _check_leaders(self, nodes: list[DataNode]) -> None:
         replicated = watched(self.places.values())
         answered = await asyncio.gather(*(self._ping(p.shard) for p in replicated))
-        self._missed = count_missed(self._missed, {p.shard: ok for p, ok in zip(replicated, answered)})
+        now = self.clock.monotonic()
+        for place, ok in zip(replicated, answered):
+            if ok or self._starting.get(place.shard, now) <= now:
+                self._starting.pop(place.shard, None)
+        # a leader still starting (a new process, its store opened) misses no ping
+        self._missed = count_missed(self._missed, {p.shard: ok or p.shard in self._starting
+                                                   for p, ok in zip(replicated, answered)})
         for shard in lost_leaders(replicated, {n.name for n in nodes}, self._missed,
                                   MAX_FAILED_PINGS):
             async with self._lock:
@@ -207,6 +216,7 @@ class ReplicaKeeper:
         self.places[place.shard] = new
         self._save()  # the new leader reads its place (followers, epoch) as it starts
         start_shard(place.shard, alive[new.leader], self.data_dir, self.config)
+        self._starting[place.shard] = self.clock.monotonic() + LEADER_START_S
 
     async def _fence(self, shard: int, node: str, epoch: int) -> dict[str, int]:
         """{node: last sequence number it applied} once fenced; {} if unreachable."""
