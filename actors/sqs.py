@@ -411,15 +411,13 @@ class SqsEndpoint:
                 verify(signed, self._keys.get, self.clock.now()))
 
     async def _run(self, action: str, params, caller: Caller, base: str) -> dict:
-        """The action's answer, run on one of the account's threads. A long poll's comes
-        back :class:`Parked` and is awaited here, on the event loop: while the shard
-        parks it, it holds one of the account's admitted requests and no thread."""
-        answer = await self._shares.in_thread(caller.account, self._pool, self._api.handle,
-                                              action, params, caller, base)
-        if not isinstance(answer, Parked):
-            return answer
-        got = await answer.result()  # the shard parks it: no thread waits meanwhile
-        return await self._shares.in_thread(caller.account, self._pool, answer.finish, got)
+        """The action's answer (:meth:`SqsApi.answer`), on the event loop or one of the
+        account's threads; on the loop only once the account's client exists (a first
+        client is made on a thread)."""
+        return await self._api.answer(
+            action, params, caller, base, partial(self._shares.in_thread, caller.account,
+                                                  self._pool),
+            on_loop=caller.account in self._clients)
 
 
 async def hosted(manager, shards: list, config: Config, home_region: str) -> Served:

@@ -9,6 +9,8 @@ transport is one producer session: its puts to a queue stick to one subqueue
 
 from __future__ import annotations
 
+import asyncio
+
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -25,7 +27,8 @@ from rayq.core.control.registry import QueueInfo, QueueMetadata
 from rayq.errors import InvalidMessage, QueueDisabled, RayqError, ReceiptInvalid
 from rayq.remote import call_all
 from rayq.sending import MAX_BATCH
-from rayq.transport import Request, Steps, Transport
+from rayq.steps import Request, Steps
+from rayq.transport import Transport
 
 if TYPE_CHECKING:
     from rayq.sending import Producer
@@ -81,14 +84,22 @@ class Queue:
 
     def send_batch(self, messages: Sequence[Outgoing]) -> list[str]:
         """Store up to 1000 messages in one durable transaction; returns their ids in order."""
+        return [mid for mid, _ in self._producer.put(self._entries(messages))]
+
+    async def send_batch_async(self, messages: Sequence[Outgoing]) -> list[str]:
+        """:meth:`send_batch` awaited on an event loop (the SQS endpoint's): a put of its
+        own, not shared with other senders of this client."""
+        return [mid for mid, _ in await self._producer.put_async(self._entries(messages))]
+
+    def _entries(self, messages: Sequence[Outgoing]) -> list:
+        """``messages`` checked and encoded, as the producer puts them."""
         if not isinstance(messages, (list, tuple)) or not 1 <= len(messages) <= MAX_BATCH:
             raise InvalidMessage(f"send_batch takes a list of 1 to {MAX_BATCH} Outgoing")
         if not all(isinstance(m, Outgoing) for m in messages):
             raise InvalidMessage("send_batch takes rayq.Outgoing values")
         producer = self._producer
-        return [mid for mid, _ in producer.put([
-            producer.message(m.body, m.tenant, m.type, m.delay_s, m.ttl_s, m.key)
-            for m in messages])]
+        return [producer.message(m.body, m.tenant, m.type, m.delay_s, m.ttl_s, m.key)
+                for m in messages]
 
     # -- receiving -------------------------------------------------------------------
     def receive(self, max_messages: int = 1, visibility_timeout_s: float = 30,
@@ -169,20 +180,21 @@ class Queue:
         return out
 
     # -- receipts ------------------------------------------------------------------------
-    def _shard_of_receipt(self, receipt: Any, queue: QueueInfo) -> tuple[int | None, QueueInfo]:
+    def _shard_of_receipt(self, receipt: Any, queue: QueueInfo) -> Steps:
         """(index of the shard that holds the subqueue ``receipt`` names, or None when no
         subqueue of this queue does; the route, refreshed when the subqueue was not in
-        it). Only the subqueue is read here: the shard checks the rest.
+        it), as :data:`Steps`. Only the subqueue is read here: the shard checks the rest.
         Raises ReceiptInvalid when ``receipt`` is not shaped like one."""
         sq = receipt_subqueue(receipt)
         if queue.subqueue(sq) is None:  # a subqueue made since we routed, or a stranger
-            queue, _, _ = self._transport.route(self.name, refresh=True)
+            queue, _, _ = yield from self._transport.route_steps(self.name, refresh=True)
         info = queue.subqueue(sq)
         return (None if info is None else info.shard), queue
 
     def _locate(self, receipt: Any) -> Any:
         """The link of the shard a receipt of this queue points into."""
-        shard, _ = self._shard_of_receipt(receipt, self._transport.route(self.name)[0])
+        shard, _ = self._transport.run(self._shard_of_receipt(
+            receipt, self._transport.route(self.name)[0]))
         if shard is None:
             raise ReceiptInvalid(f"receipt does not belong to queue {self.name!r}")
         return self._transport.shards[shard]
@@ -197,27 +209,41 @@ class Queue:
     def delete_batch(self, receipts: Sequence[str]) -> None:
         """Delete many messages. Valid receipts are honoured even when others are
         invalid; those raise one ReceiptInvalid listing them in ``receipts``."""
+        by_shard, invalid = self._transport.run(self._by_shard(receipts))
+        for stale in call_all([
+                lambda shard=shard, batch=batch: self._transport.request(
+                    SHARD_OPS["delete"], self._transport.shards[shard], batch, queue=self.name)
+                for shard, batch in by_shard.items()]):
+            invalid.extend(stale)
+        _refuse_invalid(receipts, invalid)
+
+    async def delete_batch_async(self, receipts: Sequence[str]) -> None:
+        """:meth:`delete_batch` awaited on an event loop (the SQS endpoint's)."""
+        by_shard, invalid = await self._transport.run_async(self._by_shard(receipts))
+        for stale in await asyncio.gather(*(
+                self._transport.call_async(SHARD_OPS["delete"], self._transport.shards[shard],
+                                           batch, queue=self.name)
+                for shard, batch in by_shard.items())):
+            invalid.extend(stale)
+        _refuse_invalid(receipts, invalid)
+
+    def _by_shard(self, receipts: Sequence[str]) -> Steps:
+        """({shard index: its receipts}, the receipts no subqueue of this queue holds), as
+        :data:`Steps`: routed by the subqueue each receipt names; checked by the shard."""
         if not isinstance(receipts, (list, tuple)) or len(receipts) > MAX_RECEIVE:
             raise InvalidMessage(f"delete_batch takes a list of at most {MAX_RECEIVE} receipts")
         by_shard, invalid = defaultdict(list), []
-        queue, _, _ = self._transport.route(self.name)
-        for receipt in receipts:  # routed by the subqueue the receipt names; checked there
+        queue, _, _ = yield from self._transport.route_steps(self.name)
+        for receipt in receipts:
             try:
-                shard, queue = self._shard_of_receipt(receipt, queue)
+                shard, queue = yield from self._shard_of_receipt(receipt, queue)
             except ReceiptInvalid:
                 shard = None
             if shard is None:
                 invalid.append(receipt)
             else:
                 by_shard[shard].append(receipt)
-        for stale in call_all([
-                lambda shard=shard, batch=batch: self._transport.request(
-                    SHARD_OPS["delete"], self._transport.shards[shard], batch, queue=self.name)
-                for shard, batch in by_shard.items()]):
-            invalid.extend(stale)
-        if invalid:
-            raise ReceiptInvalid(f"{len(invalid)} of {len(receipts)} receipts were invalid",
-                                 tuple(invalid))
+        return dict(by_shard), invalid
 
     def change_visibility(self, receipt: str, timeout_s: float) -> str:
         """Hide a received message for ``timeout_s`` from now; returns the new receipt
@@ -313,3 +339,11 @@ class Queue:
                                                            self._transport.shards[s])
                                       for s in shard_ids))
         return QueueStats(self.name, sum(counts.values()), dlq, subqueues, keys, shards)
+
+
+def _refuse_invalid(receipts: Sequence[str], invalid: list[str]) -> None:
+    """Raise one ReceiptInvalid listing the ``invalid`` of ``receipts``, if any."""
+    if invalid:
+        raise ReceiptInvalid(f"{len(invalid)} of {len(receipts)} receipts were invalid",
+                             tuple(invalid))
+

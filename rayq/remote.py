@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from contextvars import ContextVar
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -37,6 +38,20 @@ _CLOCK = SystemClock()
 _MOVING = (StaleEpoch, NotEnoughReplicas)
 
 
+# Set while code runs on an event loop that must not wait for a call (the SQS endpoint's
+# hot path): a blocking call raises WouldBlock there, before it is issued.
+NO_WAITING: ContextVar[bool] = ContextVar("no_waiting", default=False)
+
+
+class WouldBlock(Exception):
+    """A blocking call was about to be made where NO_WAITING is set; nothing was sent."""
+
+
+def _may_wait() -> None:
+    if NO_WAITING.get():
+        raise WouldBlock("a blocking runtime call on an event loop")
+
+
 def resolve(pending: Any) -> Any:
     """The result of a call in flight: a local channel's future or a Ray ObjectRef."""
     if isinstance(pending, Future):
@@ -55,6 +70,7 @@ def call(make_ref: Callable[[], Any], schedule: RetrySchedule = RETRY,
          clock: Clock = _CLOCK) -> Any:
     """The result of the remote call ``make_ref`` makes (:func:`resolve`), issued again
     while its actor restarts. Raises the RayqError the actor raised, or RuntimeFailure."""
+    _may_wait()
     started, attempt = clock.monotonic(), 0
     while True:
         try:
@@ -68,6 +84,7 @@ def call(make_ref: Callable[[], Any], schedule: RetrySchedule = RETRY,
 def call_all(makers: Sequence[Callable[[], Any]]) -> list:
     """Issue every call at once, then :func:`call` each: the ones in flight are
     resolved, and any that met a restart is issued again by its maker."""
+    _may_wait()
     sent = [_issue(make) for make in makers]
     return [call(lambda first=first, make=make: first.pop() if first else make())
             for first, make in zip(sent, makers)]

@@ -20,18 +20,18 @@ import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rayq.batching import ThreadBatcher
-from rayq.core.auth.operations import SHARD_OPS, Operation
+from rayq.core.auth.operations import SHARD_OPS
 from rayq.core.codec.model import (SubqueueState, check_name, check_seconds, encode_body,
                                    fairness_key, to_us)
 from rayq.core.codec.wire import Attrs, Entry, encode_put
 from rayq.core.kit.batcher import Batcher
 from rayq.errors import QueueDisabled
+from rayq.steps import Request, Steps
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from rayq.config import Config
-    from rayq.core.control.routes import Route
 
 MAX_BATCH = 1000       # messages one send_batch or submit_many takes (and one put carries)
 PUT_ATTEMPTS = 3       # routes tried when subqueues are retired under the sender
@@ -52,10 +52,11 @@ class Link(Protocol):
     @property
     def account(self) -> str: ...
 
-    def route(self, name: str, refresh: bool = False) -> Route: ...
+    def route_steps(self, name: str, refresh: bool = False) -> Steps: ...
 
-    def call(self, operation: Operation, handle: Any, *args: Any, queue: str | None = None,
-             **kwargs: Any) -> Any: ...
+    def run(self, steps: Steps) -> Any: ...
+
+    async def run_async(self, steps: Steps) -> Any: ...
 
 
 class Producer:
@@ -133,14 +134,23 @@ class Producer:
             lane = self._lane.index = next(self._lanes)
         return lane
 
+    async def put_async(self, entries: list[Entry]) -> list[Placed]:
+        """:meth:`put` awaited on an event loop (the SQS endpoint's): a put call of its own,
+        which the shard's group commit joins with the others arriving at once."""
+        return await self._transport.run_async(self._putting(entries))
+
     def _put_now(self, entries: list[Entry], lane: int = 0) -> list[Placed]:
-        """One put call of the pending entries, encoded into one buffer (however many
-        senders share it), to the queue's put subqueue as last routed (``lane`` > 0: that
-        many open subqueues further on); routed anew and sent again while the shard says
-        that subqueue was retired."""
+        return self._transport.run(self._putting(entries, lane))
+
+    def _putting(self, entries: list[Entry], lane: int = 0) -> Steps:
+        """One put call of ``entries``, encoded into one buffer (however many senders
+        share it), to the queue's put subqueue as last routed (``lane`` > 0: that many
+        open subqueues further on); routed anew and sent again while the shard says that
+        subqueue was retired."""
         batch = encode_put(entries)
         for attempt in range(PUT_ATTEMPTS):
-            queue, _, target = self._transport.route(self.name, refresh=attempt > 0)
+            queue, _, target = yield from self._transport.route_steps(self.name,
+                                                                      refresh=attempt > 0)
             if queue.disabled:  # as last routed: routed anew once before it is believed
                 if attempt:
                     raise QueueDisabled(f"queue {self.name!r} is disabled: it refuses new messages")
@@ -148,8 +158,8 @@ class Producer:
             target = lane_target(queue, target, lane)
             index = queue.subqueue(target).shard
             try:
-                ids = self._transport.call(SHARD_OPS["put"], self._transport.shards[index],
-                                           target, batch, queue=self.name)
+                ids = yield Request(SHARD_OPS["put"], self._transport.shards[index],
+                                    (target, batch), {"queue": self.name})
             except QueueDisabled:
                 continue  # the subqueue was retired: ask for another
             return [(mid, index) for mid in ids]

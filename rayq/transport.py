@@ -15,8 +15,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import weakref
-from collections.abc import Generator, Hashable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import ray
@@ -30,32 +29,7 @@ from rayq.core.control.routes import Route, RouteCache
 from rayq.remote import RETRY, call, call_async
 from rayq.channel import ShardLink
 from rayq.sending import Producer
-
-
-@dataclass(frozen=True)
-class Request:
-    """One signed request a sequence of steps (:meth:`Transport.run`) asks to be made:
-    ``operation`` on ``handle`` with these arguments (``queue=`` among ``kwargs``)."""
-
-    operation: Operation
-    handle: Any
-    args: tuple = ()
-    kwargs: dict = field(default_factory=dict)
-
-
-# Steps of an operation that needs several requests, written once (no I/O): each
-# Request it yields is answered (or its error thrown in) by a blocking or an awaiting
-# driver, Transport.run or Transport.run_async; the generator's return is the result.
-Steps = Generator[Request, Any, Any]
-
-
-def _advance(steps: Steps, answer: Any, error: Exception | None) -> tuple[bool, Any]:
-    """Hand ``steps`` the last request's answer (or throw in its error): (False, the next
-    Request) or (True, the steps' result)."""
-    try:
-        return False, steps.throw(error) if error is not None else steps.send(answer)
-    except StopIteration as finished:
-        return True, finished.value
+from rayq.steps import Request, Steps, drive, drive_async
 
 
 class Transport:
@@ -126,28 +100,12 @@ class Transport:
 
     def run(self, steps: Steps) -> Any:
         """The result of ``steps`` (:data:`Steps`), each request made with :meth:`call`."""
-        done, value = _advance(steps, None, None)
-        while not done:
-            answer, error = None, None
-            try:
-                answer = self.call(value.operation, value.handle, *value.args, **value.kwargs)
-            except Exception as err:  # thrown into the steps, which may go on
-                error = err
-            done, value = _advance(steps, answer, error)
-        return value
+        return drive(steps, lambda r: self.call(r.operation, r.handle, *r.args, **r.kwargs))
 
     async def run_async(self, steps: Steps) -> Any:
         """:meth:`run` on an event loop, each request awaited with :meth:`call_async`."""
-        done, value = _advance(steps, None, None)
-        while not done:
-            answer, error = None, None
-            try:
-                answer = await self.call_async(value.operation, value.handle, *value.args,
-                                               **value.kwargs)
-            except Exception as err:
-                error = err
-            done, value = _advance(steps, answer, error)
-        return value
+        return await drive_async(steps, lambda r: self.call_async(
+            r.operation, r.handle, *r.args, **r.kwargs))
 
     def shard_of(self, queue: QueueInfo, sq: int):
         """The handle of the shard that holds subqueue ``sq`` of ``queue``."""

@@ -1,7 +1,8 @@
 """What one account may hold of an SQS replica, and how a long poll waits.
 
-A replica runs operations on a small thread pool (a rayq Client is synchronous). So
-that no account can starve another: each account holds at most
+A replica runs operations on a small thread pool (a rayq Client is synchronous), but
+for the message actions, which begin on its event loop (``SqsApi.on_loop``). So that
+no account can starve another: each account holds at most
 ``threads_per_account`` of the threads and ``in_flight_per_account`` admitted
 requests (more are refused with SQS's ``RequestThrottled``, which SDKs retry);
 request bodies buffered at once are bounded in bytes across all accounts; and a
@@ -18,7 +19,7 @@ import contextlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rayq.errors import RayqError
@@ -87,15 +88,25 @@ class BodyBudget:
             self.held_bytes -= size_bytes
 
 
+def _never(result: Any) -> bool:
+    return False
+
+
 @dataclass(frozen=True)
 class Parked:
     """An operation's answer still to come: ``then`` of what ``waiting`` (an awaitable,
-    e.g. :meth:`rayq.queue.Queue.receive_async`) gives. The worker thread that made it
-    returns at once; the replica awaits :meth:`result` on its event loop, so a parked
-    long poll holds no thread, and then runs :meth:`finish` on a worker thread."""
+    e.g. :meth:`rayq.queue.Queue.receive_async`) gives. The replica awaits :meth:`result`
+    on its event loop, so no thread waits for a shard (a parked long poll above all), and
+    then runs :meth:`finish` on a worker thread, or on the loop when ``quick(result)``
+    says ``then`` makes no call."""
 
     waiting: Awaitable[Any]
     then: Callable[[Any], dict]
+    quick: Callable[[Any], bool] = _never
+
+    def followed(self, fn: Callable[[Any], Any]) -> "Parked":
+        """The same wait, its answer passed on through ``fn``."""
+        return replace(self, then=lambda got: fn(self.then(got)))
 
     async def result(self) -> Any:
         """What the operation waited for, awaited on the event loop. Raises SqsError (a

@@ -20,7 +20,7 @@ import itertools
 import re
 import time
 from dataclasses import dataclass, replace
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from functools import partial
 from typing import Any, Protocol
 
@@ -28,6 +28,7 @@ from rayq.core.auth.accounts import ADMIN
 from rayq.core.codec.model import RECEIPT_CHARS, Outgoing, receipt_subqueue
 from rayq.errors import RayqError, ReceiptInvalid
 from rayq.queue import Queue
+from rayq.remote import NO_WAITING, WouldBlock
 from rayq.sqs import attributes as attrs
 from rayq.sqs import fifo
 from rayq.sqs import messages as msgs
@@ -115,6 +116,38 @@ class SqsApi:
                          for name, action in {**queues.ACTIONS, **moves.ACTIONS}.items()}
         self._actions.update({name: getattr(self, "_" + _snake(name)) for name in MESSAGE_ACTIONS})
 
+    async def answer(self, action: str, params: Any, caller: Caller, base: str,
+                     in_thread: Callable[..., Awaitable], on_loop: bool) -> dict:
+        """The action's answer, awaited on the endpoint's event loop. A message action
+        begins there (with ``on_loop``); any other, or one that would wait there for more
+        than its shard, runs ``in_thread``. A shard's part comes back :class:`Parked` and
+        is awaited here, so no thread waits for it (a parked long poll holds one of the
+        account's admitted requests and no thread); what follows runs here too unless it
+        calls out again."""
+        answer = self.on_loop(action, params, caller, base) if on_loop else None
+        if answer is None:
+            answer = await in_thread(self.handle, action, params, caller, base)
+        if not isinstance(answer, Parked):
+            return answer
+        got = await answer.result()
+        if answer.quick(got):
+            return answer.finish(got)
+        return await in_thread(answer.finish, got)
+
+    def on_loop(self, action: str, params: Any, caller: Caller, base: str) -> dict | Parked | None:
+        """:meth:`handle` of a message action, run on the replica's event loop: its answer,
+        or the shard's part of it Parked; None when it would wait for anything else first
+        (it then runs on a worker thread, from the start)."""
+        if action not in ON_LOOP_ACTIONS:
+            return None
+        running = NO_WAITING.set(True)
+        try:
+            return self.handle(action, params, caller, base)
+        except WouldBlock:
+            return None
+        finally:
+            NO_WAITING.reset(running)
+
     def handle(self, action: str, params: Any, caller: Caller, base: str) -> dict:
         """The response of one action; ``base`` is the endpoint's scheme and host, as the
         request reached it (queue URLs are made under it). Raises SqsError."""
@@ -178,9 +211,9 @@ class SqsApi:
         """Store the drafts (in one batch); SendMessage's answer for each. On a FIFO queue,
         a draft whose deduplication id was sent within 5 minutes is not stored again: its
         answer names the message first sent."""
-        if not fifo_queue:
-            ids = t.queue().send_batch([d.outgoing() for d in drafts])
-            return [d.answer(mid) for d, mid in zip(drafts, ids)]
+        if not fifo_queue:  # the put is awaited on the replica's event loop
+            return Parked(t.queue().send_batch_async([d.outgoing() for d in drafts]),
+                          lambda ids: [d.answer(mid) for d, mid in zip(drafts, ids)], _always)
         queue = t.need()
         name, now = queue.rayq_name(t.home), self.clock()
         admitted = self._admit(queue.account, name, [d.key for d in drafts], now)
@@ -219,7 +252,8 @@ class SqsApi:
     def _send_message(self, t: Target, p: dict) -> dict:
         t.need()
         settings = queues.settings_of(self, t)
-        return self._send(t, [self._draft(t, p, settings)], settings.fifo)[0]
+        return _then(self._send(t, [self._draft(t, p, settings)], settings.fifo),
+                     lambda answers: answers[0])
 
     def _send_message_batch(self, t: Target, p: dict) -> dict:
         t.need()
@@ -236,9 +270,11 @@ class SqsApi:
                 good.append((entry["Id"], self._draft(t, entry, settings)))
             except SqsError as err:
                 failed.append(failure(entry["Id"], err))
-        answers = self._send(t, [d for _, d in good], settings.fifo) if good else []
-        done = [{"Id": entry_id, **answer} for (entry_id, _), answer in zip(good, answers)]
-        return {"Successful": done, "Failed": failed}
+        def answered(answers: list[dict]) -> dict:
+            done = [{"Id": entry_id, **answer} for (entry_id, _), answer in zip(good, answers)]
+            return {"Successful": done, "Failed": failed}
+        return _then(self._send(t, [d for _, d in good], settings.fifo), answered) if good \
+            else answered([])
 
     # -- receiving --------------------------------------------------------------------------
     def _receive_message(self, t: Target, p: dict) -> dict:
@@ -259,10 +295,10 @@ class SqsApi:
                 got = self._dead_letter(t, queue, got, *redrive)
             return {"Messages": [self._message(t, m, system, names) for m in got]} \
                 if got else {}
-        if wait_s:  # the replica awaits it on its event loop: no thread waits while it parks
-            return Parked(queue.receive_async(max_messages=count, visibility_timeout_s=hide_s,
-                                              wait_s=wait_s), answer)
-        return answer(queue.receive(max_messages=count, visibility_timeout_s=hide_s))
+        # awaited on the replica's event loop: no thread waits while a long poll parks
+        return Parked(queue.receive_async(max_messages=count, visibility_timeout_s=hide_s,
+                                          wait_s=wait_s), answer,
+                      quick=lambda got: redrive is None)  # dead letters are sent on
 
     def _dead_letter(self, t: Target, queue: Queue, got: list, target_arn: str,
                      max_receives: int) -> list:
@@ -335,8 +371,7 @@ class SqsApi:
 
     def _delete_message(self, t: Target, p: dict) -> dict:
         t.need()
-        self._delete_all(t, [self._receipt(p)])
-        return {}
+        return self._delete_all(t, [self._receipt(p)]).followed(lambda _: {})
 
     def _delete_message_batch(self, t: Target, p: dict) -> dict:
         t.need()
@@ -347,27 +382,27 @@ class SqsApi:
                 handles[entry["Id"]] = self._receipt(entry)
             except SqsError as err:
                 failed.append(failure(entry["Id"], err))
-        if handles:
-            self._delete_all(t, list(handles.values()))
-        return {"Successful": [{"Id": i} for i in handles], "Failed": failed}
+        answer = {"Successful": [{"Id": i} for i in handles], "Failed": failed}
+        return self._delete_all(t, list(handles.values())).followed(lambda _: answer) \
+            if handles else answer
 
-    def _delete_all(self, t: Target, handles: list[tuple[str, str | None]]) -> None:
-        """Delete by handles in one batch, then once more through the receipts their
-        messages were given since. A handle whose message is gone (deleted, or received
-        again through another replica) is a success, as in SQS."""
+    def _delete_all(self, t: Target, handles: list[tuple[str, str | None]]) -> Parked:
+        """Delete by handles in one batch (awaited on the replica's event loop), then, for
+        the handles refused, once more through the receipts their messages were given
+        since. A handle whose message is gone (deleted, or received again through another
+        replica) is a success, as in SQS."""
         queue, owner = t.queue(), t.need().account
-        try:
-            queue.delete_batch([receipt for receipt, _ in handles])
-            return
-        except ReceiptInvalid as err:
-            refused = set(err.receipts)
-        retry = [c for receipt, mid in handles if receipt in refused
-                 for c in itertools.islice(self._candidates(owner, receipt, mid), 1, None)]
-        if retry:
-            try:
-                queue.delete_batch(retry)
-            except ReceiptInvalid:
-                pass  # those messages are gone, or another receive holds them
+
+        def again(refused: set[str]) -> None:
+            retry = [c for receipt, mid in handles if receipt in refused
+                     for c in itertools.islice(self._candidates(owner, receipt, mid), 1, None)]
+            if retry:
+                try:
+                    queue.delete_batch(retry)
+                except ReceiptInvalid:
+                    pass  # those messages are gone, or another receive holds them
+        return Parked(_refused(queue.delete_batch_async([r for r, _ in handles])), again,
+                      quick=lambda refused: not refused)
 
     def _change_message_visibility(self, t: Target, p: dict) -> dict:
         self._change(t, p)
@@ -414,6 +449,8 @@ class SqsApi:
 MESSAGE_ACTIONS = ("SendMessage", "SendMessageBatch", "ReceiveMessage", "DeleteMessage",
                    "DeleteMessageBatch", "ChangeMessageVisibility",
                    "ChangeMessageVisibilityBatch")
+# Begun on the replica's event loop (SqsApi.on_loop): each makes its shard call awaited.
+ON_LOOP_ACTIONS = frozenset(MESSAGE_ACTIONS[:5])
 
 
 def _unsupported(action: str) -> SqsError:
@@ -438,3 +475,22 @@ def _group(group: Any, account: str) -> tuple[str | None, str | None]:
     if account == ADMIN or group == account:
         return group, None
     return None, group
+
+
+def _then(answer: Any, fn: Callable[[Any], Any]) -> Any:
+    """``fn`` of an answer, or of a Parked one's once it comes."""
+    return answer.followed(fn) if isinstance(answer, Parked) else fn(answer)
+
+
+def _always(result: Any) -> bool:
+    return True
+
+
+async def _refused(deleting: Awaitable[None]) -> set[str]:
+    """The receipts a delete refused (none when all were taken)."""
+    try:
+        await deleting
+        return set()
+    except ReceiptInvalid as err:
+        return set(err.receipts)
+

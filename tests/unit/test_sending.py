@@ -15,6 +15,7 @@ from rayq.core.control.registry import QueueInfo, SubqueueInfo
 from rayq.core.control.routes import Route
 from rayq.errors import InvalidMessage, MessageTooLarge, QueueDisabled
 from rayq.sending import MAX_BATCH, OWN_PUT_MESSAGES, PUT_ATTEMPTS, Producer, lane_target
+from rayq.steps import drive
 
 ALL, NO_PUT = SubqueueState.ALL, SubqueueState.NO_PUT
 WAIT_S = 10.0  # bounds a hang only: every held put here is released
@@ -69,6 +70,16 @@ class FakeTransport:
     def call(self, operation, handle, *args, queue=None, **kwargs):
         self.calls.append((queue, operation.method))
         return getattr(handle, operation.method)(*args, **kwargs)
+
+    def route_steps(self, name: str, refresh: bool = False):
+        return self.route(name, refresh)
+        yield  # a generator that needs no request: the route is at hand
+
+    def run(self, steps):
+        return drive(steps, lambda r: self.call(r.operation, r.handle, *r.args, **r.kwargs))
+
+    async def run_async(self, steps):
+        return self.run(steps)
 
     def flushes(self) -> list[list]:
         return [bodies for shard in self.shards for _, bodies in shard.puts]
