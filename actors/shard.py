@@ -17,7 +17,6 @@ import asyncio
 import logging
 import os
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
@@ -51,7 +50,7 @@ from rayq.core.flood.isolation import serving_order
 from rayq.core.codec.model import SubqueueState, long_poll_s
 from rayq.core.control.replicas import role_of
 from rayq.core.control.shipping import value_of
-from rayq.core.storage.store import KeyDepth, StoreStats, open_store
+from rayq.core.storage.store import KeyDepth, ShardStats, open_store
 from rayq.core.storage.waiters import OutcomeWaiters, outcome_value
 from rayq.errors import Overloaded, QueueDisabled, RayqError, StoreError, TaskError
 
@@ -68,24 +67,6 @@ OUTCOME_RECHECK_S = 30.0  # outcome waiters re-read the table this often, whatev
 # that puts, receives and deletes need.
 OUTCOME_GROUP = "outcomes"
 CONCURRENCY_GROUPS = {OUTCOME_GROUP: 100_000}
-
-
-@dataclass(frozen=True)
-class ShardStats:
-    """A shard's store counters plus its group-commit and per-subqueue load counters.
-    ``queues``: messages on this shard per queue, every account's, by unambiguous name
-    (``acme/orders``; the default account's plain)."""
-
-    index: int
-    store: StoreStats
-    commits: int
-    calls_committed: int
-    ops: dict[int, int]
-    throttled: dict[int, int]
-    queues: dict[str, int] = field(default_factory=dict)
-    background_failures: int = 0  # failed housekeeping rounds since the shard started
-    node: str = ""  # the data node it runs on ("": the embedded runtime's only node)
-    role: str = "leader"
 
 
 class ShardActor:

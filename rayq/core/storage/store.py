@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rayq.config import StoreConfig
@@ -70,6 +70,24 @@ class StoreStats:
     cache: CacheStats
     map_size_bytes: int
     used_bytes: int
+
+
+@dataclass(frozen=True)
+class ShardStats:
+    """A shard's store counters plus its group-commit and per-subqueue load counters.
+    ``queues``: messages on this shard per queue, every account's, by unambiguous name
+    (``acme/orders``; the default account's plain)."""
+
+    index: int
+    store: StoreStats
+    commits: int
+    calls_committed: int
+    ops: dict[int, int]
+    throttled: dict[int, int]
+    queues: dict[str, int] = field(default_factory=dict)
+    background_failures: int = 0  # failed housekeeping rounds since the shard started
+    node: str = ""  # the data node it runs on ("": the embedded runtime's only node)
+    role: str = "leader"
 
 
 class ShardStore:
