@@ -240,6 +240,10 @@ class ShardLink:
                 self._path, self._open, self._retry_at = None, None, 0.0
         return self._handle
 
+    def in_process(self) -> bool:
+        """Whether its calls run in this very process (the shard's own SQS endpoint)."""
+        return isinstance(self._channel(), LocalChannel)
+
     def request(self, method: str, args: tuple, kwargs: dict) -> Any:
         """The call's future over the channel, or its ObjectRef through Ray."""
         channel = self._channel()

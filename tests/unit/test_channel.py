@@ -37,12 +37,14 @@ class FakeShard:
     def __init__(self):
         self.parked: dict[str, asyncio.Event] = {}
         self.ran: list[str] = []
+        self.auths: list = []  # what each put came with
 
     async def echo(self, value, extra=None, auth=None):
         self.ran.append("echo")
         return [value, extra, None if auth is None else [auth.account, auth.mac]]
 
     async def put(self, subqueue, batch, auth=None):  # one of CHANNEL_METHODS, for links
+        self.auths.append(auth)
         return [f"{subqueue}:{len(batch)}"]
 
     async def park(self, key, auth=None):
@@ -589,3 +591,40 @@ def test_a_link_finds_its_shards_new_leader_once_a_call_met_a_lost_actor():
     assert link.stats.remote() == ("new", "stats")
     revived = pickle.loads(pickle.dumps(ShardLink(_Handle("x"), False, None)))
     assert revived.handle._actor_id == "x"
+
+
+def test_a_transport_vouches_for_its_calls_to_a_shard_in_this_process_and_signs_the_others(
+        loop, serve):
+    """A shard's own endpoint calls it in-process (serve_here): such a call carries a
+    Vouched, made without any HMAC; a call over the socket still carries a Signature."""
+    import base64
+
+    from rayq.config import Config
+    from rayq.core.auth.accounts import SECRET_BYTES, Signer
+    from rayq.core.auth.gate import Vouched
+    from rayq.core.auth.operations import SHARD_OPS
+    from rayq.transport import Transport
+
+    key = base64.urlsafe_b64encode(b"k" * SECRET_BYTES).decode()
+    (here, here_server, here_path), (there, _, there_path) = serve(), serve()
+    on_loop(loop, here_server.serve_here())
+    links = [ShardLink(FakeHandle((host_id(), here_path))),
+             ShardLink(FakeHandle((host_id(), there_path)))]
+    assert [link.in_process() for link in links] == [True, False]
+    class CountingSigner(Signer):
+        signed = 0
+
+        def sign(self, *args, **kwargs):
+            self.signed += 1
+            return super().sign(*args, **kwargs)
+
+    signer = CountingSigner("acme", key)
+    transport = Transport(None, links, Config(), signer)
+    assert transport.request(SHARD_OPS["put"], links[0], 3, b"abc",
+                             queue="orders").result(ANSWER_S) == ["3:3"]
+    assert signer.signed == 0 and here.auths == [Vouched("acme", "orders")]
+    assert transport.request(SHARD_OPS["put"], links[1], 3, b"abc",
+                             queue="orders").result(ANSWER_S) == ["3:3"]
+    assert signer.signed == 1
+    (signed,) = there.auths
+    assert isinstance(signed, Signature) and (signed.account, signed.queue) == ("acme", "orders")
