@@ -20,7 +20,7 @@ import stat
 import tempfile
 from typing import Any
 
-from rayq.channel import host_id, serve_in_process
+from rayq.channel import host_id, run_on, serve_in_process
 from rayq.core.auth.accounts import Signature
 from rayq.core.auth.gate import Vouched
 from rayq.core.auth.operations import Binder
@@ -71,13 +71,14 @@ class ChannelServer:
         return self._dir
 
     def _call_here(self, method: str, args: tuple, kwargs: dict,
-                   auth: Signature | None) -> concurrent.futures.Future:
+                   auth: Signature | None) -> concurrent.futures.Future | asyncio.Task:
         """A call from this process (rayq.channel.LocalChannel), from any thread: the
         method runs on the shard's event loop, as a socket's call would, its signature
-        vouched for (rayq.core.auth.gate.Vouched): this process made it."""
+        vouched for (rayq.core.auth.gate.Vouched): this process made it. Made on that
+        loop itself (the shard's own SQS endpoint), it is a task of the loop: no hand-off."""
         kwargs = self._bind(method, args, kwargs, None if auth is None else Vouched.of(auth))
-        return asyncio.run_coroutine_threadsafe(getattr(self._target, method)(*args, **kwargs),
-                                                self._loop)
+        running = getattr(self._target, method)(*args, **kwargs)
+        return run_on(self._loop, running)
 
     def _directory(self) -> str:
         """The socket's folder: one per shard and data directory, mode 0700, kept across

@@ -22,8 +22,8 @@ from rayq.config import Config
 from rayq.core.control.placement import (LOCAL_NODE, DataNode, ShardPlace, default_replicas,
                                          node_folder)
 from rayq.core.control.replicas import (check_epoch, count_missed, decode_places, encode_places,
-                                        leader_move, lost_leaders, newest, promote, rejoin,
-                                        seeds_wanted, shrink, watched)
+                                        leader_move, lost_leaders, newest, pings_counted,
+                                        promote, rejoin, seeds_wanted, shrink, watched)
 from rayq.core.kit.clock import Clock
 from rayq.core.kit.kv import LmdbKV
 from rayq.errors import RayqError
@@ -140,13 +140,10 @@ class ReplicaKeeper:
     async def _check_leaders(self, nodes: list[DataNode]) -> None:
         replicated = watched(self.places.values())
         answered = await asyncio.gather(*(self._ping(p.shard) for p in replicated))
-        now = self.clock.monotonic()
-        for place, ok in zip(replicated, answered):
-            if ok or self._starting.get(place.shard, now) <= now:
-                self._starting.pop(place.shard, None)
-        # a leader still starting (a new process, its store opened) misses no ping
-        self._missed = count_missed(self._missed, {p.shard: ok or p.shard in self._starting
-                                                   for p, ok in zip(replicated, answered)})
+        counted, self._starting = pings_counted(
+            {p.shard: ok for p, ok in zip(replicated, answered)}, self._starting,
+            self.clock.monotonic())
+        self._missed = count_missed(self._missed, counted)
         for shard in lost_leaders(replicated, {n.name for n in nodes}, self._missed,
                                   MAX_FAILED_PINGS):
             async with self._lock:

@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 import concurrent.futures
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any
 
@@ -145,7 +145,8 @@ class Channel:
 class LocalChannel:
     """The channel to a shard in this very process (the SQS endpoint a shard runs for
     the connections handed to it): each call runs on the shard's event loop, with no
-    socket and no copy of its arguments."""
+    socket and no copy of its arguments; its answer is a Future, or a task of that loop
+    when the call was made on it."""
 
     closed = False
 
@@ -155,6 +156,18 @@ class LocalChannel:
     def request(self, method: str, args: tuple, kwargs: dict) -> Future:
         auth = kwargs.get("auth")
         return self._call(method, args, {k: v for k, v in kwargs.items() if k != "auth"}, auth)
+
+
+def run_on(loop: asyncio.AbstractEventLoop, coro: Coroutine) -> Future | asyncio.Task:
+    """``coro`` run on ``loop``: a task of it when called there (no hand-off), else a
+    Future of its result for this thread."""
+    try:
+        here = asyncio.get_running_loop()
+    except RuntimeError:
+        here = None
+    if here is loop:
+        return loop.create_task(coro)
+    return asyncio.run_coroutine_threadsafe(coro, loop)
 
 
 _channels: dict[str, Channel | LocalChannel] = {}  # socket path -> this process's channel to it

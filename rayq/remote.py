@@ -60,7 +60,8 @@ def resolve(pending: Any) -> Any:
 
 
 async def resolve_async(pending: Any) -> Any:
-    """:func:`resolve` without blocking the event loop."""
+    """:func:`resolve` without blocking the event loop (``pending`` may also be a task of
+    this loop: a call to the shard this process runs, made on its loop)."""
     if isinstance(pending, Future):
         return await asyncio.wrap_future(pending)
     return await pending

@@ -628,3 +628,17 @@ def test_a_transport_vouches_for_its_calls_to_a_shard_in_this_process_and_signs_
     assert signer.signed == 1
     (signed,) = there.auths
     assert isinstance(signed, Signature) and (signed.account, signed.queue) == ("acme", "orders")
+
+
+def test_a_call_made_on_the_shards_loop_is_a_task_of_it_and_one_from_a_thread_a_future(loop):
+    from rayq.channel import run_on
+
+    async def answer():
+        return 42
+
+    async def on_the_loop():
+        made = run_on(loop, answer())
+        return type(made) is asyncio.Task, await made
+    assert on_loop(loop, on_the_loop()) == (True, 42)
+    made = run_on(loop, answer())
+    assert isinstance(made, concurrent.futures.Future) and made.result(ANSWER_S) == 42

@@ -304,3 +304,12 @@ def test_a_planned_move_promotes_the_preferred_follower_only_if_it_applied_as_mu
     assert promote(place, {"n2": 9, "n3": 9}, prefer="n3").leader == "n3"
     assert promote(place, {"n2": 9, "n3": 8}, prefer="n3").leader == "n2"
     assert promote(place, {"n2": 9, "n3": 9}).leader == "n2"
+
+
+def test_a_leader_just_started_misses_no_ping_until_it_answers_or_its_grace_ends():
+    from rayq.core.control.replicas import pings_counted
+    starting = {1: 100.0, 2: 100.0}
+    counted, still = pings_counted({0: False, 1: False, 2: True}, starting, now=50.0)
+    assert counted == {0: False, 1: True, 2: True} and still == {1: 100.0}  # 2 answered
+    counted, still = pings_counted({1: False}, still, now=100.0)
+    assert counted == {1: False} and still == {}                          # grace over

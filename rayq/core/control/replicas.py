@@ -293,6 +293,16 @@ def watched(places: Iterable[ShardPlace]) -> list[ShardPlace]:
     return [p for p in places if len(p.in_sync) > 1]
 
 
+def pings_counted(answered: Mapping[int, bool], starting: Mapping[int, float],
+                  now: float) -> tuple[dict[int, bool], dict[int, float]]:
+    """(each shard's ping as counted, the leaders still starting): a leader the manager
+    started, until its first answer or the end of its grace (``starting``: shard ->
+    until when), misses no ping: a new worker process and its store take a while."""
+    still = {shard: until for shard, until in starting.items()
+             if not answered.get(shard, False) and until > now}
+    return {shard: ok or shard in still for shard, ok in answered.items()}, still
+
+
 def count_missed(missed: Mapping[int, int], answered: Mapping[int, bool]) -> dict[int, int]:
     """Pings missed in a row per shard, after a round that ``answered`` or not."""
     return {shard: 0 if ok else missed.get(shard, 0) + 1 for shard, ok in answered.items()}
