@@ -396,7 +396,8 @@ class SqsEndpoint:
                            f"{MAX_REQUEST_BYTES} bytes.", status=413)
         with self._budget.hold(size):
             try:
-                return await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
+                async with asyncio.timeout(BODY_TIMEOUT_S):  # a timer, not a task of its own
+                    return await request.read()
             except asyncio.TimeoutError:
                 raise SqsError("RequestTimeout", "The request body did not arrive within "
                                f"{BODY_TIMEOUT_S:.0f} s.", status=408) from None

@@ -272,6 +272,7 @@ def _signed_at(stamp: str, date: str, where: str = "header") -> float:
     return signed_at.timestamp()
 
 
+@functools.lru_cache(maxsize=256)  # an SDK's requests of one second share their stamp
 def _parsed_stamp(stamp: str) -> datetime:
     """An X-Amz-Date (YYYYMMDDTHHMMSSZ) as a UTC datetime; raises ValueError. Sliced by
     hand: ``strptime`` costs more than the rest of the header checks together."""
