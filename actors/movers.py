@@ -60,7 +60,7 @@ class Movers:
             t = self._target(task)
             source = t.from_arn(task.source_arn)
             to = t.from_arn(task.destination_arn) if task.destination_arn else None
-            return lambda n: moves.move_batch(t, source, to, n)
+            return lambda n, rest=None: moves.move_batch(t, source, to, n, rest)
         try:
             moves.run(task, self.tasks, moves.signed_anew(mover), self.clock, _pause)
         except Exception as err:  # the runtime or the account is gone: the task failed

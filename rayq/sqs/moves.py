@@ -217,23 +217,66 @@ class MoveFailed(Exception):
         self.reason = reason
 
 
-def move_batch(t: Target, source: QueueId, to: QueueId | None, n: int) -> tuple[int, int, int]:
+@dataclass
+class Rest:
+    """What a batch received and has not moved yet: the destinations still to send to,
+    then the receipts sent on and not yet deleted from the source."""
+
+    sending: list  # [(destination, [(message, envelope)])]
+    deleting: list
+    moved: int
+    received: int
+
+
+class Unfinished(AuthError):
+    """Raised when a batch is refused as signed after its receive (the account's key was
+    rotated in between): ``rest`` is what it received and did not move; the next attempt
+    moves it with the key of now, rather than leave it hidden in the source."""
+
+    def __init__(self, err: AuthError, rest: Rest):
+        super().__init__(str(err))
+        self.rest = rest
+
+
+def move_batch(t: Target, source: QueueId, to: QueueId | None, n: int,
+               rest: Rest | None = None) -> tuple[int, int, int]:
     """Move up to ``n`` messages from ``source`` to ``to`` (None: each to the queue it was
-    dead-lettered from); (moved, left in the source: no destination known, received).
-    Raises MoveFailed when a queue is gone (any other RayqError as it comes)."""
+    dead-lettered from), or what ``rest`` left of an attempt cut short; (moved, left in
+    the source: no destination known, received). Raises MoveFailed when a queue is gone,
+    Unfinished when refused as signed after its receive (any other RayqError as it comes)."""
     try:
         queue = t.queue(source)
-        got = queue.receive(max_messages=n, visibility_timeout_s=HIDE_S)
+        if rest is None:
+            got = queue.receive(max_messages=n, visibility_timeout_s=HIDE_S)
+            rest = Rest(list(_by_destination(t, got, to).items()), [], 0, len(got))
     except (QueueNotFound, SqsError) as err:
         raise MoveFailed(NO_QUEUE) from err
+    try:
+        _finish(t, queue, rest)
+    except AuthError as err:
+        raise Unfinished(err, rest) from err
+    return rest.moved, rest.received - rest.moved, rest.received
+
+
+def _by_destination(t: Target, got: list, to: QueueId | None) -> dict[QueueId, list]:
     by_destination: dict[QueueId, list] = {}
     for m in got:
         envelope = msgs.opened(m.body)
         destination = to or _source_of(t, envelope)
         if destination is not None:
             by_destination.setdefault(destination, []).append((m, envelope))
-    moved = 0
-    for destination, batch in by_destination.items():
+    return by_destination
+
+
+def _finish(t: Target, queue, rest: Rest) -> None:
+    """Send on and delete what ``rest`` holds, a destination at a time, ``rest`` kept up
+    to date as each step is done."""
+    while rest.deleting or rest.sending:
+        if rest.deleting:
+            queue.delete_batch(rest.deleting)
+            rest.moved, rest.deleting = rest.moved + len(rest.deleting), []
+            continue
+        destination, batch = rest.sending[0]
         try:
             ordered = t.ordered(destination)
             t.queue(destination).send_batch([Outgoing(
@@ -241,9 +284,8 @@ def move_batch(t: Target, source: QueueId, to: QueueId | None, n: int) -> tuple[
                 key=msgs.key_in(ordered, m, envelope)) for m, envelope in batch])
         except (QueueNotFound, SqsError) as err:  # the rest stay hidden, and show again
             raise MoveFailed(NO_QUEUE) from err
-        queue.delete_batch([m.receipt for m, _ in batch])
-        moved += len(batch)
-    return moved, len(got) - moved, len(got)
+        rest.sending.pop(0)
+        rest.deleting = [m.receipt for m, _ in batch]
 
 
 def _source_of(t: Target, envelope: msgs.Envelope) -> QueueId | None:
@@ -261,20 +303,20 @@ def pause_s(done: int, rate_per_s: int, elapsed_s: float) -> float:
     return max(0.0, done / rate_per_s - elapsed_s)
 
 
-def signed_anew(make: Callable[[], Callable[[int], tuple[int, int, int]]]
+def signed_anew(make: Callable[[], Callable[..., tuple[int, int, int]]]
                 ) -> Callable[[int], tuple[int, int, int]]:
     """A task's ``batch`` for :func:`run`, made by ``make()`` with the account's key of now,
     and made again once when the runtime refuses it as signed (the account's key was
-    rotated since). A key rotated between a batch's receive and its send leaves what it
-    received hidden in the source for HIDE_S, as any move cut short does."""
+    rotated since; shards learn a rotation each at its own moment). A batch refused
+    after its receive goes on, with the new key, with what it received (its Rest)."""
     current = [make()]
 
     def batch(n: int) -> tuple[int, int, int]:
         try:
             return current[0](n)
-        except AuthError:
+        except AuthError as err:
             current[0] = make()
-            return current[0](n)
+            return current[0](n, getattr(err, "rest", None))
     return batch
 
 

@@ -246,7 +246,7 @@ def test_a_batch_refused_after_a_key_rotation_is_made_again_with_the_key_of_now(
         key = next(keys)
         made.append(key)
 
-        def batch(n):
+        def batch(n, rest=None):
             if key == "old":
                 raise AuthError("the signature does not match the account's keys")
             return n, 0, n
@@ -258,8 +258,74 @@ def test_a_batch_refused_after_a_key_rotation_is_made_again_with_the_key_of_now(
 
 def test_a_batch_refused_with_the_key_of_now_too_fails_its_task():
     def make():
-        def batch(n):
+        def batch(n, rest=None):
             raise AuthError("the account is gone")
         return batch
     with pytest.raises(AuthError):
         signed_anew(make)(1)
+
+
+class RotatingQueues:
+    """Queues as two keys reach them: ``old`` is refused by the destination once
+    ``rotated`` (the source's shard has not heard of the rotation yet)."""
+
+    def __init__(self, bodies):
+        self.source = [FakeReceived(b, f"r{i}") for i, b in enumerate(bodies)]
+        self.hidden, self.sent, self.deleted, self.rotated = [], [], [], False
+
+    def target(self, key):
+        return FakeTarget(self, key)
+
+
+class FakeReceived:
+    def __init__(self, body, receipt):
+        self.body, self.receipt, self.type = body, receipt, "default"
+
+
+class FakeTarget:
+    def __init__(self, queues, key):
+        self.queues, self.key = queues, key
+
+    def queue(self, which):
+        return FakeQueue(self, which)
+
+    def ordered(self, which):
+        return False
+
+
+class FakeQueue:
+    def __init__(self, target, which):
+        self.target, self.which = target, which
+
+    def receive(self, max_messages, visibility_timeout_s):
+        queues = self.target.queues
+        got, queues.source = queues.source[:max_messages], queues.source[max_messages:]
+        queues.hidden += got
+        queues.rotated = True  # the key is rotated just after this receive
+        return got
+
+    def send_batch(self, messages):
+        if self.target.key == "old" and self.target.queues.rotated:
+            raise AuthError("the signature does not match the account's keys")
+        self.target.queues.sent += [m.body for m in messages]
+
+    def delete_batch(self, receipts):
+        self.target.queues.deleted += receipts
+
+
+def test_a_batch_refused_after_its_receive_moves_what_it_received_with_the_key_of_now():
+    """Shards learn a key rotation each at its own moment: a batch whose receive passed
+    with the old key and whose send was refused goes on with the new key, with the
+    messages it received (not left hidden in the source, and not received again)."""
+    from rayq.sqs.moves import move_batch
+
+    queues = RotatingQueues(["a", "b", "c"])
+    keys = iter(["old", "new"])
+
+    def make():
+        t = queues.target(next(keys))
+        return lambda n, rest=None: move_batch(t, "source", "destination", n, rest)
+    batch = signed_anew(make)
+    assert batch(2) == (2, 0, 2)
+    assert queues.sent == ["a", "b"] and queues.deleted == ["r0", "r1"]
+    assert [m.body for m in queues.source] == ["c"]  # received once, not twice
