@@ -233,8 +233,8 @@ class Unfinished(AuthError):
     rotated in between): ``rest`` is what it received and did not move; the next attempt
     moves it with the key of now, rather than leave it hidden in the source."""
 
-    def __init__(self, err: AuthError, rest: Rest):
-        super().__init__(str(err))
+    def __init__(self, message: str, rest: Rest | None = None):
+        super().__init__(message)
         self.rest = rest
 
 
@@ -254,7 +254,7 @@ def move_batch(t: Target, source: QueueId, to: QueueId | None, n: int,
     try:
         _finish(t, queue, rest)
     except AuthError as err:
-        raise Unfinished(err, rest) from err
+        raise Unfinished(str(err), rest) from err
     return rest.moved, rest.received - rest.moved, rest.received
 
 
