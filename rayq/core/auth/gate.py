@@ -107,8 +107,8 @@ class Gate:
             return ADMIN
         queue = (getattr(auth, "queue", "") if operation.scope is Scope.SUBQUEUES
                  else operation.signed_queue(arguments))
-        account = (auth.vouch(queue) if isinstance(auth, Vouched)  # no digest to check
-                   else await self.account(auth, queue, operation.name, operation.body(arguments)))
+        body = b"" if isinstance(auth, Vouched) else operation.body(arguments)  # no digest to check
+        account = await self.account(auth, queue, operation.name, body)
         if operation.scope is Scope.ADMIN:
             check_admin(account, operation.name)
         elif operation.scope is Scope.SUBQUEUES:

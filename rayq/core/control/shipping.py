@@ -91,7 +91,9 @@ class Shipper:
         self.log = ShipLog(committed, place.in_sync[1:])
         self.refused: RayqError | None = None  # set once a newer epoch replaced this leader
         self._more = {node: asyncio.Event() for node in self.log.followers}
-        self._joining: dict[str, int] = {}  # seeded followers counted: the seq they must reach
+        # seeded followers acknowledgements wait for, not yet in sync: the last write set
+        # committed when they were counted (in sync once they applied it)
+        self._counted_at: dict[str, int] = {}
         self._joined: dict[str, asyncio.Future] = {}  # seedings waiting for their follower
         self._senders = [asyncio.get_running_loop().create_task(self._send_forever(node))
                          for node in self.log.followers]
@@ -125,7 +127,7 @@ class Shipper:
         manager puts it in sync. Returns the copy's sequence number once the follower
         is in sync; raises if it is lost before."""
         self.log.join(node)  # before the copy: the write sets after it are kept
-        self._joining.pop(node, None)
+        self._counted_at.pop(node, None)
         self._more[node] = asyncio.Event()
         try:
             seq = await copy()
@@ -178,10 +180,10 @@ class Shipper:
             # A seeded follower one call behind: acknowledgements wait for it from now
             # on; the earlier ones did not, so it joins once it holds those too.
             self.log.count(node)
-            self._joining[node] = self.log.committed
-        mark = self._joining.get(node)
+            self._counted_at[node] = self.log.committed
+        mark = self._counted_at.get(node)
         if mark is not None and self.log.acked[node] >= mark:
-            del self._joining[node]
+            del self._counted_at[node]
             await self._rejoin(node)
 
     async def _rejoin(self, node: str) -> None:
@@ -223,7 +225,7 @@ class Shipper:
     def _shrunk(self, node: str, place: ShardPlace) -> None:
         self.place = place
         self.log.remove(node)
-        self._joining.pop(node, None)
+        self._counted_at.pop(node, None)
         try:
             check_in_sync(place, self.min_in_sync)
         except NotEnoughReplicas as err:
