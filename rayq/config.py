@@ -97,6 +97,7 @@ class FairnessConfig:
     weights: Mapping[str, float] = field(default_factory=dict, hash=False)
     default_weight: float = 1.0
     noisy_share: float = 0.1          # a key over this share of in-flight or recent time is noisy
+                                      # (1: none is, leaving the shares to the weights alone)
     noisy_min_inflight: int = 30      # ... the in-flight rule needs at least this many
     noisy_idle_s: float = 300.0       # a noisy key that sent nothing this long is quiet again
     usage_half_life_s: float = 30.0   # "recent" processing time forgets at this half-life
@@ -244,8 +245,8 @@ def _check_fair_dispatch(fairness: "FairnessConfig") -> None:
     for key, weight in weights.items():
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < 1e6:
             raise ConfigError(f"fairness weight of {key!r} must be a number in (0, 1e6)")
-    if not 0 < fairness.noisy_share < 1 or fairness.usage_half_life_s <= 0:
-        raise ConfigError("fairness needs 0 < noisy_share < 1 and usage_half_life_s > 0")
+    if not 0 < fairness.noisy_share <= 1 or fairness.usage_half_life_s <= 0:
+        raise ConfigError("fairness needs 0 < noisy_share <= 1 and usage_half_life_s > 0")
 
 
 FAIRNESS_KEYS = frozenset({"type", "tenant", "tenant_type"})

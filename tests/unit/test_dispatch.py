@@ -53,6 +53,29 @@ def test_a_quiet_key_is_served_before_a_noisy_keys_older_backlog(store, clock):
     assert keys_of(store.receive(SQ, 3, 30)) == ["quiet-a", "quiet-b", "noisy"]
 
 
+def test_processing_time_counts_handlers_still_running(store, clock):
+    put(store, "first", 10)
+    put(store, "second", 10)
+    [done] = store.receive(SQ, 1, 30, keys=["first"])
+    running = store.receive(SQ, 4, 30, keys=["second"])
+    clock.advance(1)
+    store.delete([done.receipt])  # first has finished one second; second runs four
+    assert {(c.key, c.reason) for c in store.review_dispatch()} == {
+        ("first", "processing-time share"), ("second", "processing-time share")}
+    assert {k.key: round(k.usage_share, 2) for k in store.noisy()} == {"first": 0.2,
+                                                                        "second": 0.8}
+    store.delete([m.receipt for m in running])
+
+
+def test_a_noisy_share_of_one_marks_no_key_noisy(clock):
+    store = memory_store(clock=clock, dispatch=DispatchPolicy(noisy_share=1.0))
+    put(store, "only", 100)
+    done = store.receive(SQ, 40, 30)
+    clock.advance(1)
+    store.delete([m.receipt for m in done[:10]])  # all the in-flight messages and time
+    assert store.review_dispatch() == [] and store.noisy() == []
+
+
 def test_a_key_holding_most_in_flight_messages_is_noisy_only_from_thirty_of_them(store, clock):
     put(store, "big", 100)
     put(store, "small", 100)

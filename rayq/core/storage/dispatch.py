@@ -8,7 +8,8 @@ developer guide):
 
 - a key is *noisy* when it holds more than ``noisy_share`` of a subqueue's
   in-flight messages (and at least ``noisy_min_inflight`` of them), or more than
-  ``noisy_share`` of its recent processing time;
+  ``noisy_share`` of its recent processing time (finished handlers, decayed, and the
+  time spent so far on those still running);
 - receives serve quiet keys first; among keys alike, the one with the fewest
   in-flight messages per unit of weight, then the least recent processing time
   per unit of weight, then the oldest message;
@@ -326,9 +327,19 @@ class FairDispatch:
                         self._place(sq, kid, int(now * US))
         return math.exp(exponent)
 
-    def _decayed(self, state: _Key, now: float) -> float:
-        """A key's recent processing time in seconds."""
-        return state.usage / self._growth(now)
+    def _recent_use(self, now: float) -> dict[int, dict[int, float]]:
+        """Per subqueue and key, recent processing time in seconds: the decayed time of
+        finished messages plus the time spent so far on those in flight, so that a key
+        whose handlers have not finished yet is not taken for idle."""
+        growth = self._growth(now)
+        use = {sq: {kid: s.usage / growth for kid, s in sub.keys.items()}
+               for sq, sub in self._subqueues.items()}
+        now_us = int(now * US)
+        for flight in self._flights.values():
+            keys = use.get(flight.sq)
+            if keys is not None and flight.kid in keys:
+                keys[flight.kid] += max(0, now_us - flight.delivered_us) / US
+        return use
 
     # -- noisy keys ------------------------------------------------------------------
     def review(self, now: float) -> list[NoisyChange]:
@@ -337,9 +348,10 @@ class FairDispatch:
         second, not per receive."""
         policy = self.policy
         now_us = int(now * US)
+        recent = self._recent_use(now)
         for sq, sub in self._subqueues.items():
             inflight = sum(s.inflight for s in sub.keys.values())
-            usage = {kid: self._decayed(s, now) for kid, s in sub.keys.items()}
+            usage = recent[sq]
             used = sum(usage.values())
             for kid, state in list(sub.keys.items()):
                 in_share = state.inflight / inflight if inflight else 0.0
@@ -363,9 +375,10 @@ class FairDispatch:
     def noisy(self, now: float) -> list[NoisyKey]:
         """The keys treated as noisy now, with their shares."""
         out = []
+        recent = self._recent_use(now)
         for sq, sub in self._subqueues.items():
             inflight = sum(s.inflight for s in sub.keys.values())
-            usage = {kid: self._decayed(s, now) for kid, s in sub.keys.items()}
+            usage = recent[sq]
             used = sum(usage.values())
             for kid, state in sub.keys.items():
                 if state.noisy_since is not None:
