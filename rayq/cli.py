@@ -143,8 +143,9 @@ def stop() -> None:
                       "`rayq start` and keeps running")
         return
     stopped = local.stop_session(session_dir, address)
-    console.print(f"rayq runtime and its Ray head at {address} stopped ({stopped} processes); "
-                  "the data stays")
+    killed = f", {stopped.killed} killed as they did not exit" if stopped.killed else ""
+    console.print(f"rayq runtime and its Ray head at {address} stopped ({stopped.processes} "
+                  f"processes{killed}); the data stays")
 
 
 @main.command()

@@ -11,6 +11,8 @@ import os
 import socket
 import subprocess
 import sys
+import time
+from typing import NamedTuple
 
 import psutil
 
@@ -86,23 +88,66 @@ def started_by_rayq(session_dir: str) -> bool:
     return os.path.exists(os.path.join(session_dir, MARKER))
 
 
-def stop_session(session_dir: str, address: str, timeout_s: float = STOP_TIMEOUT_S) -> int:
+class Stopped(NamedTuple):
+    """What stopping a session did: its processes, and how many of them had to be
+    killed because they did not exit when told to."""
+
+    processes: int
+    killed: int
+
+
+def stop_session(session_dir: str, address: str, timeout_s: float = STOP_TIMEOUT_S) -> Stopped:
     """Stop every process of the Ray session in ``session_dir`` (its GCS, raylet,
-    dashboard, agents and the workers under the raylet); returns how many."""
+    dashboard, agents and the workers under the raylet)."""
     procs = session_processes(session_dir)
-    for proc in procs:
-        try:
-            proc.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
+    killed = 0
+    for bucket in _stop_order(procs):
+        for proc in bucket:
+            try:
+                proc.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        for proc in _wait_exited(bucket, timeout_s / 3):
+            try:
+                proc.kill()
+                killed += 1
+            except psutil.NoSuchProcess:
+                pass
     _forget_current_cluster(session_dir, address)
-    return len(procs)
+    return Stopped(len(procs), killed)
+
+
+def _stop_order(procs: list[psutil.Process]) -> list[list[psutil.Process]]:
+    """The raylet, then the rest, then the GCS, as ``ray stop`` orders them: a GCS told
+    to stop while its raylet runs waits for it (30 s here, then killed)."""
+    def name(proc: psutil.Process) -> str:
+        try:
+            return proc.name()
+        except psutil.NoSuchProcess:
+            return ""
+    first = [p for p in procs if name(p) == "raylet"]
+    last = [p for p in procs if name(p) == "gcs_server"]
+    return [first, [p for p in procs if p not in first and p not in last], last]
+
+
+def _wait_exited(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Wait until every process has exited, for up to ``timeout_s``; the ones still
+    running. A zombie has exited: the head's processes are orphans once ``ray start``
+    returns, and where nothing reaps orphans (a container whose first process is not an
+    init) they stay zombies, which ``psutil.wait_procs`` would wait for to the end."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        running = [proc for proc in procs if _running(proc)]
+        if not running or time.monotonic() >= deadline:
+            return running
+        time.sleep(0.05)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def session_processes(session_dir: str) -> list[psutil.Process]:

@@ -54,6 +54,8 @@ def test_a_started_runtime_outlives_its_shell_and_keeps_its_data_across_stop(tmp
     finally:
         stopped = rayq_cli("stop")
     assert stopped.returncode == 0, stopped.stderr[-3000:]
+    said = " ".join(stopped.stdout.split())  # as the terminal wrapped it
+    assert " processes); the data stays" in said, said  # none had to be killed
     assert_no_runtime(rayq_cli("status"))
 
     again = rayq_cli("start", "--data-dir", data_dir, "--no-dashboard")
