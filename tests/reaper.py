@@ -13,11 +13,8 @@ def main() -> int:
     child = subprocess.Popen(sys.argv[1:])
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, _: child.send_signal(signum))
-    while True:
-        try:
-            pid, status = os.wait()
-        except ChildProcessError:
-            return 1  # cannot happen while the child runs
+    while True:  # the child is not reaped until it ends, so there is always one to wait for
+        pid, status = os.wait()
         if pid == child.pid:
             return os.waitstatus_to_exitcode(status)
 

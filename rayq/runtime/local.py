@@ -100,14 +100,14 @@ def stop_session(session_dir: str, address: str, timeout_s: float = STOP_TIMEOUT
     """Stop every process of the Ray session in ``session_dir`` (its GCS, raylet,
     dashboard, agents and the workers under the raylet)."""
     procs = session_processes(session_dir)
-    killed = 0
-    for bucket in _stop_order(procs):
+    killed, buckets = 0, _stop_order(procs)
+    for bucket in buckets:
         for proc in bucket:
             try:
                 proc.terminate()
             except psutil.NoSuchProcess:
                 pass
-        for proc in _wait_exited(bucket, timeout_s / 3):
+        for proc in _wait_exited(bucket, timeout_s / len(buckets)):
             try:
                 proc.kill()
                 killed += 1
@@ -119,7 +119,7 @@ def stop_session(session_dir: str, address: str, timeout_s: float = STOP_TIMEOUT
 
 def _stop_order(procs: list[psutil.Process]) -> list[list[psutil.Process]]:
     """The raylet, then the rest, then the GCS, as ``ray stop`` orders them: a GCS told
-    to stop while its raylet runs waits for it (30 s here, then killed)."""
+    to stop while its raylet runs waits for it until it is killed."""
     def name(proc: psutil.Process) -> str:
         try:
             return proc.name()
