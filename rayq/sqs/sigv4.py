@@ -40,6 +40,7 @@ PRESIGN_PARAMS = ("X-Amz-Algorithm", "X-Amz-Credential", "X-Amz-Date", "X-Amz-Ex
                   "X-Amz-SignedHeaders", "X-Amz-Signature", "X-Amz-Security-Token")
 _REQUIRED_PARAMS = PRESIGN_PARAMS[:6]
 MAX_EXPIRES_S = 604_800  # a presigned request is valid for at most a week
+_MAX_EXPIRES_DIGITS = len(str(MAX_EXPIRES_S))  # checked before int(), which refuses 4 300
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 _SIGNATURE = re.compile(r"[0-9a-f]{64}")
 _AUTH = re.compile(r"^AWS4-HMAC-SHA256\s+Credential=([^,\s]+),\s*SignedHeaders=([^,\s]+),"
@@ -189,7 +190,8 @@ def _valid_window(stamp: str, date: str, expires: str, now: float, skew_s: float
 
 
 def _expires_s(text: str) -> int:
-    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_EXPIRES_S):
+    if not (text.isascii() and text.isdigit() and len(text) <= _MAX_EXPIRES_DIGITS
+            and 1 <= int(text) <= MAX_EXPIRES_S):
         raise SqsError("InvalidQueryParameter", f"X-Amz-Expires must be a whole number of "
                        f"seconds from 1 to {MAX_EXPIRES_S} (a week), got {text!r:.40}.")
     return int(text)
