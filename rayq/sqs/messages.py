@@ -16,6 +16,7 @@ import hashlib
 import json
 import re
 import struct
+from decimal import Decimal
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -34,6 +35,9 @@ _BAD_CHARS = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff
 _ATTRIBUTE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,256}$")
 _DATA_TYPE = re.compile(r"^(String|Number|Binary)(\.[^\s]{1,250})?$")
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+# SQS's Number: at most 38 significant digits, magnitude from 10^-128 to 10^126.
+NUMBER_DIGITS = 38
+NUMBER_EXPONENTS = (-128, 126)
 _STRING, _BINARY = 1, 2
 
 
@@ -108,15 +112,30 @@ def _check_attribute(name: Any, value: Any, system: bool) -> dict:
     if not isinstance(text, str) or not text:
         raise invalid(f"The message attribute '{name}' with type '{data_type.split('.')[0]}' "
                       "must use field 'String'.")
-    if data_type.startswith("Number") and not _NUMBER.match(text):
-        raise invalid(f"Can't cast the value of message (user) attribute '{name}' to a "
-                      "number.")
+    if data_type.startswith("Number"):
+        _check_number(name, text)
     if system and data_type != "String":
         raise invalid(f"The message system attribute '{name}' must have DataType String.")
     if _BAD_CHARS.search(text):
         raise SqsError("InvalidMessageContents", f"Invalid characters found in message "
                                                  f"attribute '{name}'.")
     return {"DataType": data_type, "StringValue": text}
+
+
+def _check_number(name: str, text: str) -> None:
+    """Raise SqsError (InvalidParameterValue) unless ``text`` is a number SQS stores."""
+    if not _NUMBER.match(text):
+        raise invalid(f"Can't cast the value of message (user) attribute '{name}' to a "
+                      "number.")
+    number = Decimal(text)  # exact: no context rounds a parsed literal
+    digits = "".join(map(str, number.as_tuple().digits)).strip("0")
+    if len(digits) > NUMBER_DIGITS:
+        raise invalid(f"The value of message (user) attribute '{name}' has more than "
+                      f"{NUMBER_DIGITS} significant digits.")
+    low, high = NUMBER_EXPONENTS
+    if digits and not Decimal(f"1e{low}") <= number.copy_abs() <= Decimal(f"1e{high}"):
+        raise invalid(f"The value of message (user) attribute '{name}' is outside "
+                      f"10^{low} to 10^{high} in magnitude.")
 
 
 def _binary(name: str, value: Any) -> bytes:

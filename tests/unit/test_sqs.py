@@ -244,6 +244,23 @@ def test_attributes_sqs_refuses_are_invalid_parameter_values(bad):
     assert info.value.code == "InvalidParameterValue"
 
 
+@pytest.mark.parametrize("text, stored", [
+    ("1" * 38, True), ("1" * 39, False), ("1" * 401, False),
+    ("1" + "0" * 60 + ".000", True),           # trailing zeros are not significant
+    ("0.000" + "1" * 38, True), ("-" + "9" * 38 + "e88", True),
+    ("1e126", True), ("1.1e126", False), ("1e127", False), ("-1e127", False), ("1e-128", True), ("9e-129", False),
+    ("1" + "0" * 200, False), ("0" * 400, True), ("0e999999", True),
+])
+def test_a_number_attribute_is_held_to_sqs_digits_and_range(text, stored):
+    value = {"price": {"DataType": "Number", "StringValue": text}}
+    if stored:
+        assert messages.check_attributes(value) == value
+    else:
+        with pytest.raises(SqsError) as info:
+            messages.check_attributes(value)
+        assert info.value.code == "InvalidParameterValue"
+
+
 def test_only_aws_trace_header_is_a_system_attribute():
     trace = {"AWSTraceHeader": {"DataType": "String", "StringValue": "Root=1-5759e988"}}
     assert messages.check_attributes(trace, system=True) == trace
