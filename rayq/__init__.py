@@ -24,7 +24,7 @@ from rayq.core.fairness.policy import FairnessReport
 from rayq.core.flood.detection import Flooder
 from rayq.core.fairness.rules import SuspensionRule
 from rayq.core.codec.tasks import TaskFunction, task
-from rayq.errors import (AuthError, ConfigError, DataDirExposed, InvalidMessage,
+from rayq.errors import (AuthError, ConfigError, DataDirExposed, InvalidMessage, KeyExposed,
                          MessageTooLarge, NoEvents, NotEnoughReplicas, Overloaded, QueueDisabled,
                          QueueExists, QueueNotFound, QuotaExceeded, RayqError, ReceiptInvalid,
                          ReplicaBehind, RuntimeFailure, StaleEpoch, StoreBug, StoreError, TaskError,
@@ -43,7 +43,8 @@ __all__ = [
     "Config", "ConsumerConfig", "FairnessConfig", "FloodConfig", "ScalingConfig", "StoreConfig",
     "Outgoing", "Received", "task", "TaskFunction", "FairnessReport", "SuspensionRule",
     "Flooder",
-    "AuthError", "ConfigError", "DataDirExposed", "InvalidMessage", "MessageTooLarge", "NoEvents", "Overloaded",
+    "AuthError", "ConfigError", "DataDirExposed", "InvalidMessage", "KeyExposed", "MessageTooLarge",
+    "NoEvents", "Overloaded",
     "QueueDisabled", "QueueExists", "QueueNotFound", "QuotaExceeded", "RayqError", "ReceiptInvalid",
     "RuntimeFailure", "StoreBug", "StoreError", "TaskError", "UsageError",
     "StaleEpoch", "ReplicaBehind", "NotEnoughReplicas",

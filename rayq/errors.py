@@ -67,6 +67,11 @@ class DataDirExposed(UsageError):
     entered by other users: it holds every message and every account key."""
 
 
+class KeyExposed(UsageError):
+    """Raised when a TLS private key handed to the SQS endpoint can be read or written by
+    other users, or belongs to another user: whoever reads it can pose as the endpoint."""
+
+
 class QuotaExceeded(UsageError):
     """Raised when an account would pass a quota the admin set on it (``Client.set_quota``):
     a queue past its queue quota, or a put past its message or byte quota. Deleting

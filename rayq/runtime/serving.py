@@ -14,6 +14,7 @@ from actors.placement import data_nodes, pinned
 from actors.runtime import find_runtime
 from actors.sqs import STATE, SqsEndpointRemote, SqsStateRemote, replica_name
 from rayq.core.codec.model import check_count
+from rayq.core.kit.private import check_private_key
 from rayq.errors import InvalidMessage, RayqError, RuntimeFailure
 from rayq.remote import NO_RETRY, call
 from rayq.sqs.names import HOME_REGION, valid_region
@@ -32,7 +33,8 @@ def serve_sqs(host: str = "127.0.0.1", port: int = 9324, replicas: int = 1, *,
     port (SO_REUSEPORT); on a cluster each alive node runs that many. Idempotent;
     stopped by ``rayq.shutdown()``. The queues of ``home_region`` are rayq's queues of the
     same names; another region's are ``<region>.<name>``. Raises InvalidMessage for a
-    lone or missing TLS file or a malformed region,
+    lone or missing TLS file or a malformed region, KeyExposed for a key file
+    other users may read,
     RuntimeFailure when no runtime runs or the port cannot be bound."""
     check_count(port, "port", 1, 65535)
     check_count(replicas, "replicas", 1, 64)
@@ -76,6 +78,7 @@ def _tls_files(cert: str | None, key: str | None) -> tuple[str, str] | None:
     missing = [path for path in (cert, key) if not os.path.isfile(path)]
     if missing:
         raise InvalidMessage(f"no such TLS file: {missing[0]}")
+    check_private_key(key)
     return os.path.abspath(cert), os.path.abspath(key)
 
 

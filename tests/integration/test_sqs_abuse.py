@@ -4,6 +4,7 @@ requests with SQS's 4xx shapes, keeps one account's long polls from starving ano
 sends, and a shard never parks a receive for longer than SQS would."""
 
 import json
+import os
 import socket
 import threading
 import time
@@ -205,6 +206,7 @@ def self_signed(folder) -> tuple[str, str]:
     key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
                                            serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
+    key_path.chmod(0o600)
     return str(cert_path), str(key_path)
 
 
@@ -226,3 +228,15 @@ def test_the_endpoint_serves_https_with_a_certificate_and_key(endpoint, tmp_path
     assert client.receive_message(QueueUrl=queue)["Messages"][0]["Body"] == "sealed"
     with pytest.raises(rayq.InvalidMessage):
         rayq.serve_sqs(port=free_port(), tls_cert=cert)  # a certificate without its key
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604])
+def test_a_tls_key_other_users_may_read_is_refused_before_anything_serves(endpoint, tmp_path,
+                                                                          mode):
+    cert, key = self_signed(tmp_path)
+    os.chmod(key, mode)
+    port = free_port()
+    with pytest.raises(rayq.KeyExposed, match="chmod 600"):
+        rayq.serve_sqs(port=port, tls_cert=cert, tls_key=key)
+    with socket.socket() as probe:  # nothing listens there
+        assert probe.connect_ex(("127.0.0.1", port)) != 0

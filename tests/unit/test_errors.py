@@ -21,7 +21,8 @@ from rayq.testing import FakeClock, memory_store, plenty_of_memory
 WHOSE_FAULT = [
     ("QueueNotFound", "you"), ("QueueExists", "you"), ("ConfigError", "you"),
     ("InvalidMessage", "you"), ("MessageTooLarge", "you"), ("ReceiptInvalid", "you"),
-    ("AuthError", "you"), ("NoEvents", "you"), ("DataDirExposed", "you"), ("QuotaExceeded", "you"),
+    ("AuthError", "you"), ("NoEvents", "you"), ("DataDirExposed", "you"), ("KeyExposed", "you"),
+    ("QuotaExceeded", "you"),
     ("QueueDisabled", "it"), ("Overloaded", "it"), ("StoreError", "it"), ("StoreBug", "it"),
     ("StaleEpoch", "it"), ("ReplicaBehind", "it"), ("NotEnoughReplicas", "it"),
 ]

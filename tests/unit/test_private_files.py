@@ -10,8 +10,8 @@ from rayq.analytics.eventlog import EventLog
 from rayq.analytics.schema import KINDS
 from rayq.core.auth.accounts import Accounts
 from rayq.core.kit.kv import LmdbKV
-from rayq.core.kit.private import check_private_dir, prepare_data_dir
-from rayq.errors import DataDirExposed
+from rayq.core.kit.private import check_private_dir, check_private_key, prepare_data_dir
+from rayq.errors import DataDirExposed, KeyExposed
 
 
 @pytest.fixture
@@ -65,3 +65,16 @@ def test_a_data_directory_others_may_read_or_enter_is_refused_with_the_fix(tmp_p
         prepare_data_dir(exposed)
     os.chmod(exposed, 0o700)
     check_private_dir(exposed)
+
+
+@pytest.mark.parametrize("mode, refused", [(0o600, False), (0o400, False), (0o644, True),
+                                           (0o640, True), (0o606, True), (0o620, True)])
+def test_a_tls_key_others_may_read_or_write_is_refused(tmp_path, mode, refused):
+    key = tmp_path / "key.pem"
+    key.write_text("-----BEGIN PRIVATE KEY-----\n")
+    key.chmod(mode)
+    if refused:
+        with pytest.raises(KeyExposed, match="chmod 600"):
+            check_private_key(key)
+    else:
+        check_private_key(key)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import stat
 
-from rayq.errors import DataDirExposed
+from rayq.errors import DataDirExposed, KeyExposed
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
@@ -47,6 +47,20 @@ def check_private_dir(path: str | os.PathLike) -> None:
             f"the data directory {os.fspath(path)!r} has mode {stat.S_IMODE(info.st_mode):03o}: "
             f"other users could read every message and account key in it. Fix it with "
             f"`chmod -R go-rwx {os.fspath(path)}` (the directory itself: chmod 700), then start again")
+
+
+def check_private_key(path: str | os.PathLike) -> None:
+    """Raise KeyExposed unless the private key file ``path`` is this user's and no other
+    user may read or write it (0600 or 0400, as ssh asks of its keys)."""
+    info = os.stat(path)
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        raise KeyExposed(f"the TLS key {os.fspath(path)!r} belongs to another user "
+                         f"(uid {info.st_uid}); use a key file of your own")
+    if info.st_mode & _OTHERS:
+        raise KeyExposed(
+            f"the TLS key {os.fspath(path)!r} has mode {stat.S_IMODE(info.st_mode):03o}: other "
+            f"users could read it and pose as the endpoint. Fix it with "
+            f"`chmod 600 {os.fspath(path)}`, then serve again")
 
 
 def prepare_data_dir(path: str | os.PathLike) -> str:
