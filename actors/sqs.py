@@ -8,11 +8,14 @@ operation (:class:`rayq.sqs.api.SqsApi`) on a thread pool through a rayq Client
 that signs for the caller's account, so the runtime's gates check every
 request as they check any client's. A request's Authorization header (or a
 presigned one's X-Amz-* query parameters: account, scope, time) is checked before its
-body is read; bodies are read against a size limit, a deadline and a budget shared
-by all connections; each account gets
-a bounded share of threads and requests (:mod:`rayq.sqs.admission`), and a long
-poll waits on the event loop, not on a thread. :class:`SqsState` persists the queue
-settings rayq's registry does not keep and forwards changed receipt handles.
+body is read, and nothing shared is spent before its signature is: a request that signs
+its body's hash (X-Amz-Content-SHA256) is verified first, then read against a budget
+shared by all connections; any other is read holding one of its peer address's few
+unverified slots, then verified. Each verified account gets a bounded share of threads
+and requests (:mod:`rayq.sqs.admission`), large bodies are hashed and parsed on worker
+threads, and a long poll waits on the event loop, not on a thread. :class:`SqsState`
+persists the queue settings rayq's registry does not keep and forwards changed receipt
+handles.
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ from rayq.core.codec.model import pack, unpack
 from rayq.errors import RayqError
 from rayq.handoff import Doors, Served
 from rayq.remote import NO_RETRY, call, call_async, named
-from rayq.sqs.admission import BodyBudget, Forwards, Parked, Shares
+from rayq.sqs.admission import (BodyBudget, EndpointStats, Forwards, Shares, Unverified,
+                                 announced_size, off_loop)
 from rayq.sqs.api import MESSAGE_ACTIONS, SqsApi
 from rayq.sqs.attributes import Settings
 from rayq.sqs import protocol
@@ -52,7 +56,8 @@ from rayq.sqs.fifo import Admitted, Dedup
 from rayq.sqs.moves import MoveTask
 from rayq.sqs.names import HOME_REGION, access_key_id
 from rayq.sqs.protocol import JSON_TYPE, XML_TYPE, decode_request
-from rayq.sqs.sigv4 import Caller, Claim, SignedRequest, claim, verify, verify_claim
+from rayq.sqs.sigv4 import (EMPTY_SHA256, MAX_SKEW_S, Caller, Claim, SignedRequest, check_payload,
+                            claim, signed_payload_hash, verify, verify_claim)
 
 STATE = "rayq-sqs-state"
 KEYS_MAX_AGE_S = 2.0      # a replaced key is refused here at most this long after rotation
@@ -64,7 +69,11 @@ THREADS_PER_ACCOUNT = WORKER_THREADS // 4
 IN_FLIGHT_PER_ACCOUNT = 256  # admitted requests of one account, parked long polls included
 # A batch carries up to 1 MiB of bodies; JSON escapes (\uXXXX for non-ASCII) can triple it.
 MAX_REQUEST_BYTES = 8 << 20
-MAX_BUFFERED_BYTES = 8 * MAX_REQUEST_BYTES  # bodies being read at once, all connections
+MAX_BUFFERED_BYTES = 8 * MAX_REQUEST_BYTES  # verified bodies being read at once, all connections
+# Requests of one peer address read before their signature can be checked (the body's
+# hash is not signed in a header, as botocore's SQS client signs): a peer's share, not the
+# replica's, so a forger holds only its own; 16 x 8 MiB bounds what one address buffers.
+UNVERIFIED_PER_PEER = 16
 BODY_TIMEOUT_S = 10.0     # a body must arrive within this of its headers
 MAX_CONNECTIONS = 1024    # open connections per replica; more are closed at once
 KEEPALIVE_S = 15.0        # an idle keep-alive connection is closed after this
@@ -291,6 +300,7 @@ class SqsEndpoint:
         self._shares = Shares(in_flight_per_account=IN_FLIGHT_PER_ACCOUNT,
                               threads_per_account=THREADS_PER_ACCOUNT)
         self._budget = BodyBudget(MAX_BUFFERED_BYTES)
+        self._unverified = Unverified(UNVERIFIED_PER_PEER)
         self._home_region = home_region
         self._doors = Doors(self._pool, self._door_of, MESSAGE_ACTIONS if host else (), host_id())
         self._served = asyncio.get_running_loop().create_task(self._listen(host, port, tls))
@@ -320,6 +330,10 @@ class SqsEndpoint:
         await self._served
         await self._runner.cleanup()
 
+    def stats(self) -> EndpointStats:
+        return EndpointStats(len(self.server.connections), self._unverified.total(),
+                             self._budget.held_bytes, self._shares.total_in_flight())
+
     async def _door_of(self, shard: int) -> tuple[str, str]:
         """(host id, path) of shard ``shard``'s door; the first ask starts an endpoint
         there (:func:`hosted`)."""
@@ -347,16 +361,16 @@ class SqsEndpoint:
             headers = {k.lower(): ",".join(request.headers.getall(k))
                        for k in request.headers.keys()}
             found = await self._claim(headers, query_string)  # before the body is read
-            with self._shares.admit(found.account):
-                body = await self._body(request)
-                signed = SignedRequest(request.method, request.path, query_string, headers, body)
-                caller = await self._verify(signed, found)
+            signed = SignedRequest(request.method, request.path, query_string, headers, b"")
+            caller, signed = await self._verified(request, signed, found)
+            with self._shares.admit(caller.account):
                 if query:
-                    action, params = protocol.decode_query(body, query_string,
-                                                           request.path, request.host)
+                    parse = partial(protocol.decode_query, signed.body, query_string,
+                                    request.path, request.host)
                 else:
-                    action, params = decode_request(request.method,
-                                                    headers.get("x-amz-target", ""), body)
+                    parse = partial(decode_request, request.method,
+                                    headers.get("x-amz-target", ""), signed.body)
+                action, params = await off_loop(len(signed.body), self._pool, parse)
                 base = f"{request.scheme}://{request.host}"
                 result = await self._run(action, params, caller, base)
                 return await self._doors.answer(
@@ -370,6 +384,25 @@ class SqsEndpoint:
             failure = SqsError("InternalFailure", f"{type(err).__name__}: {err}", 500, sender=False)
             return _refusal(failure, query)
 
+    async def _verified(self, request: web.Request, signed: SignedRequest,
+                        found: Claim) -> tuple[Caller, SignedRequest]:
+        """(the caller, the request with its body) once the signature is checked. Nothing
+        shared is spent before that: a request that signed its body's hash (or has no
+        body) is verified first, then its body read against the replica's budget; any
+        other is read holding one of its peer's UNVERIFIED_PER_PEER, then verified."""
+        size = announced_size(request.content_length, request.body_exists,
+                              MAX_REQUEST_BYTES)
+        payload_hash = signed_payload_hash(signed.headers) if size else EMPTY_SHA256
+        if payload_hash is not None:
+            caller = await self._verify(signed, found, payload_hash)
+            with self._budget.hold(size):
+                body = await self._body(request, size)
+            check_payload(body, payload_hash)
+            return caller, replace(signed, body=body)
+        with self._unverified.hold(request.remote):
+            signed = replace(signed, body=await self._body(request, size))
+            return await self._verify(signed, found), signed
+
     async def _claim(self, headers: dict[str, str], query_string: str) -> Claim:
         """The claim of the Authorization header, or of the query string when presigned."""
         await self._keys.fresh()
@@ -382,34 +415,31 @@ class SqsEndpoint:
             return self._keys.account_of(claim(headers, self._keys.get, self.clock.now(),
                                                query=query_string))  # an account made since
 
-    async def _body(self, request: web.Request) -> bytes:
-        """The body, read within BODY_TIMEOUT_S and the replica's byte budget. Raises
-        SqsError (411 without a length, 413 past MAX_REQUEST_BYTES, 408 when slow)."""
-        size = request.content_length
-        if size is None:
-            if request.body_exists:
-                raise SqsError("MissingContentLength", "A request body needs a Content-Length.",
-                               status=411)
-            size = 0
-        if size > MAX_REQUEST_BYTES:
-            raise SqsError("RequestEntityTooLarge", f"The request body is over "
-                           f"{MAX_REQUEST_BYTES} bytes.", status=413)
-        with self._budget.hold(size):
-            try:
-                async with asyncio.timeout(BODY_TIMEOUT_S):  # a timer, not a task of its own
-                    return await request.read()
-            except asyncio.TimeoutError:
-                raise SqsError("RequestTimeout", "The request body did not arrive within "
-                               f"{BODY_TIMEOUT_S:.0f} s.", status=408) from None
-
-    async def _verify(self, signed: SignedRequest, found: Claim) -> Caller:
+    async def _body(self, request: web.Request, size: int) -> bytes:
+        """The body of ``size`` bytes (:func:`~rayq.sqs.admission.announced_size`), read within BODY_TIMEOUT_S.
+        Raises SqsError (408 when slow)."""
+        if not size:
+            return b""
         try:
-            return self._keys.account_of(verify_claim(signed, found))
+            async with asyncio.timeout(BODY_TIMEOUT_S):  # a timer, not a task of its own
+                return await request.read()
+        except asyncio.TimeoutError:
+            raise SqsError("RequestTimeout", "The request body did not arrive within "
+                           f"{BODY_TIMEOUT_S:.0f} s.", status=408) from None
+
+    async def _verify(self, signed: SignedRequest, found: Claim,
+                      payload_hash: str | None = None) -> Caller:
+        """The caller (hashing a large body on a worker thread). Raises SqsError."""
+        size = len(signed.body)
+        try:
+            return self._keys.account_of(
+                await off_loop(size, self._pool, verify_claim, signed, found, payload_hash))
         except SqsError as err:
             if err.code != "SignatureDoesNotMatch" or not await self._keys.fresh(force=True):
                 raise
-            return self._keys.account_of(  # a key rotated since
-                verify(signed, self._keys.get, self.clock.now()))
+            return self._keys.account_of(await off_loop(  # a key rotated since
+                size, self._pool, verify, signed, self._keys.get, self.clock.now(),
+                MAX_SKEW_S, payload_hash))
 
     async def _run(self, action: str, params, caller: Caller, base: str) -> dict:
         """The action's answer (:meth:`SqsApi.answer`), on the event loop or one of the

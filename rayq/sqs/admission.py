@@ -4,11 +4,13 @@ A replica runs operations on a small thread pool (a rayq Client is synchronous),
 for the message actions, which begin on its event loop (``SqsApi.on_loop``). So that
 no account can starve another: each account holds at most
 ``threads_per_account`` of the threads and ``in_flight_per_account`` admitted
-requests (more are refused with SQS's ``RequestThrottled``, which SDKs retry);
-request bodies buffered at once are bounded in bytes across all accounts; and a
-long poll never parks on a thread: its operation answers :class:`Parked`, and the
-replica awaits the shard's own parked receive on its event loop (still one of the
-account's admitted requests). Receipt forwards are kept per queue owner
+requests (more are refused with SQS's ``RequestThrottled``, which SDKs retry), taken
+only once the request's signature is checked; verified request bodies buffered at once
+are bounded in bytes across all accounts, unverified ones in number per peer address
+(:class:`Unverified`); bodies past OFF_LOOP_BYTES are hashed and parsed on a worker
+thread (:func:`off_loop`); and a long poll never parks on a thread: its operation
+answers :class:`Parked`, and the replica awaits the shard's own parked receive on its
+event loop (still one of the account's admitted requests). Receipt forwards are kept per queue owner
 (:class:`Forwards`).
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Executor
@@ -26,11 +29,25 @@ from rayq.errors import RayqError
 from rayq.sqs.errors import SqsError, from_rayq
 
 MAX_FORWARDS_PER_ACCOUNT = 20_000  # receipt forwards kept per queue owner (oldest go first)
+OFF_LOOP_BYTES = 64 << 10  # bodies past this are hashed and parsed on a worker thread
 
 
 def throttled(account: str) -> SqsError:
     return SqsError("RequestThrottled", f"Account {account!r} has too many requests in "
                     "flight at this endpoint; retry with back-off.", status=400)
+
+
+@dataclass(frozen=True)
+class EndpointStats:
+    """What an endpoint holds at one moment: open ``connections``; ``unverified``
+    requests whose body is being read before their signature can be checked (each held
+    by its peer, :class:`Unverified`); ``buffered_bytes`` of the shared body budget held
+    by verified requests; ``in_flight`` requests admitted over every account."""
+
+    connections: int
+    unverified: int
+    buffered_bytes: int
+    in_flight: int
 
 
 class Shares:
@@ -44,6 +61,9 @@ class Shares:
 
     def in_flight(self, account: str) -> int:
         return self._in_flight.get(account, 0)
+
+    def total_in_flight(self) -> int:
+        return sum(self._in_flight.values())
 
     @contextlib.contextmanager
     def admit(self, account: str) -> Iterator[None]:
@@ -86,6 +106,78 @@ class BodyBudget:
             yield
         finally:
             self.held_bytes -= size_bytes
+
+
+def announced_size(content_length: int | None, body_exists: bool, max_bytes: int) -> int:
+    """A request body's announced length, checked before a byte of it is read. Raises
+    SqsError (411 without one, 413 past ``max_bytes``)."""
+    if content_length is None:
+        if body_exists:
+            raise SqsError("MissingContentLength", "A request body needs a Content-Length.",
+                           status=411)
+        return 0
+    if content_length > max_bytes:
+        raise SqsError("RequestEntityTooLarge", f"The request body is over {max_bytes} "
+                       "bytes.", status=413)
+    return content_length
+
+
+class Unverified:
+    """Requests whose signature is not checked yet, counted per peer: a request whose
+    body hash is not signed is verified only once its body is read, and until then it
+    holds nothing shared (not the body budget, not an account's slots), only one of its
+    peer's ``per_peer``. A peer is an IPv4 address or an IPv6 /64 (what one host gets)."""
+
+    def __init__(self, per_peer: int):
+        self.per_peer = per_peer
+        self._held: dict[str, int] = {}
+
+    def held(self, remote: str | None) -> int:
+        return self._held.get(peer_of(remote), 0)
+
+    def total(self) -> int:
+        return sum(self._held.values())
+
+    @contextlib.contextmanager
+    def hold(self, remote: str | None) -> Iterator[None]:
+        """Hold one of the peer's unverified requests. Raises SqsError
+        (ServiceUnavailable, a retryable 503) when it has ``per_peer`` already."""
+        peer = peer_of(remote)
+        held = self._held.get(peer, 0)
+        if held >= self.per_peer:
+            raise SqsError("ServiceUnavailable", "Too many unverified requests from this "
+                           "address; retry with back-off, or sign the body's hash "
+                           "(X-Amz-Content-SHA256).", status=503, sender=False)
+        self._held[peer] = held + 1
+        try:
+            yield
+        finally:
+            self._held[peer] -= 1
+            if not self._held[peer]:
+                del self._held[peer]
+
+
+def peer_of(remote: str | None) -> str:
+    """The peer a remote address counts for: itself for IPv4, its /64 for IPv6."""
+    if not remote:
+        return ""
+    try:
+        address = ipaddress.ip_address(remote)
+    except ValueError:
+        return remote
+    if address.version == 6 and address.ipv4_mapped is None:
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(getattr(address, "ipv4_mapped", None) or address)
+
+
+async def off_loop(size_bytes: int, pool: Executor, fn: Callable, *args: Any) -> Any:
+    """``fn(*args)`` (hashing or parsing a body of ``size_bytes``): on ``pool`` past
+    OFF_LOOP_BYTES, so an 8 MiB body does not hold the event loop (tens of ms) that every
+    other connection of the process, a shard's own calls included, waits on; at once
+    below, where a thread hop would cost more than the work."""
+    if size_bytes <= OFF_LOOP_BYTES:
+        return fn(*args)
+    return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
 
 def _never(result: Any) -> bool:

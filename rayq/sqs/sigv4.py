@@ -42,6 +42,7 @@ _REQUIRED_PARAMS = PRESIGN_PARAMS[:6]
 MAX_EXPIRES_S = 604_800  # a presigned request is valid for at most a week
 _MAX_EXPIRES_DIGITS = len(str(MAX_EXPIRES_S))  # checked before int(), which refuses 4 300
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()  # an empty body's: signed before it is read
 _SIGNATURE = re.compile(r"[0-9a-f]{64}")
 _AUTH = re.compile(r"^AWS4-HMAC-SHA256\s+Credential=([^,\s]+),\s*SignedHeaders=([^,\s]+),"
                    r"\s*Signature=([0-9a-f]{64})\s*$")
@@ -202,18 +203,39 @@ def _expired(message: str) -> SqsError:
 
 
 def verify(request: SignedRequest, keys: Callable[[str], Sequence[str]], now: float,
-           skew_s: float = MAX_SKEW_S) -> Caller:
+           skew_s: float = MAX_SKEW_S, payload_hash: str | None = None) -> Caller:
     """The caller of a SigV4-signed request (header-signed or presigned). Raises SqsError
     (as :func:`claim` and :func:`verify_claim` do) otherwise."""
-    return verify_claim(request, claim(request.headers, keys, now, skew_s, request.query))
+    return verify_claim(request, claim(request.headers, keys, now, skew_s, request.query),
+                        payload_hash)
 
 
-def verify_claim(request: SignedRequest, found: Claim) -> Caller:
-    """The caller, once the body is read: the signature recomputed with each key of the
-    claimed account. Raises SqsError (IncompleteSignature, SignatureDoesNotMatch)."""
+def verify_claim(request: SignedRequest, found: Claim, payload_hash: str | None = None) -> Caller:
+    """The caller: the signature recomputed with each key of the claimed account, over
+    the body or, before it is read, over the ``payload_hash`` the request signed
+    (:func:`signed_payload_hash`; the body is then checked with :func:`check_payload`).
+    Raises SqsError (IncompleteSignature, SignatureDoesNotMatch)."""
     if found.presigned:
         return _match(found, presigned_canonical_requests(request, found))
-    return _match(found, [canonical_request(request, found.signed_names)])
+    return _match(found, [canonical_request(request, found.signed_names, payload_hash)])
+
+
+def signed_payload_hash(headers: Mapping[str, str]) -> str | None:
+    """The body's SHA-256 a header-signed request carries in X-Amz-Content-SHA256 (signed
+    with it, as every SigV4 header is), or None: with it, the signature is checked before
+    a byte of the body is read."""
+    claimed = headers.get("x-amz-content-sha256", "")
+    return claimed if "authorization" in headers and _SIGNATURE.fullmatch(claimed) else None
+
+
+def check_payload(body: bytes, payload_hash: str) -> None:
+    """Raise SignatureDoesNotMatch unless ``body`` is the one whose hash was signed."""
+    if _sha256(body) != payload_hash:
+        raise _payload_mismatch()
+
+
+def _payload_mismatch() -> SqsError:
+    return _mismatch("X-Amz-Content-SHA256 does not match the request body")
 
 
 def presigned_canonical_requests(request: SignedRequest, found: Claim) -> list[str]:
@@ -301,7 +323,7 @@ def canonical_request(request: SignedRequest, signed_names: Sequence[str],
         body_hash = _sha256(request.body)
         claimed = request.headers.get("x-amz-content-sha256")
         if claimed is not None and claimed != body_hash:
-            raise _mismatch("X-Amz-Content-SHA256 does not match the request body")
+            raise _payload_mismatch()
     return "\n".join([request.method.upper(), _canonical_path(request.path),
                       _canonical_query(request.query), "".join(headers), ";".join(names),
                       body_hash])

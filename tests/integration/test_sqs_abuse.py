@@ -3,8 +3,11 @@ carries no valid claim, times out half-sent bodies, answers oversized and malfor
 requests with SQS's 4xx shapes, keeps one account's long polls from starving another's
 sends, and a shard never parks a receive for longer than SQS would."""
 
+import contextlib
+import hashlib
 import json
 import os
+import select
 import socket
 import threading
 import time
@@ -12,6 +15,7 @@ from urllib.parse import urlsplit
 
 import boto3
 import pytest
+import ray
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.config import Config as BotoConfig
@@ -21,7 +25,7 @@ import rayq
 from rayq.core.codec.wire import decode_delivered
 from rayq.runtime.local import free_port
 
-from .conftest import sqs_endpoint
+from .conftest import sqs_endpoint, wait_until
 
 REGION = "eu-west-1"
 EIGHT_MIB = 8 << 20
@@ -40,10 +44,14 @@ def boto(endpoint, account, pool=10):
                                           read_timeout=120))
 
 
-def signed_head(endpoint, action: str, body: bytes, account="sender", length=None) -> bytes:
-    """The request line and headers of a request botocore signed over ``body``."""
+def signed_head(endpoint, action: str, body: bytes, account="sender", length=None,
+                hashed=False) -> bytes:
+    """The request line and headers of a request botocore signed over ``body`` (its hash
+    also in a signed X-Amz-Content-SHA256 header when ``hashed``)."""
+    extra = {"X-Amz-Content-SHA256": hashlib.sha256(body).hexdigest()} if hashed else {}
     request = AWSRequest(method="POST", url=endpoint["url"] + "/", data=body, headers={
-        "Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": f"AmazonSQS.{action}"})
+        "Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": f"AmazonSQS.{action}",
+        **extra})
     SigV4Auth(Credentials(account, endpoint["keys"][account]), "sqs", REGION).add_auth(request)
     headers = {**dict(request.headers.items()), "Host": f"127.0.0.1:{endpoint['port']}",
                "Content-Length": str(len(body) if length is None else length)}
@@ -55,25 +63,33 @@ def _head(headers: dict) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-def exchange(endpoint, *parts: bytes, timeout_s: float = 60.0) -> tuple[int, dict]:
-    """Send ``parts`` on one connection, leave it open, and read one answer: (status,
-    JSON body). A socket timeout (the server never answered) fails the test."""
-    with socket.create_connection(("127.0.0.1", endpoint["port"])) as sock:
+def exchange(endpoint, *parts: bytes, timeout_s: float = 60.0,
+             source: str = "127.0.0.1") -> tuple[int, dict]:
+    """Send ``parts`` on one connection (from the address ``source``), leave it open, and
+    read one answer: (status, JSON body). A socket timeout (the server never answered)
+    fails the test."""
+    with socket.create_connection(("127.0.0.1", endpoint["port"]),
+                                  source_address=(source, 0)) as sock:
         sock.settimeout(timeout_s)
         for part in parts:
             sock.sendall(part)
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = sock.recv(65536)
-            assert chunk, "the server closed without answering"
-            data += chunk
-        head, _, rest = data.partition(b"\r\n\r\n")
-        lines = head.decode().split("\r\n")
-        length = next(int(line.split(":")[1]) for line in lines
-                      if line.lower().startswith("content-length:"))
-        while len(rest) < length:
-            rest += sock.recv(65536)
-        return int(lines[0].split()[1]), json.loads(rest[:length])
+        return answer_of(sock)
+
+
+def answer_of(sock) -> tuple[int, dict]:
+    """The one answer a connection reads: (status, JSON body)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed without answering"
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    length = next(int(line.split(":")[1]) for line in lines
+                  if line.lower().startswith("content-length:"))
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    return int(lines[0].split()[1]), json.loads(rest[:length])
 
 
 def shape(answer) -> tuple[int, str]:
@@ -91,6 +107,85 @@ def test_an_unknown_account_is_refused_before_its_body_is_sent(endpoint):
     endpoint = {**endpoint, "keys": {**endpoint["keys"], "nobody": endpoint["keys"]["sender"]}}
     head = signed_head(endpoint, "ListQueues", b"{}", account="nobody", length=EIGHT_MIB)
     assert shape(exchange(endpoint, head)) == (403, "InvalidClientTokenId")
+
+
+def replica_stats():
+    from actors import NAMESPACE
+    from actors.sqs import replica_name
+
+    return ray.get(ray.get_actor(replica_name(0), namespace=NAMESPACE).stats.remote())
+
+
+@contextlib.contextmanager
+def forged_claims(endpoint, count: int, length: int, account="sender"):
+    """``count`` open connections, each sending only the head of a request that names
+    ``account`` (a real one) but is signed with a key that is not its, and announces a
+    ``length`` body it never sends."""
+    forger = {**endpoint, "keys": {**endpoint["keys"], account: "not-" + account + "s-key"}}
+    head = signed_head(forger, "ListQueues", b"{}", account=account, length=length)
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.create_connection(("127.0.0.1", endpoint["port"]))
+            sock.settimeout(60)
+            sockets.append(sock)
+            sock.sendall(head)
+        yield sockets
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def served_at_once(endpoint, account: str, source="127.0.0.1", hashed=False):
+    """A legitimate ListQueues of ``account``, signed as botocore's SQS client signs (or
+    with its body hash signed too), answered 200 on the first try."""
+    body = b"{}"
+    status, answer = exchange(endpoint, signed_head(endpoint, "ListQueues", body, account,
+                                                    hashed=hashed), body, source=source)
+    assert status == 200, answer
+
+
+def test_forged_claims_holding_eight_mib_bodies_spend_nothing_shared(endpoint):
+    with forged_claims(endpoint, 8, EIGHT_MIB):
+        wait_until(lambda: replica_stats().unverified == 8, what="the forged heads read")
+        stats = replica_stats()
+        assert stats.buffered_bytes == 0 and stats.in_flight == 0
+        served_at_once(endpoint, "poller")                     # another account
+        served_at_once(endpoint, "sender")                     # the account named
+        served_at_once(endpoint, "sender", source="127.0.0.2")  # from another host
+        queue = boto(endpoint, "sender").create_queue(QueueName="unhindered")  # boto3 as is
+        assert queue["QueueUrl"].endswith("/unhindered")
+    wait_until(lambda: replica_stats().unverified == 0, what="the forgers gone")
+
+
+def test_forged_claims_naming_an_account_never_take_its_request_slots(endpoint):
+    with forged_claims(endpoint, 256, 100) as sockets:
+        # Past its peer's few unverified slots, a forgery is refused at once, unread.
+        answers = {}
+        wait_until(lambda: len(answered(sockets, answers)) == 256 - 16, what="the refusals")
+        assert set(answers.values()) == {(503, "ServiceUnavailable")}
+        assert replica_stats().unverified == 16
+        stats = replica_stats()
+        assert stats.in_flight == 0 and stats.buffered_bytes == 0
+        served_at_once(endpoint, "sender", source="127.0.0.2")
+        served_at_once(endpoint, "poller", source="127.0.0.2")
+        # From the forger's own address, a request that signs its body hash is checked
+        # before its body is read, and needs no unverified slot.
+        served_at_once(endpoint, "sender", hashed=True)
+        served_at_once(endpoint, "poller", hashed=True)
+
+
+def answered(sockets, answers: dict) -> dict:
+    """``answers`` (socket -> (status, error code)) with those of ``sockets`` answered
+    since added."""
+    poll = select.poll()
+    for sock in sockets:
+        if sock not in answers:
+            poll.register(sock, select.POLLIN)
+    by_fd = {sock.fileno(): sock for sock in sockets}
+    for fd, _ in poll.poll(0):
+        answers[by_fd[fd]] = shape(answer_of(by_fd[fd]))
+    return answers
 
 
 def test_a_half_sent_body_times_out_with_a_4xx(endpoint):

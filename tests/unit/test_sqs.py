@@ -108,6 +108,46 @@ def test_the_header_claim_is_refused_before_any_body_for_an_unknown_account(monk
     assert sigv4.claim(signed(monkeypatch).headers, KEYS.get, NOW).account == "acme"
 
 
+def hash_signed(monkeypatch, key="key-one", body=b'{"QueueName":"q"}') -> sigv4.SignedRequest:
+    """A request whose signature covers X-Amz-Content-SHA256, the body's hash."""
+    monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda *a, **k: SIGNED_AT)
+    request = AWSRequest(method="POST", url="http://127.0.0.1:9324/", data=body, headers={
+        "Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": "AmazonSQS.CreateQueue",
+        "X-Amz-Content-SHA256": hashlib.sha256(body).hexdigest()})
+    SigV4Auth(Credentials("acme", key), "sqs", "eu-west-1").add_auth(request)
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    headers["host"] = "127.0.0.1:9324"
+    return sigv4.SignedRequest("POST", "/", "", headers, body)
+
+
+def test_a_signed_body_hash_lets_the_signature_be_checked_before_the_body_is_read(monkeypatch):
+    full = hash_signed(monkeypatch)
+    unread = sigv4.SignedRequest("POST", "/", "", full.headers, b"")
+    found = sigv4.claim(unread.headers, KEYS.get, NOW)
+    payload_hash = sigv4.signed_payload_hash(unread.headers)
+    assert payload_hash == hashlib.sha256(full.body).hexdigest()
+    assert sigv4.verify_claim(unread, found, payload_hash).account == "acme"
+    sigv4.check_payload(full.body, payload_hash)
+    with pytest.raises(SqsError) as info:  # another body than the one whose hash was signed
+        sigv4.check_payload(b'{"QueueName":"other"}', payload_hash)
+    assert info.value.code == "SignatureDoesNotMatch"
+    forged = hash_signed(monkeypatch, key="not-acmes")  # refused with no body read
+    with pytest.raises(SqsError) as info:
+        sigv4.verify_claim(sigv4.SignedRequest("POST", "/", "", forged.headers, b""),
+                           sigv4.claim(forged.headers, KEYS.get, NOW),
+                           sigv4.signed_payload_hash(forged.headers))
+    assert info.value.code == "SignatureDoesNotMatch"
+
+
+def test_only_a_real_hash_in_a_header_signed_request_is_a_signed_body_hash(monkeypatch):
+    assert sigv4.signed_payload_hash(signed(monkeypatch).headers) is None  # botocore's SQS
+    headers = dict(hash_signed(monkeypatch).headers)
+    assert sigv4.signed_payload_hash({**headers, "x-amz-content-sha256": "UNSIGNED-PAYLOAD"}) \
+        is None
+    del headers["authorization"]  # presigned: the hash is in no signed header
+    assert sigv4.signed_payload_hash(headers) is None
+
+
 def test_a_request_without_authorization_misses_its_token(monkeypatch):
     request = signed(monkeypatch)
     headers = {k: v for k, v in request.headers.items() if k != "authorization"}

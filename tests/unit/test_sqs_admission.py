@@ -6,7 +6,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from rayq.sqs.admission import BodyBudget, Shares
+from rayq.sqs.admission import (OFF_LOOP_BYTES, BodyBudget, Shares, Unverified, announced_size,
+                                 off_loop, peer_of)
 from rayq.sqs.errors import SqsError
 
 
@@ -69,3 +70,55 @@ def test_one_owners_receipt_forwards_never_push_out_anothers():
     assert forwards.get("quiet", "h-quiet") == "r-quiet"
     assert [forwards.get("noisy", f"h{i}") for i in (96, 97, 98, 99)] == [None, "r97", "r98", "r99"]
     assert forwards.get("quiet", "h97") is None  # and owners never read each other's
+
+
+def test_a_peer_holds_at_most_its_share_of_unverified_requests_and_another_peer_is_untouched():
+    unverified = Unverified(per_peer=2)
+    with unverified.hold("10.0.0.7"), unverified.hold("10.0.0.7"):
+        with pytest.raises(SqsError) as info:
+            with unverified.hold("10.0.0.7"):
+                pass
+        assert info.value.code == "ServiceUnavailable" and info.value.status == 503
+        with unverified.hold("10.0.0.8"), unverified.hold("::ffff:10.0.0.9"):
+            assert unverified.held("10.0.0.8") == unverified.held("10.0.0.9") == 1
+    assert unverified.held("10.0.0.7") == 0
+
+
+@pytest.mark.parametrize("remote, peer", [
+    ("192.0.2.1", "192.0.2.1"), ("::ffff:192.0.2.1", "192.0.2.1"),
+    ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"), ("2001:db8:1:2:bbbb::9", "2001:db8:1:2::/64"),
+    (None, ""), ("not an address", "not an address"),
+])
+def test_an_ipv6_host_counts_as_its_slash_64(remote, peer):
+    assert peer_of(remote) == peer
+
+
+@pytest.mark.parametrize("length, exists, answer", [
+    (None, False, 0), (0, False, 0), (100, True, 100), (8 << 20, True, 8 << 20),
+    ((8 << 20) + 1, True, ("RequestEntityTooLarge", 413)),
+    (None, True, ("MissingContentLength", 411)),
+])
+def test_a_body_is_sized_from_its_announced_length_before_it_is_read(length, exists, answer):
+    if isinstance(answer, int):
+        assert announced_size(length, exists, 8 << 20) == answer
+    else:
+        with pytest.raises(SqsError) as info:
+            announced_size(length, exists, 8 << 20)
+        assert (info.value.code, info.value.status) == answer
+
+
+def test_a_large_body_is_hashed_on_a_worker_thread_and_a_small_one_on_the_loop():
+    import threading
+
+    def where(_data):
+        return threading.current_thread().name
+
+    async def scenario():
+        with ThreadPoolExecutor(1, thread_name_prefix="sqs") as pool:
+            small = await off_loop(OFF_LOOP_BYTES, pool, where, b"")
+            large = await off_loop(OFF_LOOP_BYTES + 1, pool, where, b"")
+        return small, large
+
+    small, large = asyncio.run(scenario())
+    assert small == threading.current_thread().name  # the loop's thread
+    assert large.startswith("sqs")
