@@ -18,7 +18,7 @@ from rayq.core.control.replicas import one_copy
 from rayq.core.control.shipping import OneCopy as _OneCopyShipper, Shipper
 from rayq.errors import RuntimeFailure
 from rayq.core.kit.kv import LmdbKV, Write, WriteSet
-from rayq.core.kit.private import make_private_dir
+from rayq.core.kit.private import FILE_MODE, make_private_dir
 from rayq.core.storage.layout import REPLICA_KEY, read_replica_state, replica_state
 from rayq.remote import IN_RUNTIME, NO_RETRY, call_async
 
@@ -84,13 +84,14 @@ def copy_store(kv: LmdbKV, folder: str) -> None:
     make_private_dir(folder)
     with kv.env.begin() as txn:
         kv.env.copy(folder, compact=True, txn=txn)
+    os.chmod(os.path.join(folder, "data.mdb"), FILE_MODE)  # LMDB's copy follows the umask
 
 
 async def send_copy(index: int, node: str, folder: str, epoch: int, seq: int) -> None:
     """Ship the copy in ``folder`` to shard ``index``'s follower on ``node``, through Ray
     in chunks (no shared disk), and have it open the copy as of ``epoch`` and ``seq``."""
     follower = ray.get_actor(follower_name(index, node), namespace=NAMESPACE)
-    await call_async(lambda: follower.begin_seed.remote(), NO_RETRY)
+    await call_async(lambda: follower.begin_seed.remote(seq), NO_RETRY)
     with open(os.path.join(folder, "data.mdb"), "rb") as copy:
         while chunk := copy.read(SEED_CHUNK_BYTES):
             await call_async(lambda chunk=chunk: follower.seed_chunk.remote(chunk), NO_RETRY)

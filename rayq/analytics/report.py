@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from rayq.analytics.schema import TABLES
 from rayq.config import AnalyticsConfig, Config
+from rayq.core.kit.private import make_private_dir, make_private_file
 from rayq.errors import NoEvents  # noqa: F401  (re-exported here too)
 
 # progress() calls of a report: start Spark (or find it warm), one per table, plot,
@@ -64,9 +65,10 @@ rootLogger.appenderRef.console.ref = console
 
 def spark_log_config(out_dir: str) -> tuple[str, str]:
     """(log4j2 configuration file, Spark's log file), both under ``out_dir``."""
-    os.makedirs(out_dir, exist_ok=True)
+    make_private_dir(out_dir)  # Spark's log may quote messages: the owner's alone
     log, conf = os.path.join(out_dir, "spark.log"), os.path.join(out_dir, "spark-log4j2.properties")
-    with open(conf, "w", encoding="utf-8") as f:
+    make_private_file(log)  # log4j appends to it and keeps its mode
+    with open(make_private_file(conf), "w", encoding="utf-8") as f:
         f.write(LOG4J2.format(log=log))
     return conf, log
 

@@ -1,6 +1,7 @@
 """A data directory rayq makes is its owner's alone: after a start and some traffic
-(messages, a task, the SQS endpoint, the event log) every folder under it is 0700 and
-every file 0600, whatever the umask; one others can read is refused at start."""
+(messages, a task, the SQS endpoint, the event log, a report, a seeding copy) every folder
+under it is 0700 and every file 0600, whatever the umask; one others can read, at its
+top or anywhere inside, is refused at start."""
 
 import os
 import stat
@@ -43,15 +44,41 @@ def test_everything_under_a_fresh_data_directory_is_the_owners_alone(ray_session
         wait_until(lambda: os.path.isdir(data_dir / "events")
                    and any(f.endswith(".parquet") for _, _, fs in os.walk(data_dir / "events")
                            for f in fs), what="the event log's first file")
+        client.report(str(tmp_path / "report"))  # Spark logs under <data_dir>/spark
     finally:
         stop_sqs()
         rayq.shutdown()
+    seeding_copy(data_dir)
     modes = modes_under(data_dir)
-    assert {"manager", "shard-0", "sqs", "events"} <= set(modes)
+    assert {"manager", "shard-0", "sqs", "events", "spark", "seeding-0-n2/data.mdb"} <= set(modes)
     assert stat.S_IMODE(os.stat(data_dir).st_mode) == 0o700
     exposed = {path: f"{stat.S_IMODE(mode):03o}" for path, mode in modes.items()
                if stat.S_IMODE(mode) != (0o700 if stat.S_ISDIR(mode) else 0o600)}
     assert exposed == {}
+
+
+def seeding_copy(data_dir) -> None:
+    """The copy a leader makes to seed a follower, of shard 0's store, under umask 022."""
+    from actors.shipping import copy_store
+    from rayq.core.kit.kv import LmdbKV
+
+    old = os.umask(0o022)
+    kv = LmdbKV(data_dir / "shard-0")
+    try:
+        copy_store(kv, str(data_dir / "seeding-0-n2"))
+    finally:
+        kv.close()
+        os.umask(old)
+
+
+def test_a_data_directory_with_a_looser_folder_inside_is_refused(ray_session, tmp_path):
+    rayq.shutdown()
+    data_dir = tmp_path / "restored"
+    rayq.start(data_dir=data_dir)
+    rayq.shutdown()
+    os.chmod(data_dir / "manager", 0o755)  # as a backup restored with the umask's modes
+    with pytest.raises(rayq.DataDirExposed, match="manager.*chmod -R go-rwx"):
+        rayq.start(data_dir=data_dir)
 
 
 def test_a_data_directory_others_can_read_is_refused_before_anything_starts(ray_session, tmp_path):

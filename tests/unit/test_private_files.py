@@ -10,7 +10,8 @@ from rayq.analytics.eventlog import EventLog
 from rayq.analytics.schema import KINDS
 from rayq.core.auth.accounts import Accounts
 from rayq.core.kit.kv import LmdbKV
-from rayq.core.kit.private import check_private_dir, check_private_key, prepare_data_dir
+from rayq.core.kit.private import (check_private_dir, check_private_key, make_private_dir,
+                                   prepare_data_dir)
 from rayq.errors import DataDirExposed, KeyExposed
 
 
@@ -78,3 +79,28 @@ def test_a_tls_key_others_may_read_or_write_is_refused(tmp_path, mode, refused):
             check_private_key(key)
     else:
         check_private_key(key)
+
+
+@pytest.mark.parametrize("loose, mode", [("manager/data.mdb", 0o644), ("spark", 0o755),
+                                         ("events/date=2026-05-04", 0o750),
+                                         ("spark/spark.log", 0o604)])
+def test_a_data_directory_with_anything_looser_inside_is_refused(tmp_path, loose, mode):
+    data = tmp_path / "data"
+    for folder in ("manager", "spark", "events/date=2026-05-04"):
+        make_private_dir(data / folder)
+    for name in ("manager/data.mdb", "spark/spark.log"):
+        (data / name).write_bytes(b"")
+        (data / name).chmod(0o600)
+    check_private_dir(data)  # all private: accepted
+    (data / loose).chmod(mode)
+    with pytest.raises(DataDirExposed, match=f"{loose}.*chmod -R go-rwx"):
+        check_private_dir(data)
+
+
+def test_sparks_log_folder_and_files_are_the_owners_alone(tmp_path, open_umask):
+    from rayq.analytics.report import spark_log_config
+
+    spark_log_config(str(tmp_path / "data" / "spark"))
+    modes = modes_under(tmp_path / "data")
+    assert modes == {"spark": 0o700, "spark/spark.log": 0o600,
+                     "spark/spark-log4j2.properties": 0o600}

@@ -35,18 +35,42 @@ def make_private_dir(path: str | os.PathLike) -> str:
 
 def check_private_dir(path: str | os.PathLike) -> None:
     """Raise DataDirExposed unless ``path`` is a folder of this user that no other user
-    may read, write or enter."""
-    info = os.stat(path)
+    may read, write or enter, and so is everything in it (a data directory restored from a
+    backup with looser modes inside is refused as its top would be). Symbolic links are
+    not followed: their own mode means nothing."""
+    top = os.fspath(path)
+    info = os.stat(top)
     if not stat.S_ISDIR(info.st_mode):
-        raise DataDirExposed(f"the data directory {os.fspath(path)!r} is not a directory")
+        raise DataDirExposed(f"the data directory {top!r} is not a directory")
+    _check_owned(top, info, top)
+    for folder, dirs, files in os.walk(top):
+        for name in dirs + files:
+            inner = os.path.join(folder, name)
+            inner_info = os.lstat(inner)
+            if not stat.S_ISLNK(inner_info.st_mode):
+                _check_owned(inner, inner_info, top)
+
+
+def _check_owned(path: str, info: os.stat_result, top: str) -> None:
+    """Raise DataDirExposed unless ``path`` (``top`` or inside it) is this user's and
+    closed to others."""
+    what = "the data directory" if path == top else f"{path!r} in the data directory"
     if hasattr(os, "getuid") and info.st_uid != os.getuid():
-        raise DataDirExposed(f"the data directory {os.fspath(path)!r} belongs to another user "
-                             f"(uid {info.st_uid}); use a directory of your own")
+        raise DataDirExposed(f"{what} {top!r} belongs to another user (uid {info.st_uid}); "
+                             "use a directory of your own")
     if info.st_mode & _OTHERS:
         raise DataDirExposed(
-            f"the data directory {os.fspath(path)!r} has mode {stat.S_IMODE(info.st_mode):03o}: "
-            f"other users could read every message and account key in it. Fix it with "
-            f"`chmod -R go-rwx {os.fspath(path)}` (the directory itself: chmod 700), then start again")
+            f"{what} {top!r} has mode {stat.S_IMODE(info.st_mode):03o}: other users could "
+            f"read every message and account key in it. Fix it with `chmod -R go-rwx "
+            f"{top}` (the directory itself: chmod 700), then start again")
+
+
+def make_private_file(path: str | os.PathLike) -> str:
+    """Create ``path`` empty (or keep what it holds) with mode 0600, so whatever writes it
+    later (a library that follows the umask) writes into a private file; returns it."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, FILE_MODE))
+    os.chmod(path, FILE_MODE)
+    return os.fspath(path)
 
 
 def check_private_key(path: str | os.PathLike) -> None:
