@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from rayq.core.auth.accounts import Place, Signer, new_secret
+from rayq.core.auth.accounts import Accounts, Place, Signer, new_secret
 from rayq.core.auth.gate import Gate
 from rayq.core.auth.operations import SHARD_OPS
-from rayq.core.auth.quotas import (NO_QUOTA, PutTally, Quota, Quotas, Room, check_queue_quota,
+from rayq.core.auth.quotas import (DEFAULT_QUOTA, NO_QUOTA, PutTally, Quota, Quotas, Room, check_queue_quota,
                                    over_quota, quota_of)
 from rayq.core.codec.model import SubqueueState
 from rayq.core.codec.wire import Attrs, encode_put, put_count
@@ -96,16 +96,34 @@ def test_stored_bytes_are_estimated_from_the_mean_size_of_the_accounts_puts():
         tally.admit(room, 1, 100, NOW)
 
 
-def test_quotas_persist_and_no_quota_removes_one(tmp_path):
+def test_quotas_persist_and_no_quota_makes_an_account_unlimited(tmp_path):
     quotas = Quotas(LmdbKV(tmp_path / "q"))
     quotas.set("acme", Quota(queues=2, bytes=10))
     quotas.set("beta", Quota(messages=3))
-    quotas.set("gone", Quota(queues=1))
-    quotas.set("gone", NO_QUOTA)
+    quotas.set("free", Quota(queues=1))
+    quotas.set("free", NO_QUOTA)
+    quotas.set("usual", Quota(queues=1))
+    quotas.set("usual", DEFAULT_QUOTA)
     again = Quotas(quotas.kv)
-    assert again.get("acme") == Quota(queues=2, bytes=10) and again.get("gone") == NO_QUOTA
-    assert again.get("nobody") == NO_QUOTA
+    assert again.get("acme") == Quota(queues=2, bytes=10) and again.get("free") == NO_QUOTA
+    assert again.get("usual") == again.get("nobody") == DEFAULT_QUOTA
     assert again.limiting_puts() == {"acme": Quota(queues=2, bytes=10), "beta": Quota(messages=3)}
+
+
+def test_every_account_but_the_runtimes_own_has_the_default_quota_until_the_admin_sets_one(
+        tmp_path):
+    kv = LmdbKV(tmp_path / "q")
+    accounts, quotas = Accounts(kv), Quotas(kv)
+    accounts.create("acme")
+    accounts.create("beta")
+    quotas.set("beta", Quota(queues=5))  # limits queues only: its puts are free
+    assert quotas.get("default") == NO_QUOTA and quotas.get("acme") == DEFAULT_QUOTA
+    assert quotas.limiting_puts() == {"acme": DEFAULT_QUOTA}
+    accounts.create("gamma")  # made after: limited at once
+    assert set(quotas.limiting_puts()) == {"acme", "gamma"}
+    with pytest.raises(QuotaExceeded):
+        check_queue_quota("acme", quotas.get("acme"), DEFAULT_QUOTA.queues)
+    check_queue_quota("default", quotas.get("default"), 10 * DEFAULT_QUOTA.queues)
 
 
 def queue(name, owner, *sqs, dlq=False):

@@ -40,6 +40,7 @@ from rayq.core.codec.frames import Signature  # the value lives in codec: frames
 from rayq.errors import AuthError, InvalidMessage, Overloaded
 
 ADMIN = "default"
+ACCOUNT_ROWS = (b"acct:", b"acct;")  # the meta table's range of account rows
 SECRET_BYTES = 32
 MAX_SKEW_S = 900.0
 MAX_NONCES = 1_000_000  # per verifier: about 150 MB at most
@@ -121,7 +122,7 @@ class Accounts:
     @staticmethod
     def _load(txn) -> dict[str, dict[int, str]]:
         return {k[5:].decode(): {int(slot): key for slot, key in unpack(v).items()}
-                for k, v in txn.scan("meta", b"acct:", b"acct;")}
+                for k, v in txn.scan("meta", *ACCOUNT_ROWS)}
 
     def _save(self, account: str) -> None:
         record = pack({str(slot): key for slot, key in self._keys[account].items()})

@@ -1,6 +1,8 @@
 """Per-account quotas: how many queues an account may own, and how many messages and
-bytes its queues may hold. The admin sets them (``Client.set_quota``); an account has
-none (unlimited) until then.
+bytes its queues may hold. The admin sets them (``Client.set_quota``); until then an
+account has :data:`DEFAULT_QUOTA`, and the ``default`` account (the runtime's own, what
+a single-tenant user acts as) none. docs/security.md says why each default is what it
+is.
 
 Queues are counted exactly, by the manager, when a queue is created. Messages and
 bytes are checked by each shard's gate on put, approximately: the manager publishes,
@@ -44,6 +46,9 @@ class Quota:
 
 
 NO_QUOTA = Quota()
+# What an account may hold before the admin says otherwise: far past one application's
+# needs, short of what lets one tenant fill the registry or a shard's disk.
+DEFAULT_QUOTA = Quota(queues=1000, messages=10_000_000, bytes=64 << 30)
 
 
 def quota_of(queues: Any = None, messages: Any = None, bytes: Any = None) -> Quota:
@@ -66,12 +71,14 @@ class Quotas:
                          for k, v in txn.scan("meta", b"quota:", b"quota;")})
 
     def get(self, account: str) -> Quota:
-        return self._by_account.get(account, NO_QUOTA)
+        """``account``'s quota: the one the admin set, else DEFAULT_QUOTA (the ``default``
+        account's is NO_QUOTA)."""
+        return self._by_account.get(account, default_quota(account))
 
     def set(self, account: str, quota: Quota) -> Quota:
-        """Replace ``account``'s quota (NO_QUOTA removes it); returns it."""
+        """Replace ``account``'s quota (NO_QUOTA: unlimited); returns it."""
         key = b"quota:" + account.encode()
-        if quota == NO_QUOTA:
+        if quota == default_quota(account):  # kept as no record: the default may change
             self.kv.transact(lambda txn: txn.delete("meta", key))
             self._by_account.pop(account, None)
         else:
@@ -81,8 +88,20 @@ class Quotas:
         return quota
 
     def limiting_puts(self) -> dict[str, Quota]:
-        """The accounts whose puts a quota limits."""
-        return {a: q for a, q in self._by_account.items() if q.limits_puts}
+        """The accounts whose puts a quota limits (every account on the default quota)."""
+        from rayq.core.auth.accounts import ACCOUNT_ROWS  # accounts imports this module
+
+        names = self.kv.read(lambda txn: [k[len(ACCOUNT_ROWS[0]):].decode()
+                                          for k, _ in txn.scan("meta", *ACCOUNT_ROWS)])
+        quotas = {name: self.get(name) for name in names}
+        return {a: q for a, q in {**quotas, **self._by_account}.items() if q.limits_puts}
+
+
+def default_quota(account: str) -> Quota:
+    """The quota of an account the admin set none on."""
+    from rayq.core.auth.accounts import ADMIN
+
+    return NO_QUOTA if account == ADMIN else DEFAULT_QUOTA
 
 
 def check_queue_quota(account: str, quota: Quota, owned: int) -> None:
