@@ -76,7 +76,8 @@ class Client:
                   messages: int | None = None, bytes: int | None = None) -> Quota:
         """Limit ``account`` (``default`` account only) to ``queues`` queues, and its queues
         to ``messages`` messages and ``bytes`` bytes of bodies; each None (the default) is
-        unlimited, and the call replaces all three. Past a limit, ``create_queue`` and
+        unlimited, and the call replaces all three (until set, an account has the default
+        quota, ``rayq.core.auth.quotas.DEFAULT_QUOTA``). Past a limit, ``create_queue`` and
         sends raise QuotaExceeded; shards check messages and bytes approximately
         (docs/security.md). Returns the quota now in force."""
         return self._manager("set_quota", account, queues, messages, bytes)

@@ -23,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from rayq.errors import RayqError
@@ -68,16 +69,9 @@ class Shares:
     @contextlib.contextmanager
     def admit(self, account: str) -> Iterator[None]:
         """Hold one of ``account``'s request slots. Raises SqsError (RequestThrottled)."""
-        held = self._in_flight.get(account, 0)
-        if held >= self.in_flight_per_account:
-            raise throttled(account)
-        self._in_flight[account] = held + 1
-        try:
+        with _counted(self._in_flight, account, self.in_flight_per_account,
+                      partial(throttled, account)):
             yield
-        finally:
-            self._in_flight[account] -= 1
-            if not self._in_flight[account]:
-                del self._in_flight[account]
 
     async def in_thread(self, account: str, pool: Executor, fn: Callable, *args: Any) -> Any:
         """``fn(*args)`` on ``pool`` once one of ``account``'s threads is free."""
@@ -142,19 +136,31 @@ class Unverified:
     def hold(self, remote: str | None) -> Iterator[None]:
         """Hold one of the peer's unverified requests. Raises SqsError
         (ServiceUnavailable, a retryable 503) when it has ``per_peer`` already."""
-        peer = peer_of(remote)
-        held = self._held.get(peer, 0)
-        if held >= self.per_peer:
-            raise SqsError("ServiceUnavailable", "Too many unverified requests from this "
-                           "address; retry with back-off, or sign the body's hash "
-                           "(X-Amz-Content-SHA256).", status=503, sender=False)
-        self._held[peer] = held + 1
-        try:
+        with _counted(self._held, peer_of(remote), self.per_peer, _unverified_refusal):
             yield
-        finally:
-            self._held[peer] -= 1
-            if not self._held[peer]:
-                del self._held[peer]
+
+
+def _unverified_refusal() -> SqsError:
+    return SqsError("ServiceUnavailable", "Too many unverified requests from this address; "
+                    "retry with back-off, or sign the body's hash (X-Amz-Content-SHA256).",
+                    status=503, sender=False)
+
+
+@contextlib.contextmanager
+def _counted(counts: dict[str, int], key: str, limit: int,
+             refusal: Callable[[], SqsError]) -> Iterator[None]:
+    """One more of ``key`` in ``counts`` while the block runs (a key at 0 is dropped, so
+    the dict holds only what is held); raises ``refusal()`` when ``key`` has ``limit``."""
+    held = counts.get(key, 0)
+    if held >= limit:
+        raise refusal()
+    counts[key] = held + 1
+    try:
+        yield
+    finally:
+        counts[key] -= 1
+        if not counts[key]:
+            del counts[key]
 
 
 def peer_of(remote: str | None) -> str:
