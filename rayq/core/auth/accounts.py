@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from rayq.core.auth.operations import Operation
-from rayq.core.auth.quotas import Room
 from rayq.core.kit.kv import KV
 from rayq.core.codec.model import DLQ_SUFFIX, check_name, fairness_key, pack, unpack
 from rayq.core.codec.frames import Signature  # the value lives in codec: frames carry it
@@ -282,6 +281,18 @@ def may_use(account: str, owner: str) -> bool:
 def check_admin(account: str, what: str) -> None:
     if account != ADMIN:
         raise AuthError(f"{what} is for the {ADMIN!r} account only, not {account!r}")
+
+
+@dataclass(frozen=True)
+class Room:
+    """What a gate knows of a limited account: its quota, and the messages its queues
+    held at the manager's last count over every shard, made at ``counted_at`` (wall
+    clock, s)."""
+
+    account: str
+    quota: "Quota"  # rayq.core.auth.quotas.Quota
+    stored_messages: int
+    counted_at: float = 0.0
 
 
 @dataclass(frozen=True)

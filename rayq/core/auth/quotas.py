@@ -24,6 +24,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from rayq.core.auth.accounts import ACCOUNT_ROWS, ADMIN, Room  # Room: re-exported here
 from rayq.core.codec.model import pack, unpack
 from rayq.core.kit.kv import KV
 from rayq.errors import InvalidMessage, QuotaExceeded
@@ -89,8 +90,6 @@ class Quotas:
 
     def limiting_puts(self) -> dict[str, Quota]:
         """The accounts whose puts a quota limits (every account on the default quota)."""
-        from rayq.core.auth.accounts import ACCOUNT_ROWS  # accounts imports this module
-
         names = self.kv.read(lambda txn: [k[len(ACCOUNT_ROWS[0]):].decode()
                                           for k, _ in txn.scan("meta", *ACCOUNT_ROWS)])
         quotas = {name: self.get(name) for name in names}
@@ -99,8 +98,6 @@ class Quotas:
 
 def default_quota(account: str) -> Quota:
     """The quota of an account the admin set none on."""
-    from rayq.core.auth.accounts import ADMIN
-
     return NO_QUOTA if account == ADMIN else DEFAULT_QUOTA
 
 
@@ -108,18 +105,6 @@ def check_queue_quota(account: str, quota: Quota, owned: int) -> None:
     """Raise QuotaExceeded when ``account``, owning ``owned`` queues, may not make one more."""
     if quota.queues is not None and owned >= quota.queues:
         raise QuotaExceeded(f"account {account!r} owns {owned} queues, its quota")
-
-
-@dataclass(frozen=True)
-class Room:
-    """What a gate knows of a limited account: its quota, and the messages its queues
-    held at the manager's last count over every shard, made at ``counted_at`` (wall
-    clock, s)."""
-
-    account: str
-    quota: Quota
-    stored_messages: int
-    counted_at: float = 0.0
 
 
 def over_quota(quota: Quota, messages: int, size_bytes: float) -> str | None:
