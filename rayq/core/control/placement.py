@@ -66,6 +66,12 @@ def data_nodes_of(nodes: Sequence[Mapping], resource: str | None) -> list[DataNo
     return sorted(found, key=lambda n: n.name)
 
 
+def node_with_id(nodes: Sequence[DataNode], node_id: str) -> DataNode:
+    """The data node of Ray node ``node_id``; the unnamed one for a node that holds no
+    data (or the embedded runtime's only node)."""
+    return next((n for n in nodes if n.node_id == node_id), DataNode(LOCAL_NODE, node_id))
+
+
 def shard_indexes(names: Sequence[str]) -> list[int]:
     """The shard indexes among a node folder's entries (``shard-<i>``)."""
     return sorted(int(n[6:]) for n in names if n.startswith("shard-") and n[6:].isdigit())

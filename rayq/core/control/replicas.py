@@ -13,6 +13,7 @@ import json
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
+from rayq.core.control.control_places import best_copies
 from rayq.core.control.placement import LOCAL_NODE, ShardPlace, new_follower_node
 from rayq.core.kit.kv import WriteSet
 from rayq.core.storage.replica import check_epoch
@@ -319,6 +320,18 @@ def one_copy(place: ShardPlace | None, replicas: int | None) -> bool:
     """Whether a shard keeps one copy, recording and shipping nothing: never placed, on
     the embedded runtime's unnamed node, or ``replicas=1``."""
     return place is None or place.leader == LOCAL_NODE or replicas == 1
+
+
+def trusted_shard(place: ShardPlace, held: Mapping[str, tuple[int, int] | None]) -> ShardPlace:
+    """``place`` as a starting runtime may follow it: only the in-sync copies that
+    applied the most (:func:`~rayq.core.control.control_places.best_copies`) stay in
+    sync, the first of them leads, the others stay replicas out of sync (to be seeded
+    again), under the next epoch if anything changed."""
+    best = best_copies(place.in_sync, held)
+    if best == place.in_sync:
+        return place
+    return ShardPlace(place.shard, best + tuple(n for n in place.replicas if n not in best),
+                      best, place.epoch + 1)
 
 
 def reusable(places: Mapping[int, ShardPlace], shards: int, alive: Collection[str]) -> bool:

@@ -237,6 +237,26 @@ class LmdbKV:
         self.env.close()
 
 
+def peek(path: str | os.PathLike, table: str, key: bytes) -> bytes | None:
+    """``key`` of ``table`` in the LMDB environment at ``path``, opened read-only for this
+    one read (another process may hold it open). None: no such environment, table or key."""
+    if not os.path.exists(os.path.join(path, "data.mdb")):
+        return None
+    try:
+        env = lmdb.open(str(path), readonly=True, max_dbs=len(DATABASES) + 2, lock=True)
+    except lmdb.Error as err:
+        raise StoreError(f"cannot open LMDB environment at {path}: {err}") from err
+    try:
+        try:
+            db = env.open_db(table.encode(), create=False)
+        except lmdb.NotFoundError:
+            return None
+        with env.begin(db=db) as txn:
+            return txn.get(key)
+    finally:
+        env.close()
+
+
 def _raise_engine(err: BaseException) -> None:
     """Re-raise an aborted transaction's exception: an LMDB failure (disk, corruption:
     not a bug of ours) as StoreError, anything else as it is."""

@@ -1,0 +1,196 @@
+"""The control stores' copies, epochs and failover, over LMDB under tmp_path and peers
+faked in memory: a write returns once every in-sync copy applied it, a failover fences
+with the next epoch and claims it once, and a copy that is empty or behind never leads."""
+
+import asyncio
+
+import pytest
+
+from rayq.core.control.control_places import (ControlPlace, best_copies, promoted, recovered,
+                                              starting_place, trusted)
+from rayq.core.control.control_store import ControlReplication, LeaderWatch, fail_over
+from rayq.core.control.placement import ShardPlace
+from rayq.core.control.replicas import trusted_shard
+from rayq.core.kit.kv import LmdbKV
+from rayq.core.storage.replica import Replica
+from rayq.errors import StaleEpoch
+
+
+class FakeCluster:
+    """The GCS's claims and every node's copies, in memory (each copy a real LMDB)."""
+
+    def __init__(self, tmp_path, place: ControlPlace):
+        self.tmp_path = tmp_path
+        self.claims = {place.epoch: place}
+        self.copies: dict[str, Replica] = {}
+        self.down: set[str] = set()
+        self.started: list[str] = []
+
+    # ControlPeers
+    def place(self, store):
+        return self.claims[max(self.claims)]
+
+    def claim(self, place):
+        if place.epoch in self.claims:
+            return False
+        self.claims[place.epoch] = place
+        return True
+
+    def places(self):
+        return {"manager": self.place("manager")}
+
+    def _copy(self, node) -> Replica:
+        if node in self.down:
+            raise ConnectionError(f"{node} is down")
+        if node not in self.copies:
+            self.copies[node] = Replica(LmdbKV(self.tmp_path / node))
+        return self.copies[node]
+
+    def apply(self, node, store, epoch, seq, sets):
+        return self._copy(node).apply(epoch, seq, sets)
+
+    def state(self, node, store):
+        copy = self._copy(node)
+        return copy.epoch, copy.seq
+
+    def install(self, node, store, data, epoch, seq):
+        copy = self._copy(node)
+        copy.kv.close()
+        folder = self.tmp_path / f"{node}-seeded"
+        folder.mkdir(exist_ok=True)
+        (folder / "data.mdb").write_bytes(data)
+        self.copies[node] = Replica(LmdbKV(folder))
+        self.copies[node].install(epoch, seq)
+
+    def start(self, node):
+        self.started.append(node)
+
+    @staticmethod
+    def snapshot(kv):
+        import tempfile
+        import os
+
+        with tempfile.TemporaryDirectory() as folder:
+            with kv.env.begin() as txn:
+                kv.env.copy(folder, compact=True, txn=txn)
+            with open(os.path.join(folder, "data.mdb"), "rb") as f:
+                return f.read()
+
+    # FailoverPeers
+    async def fence(self, node, store, epoch):
+        try:
+            return self._copy(node).fence(epoch)[1]
+        except ConnectionError:
+            return None
+
+    async def replace(self, old, new):
+        self.started.append(f"{old.store}@{new.leader}")
+
+
+def leader(tmp_path, cluster, node="n1") -> ControlReplication:
+    return ControlReplication("manager", LmdbKV(tmp_path / f"{node}-leader"), node, cluster)
+
+
+def row(kv, key: bytes):
+    return kv.read(lambda txn: txn.get("meta", key))
+
+
+def test_a_control_write_returns_once_every_in_sync_copy_applied_it(tmp_path):
+    cluster = FakeCluster(tmp_path, ControlPlace("manager", ("n1", "n2", "n3")))
+    store = leader(tmp_path, cluster)
+    store.transact(lambda txn: txn.put("meta", b"queue", b"orders"))
+    for node in ("n2", "n3"):
+        assert row(cluster.copies[node].kv, b"queue") == b"orders"
+        assert cluster.copies[node].seq == store.seq == 1
+
+
+def test_a_copy_that_fails_leaves_the_in_sync_set_under_the_next_epoch(tmp_path):
+    cluster = FakeCluster(tmp_path, ControlPlace("manager", ("n1", "n2", "n3")))
+    store = leader(tmp_path, cluster)
+    store.transact(lambda txn: txn.put("meta", b"a", b"1"))
+    cluster.down.add("n3")
+    store.transact(lambda txn: txn.put("meta", b"b", b"2"))
+    assert cluster.place("manager") == ControlPlace("manager", ("n1", "n2"), 2)
+    assert row(cluster.copies["n2"].kv, b"b") == b"2"
+
+
+def test_a_copy_that_missed_write_sets_is_seeded_with_the_whole_store(tmp_path):
+    cluster = FakeCluster(tmp_path, ControlPlace("manager", ("n1", "n2")))
+    store = leader(tmp_path, cluster)
+    store.transact(lambda txn: txn.put("meta", b"a", b"1"))
+    cluster.copies["n2"].kv.close()
+    cluster.copies["n2"] = Replica(LmdbKV(tmp_path / "n2-empty"))  # back with an empty folder
+    store.transact(lambda txn: txn.put("meta", b"b", b"2"))
+    assert row(cluster.copies["n2"].kv, b"a") == b"1"
+    assert row(cluster.copies["n2"].kv, b"b") == b"2"
+
+
+def test_a_leader_whose_epoch_another_claimed_refuses_every_later_write(tmp_path):
+    cluster = FakeCluster(tmp_path, ControlPlace("manager", ("n1", "n2", "n3")))
+    store = leader(tmp_path, cluster)
+    store.transact(lambda txn: txn.put("meta", b"a", b"1"))
+    asyncio.run(fail_over(cluster.place("manager"), {"n2", "n3"}, cluster, prefer="n2"))
+    with pytest.raises(StaleEpoch):
+        store.transact(lambda txn: txn.put("meta", b"b", b"2"))
+    with pytest.raises(StaleEpoch):
+        store.transact(lambda txn: txn.put("meta", b"c", b"3"))
+    assert row(cluster.copies["n2"].kv, b"b") is None
+
+
+def test_failover_fences_the_copies_with_the_next_epoch_and_claims_it_once(tmp_path):
+    cluster = FakeCluster(tmp_path, ControlPlace("manager", ("n1", "n2", "n3"), 4))
+    store = leader(tmp_path, cluster)
+    store.transact(lambda txn: txn.put("meta", b"a", b"1"))
+    first = asyncio.run(fail_over(cluster.place("manager"), {"n2", "n3"}, cluster, "n3"))
+    second = asyncio.run(fail_over(ControlPlace("manager", ("n1", "n2", "n3"), 4),
+                                   {"n2", "n3"}, cluster, "n2"))
+    assert first == ControlPlace("manager", ("n3", "n2"), 5)
+    assert second is None  # epoch 5 was claimed: one winner
+    assert {cluster.copies[n].epoch for n in ("n2", "n3")} == {5}  # the old leader is fenced
+    assert cluster.started == ["manager@n3"]
+
+
+def test_failover_waits_when_no_in_sync_copy_is_reachable(tmp_path):
+    cluster = FakeCluster(tmp_path, ControlPlace("manager", ("n1", "n2")))
+    cluster.down.add("n2")
+    assert asyncio.run(fail_over(cluster.place("manager"), {"n2"}, cluster)) is None
+    assert cluster.started == []
+
+
+@pytest.mark.parametrize("applied, prefer, chosen", [
+    ({"n2": 7, "n3": 9}, "n2", ("n3",)),          # the copy that applied most leads
+    ({"n2": 9, "n3": 9}, "n3", ("n3", "n2")),     # among equals the watcher's own
+    ({"n2": 9, "n4": 99}, "n4", ("n2",)),         # a copy out of sync never leads
+])
+def test_the_copy_that_applied_most_leads_after_a_failover(applied, prefer, chosen):
+    place = promoted(ControlPlace("manager", ("n1", "n2", "n3"), 2), applied, prefer)
+    assert place.in_sync == chosen and place.epoch == 3
+
+
+def test_a_leader_is_lost_when_its_node_goes_or_after_three_missed_pings_past_its_grace():
+    watch = LeaderWatch("n2", max_failed_pings=3, start_grace_s=60.0)
+    place = ControlPlace("manager", ("n1", "n2"), 3)
+    assert [watch.lost(place, True, False, now) for now in (1, 2, 3)] == [False] * 3  # grace
+    assert [watch.lost(place, True, True, now) for now in (4, 5)] == [False, False]
+    assert [watch.lost(place, True, False, now) for now in (6, 7, 8)] == [False, False, True]
+    assert watch.lost(ControlPlace("manager", ("n3", "n2"), 4), False, False, 9)  # node gone
+    assert not watch.watches(ControlPlace("manager", ("n1", "n3"), 5))
+
+
+def test_an_empty_folder_under_a_known_name_never_leads_a_restarted_runtime():
+    place = ShardPlace(0, ("n1", "n2"), ("n1", "n2"), 2)  # n1 came back empty
+    fixed = trusted_shard(place, {"n1": (0, 0), "n2": (2, 20)})
+    assert fixed == ShardPlace(0, ("n2", "n1"), ("n2",), 3)
+    assert trusted_shard(place, {"n1": (2, 20), "n2": (2, 20)}) == place
+    assert trusted_shard(place, {"n1": None, "n2": (2, 20)}).leader == "n2"
+    control = ControlPlace("manager", ("n1", "n2"), 5)
+    assert trusted(control, {"n2": (5, 12)}) == ControlPlace("manager", ("n2",), 6)
+
+
+def test_a_control_store_rebuilt_from_disks_is_led_by_the_fullest_copy():
+    held = {"n1": (0, 0), "n2": (4, 30), "n3": (4, 30), "n4": (3, 10)}
+    assert recovered("manager", held, ["n1", "n2", "n3", "n4"]) == \
+        ControlPlace("manager", ("n2", "n3"), 5)
+    assert recovered("manager", {"n1": (0, 0)}, ["n1"]) is None
+    assert starting_place("manager", None, {}, ["n2", "n1"]) == ControlPlace("manager", ("n1",))
+    assert best_copies(("n1", "n2"), {}) == ("n1", "n2")  # nothing on disk: as placed
