@@ -25,7 +25,8 @@ import psutil
 import ray
 from ray import cloudpickle
 
-from actors import COORDINATOR, MANAGER, NAMESPACE, consumer_name
+from actors import COORDINATOR, NAMESPACE, consumer_name
+from actors.kit import manager_link
 from actors.metrics import BackgroundFailures
 from rayq.batching import AsyncBatcher
 from rayq.config import Config
@@ -42,8 +43,8 @@ from rayq.core.control.routes import RouteCache
 from rayq.core.codec.tasks import (DeferralCause, Outcome, TaskSpec, UsageReport, decode_call,
                              encode_error, encode_result, error_of)
 from rayq.core.codec.wire import decode_delivered
-from rayq.errors import RayqError, ReceiptInvalid
-from rayq.remote import actor_names, call_async, running, shard_link
+from rayq.errors import RayqError, ReceiptInvalid, RuntimeFailure
+from rayq.remote import IN_RUNTIME, NO_RETRY, actor_names, call_async, running, shard_link
 
 log = logging.getLogger("rayq.consumer")
 __all__ = ["ConsumerActor", "ConsumerStats", "named_consumers"]
@@ -80,7 +81,7 @@ class ConsumerActor:
     def __init__(self, index: int, config: Config, clock: Clock | None = None):
         self.index, self.config, self.consumer_config = index, config, config.consumers
         self.clock = clock or SystemClock()
-        self.manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
+        self.manager = manager_link()
         self.shards = [shard_link(i, config.store.local_channel)
                        for i in range(config.store.shards)]
         self.state = ConsumerState(index, config, self.clock)  # every count and decision
@@ -186,8 +187,13 @@ class ConsumerActor:
     async def _route(self, name: str) -> tuple[QueueInfo, list[int]]:
         route = self._routes.get(name)
         if route is None:
-            queue, order = await call_async(lambda: self.manager.receive_routing.remote(name))
-            route = self._routes.put(name, queue, order)
+            try:
+                queue, order = await call_async(
+                    lambda: self.manager.receive_routing.remote(name),
+                    NO_RETRY if self._routes.stale(name) else IN_RUNTIME)
+                route = self._routes.put(name, queue, order)
+            except RuntimeFailure as err:
+                route = self._routes.renew(name, err)  # the manager is away: poll as before
         return route.queue, route.order
 
     async def _receive(self, want: int) -> tuple[list[_Held], float]:

@@ -16,7 +16,7 @@ import random
 import ray
 
 from actors.consumer import named_consumers
-from actors.kit import ControlActor, manager_handle
+from actors.kit import ControlActor, manager_link
 from actors.metrics import CoordinatorMetrics
 from rayq.analytics.eventlog import log_decision, log_report, open_event_log
 from rayq.config import Config
@@ -34,15 +34,16 @@ from rayq.remote import answers, call_all_async, call_async
 
 
 class FairnessCoordinator(ControlActor):
-    def __init__(self, data_dir: str, config: Config, clock: Clock | None = None):
-        super().__init__("coordinator", data_dir, config, clock)
+    def __init__(self, data_dir: str, config: Config, clock: Clock | None = None,
+                 start_copy=None):
+        super().__init__("coordinator", data_dir, config, clock, start_copy=start_copy)
         self.fairness_config = config.fairness
         self.rules = SuspensionRules(self.kv)
         self.usage = UsageWindows(self.fairness_config.window_s, self.fairness_config.windows)
         self.tally = Tally()  # every finished delivery since the coordinator started
         self.metrics = CoordinatorMetrics()
         self.events = open_event_log(data_dir, "coordinator", config.analytics)
-        self.manager = manager_handle()
+        self.manager = manager_link()
         self.decision: Decision | None = None
         self.pending: dict[str, KeyState] = {}
         self.intervening_since: float | None = None

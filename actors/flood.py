@@ -23,7 +23,7 @@ import json
 
 import ray
 
-from actors.kit import ControlActor, manager_handle
+from actors.kit import ControlActor, manager_link
 from actors.metrics import FloodMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
@@ -45,15 +45,16 @@ MAX_SWEEP_BATCHES = 500   # per flooder and shard in one run: the next run goes 
 
 
 class FloodDetector(ControlActor):
-    def __init__(self, data_dir: str, config: Config, clock: Clock | None = None):
-        super().__init__("flood", data_dir, config, clock)
+    def __init__(self, data_dir: str, config: Config, clock: Clock | None = None,
+                 start_copy=None):
+        super().__init__("flood", data_dir, config, clock, start_copy=start_copy)
         self.flood_config = config.flood
         self.history = EventHistory(self.kv, 1000)
         self.metrics = FloodMetrics()
         self.events = open_event_log(data_dir, "flood", config.analytics)
         raw = self.kv.read(lambda txn: txn.get("meta", b"flooders"))
         self.flooders: list[Flooder] = [Flooder(**f) for f in unpack(raw)] if raw else []
-        self.manager = manager_handle()
+        self.manager = manager_link()
         self.run_every(self.flood_config.interval_s, "detection", self._detect_round)
 
     @signed(FLOOD_OPS["flooders_now"])

@@ -9,14 +9,33 @@ time (``max_concurrency=1``), and sequence numbers checked by
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 
 import ray
 
-from rayq.core.kit.kv import LmdbKV, WriteSet
+from rayq.core.kit.kv import LmdbKV, WriteSet, peek
 from rayq.core.kit.private import FILE_MODE, make_private_dir
+from rayq.core.storage.layout import REPLICA_KEY, read_replica_state
 from rayq.core.storage.replica import Replica
+
+log = logging.getLogger("rayq.follower")
+
+
+def clear_for_seed(path: str, seq: int) -> None:
+    """Empty the copy at ``path`` for a seed as of ``seq``. A copy that applied more
+    than that is moved aside to ``<path>.kept-<epoch>-<seq>``, never deleted: a seed
+    never destroys write sets its source lacks (a leader may have acknowledged them)."""
+    epoch, held = read_replica_state(peek(path, "meta", REPLICA_KEY))
+    if held > seq:
+        aside = f"{path}.kept-{epoch}-{held}"
+        log.error("the copy at %s applied %d, more than the seed's %d: kept at %s",
+                  path, held, seq, aside)
+        shutil.rmtree(aside, ignore_errors=True)
+        os.rename(path, aside)
+    shutil.rmtree(path, ignore_errors=True)
+    make_private_dir(path)
 
 
 class FollowerActor:
@@ -36,11 +55,11 @@ class FollowerActor:
         return self.replica.epoch, self.replica.seq
 
     # -- seeding: the leader's consistent copy arrives in chunks -------------------
-    def begin_seed(self) -> None:
-        """Drop this copy: a fresh one from the leader replaces it."""
+    def begin_seed(self, seq: int) -> None:
+        """Drop this copy: a fresh one from the leader, as of ``seq``, replaces it (this
+        one is kept aside if it applied more: see :func:`clear_for_seed`)."""
         self._kv.close()
-        shutil.rmtree(self.path, ignore_errors=True)
-        make_private_dir(self.path)
+        clear_for_seed(self.path, seq)
         self._part = os.fdopen(os.open(os.path.join(self.path, "data.mdb"),
                                        os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE), "wb")
 

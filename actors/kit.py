@@ -9,25 +9,43 @@ surface is its entries in :mod:`rayq.core.auth.operations` (``@signed`` methods)
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import Awaitable, Callable
 
 import ray
 
 from actors import MANAGER, NAMESPACE
+from actors.controlstore import RayControlPeers
 from actors.metrics import BackgroundFailures
+from actors.placement import data_nodes
 from rayq.config import Config
 from rayq.core.auth.gate import Directory, Gate, durable_gate
+from rayq.core.control.control_store import ControlReplication
+from rayq.core.control.placement import LOCAL_NODE, DataNode, default_replicas, node_with_id
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.kv import LmdbKV
-from rayq.remote import call_async, shard_link
+from rayq.channel import ShardLink
+from rayq.remote import call_async, named, shard_link
 
 CONTROL_MAP_BYTES = 64 << 20  # a control actor's LMDB: registries, rules, histories
+COPIES_INTERVAL_S = 1.0       # how often a control actor checks its store's copies
 
 
-def manager_handle():
-    """The manager's handle (raises ValueError while it does not run)."""
-    return ray.get_actor(MANAGER, namespace=NAMESPACE)
+def manager_handle() -> ShardLink:
+    """A link to the manager that finds it again once it moved (its control store
+    failed over to another node: docs/replication.md). Raises ValueError while no
+    manager runs."""
+    return ShardLink(ray.get_actor(MANAGER, namespace=NAMESPACE), False, _find_manager)
+
+
+def manager_link() -> ShardLink:
+    """:func:`manager_handle` for an actor, which may start before the manager does
+    (both failing over): the manager is looked up at the link's first use."""
+    return ShardLink(None, False, _find_manager)
+
+
+_find_manager = functools.partial(named, MANAGER)
 
 
 def shard_handles(config: Config, use_channel: bool = False) -> list:
@@ -82,15 +100,33 @@ class RuntimeActor:
 
 
 class ControlActor(RuntimeActor):
-    """A control actor: a :class:`RuntimeActor` with its own LMDB environment
-    (``self.kv``), a gate whose seen nonces live there, and the shard handles.
-    ``directory``: where its gate fetches accounts and places (the manager's own
-    method for the manager; by default, a call to the manager)."""
+    """A control actor: a :class:`RuntimeActor` with its own store (``self.kv``: an LMDB
+    environment in its node's folder, kept on the in-sync copies of its place on other
+    data nodes, :class:`~actors.controlstore.ControlReplication`), a gate whose seen
+    nonces live there, and the shard handles. ``directory``: where its gate fetches
+    accounts and places (the manager's own method for the manager; by default, a call
+    to the manager). ``start_copy(node)``: starts the control follower of a data node
+    that is to hold a new copy (handed in by whoever launches the actor)."""
 
     def __init__(self, component: str, data_dir: str, config: Config, clock: Clock | None = None,
-                 *, directory: Callable[[], Awaitable[Directory]] = manager_directory):
+                 *, directory: Callable[[], Awaitable[Directory]] = manager_directory,
+                 start_copy: Callable[[str], None] | None = None):
         super().__init__(component, clock)
         self.data_dir, self.config = data_dir, config
-        self.kv = open_kv(data_dir, component)
+        node = this_data_node(config).name
+        self.kv = ControlReplication(component, open_kv(data_dir, component), node,
+                                     None if node == LOCAL_NODE else RayControlPeers(start_copy))
         self.gate = durable_gate(directory, self.kv, self.clock)
         self.shards = shard_handles(config)
+        self.run_every(COPIES_INTERVAL_S, "control copies", self._keep_copies)
+
+    async def _keep_copies(self) -> None:
+        nodes = [n.name for n in data_nodes(self.config)]
+        self.kv.keep(nodes, self.config.store.replicas or default_replicas(len(nodes)))
+
+
+def this_data_node(config: Config) -> DataNode:
+    """The data node this process runs on (the embedded runtime's unnamed one, or a
+    node without the data resource, as the unnamed node)."""
+    return node_with_id(data_nodes(config), ray.get_runtime_context().get_node_id())
+

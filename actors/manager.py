@@ -45,8 +45,9 @@ FORGET_TIMEOUT_S = 10.0
 
 class QueueManager(ControlActor):
     def __init__(self, data_dir: str, config: Config, clock: Clock | None = None,
-                 data_root: str | None = None):
-        super().__init__("manager", data_dir, config, clock, directory=self._directory)
+                 data_root: str | None = None, start_copy=None):
+        super().__init__("manager", data_dir, config, clock, directory=self._directory,
+                         start_copy=start_copy)
         self.registry = QueueRegistry(self.kv, shards=config.store.shards, clock=self.clock)
         self.tasks = TaskRegistry(self.kv)
         self.accounts = Accounts(self.kv)

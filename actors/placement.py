@@ -16,7 +16,10 @@ from actors import NAMESPACE
 from rayq.config import Config
 from rayq.core.control.placement import (DATA_NODE_LABEL, LOCAL_NODE, DataNode, ShardPlace,
                                          data_nodes_of, node_folder, shard_indexes)
+from rayq.core.control.control_places import copy_folders
 from rayq.core.control.replicas import decode_places, encode_places
+from rayq.core.kit.kv import peek
+from rayq.core.storage.layout import REPLICA_KEY, read_replica_state
 
 
 def data_nodes(config: Config) -> list[DataNode]:
@@ -34,6 +37,22 @@ def this_node_name() -> str:
 def pinned(node: DataNode) -> dict:
     """Actor options that keep an actor on ``node`` (its files are there), restarts too."""
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node.node_id, soft=False)}
+
+
+@ray.remote(num_cpus=0)
+def _copies_in(folder: str) -> dict[str, tuple[int, int]]:
+    """(epoch, last sequence number) of each store copy ``folder`` holds (a shard's
+    ``shard-<i>`` or a control store's folder), on the node this runs on."""
+    names = copy_folders(os.listdir(folder)) if os.path.isdir(folder) else []
+    return {name: read_replica_state(peek(os.path.join(folder, name), "meta", REPLICA_KEY))
+            for name in names}
+
+
+def copies_on_disk(nodes: list[DataNode], data_dir: str) -> dict[str, dict[str, tuple[int, int]]]:
+    """Per data node, per folder name: (epoch, sequence) of each copy its disk holds."""
+    refs = {n.name: _copies_in.options(**pinned(n)).remote(node_folder(data_dir, n.name))
+            for n in nodes}
+    return {name: ray.get(ref, timeout=60) for name, ref in refs.items()}
 
 
 @ray.remote(num_cpus=0)

@@ -216,7 +216,8 @@ class _Method:
 
 class ShardLink:
     """A shard's actor handle, with its hot calls over the local channel when it is on
-    this host (``use_channel``); pickles as a plain link that connects again."""
+    this host (``use_channel``); pickles as a plain link that connects again. Made
+    with no ``handle``, it looks the shard up (``resolve``) at its first use."""
 
     def __init__(self, handle: Any, use_channel: bool = True,
                  resolve: Callable[[], Any] | None = None):
@@ -242,13 +243,16 @@ class ShardLink:
     def handle(self) -> Any:
         """The shard's actor handle: looked up again (``resolve``) once after calls of
         this process met a lost actor, in case the shard's leader moved."""
-        if self._resolve is not None and self._resolved_at != _lost_actors[0]:
+        if self._resolve is not None and (self._handle is None or
+                                          self._resolved_at != _lost_actors[0]):
             self._resolved_at = _lost_actors[0]
             try:
                 fresh = self._resolve()
             except Exception:  # not running yet: the old handle until the next loss
+                if self._handle is None:
+                    raise
                 return self._handle
-            if fresh._actor_id != self._handle._actor_id:
+            if self._handle is None or fresh._actor_id != self._handle._actor_id:
                 self._handle, self._use_channel = fresh, self._wants_channel
                 self._path, self._open, self._retry_at = None, None, 0.0
         return self._handle

@@ -52,11 +52,12 @@ def _may_wait() -> None:
         raise WouldBlock("a blocking runtime call on an event loop")
 
 
-def resolve(pending: Any) -> Any:
-    """The result of a call in flight: a local channel's future or a Ray ObjectRef."""
+def resolve(pending: Any, timeout_s: float | None = None) -> Any:
+    """The result of a call in flight: a local channel's future or a Ray ObjectRef
+    (waited for at most ``timeout_s``: then GetTimeoutError)."""
     if isinstance(pending, Future):
-        return pending.result()
-    return ray.get(pending)
+        return pending.result(timeout_s)
+    return ray.get(pending, timeout=timeout_s)
 
 
 async def resolve_async(pending: Any) -> Any:
@@ -68,14 +69,15 @@ async def resolve_async(pending: Any) -> Any:
 
 
 def call(make_ref: Callable[[], Any], schedule: RetrySchedule = RETRY,
-         clock: Clock = _CLOCK) -> Any:
-    """The result of the remote call ``make_ref`` makes (:func:`resolve`), issued again
-    while its actor restarts. Raises the RayqError the actor raised, or RuntimeFailure."""
+         clock: Clock = _CLOCK, timeout_s: float | None = None) -> Any:
+    """The result of the remote call ``make_ref`` makes (:func:`resolve`, each attempt
+    waited for at most ``timeout_s``), issued again while its actor restarts. Raises
+    the RayqError the actor raised, or RuntimeFailure."""
     _may_wait()
     started, attempt = clock.monotonic(), 0
     while True:
         try:
-            return resolve(make_ref())
+            return resolve(make_ref(), timeout_s)
         except _failed() as err:
             attempt += 1
             _again_or_raise(err, schedule, started, clock)
@@ -198,5 +200,6 @@ def named(name: str):
 def shard_link(index: int, use_channel: bool = False) -> ShardLink:
     """A link to shard ``index`` that finds its leader again when it moved (failover);
     its hot calls over the local channel if ``use_channel`` and on this host."""
-    resolve = functools.partial(named, shard_name(index))
-    return ShardLink(resolve(), use_channel, resolve)
+    # looked up at first use: a control actor that starts while a shard fails over
+    # (both were on a lost node) starts all the same
+    return ShardLink(None, use_channel, functools.partial(named, shard_name(index)))

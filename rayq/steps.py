@@ -14,17 +14,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rayq.core.auth.operations import Operation
+from rayq.core.kit.retry import RetrySchedule
 
 
 @dataclass(frozen=True)
 class Request:
     """One signed request a sequence of steps (:meth:`Transport.run`) asks to be made:
-    ``operation`` on ``handle`` with these arguments (``queue=`` among ``kwargs``)."""
+    ``operation`` on ``handle`` with these arguments (``queue=`` among ``kwargs``),
+    issued again while its actor restarts for as long as ``schedule`` says (None: the
+    driver's own)."""
 
     operation: Operation
     handle: Any
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
+    schedule: RetrySchedule | None = None
 
 
 Steps = Generator[Request, Any, Any]

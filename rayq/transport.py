@@ -27,7 +27,9 @@ from rayq.core.auth.operations import MANAGER_OPS, Operation
 from rayq.core.kit.clock import SystemClock
 from rayq.core.control.registry import QueueInfo
 from rayq.core.control.routes import Route, RouteCache
-from rayq.remote import RETRY, call, call_async
+from rayq.core.kit.retry import RetrySchedule
+from rayq.errors import RuntimeFailure
+from rayq.remote import NO_RETRY, RETRY, call, call_async
 from rayq.channel import ShardLink
 from rayq.sending import Producer
 from rayq.steps import Request, Steps, drive, drive_async
@@ -79,7 +81,7 @@ class Transport:
         return getattr(handle, operation.method).remote(*args, auth=auth, **kwargs)
 
     def call(self, operation: Operation, handle, *args: Any, queue: str | None = None,
-             **kwargs: Any) -> Any:
+             schedule: RetrySchedule | None = None, **kwargs: Any) -> Any:
         """A signed request's result; retried (signed anew) while the actor restarts.
 
         Ray re-delivers a call that met an actor restart with its arguments, signature
@@ -89,18 +91,20 @@ class Transport:
         once more (at least once, as for any call retried over a restart).
         """
         def send() -> Any:
-            return call(lambda: self.request(operation, handle, *args, queue=queue, **kwargs))
+            return call(lambda: self.request(operation, handle, *args, queue=queue, **kwargs),
+                        schedule or RETRY)
         try:
             return send()
         except ReplayedRequest:
             return send()
 
     async def call_async(self, operation: Operation, handle, *args: Any,
-                         queue: str | None = None, **kwargs: Any) -> Any:
+                         queue: str | None = None, schedule: RetrySchedule | None = None,
+                         **kwargs: Any) -> Any:
         """:meth:`call` awaited: no thread waits for the answer (a parked long poll)."""
         def send() -> Any:
             return call_async(lambda: self.request(operation, handle, *args, queue=queue,
-                                                   **kwargs), RETRY)
+                                                   **kwargs), schedule or RETRY)
         try:
             return await send()
         except ReplayedRequest:
@@ -108,12 +112,13 @@ class Transport:
 
     def run(self, steps: Steps) -> Any:
         """The result of ``steps`` (:data:`Steps`), each request made with :meth:`call`."""
-        return drive(steps, lambda r: self.call(r.operation, r.handle, *r.args, **r.kwargs))
+        return drive(steps, lambda r: self.call(r.operation, r.handle, *r.args,
+                                                schedule=r.schedule, **r.kwargs))
 
     async def run_async(self, steps: Steps) -> Any:
         """:meth:`run` on an event loop, each request awaited with :meth:`call_async`."""
         return await drive_async(steps, lambda r: self.call_async(
-            r.operation, r.handle, *r.args, **r.kwargs))
+            r.operation, r.handle, *r.args, schedule=r.schedule, **r.kwargs))
 
     def shard_of(self, queue: QueueInfo, sq: int):
         """The handle of the shard that holds subqueue ``sq`` of ``queue``."""
@@ -131,7 +136,12 @@ class Transport:
         kept = None if refresh else self._routes.get(name)
         if kept is not None:
             return kept
-        queue, order, target = yield Request(MANAGER_OPS["routing"], self.manager, (name,))
+        stale = None if refresh else self._routes.stale(name)
+        try:
+            queue, order, target = yield Request(MANAGER_OPS["routing"], self.manager, (name,),
+                                                 schedule=None if stale is None else NO_RETRY)
+        except RuntimeFailure as err:
+            return self._routes.renew(name, err)  # the manager is away: the shards are not
         return self._routes.put(name, queue, order, target)
 
     def forget_route(self, name: str) -> None:
@@ -150,13 +160,18 @@ class Transport:
     def serves(self, manager, shards: Sequence) -> bool:
         """Whether this transport reaches the runtime of ``manager`` and ``shards`` (actor
         handles or shard links): False once that runtime was stopped and started again."""
-        return self.manager == manager and list(map(_actor_id, self.shards)) == \
+        return _actor_id(self.manager) == _actor_id(manager) and \
+            list(map(_actor_id, self.shards)) == \
             list(map(_actor_id, shards))
 
 
 def _actor_id(shard: Any) -> Any:
-    """The actor a shard handle or :class:`~rayq.channel.ShardLink` reaches now."""
-    return getattr(shard, "handle", shard)._actor_id
+    """The actor a shard handle or :class:`~rayq.channel.ShardLink` reaches now (None
+    for a link whose actor is not running: it fails over)."""
+    try:
+        return getattr(shard, "handle", shard)._actor_id
+    except RuntimeFailure:
+        return None
 
 
 class Transports:

@@ -50,6 +50,22 @@ class RouteCache:
             return kept[1]
         return None
 
+    def stale(self, name: str) -> Route | None:
+        """The route of ``name`` kept last, however old (None: never routed). While the
+        manager does not answer (it is failing over) a sender or a poller goes on with
+        it: the shards it names still hold its subqueues."""
+        kept = self._routes.get(name)
+        return None if kept is None else kept[1]
+
+    def renew(self, name: str, err: Exception) -> Route:
+        """The kept route of ``name``, used for another ``ttl_s`` because the manager did
+        not answer (``err``, raised again when no route of ``name`` is kept)."""
+        if name not in self._routes:
+            raise err
+        route = self._routes[name][1]
+        self._routes[name] = (self._clock.monotonic(), route)
+        return route
+
     def put(self, name: str, queue: QueueInfo, order: list[int],
             target: int | None = None) -> Route:
         """Keep the route the manager just gave for ``name`` and return it, with the put

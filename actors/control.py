@@ -1,0 +1,219 @@
+"""The control plane on any data node: the control stores' copies, their watchers,
+and starting the control actors where their store's place says (docs/replication.md,
+"The control plane").
+
+One :class:`ControlFollower` runs on every data node (``rayq-control-<node>``). It keeps
+that node's copy of each control store it follows, in the node's own folder, and
+watches each such store's leader: once the leader's node is gone, or its actor missed
+:data:`MAX_FAILED_PINGS` pings in a row, it fences the reachable in-sync copies with the
+next epoch, claims that epoch in Ray's GCS with the copy that applied most as leader
+(only one watcher wins a claim), stops the old actor and starts the store's control
+actor on the new leader's node. Nobody runs a command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import ray
+
+from actors import COORDINATOR, FLOOD_DETECTOR, MANAGER, NAMESPACE
+from actors.controlstore import claim, control_follower_name, current_place
+from actors.coordinator import CoordinatorRemote
+from actors.flood import FloodRemote
+from actors.follower import clear_for_seed
+from actors.kit import CONTROL_MAP_BYTES
+from actors.manager import QueueManager
+from actors.placement import copies_on_disk, data_nodes, pinned
+from actors.replicas import ACTOR_OPTIONS, kill_named
+from rayq.config import Config
+from rayq.core.control.control_places import CONTROL_STORES, ControlPlace, starting_places
+from rayq.core.control.placement import DataNode, node_folder
+from rayq.core.control.control_store import Copies, LeaderWatch, fail_over, watch_round
+from rayq.core.kit.clock import Clock, SystemClock
+from rayq.core.kit.kv import LmdbKV, WriteSet
+from rayq.core.kit.private import FILE_MODE
+from rayq.core.storage.replica import Replica
+from rayq.errors import RayqError, RuntimeFailure
+from rayq.remote import NO_RETRY, call, call_async
+
+log = logging.getLogger("rayq.control")
+ManagerRemote = ray.remote(QueueManager)
+ACTOR_NAMES = {"manager": MANAGER, "coordinator": COORDINATOR, "flood": FLOOD_DETECTOR}
+WATCH_INTERVAL_S = 1.0
+PING_TIMEOUT_S = 2.0
+MAX_FAILED_PINGS = 3
+FENCE_TIMEOUT_S = 2.0
+LEADER_START_S = 60.0  # a control actor just started may take this long to answer a first ping
+
+
+def launch_control(store: str, node: DataNode, data_dir: str, config: Config):
+    """Start ``store``'s control actor on ``node``, on that node's copy (unless it runs
+    already); restarted by Ray on the same node while the node lives."""
+    home = node_folder(data_dir, node.name)
+    remote, args = {"manager": (ManagerRemote, (home, config, None, data_dir)),
+                    "coordinator": (CoordinatorRemote, (home, config, None)),
+                    "flood": (FloodRemote, (home, config, None))}[store]
+    start_copy = functools.partial(start_copy_on, data_dir=data_dir, config=config)
+    return remote.options(name=ACTOR_NAMES[store], max_restarts=-1, max_task_retries=-1,
+                          **ACTOR_OPTIONS, **pinned(node)).remote(*args, start_copy=start_copy)
+
+
+def start_copy_on(name: str, data_dir: str, config: Config) -> None:
+    """Start the control follower of data node ``name`` and wait until it answers."""
+    node = next(n for n in data_nodes(config) if n.name == name)
+    follower = start_control_follower(node, data_dir, config)
+    call(lambda: follower.ping.remote(), NO_RETRY, timeout_s=60)
+
+
+def start_control_follower(node: DataNode, data_dir: str, config: Config):
+    """The control follower of ``node`` (started unless it runs)."""
+    return ControlFollowerRemote.options(
+        name=control_follower_name(node.name), namespace=NAMESPACE, lifetime="detached",
+        get_if_exists=True, max_restarts=-1, max_task_retries=0, num_cpus=0,
+        max_concurrency=100, **pinned(node)).remote(node.name, data_dir, config)
+
+
+class ControlFollower:
+    def __init__(self, node: str, data_dir: str, config: Config, clock: Clock | None = None):
+        self.node, self.data_dir, self.config = node, data_dir, config
+        self.clock = clock or SystemClock()
+        self._copies = Copies(lambda store: Replica(LmdbKV(self._folder(store),
+                                                           map_size=CONTROL_MAP_BYTES)))
+        self._watch = LeaderWatch(node, MAX_FAILED_PINGS, LEADER_START_S)
+        self._watching = asyncio.get_running_loop().create_task(self._watch_forever())
+
+    def _folder(self, store: str) -> str:
+        return os.path.join(node_folder(self.data_dir, self.node), store)
+
+    def _copy(self, store: str) -> Replica:
+        return self._copies[store]
+
+    # -- the leader's calls --------------------------------------------------------------
+    async def apply(self, store: str, epoch: int, first_seq: int, write_sets: list[WriteSet]) -> int:
+        return self._copy(store).apply(epoch, first_seq, write_sets)
+
+    async def fence(self, store: str, epoch: int) -> tuple[int, int]:
+        return self._copy(store).fence(epoch)
+
+    async def state(self, store: str) -> tuple[int, int]:
+        """(epoch held, last sequence number applied) of this node's copy of ``store``."""
+        return self._copy(store).epoch, self._copy(store).seq
+
+    async def install(self, store: str, data: bytes, epoch: int, seq: int) -> int:
+        """Replace this node's copy of ``store`` with the leader's (``data``: its LMDB
+        file as of ``seq``). A copy that applied more than that is kept aside, never
+        deleted: it may hold what a leader acknowledged."""
+        self.release(store)
+        folder = self._folder(store)
+        clear_for_seed(folder, seq)
+        path = os.path.join(folder, "data.mdb")
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE), "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        self._copy(store).install(epoch, seq)
+        return seq
+
+    def release(self, store: str) -> None:
+        """Close this node's copy of ``store``: its control actor opens it as leader."""
+        self._copies.release(store)
+
+    async def ping(self) -> bool:
+        return True
+
+    # -- watching the leaders ---------------------------------------------------------------
+    async def _watch_forever(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            try:
+                await self.watch()
+            except Exception as err:  # noqa: BLE001 - a round that failed: the next one
+                log.warning("control watch on %s failed: %r", self.node, err)
+
+    async def watch(self) -> None:
+        """One round: each store this node holds an in-sync copy of has its leader
+        checked; a lost one is replaced (:func:`~rayq.core.control.control_store.watch_round`)."""
+        nodes = {n.name: n for n in data_nodes(self.config)}
+        failover = RayFailover(nodes, self.data_dir, self.config, self)
+        await watch_round(self._watch, {s: current_place(s) for s in CONTROL_STORES}, nodes,
+                          lambda store: _answers(ACTOR_NAMES[store]),
+                          lambda place: fail_over(place, nodes, failover, prefer=self.node),
+                          self.clock.monotonic())
+
+
+async def _answers(name: str) -> bool:
+    try:
+        handle = ray.get_actor(name, namespace=NAMESPACE)
+        await asyncio.wait_for(call_async(lambda: handle.ping.remote(), NO_RETRY),
+                               PING_TIMEOUT_S)
+        return True
+    except (RayqError, ray.exceptions.RayError, ValueError, asyncio.TimeoutError):
+        return False
+
+
+
+
+class RayFailover:
+    """:class:`~rayq.core.control.control_store.FailoverPeers` through Ray (``local``:
+    the watcher's own follower, called in process)."""
+
+    def __init__(self, nodes: dict[str, DataNode], data_dir: str, config: Config,
+                 local: ControlFollower | None = None):
+        self.nodes, self.data_dir, self.config, self.local = nodes, data_dir, config, local
+
+    claim = staticmethod(claim)
+
+    async def fence(self, node: str, store: str, epoch: int) -> int | None:
+        try:
+            if self.local is not None and self.local.node == node:
+                return (await self.local.fence(store, epoch))[1]
+            handle = ray.get_actor(control_follower_name(node), namespace=NAMESPACE)
+            return (await asyncio.wait_for(call_async(
+                lambda: handle.fence.remote(store, epoch), NO_RETRY), FENCE_TIMEOUT_S))[1]
+        except (RayqError, ray.exceptions.RayError, ValueError, asyncio.TimeoutError):
+            return None
+
+    async def replace(self, old: ControlPlace, new: ControlPlace) -> None:
+        await kill_named(ACTOR_NAMES[old.store])
+        if self.local is not None and self.local.node == new.leader:
+            self.local.release(old.store)
+        else:
+            handle = ray.get_actor(control_follower_name(new.leader), namespace=NAMESPACE)
+            await call_async(lambda: handle.release.remote(old.store))
+        launch_control(old.store, self.nodes[new.leader], self.data_dir, self.config)
+
+
+# -- at the runtime's start ------------------------------------------------------------------
+def place_control(nodes: list[DataNode], data_dir: str) -> dict[str, ControlPlace]:
+    """Each control store's place: the one claimed in Ray's GCS (cut to the in-sync
+    copies that applied the most: a node back with an empty folder leads nothing),
+    else rebuilt from the copies on the data nodes' disks (the one that applied most
+    leads), else a new one on the first data node by name. Claimed when changed."""
+    return starting_places({s: current_place(s) for s in CONTROL_STORES},
+                           copies_on_disk(nodes, data_dir), [n.name for n in nodes],
+                           claim, current_place)
+
+
+def ensure_control(store: str, place: ControlPlace, nodes: list[DataNode], data_dir: str,
+                   config: Config):
+    """``store``'s control actor, started on its place's leader (unless it runs); failed
+    over first when that leader's node is gone. Raises RuntimeFailure when no in-sync
+    copy of the store is on an alive node."""
+    by_name = {n.name: n for n in nodes}
+    if place.leader not in by_name:
+        with ThreadPoolExecutor(1) as pool:  # the caller may run an event loop of its own
+            pool.submit(asyncio.run, fail_over(place, by_name, RayFailover(
+                by_name, data_dir, config))).result()
+        place = current_place(store)
+        if place.leader not in by_name:
+            raise RuntimeFailure(f"control store {store}: no in-sync copy on an alive node "
+                                 f"(in sync: {list(place.in_sync)}, epoch {place.epoch})")
+    return launch_control(store, by_name[place.leader], data_dir, config)
+
+
+ControlFollowerRemote = ray.remote(ControlFollower)

@@ -1,0 +1,102 @@
+"""The control stores' places in Ray's GCS, and the calls a control store's leader
+makes through Ray (docs/replication.md, "The control plane").
+
+The leader's logic is :class:`rayq.core.control.control_store.ControlReplication`; this
+module claims epochs in the GCS and calls the copies (:class:`actors.control.ControlFollower`,
+one per data node, ``rayq-control-<node>``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+
+import ray
+import ray.experimental.internal_kv as internal_kv
+
+from actors import NAMESPACE
+from rayq.core.control.control_places import (CONTROL_STORES, ControlPlace, claim_key,
+                                              claim_prefix, decode_place, encode_place, newest_key)
+from rayq.core.kit.kv import LmdbKV, WriteSet
+from rayq.core.kit.private import make_private_dir
+from rayq.remote import NO_RETRY, call
+
+CONTROL_FOLLOWER_PREFIX = "rayq-control-"
+COPY_TIMEOUT_S = 5.0     # a copy slower than this to apply a write set leaves the in-sync set
+SEED_TIMEOUT_S = 60.0    # a whole store copied to a new copy
+
+
+def control_follower_name(node: str) -> str:
+    return f"{CONTROL_FOLLOWER_PREFIX}{node}"
+
+
+def current_place(store: str) -> ControlPlace | None:
+    """``store``'s place of the highest epoch claimed (None: never placed)."""
+    keys = internal_kv._internal_kv_list(claim_prefix(store), namespace=NAMESPACE)
+    key = newest_key(keys)
+    return None if key is None else decode_place(
+        internal_kv._internal_kv_get(key, namespace=NAMESPACE))
+
+
+def claim(place: ControlPlace) -> bool:
+    """Record ``place`` as its store's place if nobody claimed its epoch yet; whether
+    this caller did (the GCS writes a key only if absent: one winner per epoch)."""
+    existed = internal_kv._internal_kv_put(claim_key(place), encode_place(place),
+                                           overwrite=False, namespace=NAMESPACE)
+    return not existed
+
+
+def every_place() -> dict[str, ControlPlace]:
+    return {store: place for store in CONTROL_STORES
+            if (place := current_place(store)) is not None}
+
+
+def _copy_of(node: str):
+    return ray.get_actor(control_follower_name(node), namespace=NAMESPACE)
+
+
+class RayControlPeers:
+    """:class:`~rayq.core.control.control_store.ControlPeers` through Ray: the places
+    in the GCS, the copies on each node's control follower (``rayq-control-<node>``),
+    each call bounded in time; ``start(node)`` starts that node's follower."""
+
+    def __init__(self, start: Callable[[str], None] | None):
+        self._start = start
+
+    place = staticmethod(current_place)
+    claim = staticmethod(claim)
+    places = staticmethod(every_place)
+
+    def apply(self, node: str, store: str, epoch: int, seq: int, sets: list[WriteSet]) -> int:
+        copy = _copy_of(node)
+        return call(lambda: copy.apply.remote(store, epoch, seq, sets), NO_RETRY,
+                    timeout_s=COPY_TIMEOUT_S)
+
+    def state(self, node: str, store: str) -> tuple[int, int]:
+        copy = _copy_of(node)
+        return call(lambda: copy.state.remote(store), NO_RETRY, timeout_s=COPY_TIMEOUT_S)
+
+    def install(self, node: str, store: str, data: bytes, epoch: int, seq: int) -> None:
+        copy = _copy_of(node)
+        call(lambda: copy.install.remote(store, data, epoch, seq), NO_RETRY,
+             timeout_s=SEED_TIMEOUT_S)
+
+    def start(self, node: str) -> None:
+        if self._start is not None:
+            self._start(node)
+
+    @staticmethod
+    def snapshot(kv: LmdbKV) -> bytes:
+        """The store as one LMDB file, as of one read transaction."""
+        folder = os.path.join(os.path.dirname(kv.env.path()), "seeding-control")
+        shutil.rmtree(folder, ignore_errors=True)
+        make_private_dir(folder)
+        try:
+            with kv.env.begin() as txn:
+                kv.env.copy(folder, compact=True, txn=txn)
+            with open(os.path.join(folder, "data.mdb"), "rb") as copy:
+                return copy.read()
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
