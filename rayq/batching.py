@@ -33,7 +33,16 @@ class ThreadBatcher:
     """Callers on any thread; the first that may lead a flush runs it on its own thread
     (no thread of ours), the others wait on an Event. After its flush a leader passes
     the lead to the oldest waiting caller and returns; the new leader lingers for the
-    callers the last flush answered (:meth:`Batcher.linger`)."""
+    callers the last flush answered (:meth:`Batcher.linger`).
+
+    Each lead counts in :attr:`in_flight` until it ends, so none may be lost. A caller's
+    ``lead`` flag is one lead handed to it and not yet taken; it is read, set and cleared
+    only under the lock. Two leaders may pick the same oldest caller before its thread
+    runs (or one may pick a caller that :meth:`Batcher.add` just told to lead): the
+    second gives its lead back instead of setting the flag again. And a caller reads
+    ``lead`` and ``done`` at once: read apart, a lead handed in between, to a call that
+    another leader then flushed, would be skipped. Either loss would leave a lead counted
+    for ever, and with ``max_in_flight`` of them no caller leads again."""
 
     def __init__(self, batcher: Batcher, flush: Callable[[list], list]):
         self._batcher, self._flush = batcher, flush
@@ -59,10 +68,12 @@ class ThreadBatcher:
             slot.lead = self._batcher.add(item, slot)
             self._arrived.notify()
         while True:  # flags are read after each wake-up is cleared: none is lost
-            if slot.lead:  # also when another leader already flushed this slot's call
+            with self._lock:  # lead and done at once (see the class docstring)
+                lead, done = slot.lead, slot.done
                 slot.lead = False
+            if lead:  # also when another leader already flushed this slot's call
                 self._lead()
-            elif slot.done:
+            elif done:
                 break
             else:
                 slot.wake.wait()
@@ -92,7 +103,11 @@ class ThreadBatcher:
                 slot.result, slot.done = result, True
                 slot.wake.set()
             successor = self._batcher.pass_lead()
-            if successor is not None:
+            if successor is None:
+                return
+            if successor.lead:  # handed a lead it has not taken yet: one flag holds one
+                self._batcher.leave()
+            else:
                 successor.lead = True
                 successor.wake.set()
 

@@ -2,12 +2,14 @@
 concurrent senders sharing one put, each getting its own ids, and a retired subqueue
 routed around."""
 
+import sys
 import threading
 import time
 from dataclasses import replace
 
 import pytest
 
+from rayq import batching
 from rayq.config import Config
 from rayq.core.codec.model import SubqueueState, decode_body, fairness_key
 from rayq.core.codec.wire import decode_put
@@ -23,12 +25,14 @@ WAIT_S = 10.0  # bounds a hang only: every held put here is released
 
 class FakeShard:
     """A shard's put: records each put call's decoded batch and answers an id a message.
-    ``hold`` keeps the first put waiting until set; ``retired`` subqueues refuse puts."""
+    ``hold`` keeps the first put waiting until set, ``holds`` a put of one of its bodies
+    until that body's Event is set; ``retired`` subqueues refuse puts."""
 
     def __init__(self, index: int, transport: "FakeTransport"):
         self.index, self.transport = index, transport
         self.puts: list[tuple[int, list]] = []  # (subqueue, bodies) per call
         self.hold: threading.Event | None = None
+        self.holds: dict[str, threading.Event] = {}
         self.delay_s = 0.0
 
     def put(self, subqueue: int, batch: bytes) -> list[str]:
@@ -43,6 +47,9 @@ class FakeShard:
         got = decode_put(batch, max_message_bytes=store.max_message_bytes,
                          max_delay_s=store.max_delay_s, max_ttl_s=store.max_ttl_s)
         bodies = [decode_body(b) for b in got.bodies]
+        for body in bodies:
+            if body in self.holds:
+                self.holds[body].wait(WAIT_S)
         self.puts.append((subqueue, bodies))
         return [f"id-{b}" for b in bodies]
 
@@ -257,7 +264,17 @@ def test_senders_answered_in_a_loop_join_the_next_put_whole():
     assert sorted(sizes)[len(sizes) // 2] >= 6  # median put: most of the eight senders
 
 
-def test_many_leaders_never_lose_the_lead():
+@pytest.fixture
+def threads_switch_often():
+    """Threads change hands about every microsecond, as a loaded machine now and then makes
+    them: a race between two bytecodes then shows in most runs, not in one of hundreds."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(before)
+
+
+def test_many_leaders_never_lose_the_lead(threads_switch_often):
     """With several puts in flight, a sender handed the lead after another leader took
     its messages still leads (or gives the lead back): nobody waits forever."""
     transport = FakeTransport()
@@ -276,6 +293,54 @@ def test_many_leaders_never_lose_the_lead():
         t.join(30)
     assert sorted(done) == list(range(12))
     assert producer.in_flight == 0 and sum(len(f) for f in transport.flushes()) == 600
+
+
+def test_two_leaders_handing_the_lead_to_one_sender_not_yet_awake_leave_it_one_lead(
+        monkeypatch):
+    """Two puts in flight end while the sender waiting behind them has not run yet: both
+    leaders pass the lead to it, the oldest pending. It can run one lead, so the second
+    leader gives its lead back, and no put is counted in flight once all have returned."""
+    asleep, awake = threading.Event(), threading.Event()
+
+    class Drowsy(threading.Event):
+        """A waiting sender's wake-up that returns only once ``awake`` is set: a thread the
+        scheduler has not run yet, made to stay so."""
+
+        def wait(self, timeout=None):
+            asleep.set()
+            awake.wait(WAIT_S)
+            return super().wait(timeout)
+
+    class DrowsySlot(batching._Slot):
+        __slots__ = ()
+
+        def __init__(self):
+            super().__init__()
+            self.wake = Drowsy()
+
+    monkeypatch.setattr(batching, "_Slot", DrowsySlot)
+    transport = FakeTransport()
+    release = transport.shards[0].holds = {"x": threading.Event(), "y": threading.Event()}
+    producer = Producer(transport, "jobs", max_in_flight=2)
+    results = {}
+
+    def send(body):
+        results[body] = producer.put([producer.message(body)])
+
+    senders = {body: threading.Thread(target=send, args=(body,)) for body in "xyz"}
+    senders["x"].start()
+    senders["y"].start()
+    wait_until(lambda: len(transport.calls) == 2)  # both lead a put, held
+    senders["z"].start()
+    asleep.wait(WAIT_S)  # z waits behind them (leaders never wait on their wake-up)
+    for body in "xy":
+        release[body].set()
+        senders[body].join(WAIT_S)  # its put ended and it passed the lead to z
+    assert producer.in_flight == 1  # z's lead, handed twice, counted once
+    awake.set()
+    senders["z"].join(WAIT_S)
+    assert results == {body: [(f"id-{body}", 0)] for body in "xyz"}
+    assert producer.in_flight == 0 and transport.flushes() == [["x"], ["y"], ["z"]]
 
 
 def test_large_batches_of_two_threads_go_to_two_subqueues_without_waiting_for_each_other():

@@ -147,7 +147,8 @@ class Batcher:
         return None
 
     def leave(self) -> None:
-        """A leader stops before :meth:`take` said so (its flush was cancelled): the next
+        """A leader stops before :meth:`take` or :meth:`pass_lead` said so (its flush was
+        cancelled, or the caller it would pass the lead to already holds one): the next
         :meth:`add` may lead again."""
         self._in_flight -= 1
 
