@@ -20,6 +20,8 @@ class FakePeers:
     def __init__(self, tmp_path, place: ShardPlace):
         self.replicas = {n: Replica(LmdbKV(tmp_path / n)) for n in place.followers}
         self.place, self.down, self.gate = place, set(), {}
+        self.offered: dict[str, list[tuple[int, int]]] = {}  # (first_seq, sets) per call
+        self.held_at_rejoin: dict[str, int] = {}  # what a follower applied when it rejoined
 
     async def state(self, node):
         return self.replicas[node].epoch, self.replicas[node].seq
@@ -27,6 +29,7 @@ class FakePeers:
     async def apply(self, node, epoch, first_seq, sets):
         if node in self.down:
             raise ConnectionError(f"{node} is gone")
+        self.offered.setdefault(node, []).append((first_seq, len(sets)))
         if node in self.gate:
             await self.gate[node].wait()
         return self.replicas[node].apply(epoch, first_seq, sets)
@@ -36,6 +39,7 @@ class FakePeers:
         return self.place
 
     async def rejoin(self, node, epoch):
+        self.held_at_rejoin[node] = self.replicas[node].seq
         self.place = rejoin(self.place, node)
         return self.place
 
@@ -206,3 +210,44 @@ def test_a_seeding_fails_when_its_follower_is_lost_before_it_is_in_sync(tmp_path
             await seeding
     run(scenario())
     assert peers.place.in_sync == ("a", "b")
+
+
+def test_a_seeded_follower_counted_one_call_behind_rejoins_only_holding_every_earlier_ack(
+        tmp_path):
+    """The new follower c is counted (acknowledgements wait for it) while a call of
+    one write set is in flight and two more were acknowledged without it: it is put in
+    sync, and so made promotable, only once it applied those two as well."""
+    place = ShardPlace(0, ("a", "b"), ("a", "b"), 1)
+    peers = FakePeers(tmp_path, place)
+    peers.replicas["c"] = Replica(LmdbKV(tmp_path / "c"))
+
+    async def scenario():
+        shipper = Shipper(0, place, 0, 1, peers)
+        for n in (1, 2, 3):
+            assert await group(shipper, n) == n
+
+        async def copy():
+            return shipper.log.committed
+
+        installed = asyncio.Event()
+
+        async def install(seq):
+            peers.replicas["c"].apply(1, 1, [(Write("rows", b"k%d" % n, b"v"),)
+                                            for n in range(1, seq + 1)])
+            installed.set()
+
+        peers.gate["c"] = asyncio.Event()
+        seeding = asyncio.ensure_future(shipper.seed("c", copy, install))
+        await installed.wait()
+        assert await group(shipper, 4) == 4
+        while "c" not in peers.offered:
+            await asyncio.sleep(0)
+        assert peers.offered["c"] == [(4, 1)]   # c's first call is held
+        assert await asyncio.gather(group(shipper, 5), group(shipper, 6)) == [5, 6]
+        assert "c" not in peers.place.in_sync   # 5 and 6 acknowledged without c
+        peers.gate["c"].set()
+        assert await seeding == 3
+        shipper.stop()
+    run(scenario())
+    assert peers.held_at_rejoin == {"c": 6}
+    assert peers.place.in_sync == ("a", "b", "c")
