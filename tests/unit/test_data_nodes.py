@@ -2,8 +2,9 @@
 
 import pytest
 
-from rayq.core.control.placement import (DATA_NODE_LABEL, LOCAL_NODE, DataNode, ShardPlace,
-                                         data_nodes_of, default_replicas, least_loaded_shard,
+from rayq.core.control.placement import (DATA_CLAIM, DATA_NODE_LABEL, LOCAL_NODE, DataNode,
+                                         ShardPlace, data_claim, data_nodes_of,
+                                         default_replicas, least_loaded_shard,
                                          new_follower_node, node_folder, plan_shards,
                                          shard_indexes, spread)
 from rayq.errors import RuntimeFailure
@@ -35,6 +36,29 @@ def test_no_resource_configured_means_no_data_nodes():
 def test_two_alive_data_nodes_with_one_name_are_refused():
     with pytest.raises(RuntimeFailure, match="share"):
         data_nodes_of([_node("a", "n1"), _node("b", "n1")], "rayq_data")
+
+
+@pytest.mark.parametrize("node, resource, expected", [
+    (DataNode("n1", "a"), "rayq_data", {"rayq_data": DATA_CLAIM}),  # a named data node
+    (DataNode("10.1.2.3", "a"), "rayq_data", {"rayq_data": DATA_CLAIM}),  # named by address
+    (DataNode("n1", "a"), "disks", {"disks": DATA_CLAIM}),      # the configured resource
+    (DataNode(LOCAL_NODE, "a"), "rayq_data", {}),  # embedded: the node holds no resource
+    (DataNode(LOCAL_NODE, "a"), None, {}),         # no data resource configured
+])
+def test_an_actor_holding_a_copy_claims_a_sliver_of_its_data_node(node, resource, expected):
+    assert data_claim(node, resource) == expected
+
+
+def test_the_claim_counts_for_ray_and_leaves_room_for_a_thousand_copies_a_node():
+    assert 1e-4 <= DATA_CLAIM and 1000 * DATA_CLAIM <= 1
+
+
+def test_every_data_node_found_holds_the_resource_it_is_asked_for():
+    nodes = [_node("a", "n1"), _node("b", address="10.1.2.3"), _node("head", None, data=0)]
+    for node in data_nodes_of(nodes, "rayq_data"):
+        claim = data_claim(node, "rayq_data")["rayq_data"]
+        held = next(n["Resources"]["rayq_data"] for n in nodes if n["NodeID"] == node.node_id)
+        assert 0 < claim <= held
 
 
 @pytest.mark.parametrize("node, expected", [

@@ -17,6 +17,10 @@ from rayq.errors import RuntimeFailure
 
 DATA_NODE_LABEL = "rayq-data-node"
 LOCAL_NODE = ""  # the name of the embedded runtime's only data node
+# The share of the data resource each actor holding a store copy asks for: enough for
+# Ray to count the resource as in use (it counts to 1/10 000), small enough that a
+# node offering one unit holds a thousand copies before a pinned actor could not fit.
+DATA_CLAIM = 0.001
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,15 @@ def data_nodes_of(nodes: Sequence[Mapping], resource: str | None) -> list[DataNo
         raise RuntimeFailure(f"two alive data nodes share a {DATA_NODE_LABEL!r} name: "
                              f"{sorted(names)}; give each its own")
     return sorted(found, key=lambda n: n.name)
+
+
+def data_claim(node: DataNode, resource: str | None) -> dict[str, float]:
+    """The custom resources an actor holding a store copy on ``node`` asks for (Ray's
+    ``resources=`` option): :data:`DATA_CLAIM` of ``resource``, so that the autoscaler
+    counts a data node holding copies as in use, never idle. Nothing for the embedded
+    runtime's unnamed node (it holds no such resource: asking for it would leave the
+    actor unschedulable) or when no data resource is configured."""
+    return {resource: DATA_CLAIM} if resource and node.name != LOCAL_NODE else {}
 
 
 def node_with_id(nodes: Sequence[DataNode], node_id: str) -> DataNode:
