@@ -19,11 +19,11 @@ from actors.placement import data_nodes, pinned, publish, published_places
 from actors.shard import CONCURRENCY_GROUPS, ShardActor
 from actors.shipping import follower_name
 from rayq.config import Config
-from rayq.core.control.placement import (LOCAL_NODE, DataNode, ShardPlace, default_replicas,
-                                         node_folder)
+from rayq.core.control.placement import (LOCAL_NODE, DataNode, ShardPlace, data_claim,
+                                         default_replicas, node_folder)
 from rayq.core.control.replicas import (check_epoch, count_missed, decode_places, encode_places,
-                                        leader_move, lost_leaders, newest, pings_counted,
-                                        promote, rejoin, seeds_wanted, shrink, watched)
+                                        fail_over, leader_move, lost_leaders, newest,
+                                        pings_counted, rejoin, seeds_wanted, shrink, watched)
 from rayq.core.kit.clock import Clock
 from rayq.core.kit.kv import LmdbKV
 from rayq.errors import RayqError
@@ -31,7 +31,9 @@ from rayq.remote import NO_RETRY, call_async
 
 log = logging.getLogger("rayq.replicas")
 ShardRemote = ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(ShardActor)
-# Runtime actors only coordinate and do I/O: they take no CPU slot from consumers.
+# Runtime actors only coordinate and do I/O: they take no CPU slot from consumers. Those
+# that hold a store copy also ask for a sliver of their node's data resource (data_claim),
+# so that the autoscaler never counts a data node holding copies as idle.
 ACTOR_OPTIONS = dict(namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
                      num_cpus=0, max_concurrency=1000)
 PLACES_KEY = b"places"      # in the manager's meta table: every shard's ShardPlace
@@ -51,6 +53,7 @@ def shard_folder(data_dir: str, node: str, index: int) -> str:
 def start_shard(index: int, node: DataNode, data_dir: str, config: Config):
     """The shard's leader, pinned to ``node``, on that node's folder of the shard."""
     return ShardRemote.options(name=shard_name(index), max_restarts=-1, max_task_retries=-1,
+                               resources=data_claim(node, config.store.data_resource),
                                **ACTOR_OPTIONS, **pinned(node)).remote(
         index, shard_folder(data_dir, node.name, index), config)
 
@@ -60,7 +63,9 @@ def start_follower(index: int, node: DataNode, data_dir: str, config: Config):
     takes a follower that fails out of the in-sync set)."""
     return FollowerRemote.options(name=follower_name(index, node.name), namespace=NAMESPACE,
                                   lifetime="detached", get_if_exists=True, max_restarts=-1,
-                                  max_task_retries=0, **pinned(node)).remote(
+                                  max_task_retries=0, num_cpus=0,
+                                  resources=data_claim(node, config.store.data_resource),
+                                  **pinned(node)).remote(
         index, shard_folder(data_dir, node.name, index), config.store.initial_map_bytes)
 
 
@@ -194,33 +199,37 @@ class ReplicaKeeper:
 
     async def _fail_over(self, place: ShardPlace, nodes: list[DataNode],
                          prefer: str | None = None) -> None:
-        """Fence the reachable in-sync followers with the next epoch, promote the one
-        that applied most (``prefer`` if it applied as much): its follower actor stops,
-        a leader opens its folder."""
-        alive = {n.name: n for n in nodes}
-        fenced = await asyncio.gather(*(self._fence(place.shard, node, place.epoch + 1)
-                                        for node in place.in_sync[1:] if node in alive))
-        new = promote(place, {node: seq for part in fenced for node, seq in part.items()},
-                      prefer)
-        if new is None:
-            log.error("shard %d: leader on %s lost and no in-sync follower reachable",
-                      place.shard, place.leader)
-            return
-        log.warning("shard %d: leader on %s replaced; %s leads under epoch %d", place.shard,
-                    place.leader, new.leader, new.epoch)
-        await kill_named(shard_name(place.shard))
-        await kill_named(follower_name(place.shard, new.leader))
-        self.places[place.shard] = new
-        self._save()  # the new leader reads its place (followers, epoch) as it starts
-        start_shard(place.shard, alive[new.leader], self.data_dir, self.config)
+        """Replace ``place``'s leader by the in-sync follower that applied most
+        (``prefer`` if it applied as much): see :func:`rayq.core.control.replicas.fail_over`."""
+        await fail_over(place, [n.name for n in nodes], RayFailover(self, nodes), prefer)
+
+    def lead(self, place: ShardPlace, node: DataNode) -> None:
+        """Record ``place`` and start its leader on ``node``, which reads the place
+        (followers, epoch) as it starts and misses no ping for a while."""
+        self.places[place.shard] = place
+        self._save()
+        start_shard(place.shard, node, self.data_dir, self.config)
         self._starting[place.shard] = self.clock.monotonic() + LEADER_START_S
 
-    async def _fence(self, shard: int, node: str, epoch: int) -> dict[str, int]:
-        """{node: last sequence number it applied} once fenced; {} if unreachable."""
+
+class RayFailover:
+    """A shard's failover through Ray (:class:`rayq.core.control.replicas.FailoverPeers`):
+    followers fenced by name, the old leader and the promoted follower's actor killed,
+    the new leader started by ``keeper``."""
+
+    def __init__(self, keeper: ReplicaKeeper, nodes: list[DataNode]):
+        self.keeper, self.nodes = keeper, {n.name: n for n in nodes}
+
+    async def fence(self, shard: int, node: str, epoch: int) -> int | None:
         try:
             handle = ray.get_actor(follower_name(shard, node), namespace=NAMESPACE)
             _, seq = await asyncio.wait_for(
                 call_async(lambda: handle.fence.remote(epoch), NO_RETRY), FENCE_TIMEOUT_S)
-            return {node: seq}
+            return seq
         except (RayqError, ray.exceptions.RayError, ValueError, asyncio.TimeoutError):
-            return {}
+            return None
+
+    async def replace(self, old: ShardPlace, new: ShardPlace) -> None:
+        await kill_named(shard_name(old.shard))
+        await kill_named(follower_name(old.shard, new.leader))
+        self.keeper.lead(new, self.nodes[new.leader])

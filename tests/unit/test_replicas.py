@@ -1,10 +1,12 @@
 """Epochs, the in-sync set and failover decisions, on tables of cases."""
 
+import asyncio
+
 import pytest
 
 from rayq.core.control.placement import ShardPlace
 from rayq.core.control.replicas import (ShipLog, acked_through, check_in_sync,
-                                        decode_places, drop_replica, encode_places,
+                                        decode_places, drop_replica, encode_places, fail_over,
                                         leader_lost, leader_move, newest, promote, rejoin, role_of, shrink,
                                         seed_target, seeds_wanted, with_followers, watched,
                                         count_missed, lost_leaders)
@@ -313,3 +315,58 @@ def test_a_leader_just_started_misses_no_ping_until_it_answers_or_its_grace_ends
     assert counted == {0: False, 1: True, 2: True} and still == {1: 100.0}  # 2 answered
     counted, still = pings_counted({1: False}, still, now=100.0)
     assert counted == {1: False} and still == {}                          # grace over
+
+
+class FakeFailover:
+    """Followers as Replicas over LMDB under tmp_path, each holding ``applied`` write
+    sets of the old leader's epoch; the replacements asked for, in order."""
+
+    def __init__(self, tmp_path, place: ShardPlace, applied: dict[str, int]):
+        self.replicas = {n: Replica(LmdbKV(tmp_path / n)) for n in applied}
+        for node, seq in applied.items():
+            self.replicas[node].apply(place.epoch, 1, [writes(n) for n in range(1, seq + 1)])
+        self.down: set[str] = set()
+        self.replaced: list[tuple[ShardPlace, ShardPlace]] = []
+
+    async def fence(self, shard, node, epoch):
+        return None if node in self.down else self.replicas[node].fence(epoch)[1]
+
+    async def replace(self, old, new):
+        self.replaced.append((old, new))
+
+
+def test_failover_fences_the_followers_with_the_next_epoch_so_the_old_leader_is_refused(
+        tmp_path):
+    peers = FakeFailover(tmp_path, THREE, {"b": 3, "c": 2})
+    new = asyncio.run(fail_over(THREE, {"b", "c"}, peers))
+    assert new == ShardPlace(0, ("b", "c"), ("b",), THREE.epoch + 1)
+    assert peers.replaced == [(THREE, new)]
+    for node, replica in peers.replicas.items():
+        assert replica.epoch == THREE.epoch + 1
+        with pytest.raises(StaleEpoch):   # the paused old leader's next write set
+            replica.apply(THREE.epoch, replica.seq + 1, [writes(9)])
+    assert peers.replicas["b"].kv.read(lambda txn: txn.get("rows", b"k9")) is None
+
+
+def test_failover_promotes_the_preferred_follower_only_if_it_applied_as_much(tmp_path):
+    peers = FakeFailover(tmp_path, THREE, {"b": 3, "c": 3})
+    assert asyncio.run(fail_over(THREE, {"b", "c"}, peers, prefer="c")).leader == "c"
+
+
+@pytest.mark.parametrize("alive, down", [
+    ({"b", "c"}, {"b", "c"}),   # both followers unreachable
+    ({"a"}, set()),             # both followers' nodes gone
+])
+def test_failover_waits_when_no_in_sync_follower_is_reachable(tmp_path, alive, down):
+    peers = FakeFailover(tmp_path, THREE, {"b": 3, "c": 3})
+    peers.down = down
+    assert asyncio.run(fail_over(THREE, alive, peers)) is None
+    assert peers.replaced == []
+    assert {r.epoch for r in peers.replicas.values()} == {THREE.epoch}  # nothing fenced
+
+
+def test_failover_fences_only_followers_on_alive_nodes_and_promotes_among_them(tmp_path):
+    peers = FakeFailover(tmp_path, THREE, {"b": 3, "c": 2})
+    new = asyncio.run(fail_over(THREE, {"c"}, peers))
+    assert new == ShardPlace(0, ("c",), ("c",), THREE.epoch + 1)
+    assert peers.replicas["b"].epoch == THREE.epoch

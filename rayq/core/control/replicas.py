@@ -9,9 +9,12 @@ leader's write sets in their order, each numbered by a sequence number.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Protocol
 
 from rayq.core.control.control_places import best_copies
 from rayq.core.control.placement import LOCAL_NODE, ShardPlace, new_follower_node
@@ -19,6 +22,7 @@ from rayq.core.kit.kv import WriteSet
 from rayq.core.storage.replica import check_epoch
 from rayq.errors import NotEnoughReplicas
 
+log = logging.getLogger("rayq.replicas")
 
 def acked_through(acked: Mapping[str, int], followers: Collection[str], committed: int) -> int:
     """The highest sequence number every follower in ``followers`` applied (the
@@ -96,6 +100,38 @@ def promote(place: ShardPlace, applied: Mapping[str, int],
     in_sync = (chosen,) + tuple(n for n in candidates
                                 if n != chosen and applied[n] == applied[chosen])
     return ShardPlace(place.shard, (chosen,) + others, in_sync, place.epoch + 1)
+
+
+class FailoverPeers(Protocol):
+    """What the manager asks of the cluster to replace a shard's leader."""
+
+    async def fence(self, shard: int, node: str, epoch: int) -> int | None:
+        """Have the follower on ``node`` hold ``epoch`` durably; the last sequence number
+        it applied, None when it cannot be reached."""
+
+    async def replace(self, old: ShardPlace, new: ShardPlace) -> None:
+        """Stop ``old``'s leader, record and publish ``new``, start its leader."""
+
+
+async def fail_over(place: ShardPlace, alive: Collection[str], peers: FailoverPeers,
+                    prefer: str | None = None) -> ShardPlace | None:
+    """Replace ``place``'s leader: fence its reachable in-sync followers on ``alive``
+    nodes with the next epoch (from then on they refuse the old leader's write sets),
+    promote the one that applied most (:func:`promote`, ``prefer`` if it applied as
+    much), then have ``peers`` replace the leader. The new place, or None when no
+    in-sync follower is reachable (the shard waits for its leader)."""
+    reachable = [n for n in place.in_sync[1:] if n in alive]
+    seqs = await asyncio.gather(*(peers.fence(place.shard, n, place.epoch + 1)
+                                  for n in reachable))
+    new = promote(place, {n: s for n, s in zip(reachable, seqs) if s is not None}, prefer)
+    if new is None:
+        log.error("shard %d: leader on %s lost and no in-sync follower reachable",
+                  place.shard, place.leader)
+        return None
+    log.warning("shard %d: leader on %s replaced; %s leads under epoch %d", place.shard,
+                place.leader, new.leader, new.epoch)
+    await peers.replace(place, new)
+    return new
 
 
 def leader_move(places: Mapping[int, ShardPlace], alive: Sequence[str],
