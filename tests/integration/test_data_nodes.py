@@ -6,10 +6,12 @@ import os
 import subprocess
 import sys
 
+from rayq.core.control.placement import DATA_CLAIM
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_shards_spread_over_the_data_nodes_each_in_its_own_folder():
+def test_shards_spread_over_the_data_nodes_each_in_its_own_folder_and_claim_their_node():
     script = os.path.join(ROOT, "tests", "integration", "scripts", "data_nodes.py")
     env = {**os.environ, "PYTHONPATH": ROOT}
     env.pop("RAY_ADDRESS", None)
@@ -24,4 +26,8 @@ def test_shards_spread_over_the_data_nodes_each_in_its_own_folder():
         # two data nodes: two copies by default, the follower's in the other node's folder
         assert sum(f"shard-{shard}" in names for names in result["folders"].values()) == 2
     assert "manager" in result["folders"]["n1"]  # control actors on the first node by name
+    # every leader and follower holds a sliver of its node's data resource: in use, not idle
+    copies = sum(f"shard-{shard}" in names for shard in result["shards"]
+                 for names in result["folders"].values())
+    assert result["claimed"] >= copies * DATA_CLAIM - 1e-9
     assert result["acked_received"] and result["acked"] == 100

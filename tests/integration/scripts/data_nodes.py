@@ -2,19 +2,33 @@
 as its own process by tests/integration/test_data_nodes.py; prints one JSON line.
 
 The head holds no data; two data nodes (the rayq_data resource, rayq-data-node labels
-n1 and n2) hold the shards, each in its own folder of the data directory.
+n1 and n2) hold the shards, each in its own folder of the data directory, and every
+actor holding a copy holds a sliver of its node's data resource.
 """
 
 import json
 import os
 import sys
 import tempfile
+import time
 
 import ray
 from ray.cluster_utils import Cluster
 
 import rayq
 from rayq.config import Config, ConsumerConfig, StoreConfig
+
+
+def data_claimed(timeout_s: float = 10.0) -> float:
+    """How much of the data resource the runtime's actors hold (Ray reports it
+    within a second or so of their start)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        claimed = ray.cluster_resources()["rayq_data"] - ray.available_resources().get(
+            "rayq_data", 0.0)
+        if claimed > 0 or time.monotonic() > deadline:
+            return round(claimed, 6)
+        time.sleep(0.2)
 
 
 def main() -> None:
@@ -37,9 +51,10 @@ def main() -> None:
         if acked <= received:
             break
     shards = {s.index: s.node for s in client.stats()}
+    claimed = data_claimed()
     folders = {node: sorted(os.listdir(os.path.join(data_dir, node)))
                for node in os.listdir(data_dir) if os.path.isdir(os.path.join(data_dir, node))}
-    print(json.dumps({"shards": shards, "folders": folders,
+    print(json.dumps({"shards": shards, "folders": folders, "claimed": claimed,
                       "acked_received": acked <= received, "acked": len(acked)}))
     rayq.shutdown()
     ray.shutdown()
