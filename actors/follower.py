@@ -15,10 +15,10 @@ import shutil
 
 import ray
 
-from rayq.core.kit.kv import LmdbKV, WriteSet, peek
+from rayq.core.kit.kv import WriteSet, peek
 from rayq.core.kit.private import FILE_MODE, make_private_dir
 from rayq.core.storage.layout import REPLICA_KEY, read_replica_state
-from rayq.core.storage.replica import Replica
+from rayq.core.storage.replica import open_copy
 
 log = logging.getLogger("rayq.follower")
 
@@ -41,8 +41,7 @@ def clear_for_seed(path: str, seq: int) -> None:
 class FollowerActor:
     def __init__(self, index: int, path: str, map_bytes: int = 256 << 20):
         self.index, self.path, self._map_bytes = index, path, map_bytes
-        self._kv = LmdbKV(path, map_size=map_bytes)
-        self.replica = Replica(self._kv)
+        self.replica = open_copy(path, map_bytes)
 
     def apply(self, epoch: int, first_seq: int, write_sets: list[WriteSet]) -> int:
         return self.replica.apply(epoch, first_seq, write_sets)
@@ -58,7 +57,7 @@ class FollowerActor:
     def begin_seed(self, seq: int) -> None:
         """Drop this copy: a fresh one from the leader, as of ``seq``, replaces it (this
         one is kept aside if it applied more: see :func:`clear_for_seed`)."""
-        self._kv.close()
+        self.replica.kv.close()
         clear_for_seed(self.path, seq)
         self._part = os.fdopen(os.open(os.path.join(self.path, "data.mdb"),
                                        os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE), "wb")
@@ -71,14 +70,13 @@ class FollowerActor:
         self._part.flush()
         os.fsync(self._part.fileno())
         self._part.close()
-        self._kv = LmdbKV(self.path, map_size=self._map_bytes)
-        self.replica = Replica(self._kv)
+        self.replica = open_copy(self.path, self._map_bytes)
         self.replica.install(epoch, seq)
         return seq
 
     def close(self) -> None:
         """Close the environment (before a ShardActor opens this folder as leader)."""
-        self._kv.close()
+        self.replica.kv.close()
 
     def process(self) -> dict:
         return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}

@@ -1,6 +1,8 @@
 """Epochs, the in-sync set and failover decisions, on tables of cases."""
 
+import ast
 import asyncio
+import pathlib
 
 import pytest
 
@@ -11,7 +13,7 @@ from rayq.core.control.replicas import (ShipLog, acked_through, check_in_sync,
                                         seed_target, seeds_wanted, with_followers, watched,
                                         count_missed, lost_leaders)
 from rayq.core.kit.kv import LmdbKV, Write
-from rayq.core.storage.replica import Replica, check_epoch, fresh_count
+from rayq.core.storage.replica import Replica, check_epoch, fresh_count, open_copy
 from rayq.core.storage.layout import read_replica_state, replica_state
 from rayq.errors import NotEnoughReplicas, ReplicaBehind, StaleEpoch
 
@@ -370,3 +372,31 @@ def test_failover_fences_only_followers_on_alive_nodes_and_promotes_among_them(t
     new = asyncio.run(fail_over(THREE, {"c"}, peers))
     assert new == ShardPlace(0, ("c",), ("c",), THREE.epoch + 1)
     assert peers.replicas["b"].epoch == THREE.epoch
+
+
+def test_a_followers_copy_is_fsynced_on_every_commit(tmp_path):
+    flags = open_copy(tmp_path / "f", 1 << 20).kv.env.flags()
+    assert (flags["sync"], flags["metasync"]) == (True, True)
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+# The actors that hold followers' copies: a shard's follower, a data node's control copies.
+FOLLOWER_CLASSES = [("actors/follower.py", "FollowerActor"), ("actors/control.py", "ControlFollower")]
+
+
+def store_openings(path: str, name: str) -> list[ast.Call]:
+    """The calls that open an LMDB store (``LmdbKV`` or ``open_copy``) in class ``name``."""
+    tree = ast.parse((ROOT / path).read_text())
+    cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name)
+    return [n for n in ast.walk(cls) if isinstance(n, ast.Call)
+            and getattr(n.func, "id", getattr(n.func, "attr", None)) in ("LmdbKV", "open_copy")]
+
+
+@pytest.mark.parametrize("path, name", FOLLOWER_CLASSES)
+def test_followers_never_open_their_copies_without_fsync(path, name):
+    openings = store_openings(path, name)
+    assert openings, f"{name} opens no store any more: point this test at where it does"
+    assert [ast.unparse(call) for call in openings
+            if any(k.arg == "durable" and not (isinstance(k.value, ast.Constant)
+                                                and k.value.value is True)
+                   for k in call.keywords)] == []

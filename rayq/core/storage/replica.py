@@ -8,9 +8,10 @@ same transaction (``layout.REPLICA_KEY``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
-from rayq.core.kit.kv import KV, WriteSet, apply_writes
+from rayq.core.kit.kv import KV, LmdbKV, WriteSet, apply_writes
 from rayq.core.storage.layout import REPLICA_KEY, read_replica_state, replica_state
 from rayq.core.storage.migrate import migrate_before
 from rayq.errors import ReplicaBehind, StaleEpoch
@@ -70,3 +71,11 @@ class Replica:
         """This store was just copied from the leader's at ``seq``: hold that, and ``epoch``."""
         self.kv.transact(lambda txn: txn.put("meta", REPLICA_KEY, replica_state(epoch, seq)))
         self.epoch, self.seq = epoch, seq
+
+
+def open_copy(path: str | os.PathLike, map_bytes: int) -> Replica:
+    """The copy at ``path`` (an LMDB environment of ``map_bytes`` to start with), as a
+    follower holds it: always fsynced on commit, whatever ``StoreConfig.durable`` says
+    of the leader's store, since a follower's answer is what a write's acknowledgement
+    waits for."""
+    return Replica(LmdbKV(path, map_size=map_bytes))
