@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import ray
 
 from actors import COORDINATOR, FLOOD_DETECTOR, MANAGER, NAMESPACE
-from actors.controlstore import claim, control_follower_name, current_place
+from actors.controlstore import claim, control_follower_name, current_place, draining_nodes
 from actors.coordinator import CoordinatorRemote
 from actors.flood import FloodRemote
 from actors.follower import clear_for_seed
@@ -32,12 +32,12 @@ from actors.placement import copies_on_disk, data_nodes, pinned
 from actors.replicas import ACTOR_OPTIONS, kill_named
 from rayq.config import Config
 from rayq.core.control.control_places import CONTROL_STORES, ControlPlace, starting_places
-from rayq.core.control.placement import DataNode, node_folder
+from rayq.core.control.placement import DataNode, data_claim, node_folder
 from rayq.core.control.control_store import Copies, LeaderWatch, fail_over, watch_round
 from rayq.core.kit.clock import Clock, SystemClock
-from rayq.core.kit.kv import LmdbKV, WriteSet
+from rayq.core.kit.kv import WriteSet
 from rayq.core.kit.private import FILE_MODE
-from rayq.core.storage.replica import Replica
+from rayq.core.storage.replica import Replica, open_copy
 from rayq.errors import RayqError, RuntimeFailure
 from rayq.remote import NO_RETRY, call, call_async
 
@@ -75,6 +75,7 @@ def start_control_follower(node: DataNode, data_dir: str, config: Config):
     return ControlFollowerRemote.options(
         name=control_follower_name(node.name), namespace=NAMESPACE, lifetime="detached",
         get_if_exists=True, max_restarts=-1, max_task_retries=0, num_cpus=0,
+        resources=data_claim(node, config.store.data_resource),
         max_concurrency=100, **pinned(node)).remote(node.name, data_dir, config)
 
 
@@ -82,8 +83,7 @@ class ControlFollower:
     def __init__(self, node: str, data_dir: str, config: Config, clock: Clock | None = None):
         self.node, self.data_dir, self.config = node, data_dir, config
         self.clock = clock or SystemClock()
-        self._copies = Copies(lambda store: Replica(LmdbKV(self._folder(store),
-                                                           map_size=CONTROL_MAP_BYTES)))
+        self._copies = Copies(lambda store: open_copy(self._folder(store), CONTROL_MAP_BYTES))
         self._watch = LeaderWatch(node, MAX_FAILED_PINGS, LEADER_START_S)
         self._watching = asyncio.get_running_loop().create_task(self._watch_forever())
 
@@ -139,10 +139,12 @@ class ControlFollower:
         """One round: each store this node holds an in-sync copy of has its leader
         checked; a lost one is replaced (:func:`~rayq.core.control.control_store.watch_round`)."""
         nodes = {n.name: n for n in data_nodes(self.config)}
+        # a leader on a draining node counts as lost: a copy on a node that stays takes over
+        staying = set(nodes) - draining_nodes()
         failover = RayFailover(nodes, self.data_dir, self.config, self)
-        await watch_round(self._watch, {s: current_place(s) for s in CONTROL_STORES}, nodes,
+        await watch_round(self._watch, {s: current_place(s) for s in CONTROL_STORES}, staying,
                           lambda store: _answers(ACTOR_NAMES[store]),
-                          lambda place: fail_over(place, nodes, failover, prefer=self.node),
+                          lambda place: fail_over(place, staying, failover, prefer=self.node),
                           self.clock.monotonic())
 
 

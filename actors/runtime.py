@@ -18,7 +18,8 @@ from actors.shipping import FOLLOWER_PREFIX
 from rayq.config import Config
 from rayq.core.control.placement import (LOCAL_NODE, DataNode, ShardPlace, default_replicas,
                                          plan_shards)
-from rayq.core.control.replicas import reusable, trusted_shard, with_followers
+from rayq.core.control.replicas import (recovered_shards, reusable, trusted_shard,
+                                        with_followers)
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.errors import RuntimeFailure
 from rayq.remote import NO_RETRY, actor_names, call, running
@@ -33,18 +34,21 @@ def runtime_options(node: DataNode) -> dict:
 
 def plan(nodes: list[DataNode], data_dir: str, config: Config) -> dict[int, ShardPlace]:
     """Every shard's place: as published (the manager keeps it while the cluster
-    lives) but led by an in-sync copy that applied the most, else where its files are
-    or spread, with followers round the ring."""
+    lives) but led by an in-sync copy that applied the most; else (the cluster
+    restarted) rebuilt from the copies on the disks, the one that applied most
+    leading; else where its files are or spread, with followers round the ring."""
     places = published_places()
+    # the embedded runtime keeps one copy: nothing recorded to compare
+    held = {} if nodes[0].name == LOCAL_NODE else copies_on_disk(nodes, data_dir)
     if reusable(places, config.store.shards, {n.name for n in nodes}):
         # a node back under a known name with an empty or older folder leads nothing
-        held = copies_on_disk(nodes, data_dir)
         return {shard: trusted_shard(place, {n: held.get(n, {}).get(f"shard-{shard}")
                                              for n in place.in_sync})
                 for shard, place in places.items()}
     leaders = plan_shards(nodes, shards_on_disk(nodes, data_dir), config.store.shards)
     copies = config.store.replicas or default_replicas(len(nodes))
-    return with_followers(leaders, [n.name for n in nodes], copies)
+    return {**with_followers(leaders, [n.name for n in nodes], copies),
+            **recovered_shards(held, config.store.shards)}
 
 
 def _ready(handles: list) -> list:

@@ -194,3 +194,16 @@ def test_a_control_store_rebuilt_from_disks_is_led_by_the_fullest_copy():
     assert recovered("manager", {"n1": (0, 0)}, ["n1"]) is None
     assert starting_place("manager", None, {}, ["n2", "n1"]) == ControlPlace("manager", ("n1",))
     assert best_copies(("n1", "n2"), {}) == ("n1", "n2")  # nothing on disk: as placed
+
+
+def test_shards_rebuilt_from_disks_are_led_by_the_fullest_copy_under_a_higher_epoch():
+    from rayq.core.control.replicas import recovered_shards
+
+    held = {"n1": {"shard-0": (3, 40), "shard-1": (2, 9)},
+            "n2": {"shard-0": (3, 40), "shard-1": (3, 12), "manager": (5, 7)},
+            "n3": {"shard-0": (2, 44), "shard-1": (0, 0)}}
+    places = recovered_shards(held, shards=3)
+    # an older epoch's longer history (a replaced leader's unacknowledged writes) loses
+    assert places[0] == ShardPlace(0, ("n1", "n2", "n3"), ("n1", "n2"), 4)
+    assert places[1] == ShardPlace(1, ("n2", "n1"), ("n2",), 4)
+    assert 2 not in places  # no copy anywhere: placed as a new shard
