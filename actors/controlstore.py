@@ -8,6 +8,7 @@ one per data node, ``rayq-control-<node>``).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from rayq.remote import NO_RETRY, call
 
 CONTROL_FOLLOWER_PREFIX = "rayq-control-"
 COPY_TIMEOUT_S = 5.0     # a copy slower than this to apply a write set leaves the in-sync set
-SEED_TIMEOUT_S = 60.0    # a whole store copied to a new copy
+SEED_TIMEOUT_S = 10.0    # a whole store (a few megabytes) copied to a new copy
 
 
 def control_follower_name(node: str) -> str:
@@ -45,6 +46,21 @@ def claim(place: ControlPlace) -> bool:
     existed = internal_kv._internal_kv_put(claim_key(place), encode_place(place),
                                            overwrite=False, namespace=NAMESPACE)
     return not existed
+
+
+DRAINING_KEY = b"rayq/draining"  # in Ray's GCS: the data nodes being drained (JSON list)
+
+
+def draining_nodes() -> frozenset[str]:
+    """The data nodes being drained (``client.drain``): nothing new goes there, and what
+    they hold moves off."""
+    raw = internal_kv._internal_kv_get(DRAINING_KEY, namespace=NAMESPACE)
+    return frozenset(json.loads(raw)) if raw else frozenset()
+
+
+def set_draining(nodes: frozenset[str]) -> None:
+    internal_kv._internal_kv_put(DRAINING_KEY, json.dumps(sorted(nodes)).encode(),
+                                 overwrite=True, namespace=NAMESPACE)
 
 
 def every_place() -> dict[str, ControlPlace]:

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 import ray
 
 from actors import MANAGER, NAMESPACE
-from actors.controlstore import RayControlPeers
+from actors.controlstore import RayControlPeers, draining_nodes
 from actors.metrics import BackgroundFailures
 from actors.placement import data_nodes
 from rayq.config import Config
@@ -122,7 +122,8 @@ class ControlActor(RuntimeActor):
 
     async def _keep_copies(self) -> None:
         nodes = [n.name for n in data_nodes(self.config)]
-        self.kv.keep(nodes, self.config.store.replicas or default_replicas(len(nodes)))
+        self.kv.keep(nodes, self.config.store.replicas or default_replicas(len(nodes)),
+                     draining_nodes())
 
 
 def this_data_node(config: Config) -> DataNode:

@@ -14,7 +14,10 @@ import asyncio
 import ray
 
 from actors import COORDINATOR, FLOOD_DETECTOR, NAMESPACE, consumer_name
+from actors.controlstore import draining_nodes, every_place, set_draining
+from actors.placement import data_nodes
 from actors.replicas import WATCH_INTERVAL_S, ReplicaKeeper
+from rayq.core.control.control_places import control_left_on
 from rayq.core.control.placement import ShardPlace
 from actors.consumer import ConsumerRemote, named_consumers
 from actors.kit import ControlActor
@@ -77,6 +80,35 @@ class QueueManager(ControlActor):
         """Put a seeded follower that caught up in ``shard``'s in-sync set, as its
         leader of ``epoch`` asks; the new place."""
         return await self.replicas.rejoin(shard, node, epoch)
+
+    # -- draining data nodes (docs/replication.md) ---------------------------------------
+    @signed(MANAGER_OPS["drain"])
+    async def drain(self, node: str) -> dict[str, dict[str, int]]:
+        """Move every shard copy, leadership and control store copy off data node
+        ``node`` (admin only), in the background: nothing new goes there meanwhile.
+        Returns what it still holds (:meth:`drain_status`)."""
+        self._check_node(node)
+        set_draining(draining_nodes() | {node})
+        return await self.drain_status(node)
+
+    @signed(MANAGER_OPS["undrain"])
+    async def undrain(self, node: str) -> None:
+        """``node`` takes copies again (admin only)."""
+        self._check_node(node)
+        set_draining(draining_nodes() - {node})
+
+    @signed(MANAGER_OPS["drain_status"])
+    async def drain_status(self, node: str) -> dict[str, dict[str, int]]:
+        """What data node ``node`` still holds: ``{"shards": {"leads", "copies"},
+        "control": {"leads", "copies"}}``; all zeros once it can leave at no cost."""
+        return {"shards": self.replicas.left_on(node),
+                "control": control_left_on(every_place(), node)}
+
+    def _check_node(self, node: str) -> None:
+        known = {n.name for n in data_nodes(self.config)} | \
+            {n for p in self.replicas.places.values() for n in p.replicas}
+        if not isinstance(node, str) or node not in known:
+            raise InvalidMessage(f"no data node named {node!r:.80}")
 
     def places(self) -> dict[int, ShardPlace]:
         """Every shard's replicas, in-sync set and epoch."""

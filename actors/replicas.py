@@ -14,6 +14,7 @@ import os
 import ray
 
 from actors import NAMESPACE, shard_name
+from actors.controlstore import draining_nodes
 from actors.follower import FollowerRemote
 from actors.placement import data_nodes, pinned, publish, published_places
 from actors.shard import CONCURRENCY_GROUPS, ShardActor
@@ -21,8 +22,9 @@ from actors.shipping import follower_name
 from rayq.config import Config
 from rayq.core.control.placement import (LOCAL_NODE, DataNode, ShardPlace, data_claim,
                                          default_replicas, node_folder)
-from rayq.core.control.replicas import (check_epoch, count_missed, decode_places, encode_places,
-                                        fail_over, leader_move, lost_leaders, newest,
+from rayq.core.control.replicas import (check_epoch, count_missed, decode_places, drain_seeds,
+                                        drain_step, drop_follower, encode_places, fail_over,
+                                        leader_move, left_on, lost_leaders, newest,
                                         pings_counted, rejoin, seeds_wanted, shrink, watched)
 from rayq.core.kit.clock import Clock
 from rayq.core.kit.kv import LmdbKV
@@ -138,9 +140,13 @@ class ReplicaKeeper:
         if all(p.leader == LOCAL_NODE for p in self.places.values()):
             return  # the embedded runtime: one copy, nowhere to fail over to
         nodes = data_nodes(self.config)
+        draining = draining_nodes()
         await self._check_leaders(nodes)
-        self._reseed(nodes)
-        await self._balance(nodes)
+        self._reseed(nodes, draining)
+        if draining:
+            await self._drain(nodes, draining)
+        else:
+            await self._balance(nodes)
 
     async def _check_leaders(self, nodes: list[DataNode]) -> None:
         replicated = watched(self.places.values())
@@ -155,10 +161,18 @@ class ReplicaKeeper:
                 await self._fail_over(self.places[shard], nodes)
                 self._missed[shard] = 0
 
-    def _reseed(self, nodes: list[DataNode]) -> None:
-        copies = self.config.store.replicas or default_replicas(len(nodes))
+    def _copies(self, nodes: list[DataNode]) -> int:
+        return self.config.store.replicas or default_replicas(len(nodes))
+
+    def _reseed(self, nodes: list[DataNode], draining: frozenset[str] = frozenset()) -> None:
+        """Seed a follower for each shard short of copies (on a node that is not
+        draining), and for each shard that would be short without its draining copies."""
         by_name = {n.name: n for n in nodes}
-        for shard, node in seeds_wanted(self.places, list(by_name), copies, set(self._seeding)):
+        copies, busy = self._copies(nodes), set(self._seeding)
+        staying = [n for n in by_name if n not in draining]
+        wanted = seeds_wanted(self.places, staying, copies, busy) + \
+            drain_seeds(self.places, draining, list(by_name), copies, busy)
+        for shard, node in dict(wanted).items():
             task = self._seeding[shard] = asyncio.get_running_loop().create_task(
                 self._seed(shard, by_name[node]))
             task.add_done_callback(lambda _, shard=shard: self._seeding.pop(shard, None))
@@ -172,6 +186,30 @@ class ReplicaKeeper:
             async with self._lock:
                 log.warning("shard %d: leadership moves to %s", shard, node)
                 await self._fail_over(self.places[shard], nodes, prefer=node)
+
+    async def _drain(self, nodes: list[DataNode], draining: frozenset[str]) -> None:
+        """One move off the draining nodes (:func:`drain_step`): a leadership handed to
+        an in-sync follower that stays, or a draining follower let go, once the shard
+        has its copies in sync on nodes that stay."""
+        step = drain_step(self.places, draining, [n.name for n in nodes], self._copies(nodes))
+        if step is None or self._seeding:
+            return
+        action, shard, node = step
+        async with self._lock:
+            place = self.places[shard]
+            if action == "lead":
+                log.warning("shard %d: leadership moves off draining %s to %s", shard,
+                            place.leader, node)
+                await self._fail_over(place, nodes, prefer=node)
+                return
+            log.warning("shard %d: the follower on draining %s leaves", shard, node)
+            self.places[shard] = drop_follower(place, node)
+            self._save()
+        await kill_named(follower_name(shard, node))
+
+    def left_on(self, node: str) -> dict[str, int]:
+        """What ``node`` still holds of the shards (a drain is done at zero)."""
+        return left_on(self.places, node)
 
     async def _seed(self, shard: int, node: DataNode) -> None:
         """Start a fresh follower on ``node`` and have the leader seed it; done once the

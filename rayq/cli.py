@@ -243,6 +243,25 @@ def status(watch: float) -> None:
             live.update(_status(client))
 
 
+@main.command()
+@click.argument("node")
+@click.option("--cancel", is_flag=True, help="Let the node take copies again.")
+@click.option("--wait", "wait_s", default=600.0, show_default=True,
+              help="Seconds to wait for the node to hold nothing.")
+def drain(node: str, cancel: bool, wait_s: float) -> None:
+    """Move every copy and leadership off data node NODE, before removing it."""
+    client = _connect()
+    try:
+        if cancel:
+            client.undrain(node)
+            console.print(f"{node} takes copies again")
+            return
+        client.drain(node, wait_s=wait_s)
+    except rayq.RayqError as err:
+        raise click.ClickException(str(err)) from None
+    console.print(f"{node} holds no copy: it can be removed")
+
+
 @main.group()
 def account() -> None:
     """Accounts of a running runtime (run where the default account's client works)."""

@@ -7,6 +7,7 @@ same credentials share."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ from rayq.core.auth.quotas import Quota
 from rayq.core.codec.model import check_count
 from rayq.core.fairness.policy import FairnessReport
 from rayq.core.flood.detection import Flooder
+from rayq.core.control.control_places import drained
 from rayq.core.control.registry import check_queue_ref
 from rayq.core.fairness.rules import SuspensionRule
 from rayq.core.codec.tasks import TallyRow, TaskFunction, encode_call
@@ -31,6 +33,8 @@ from rayq.queue import Queue
 from rayq.remote import call, named
 from rayq.sending import MAX_BATCH
 from rayq.transport import Transport
+
+DRAIN_POLL_S = 0.5  # how often client.drain asks what the node still holds
 
 
 class Client:
@@ -235,6 +239,27 @@ class Client:
         return analytics.report(self.config, os.path.join(data_dir, "events"),
                                 os.path.abspath(out_dir), progress or (lambda step: None),
                                 current_thresholds(self.config))
+
+    def drain(self, node: str, wait_s: float | None = 600.0) -> dict[str, dict[str, int]]:
+        """Move every shard copy, shard leadership and control store copy off data node
+        ``node`` (admin only), so that removing it afterwards costs no failover and no
+        seeding; nothing new goes there meanwhile. Waits up to ``wait_s`` (None: returns
+        at once) and returns what the node still holds (all zeros: done). Raises
+        RuntimeFailure when the time runs out first."""
+        left = self._manager("drain", node)
+        if wait_s is None:
+            return left
+        deadline = time.monotonic() + wait_s
+        while not drained(left):
+            if time.monotonic() > deadline:
+                raise RuntimeFailure(f"data node {node!r} still holds {left} after {wait_s}s")
+            time.sleep(DRAIN_POLL_S)
+            left = self._manager("drain_status", node)
+        return left
+
+    def undrain(self, node: str) -> None:
+        """Data node ``node`` takes copies again (a drain called off)."""
+        self._manager("undrain", node)
 
     def scale_consumers(self, count: int) -> int:
         """Run ``count`` consumer actors from now on (kept across restarts); returns it.

@@ -231,6 +231,9 @@ OPERATIONS: Mapping[str, Operation] = MappingProxyType({op.name: op for op in (
     _entry("manager", "set_enabled", "name, enabled", _A, queue="name"),
     _entry("manager", "register_task", "spec, handler", _A, queue="spec.queue"),
     _entry("manager", "scale_consumers", "count=None", _ADMIN),
+    _entry("manager", "drain", "node", _ADMIN),
+    _entry("manager", "undrain", "node", _ADMIN),
+    _entry("manager", "drain_status", "node", _ADMIN),
     _entry("manager", "info", "", _ADMIN),
     # the fairness coordinator
     _entry("coordinator", "report", "", _ADMIN),

@@ -14,7 +14,7 @@ than the one it holds, so a leader that was replaced cannot change any copy eith
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 # The control stores, by the folder each keeps in its node's folder.
@@ -117,19 +117,26 @@ def recovered(store: str, held: Mapping[str, tuple[int, int]], alive: Sequence[s
 
 
 def seed_target(place: ControlPlace, alive: Sequence[str], copies: int,
-                copies_per_node: Mapping[str, int]) -> str | None:
+                copies_per_node: Mapping[str, int], draining: Collection[str] = ()) -> str | None:
     """The alive node to seed a new copy of ``place`` on while it has fewer than
-    ``copies`` in sync: one holding none, the fewest control copies first. None when
+    ``copies`` in sync on nodes that are not ``draining`` (capped by the nodes that
+    stay): one that stays and holds none, the fewest control copies first. None when
     none is wanted or free."""
-    if len(place.in_sync) >= copies:
+    staying = [n for n in sorted(alive) if n not in draining]
+    if len([n for n in place.in_sync if n not in draining]) >= min(copies, len(staying)):
         return None
-    free = [n for n in sorted(alive) if n not in place.in_sync]
+    free = [n for n in staying if n not in place.in_sync]
     return min(free, key=lambda n: (copies_per_node.get(n, 0), n)) if free else None
 
 
-def lost_copies(place: ControlPlace, alive: Sequence[str]) -> list[str]:
-    """The in-sync followers of ``place`` whose node is gone."""
-    return [n for n in place.followers if n not in alive]
+def leaving_copies(place: ControlPlace, alive: Sequence[str], copies: int,
+                   draining: Collection[str]) -> list[str]:
+    """The in-sync followers of ``place`` that leave now: those whose node is gone, and
+    those on a draining node once enough copies are in sync on nodes that stay."""
+    staying = [n for n in alive if n not in draining]
+    kept = [n for n in place.in_sync if n not in draining]
+    enough = len(kept) >= min(copies, len(staying))
+    return [n for n in place.followers if n not in alive or (enough and n in draining)]
 
 
 def best_copies(in_sync: Sequence[str], held: Mapping[str, tuple[int, int] | None]
@@ -183,3 +190,14 @@ def copy_folders(names: Sequence[str]) -> list[str]:
     """The entries of a node's folder that are store copies: shards' and control stores'."""
     return [n for n in names if n in CONTROL_STORES or
             (n.startswith("shard-") and n[6:].isdigit())]
+
+
+def control_left_on(places: Mapping[str, ControlPlace], node: str) -> dict[str, int]:
+    """What ``node`` still holds of the control stores: how many it leads, how many copies."""
+    return {"leads": sum(p.leader == node for p in places.values()),
+            "copies": sum(node in p.in_sync for p in places.values())}
+
+
+def drained(left: Mapping[str, Mapping[str, int]]) -> bool:
+    """Whether a drain's ``left`` (what the node holds, by kind) is all zeros."""
+    return not any(n for counts in left.values() for n in counts.values())

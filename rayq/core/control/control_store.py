@@ -16,7 +16,7 @@ import threading
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Protocol, TypeVar
 
-from rayq.core.control.control_places import (ControlPlace, joined, lost_copies, promoted,
+from rayq.core.control.control_places import (ControlPlace, joined, leaving_copies, promoted,
                                               seed_target, without)
 from rayq.core.control.replicas import count_missed, pings_counted
 from rayq.core.kit.kv import LmdbKV, Txn, WriteSet, apply_writes
@@ -167,10 +167,11 @@ class ControlReplication:
         raise err
 
     # -- keeping the copies ------------------------------------------------------------
-    def keep(self, alive: list[str], copies: int) -> None:
+    def keep(self, alive: list[str], copies: int, draining: Collection[str] = ()) -> None:
         """One round: notice a newer epoch (this leader was replaced: refuse from now
-        on), drop copies whose node is gone, level the others, and seed a copy on
-        another node while fewer than ``copies`` are in sync."""
+        on), drop copies whose node is gone (or drains, once enough stay), level the
+        others, and seed a copy on another node while fewer than ``copies`` are in sync
+        on nodes that stay."""
         if self.place is None:
             return
         with self._lock:
@@ -180,12 +181,13 @@ class ControlReplication:
             if latest is not None and latest.epoch > self.place.epoch:
                 self._refuse(StaleEpoch(f"control store {self.store}: epoch {latest.epoch} "
                                         f"leads from {latest.leader}"))
-            for node in lost_copies(self.place, alive):
+            for node in leaving_copies(self.place, alive, copies, draining):
                 self._drop(node)
             for node in self.place.followers:
                 if node not in self._synced:
                     self._level(node)
-            target = seed_target(self.place, alive, copies, copies_per_node(self.peers.places()))
+            target = seed_target(self.place, alive, copies, copies_per_node(self.peers.places()),
+                                 draining)
             if target is None:
                 return
             try:

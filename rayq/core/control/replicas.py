@@ -370,7 +370,91 @@ def trusted_shard(place: ShardPlace, held: Mapping[str, tuple[int, int] | None])
                       best, place.epoch + 1)
 
 
+def recovered_shards(held: Mapping[str, Mapping[str, tuple[int, int]]], shards: int
+                     ) -> dict[int, ShardPlace]:
+    """Places rebuilt from the copies on the data nodes' disks, when Ray's GCS holds none
+    (the whole cluster restarted). ``held``: per node, per folder name (``shard-<i>``),
+    the (epoch, last sequence number) its copy holds. For each shard some node holds a
+    replicated copy of, the copies of the highest (epoch, sequence) are in sync and
+    the first by name leads, under the next epoch (above any a copy holds, so every
+    copy takes it); the other copies stay replicas out of sync, to be seeded again. A
+    shard with no such copy (new, or keeping one copy) is left out."""
+    places = {}
+    for shard in range(shards):
+        copies = {node: found[f"shard-{shard}"] for node, found in sorted(held.items())
+                  if found.get(f"shard-{shard}", (0, 0)) != (0, 0)}
+        if copies:
+            best = max(copies.values())
+            in_sync = tuple(n for n, state in copies.items() if state == best)
+            behind = tuple(n for n in copies if n not in in_sync)
+            places[shard] = ShardPlace(shard, in_sync + behind, in_sync, best[0] + 1)
+    return places
+
+
 def reusable(places: Mapping[int, ShardPlace], shards: int, alive: Collection[str]) -> bool:
     """Whether published places still fit: every shard placed, every in-sync copy on
     an alive data node."""
     return len(places) == shards and all(n in alive for p in places.values() for n in p.in_sync)
+
+
+def draining_copies(place: ShardPlace, draining: Collection[str]) -> list[str]:
+    """The nodes of ``draining`` that hold a copy of ``place`` (its leader's included)."""
+    return [n for n in place.replicas if n in draining]
+
+
+def drain_seeds(places: Mapping[int, ShardPlace], draining: Collection[str],
+                alive: Sequence[str], copies: int, busy: Collection[int]) -> list[tuple[int, str]]:
+    """(shard, node) for each shard with a copy on a draining node to seed a follower of
+    now, so it keeps ``copies`` in sync without the draining nodes before one of those
+    leaves it: on an alive node that does not drain and holds no copy of it yet, the
+    fewest followers first. ``copies`` is capped by the nodes that stay."""
+    staying = [n for n in sorted(alive) if n not in draining]
+    copies = min(copies, len(staying))
+    counts = followers_per_node(places.values())
+    wanted = []
+    for place in places.values():
+        kept = [n for n in place.in_sync if n not in draining]
+        if (place.shard in busy or place.leader not in alive or len(kept) >= copies
+                or not draining_copies(place, draining)):
+            continue
+        free = [n for n in staying if n not in place.replicas]
+        if free:
+            node = min(free, key=lambda n: (counts.get(n, 0), n))
+            wanted.append((place.shard, node))
+            counts[node] = counts.get(node, 0) + 1
+    return wanted
+
+
+def drain_step(places: Mapping[int, ShardPlace], draining: Collection[str],
+               alive: Sequence[str], copies: int) -> tuple[str, int, str] | None:
+    """The next move of a drain, one at a time, once the shard has ``copies`` in sync
+    on nodes that stay (:func:`drain_seeds` gets it there):
+
+    - ``("lead", shard, node)``: its leader drains; the leadership moves to the in-sync
+      follower on ``node`` (a planned move: the follower holds every write set);
+    - ``("drop", shard, node)``: the follower on the draining ``node`` leaves the shard.
+
+    None when nothing is to move now (done, or waiting for a seeding)."""
+    copies = min(copies, len([n for n in alive if n not in draining]))
+    for _, place in sorted(places.items()):
+        kept = [n for n in place.in_sync if n not in draining]
+        if len(kept) < copies or not kept:
+            continue
+        if place.leader in draining:
+            return "lead", place.shard, kept[0]
+        for node in place.followers:
+            if node in draining:
+                return "drop", place.shard, node
+    return None
+
+
+def drop_follower(place: ShardPlace, node: str) -> ShardPlace:
+    """``place`` without the follower on ``node`` at all (it drains), next epoch."""
+    return ShardPlace(place.shard, tuple(n for n in place.replicas if n != node),
+                      tuple(n for n in place.in_sync if n != node), place.epoch + 1)
+
+
+def left_on(places: Mapping[int, ShardPlace], node: str) -> dict[str, int]:
+    """What a node still holds of the shards: how many it leads, how many copies."""
+    return {"leads": sum(p.leader == node for p in places.values()),
+            "copies": sum(node in p.replicas for p in places.values())}
