@@ -10,7 +10,6 @@ handed in (:class:`ControlPeers`): no Ray here.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Collection, Mapping
@@ -18,7 +17,7 @@ from typing import Protocol, TypeVar
 
 from rayq.core.control.control_places import (ControlPlace, joined, leaving_copies, promoted,
                                               seed_target, without)
-from rayq.core.control.replicas import count_missed, pings_counted
+from rayq.core.control.replicas import count_missed, fence_reachable, pings_counted
 from rayq.core.kit.kv import LmdbKV, Txn, WriteSet, apply_writes
 from rayq.core.storage.layout import REPLICA_KEY, read_replica_state, replica_state
 from rayq.core.storage.replica import Replica
@@ -190,6 +189,10 @@ class ControlReplication:
                                  draining)
             if target is None:
                 return
+            if self.seq == 0:
+                # a copy's first write set: no copy joins having applied none, so one at
+                # 0 is a folder back empty, never promoted (control_places.promoted)
+                self.transact(lambda txn: None)
             try:
                 self.peers.start(target)
                 self._seed(target)
@@ -218,10 +221,9 @@ async def fail_over(place: ControlPlace, alive: Collection[str], peers: Failover
     stop the old control actor and start one on the new leader's node (``replace``).
     The new place, or None when no copy is reachable or another watcher claimed the
     epoch first."""
-    reachable = [n for n in place.followers if n in alive]
-    seqs = await asyncio.gather(*(peers.fence(n, place.store, place.epoch + 1)
-                                  for n in reachable))
-    new = promoted(place, {n: s for n, s in zip(reachable, seqs) if s is not None}, prefer)
+    applied = await fence_reachable(place.followers, alive,
+                                    lambda n: peers.fence(n, place.store, place.epoch + 1))
+    new = promoted(place, applied, prefer)
     if new is None:
         log.error("control store %s: leader on %s lost and no in-sync copy reachable",
                   place.store, place.leader)

@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 from collections import deque
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from rayq.core.control.control_places import best_copies
@@ -102,6 +102,16 @@ def promote(place: ShardPlace, applied: Mapping[str, int],
     return ShardPlace(place.shard, (chosen,) + others, in_sync, place.epoch + 1)
 
 
+async def fence_reachable(followers: Sequence[str], alive: Collection[str],
+                          fence: Callable[[str], Awaitable[int | None]]) -> dict[str, int]:
+    """The last sequence number each of ``followers`` on an ``alive`` node applied, read
+    as ``fence(node)`` made it hold the next epoch (a failover's first step, for shards
+    and control stores alike); the unreachable ones (None) are left out."""
+    reachable = [n for n in followers if n in alive]
+    seqs = await asyncio.gather(*(fence(n) for n in reachable))
+    return {n: s for n, s in zip(reachable, seqs) if s is not None}
+
+
 class FailoverPeers(Protocol):
     """What the manager asks of the cluster to replace a shard's leader."""
 
@@ -120,10 +130,9 @@ async def fail_over(place: ShardPlace, alive: Collection[str], peers: FailoverPe
     promote the one that applied most (:func:`promote`, ``prefer`` if it applied as
     much), then have ``peers`` replace the leader. The new place, or None when no
     in-sync follower is reachable (the shard waits for its leader)."""
-    reachable = [n for n in place.in_sync[1:] if n in alive]
-    seqs = await asyncio.gather(*(peers.fence(place.shard, n, place.epoch + 1)
-                                  for n in reachable))
-    new = promote(place, {n: s for n, s in zip(reachable, seqs) if s is not None}, prefer)
+    applied = await fence_reachable(place.in_sync[1:], alive,
+                                    lambda n: peers.fence(place.shard, n, place.epoch + 1))
+    new = promote(place, applied, prefer)
     if new is None:
         log.error("shard %d: leader on %s lost and no in-sync follower reachable",
                   place.shard, place.leader)
