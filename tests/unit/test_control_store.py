@@ -167,6 +167,26 @@ def test_the_copy_that_applied_most_leads_after_a_failover(applied, prefer, chos
     assert place.in_sync == chosen and place.epoch == 3
 
 
+def test_a_copy_that_applied_nothing_is_never_promoted_however_alone_it_is(tmp_path):
+    # n2 came back with an empty folder before its leader noticed; n3 holds every write
+    # but does not answer: the store waits rather than lead from the empty copy
+    place = ControlPlace("manager", ("n1", "n2", "n3"), 4)
+    assert promoted(place, {"n2": 0}, prefer="n2") is None
+    assert promoted(place, {"n2": 0, "n3": 5}, prefer="n2") == ControlPlace("manager", ("n3",), 5)
+    cluster = FakeCluster(tmp_path, place)
+    cluster.down.add("n3")
+    assert asyncio.run(fail_over(place, {"n2", "n3"}, cluster, prefer="n2")) is None
+    assert cluster.started == []
+
+
+def test_a_leader_writes_a_first_write_set_before_it_seeds_a_first_copy(tmp_path):
+    cluster = FakeCluster(tmp_path, ControlPlace("manager", ("n1",)))
+    store = leader(tmp_path, cluster)
+    store.keep(["n1", "n2"], 2)
+    assert cluster.place("manager") == ControlPlace("manager", ("n1", "n2"), 2)
+    assert store.seq == cluster.copies["n2"].seq == 1  # so a copy at 0 never was in sync
+
+
 def test_a_leader_is_lost_when_its_node_goes_or_after_three_missed_pings_past_its_grace():
     watch = LeaderWatch("n2", max_failed_pings=3, start_grace_s=60.0)
     place = ControlPlace("manager", ("n1", "n2"), 3)

@@ -90,9 +90,13 @@ def promoted(place: ControlPlace, applied: Mapping[str, int],
     copy that applied most leads (``prefer`` among equals, else the first in the
     place); the others that applied as much stay in sync, the rest leave (seeded again
     later). A copy outside ``place.followers`` is never chosen, however much it holds:
-    a node back with an empty folder, or one taken out of sync, is no candidate.
-    None when no in-sync copy is reachable: the store waits for one."""
-    candidates = [n for n in place.followers if n in applied]
+    a node back with an empty folder, or one taken out of sync, is no candidate. Nor is
+    a copy that applied nothing: every copy joins having applied a write set (the
+    leader writes one before it seeds a first copy), so an in-sync copy at 0 is a
+    folder that came back empty before its leader noticed, and promoting it would
+    lose every write the others hold. None when no in-sync copy that applied anything
+    is reachable: the store waits for one."""
+    candidates = [n for n in place.followers if applied.get(n, 0) > 0]
     if not candidates:
         return None
     chosen = max(candidates, key=lambda n: (applied[n], n == prefer, -candidates.index(n)))
