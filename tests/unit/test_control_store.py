@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from rayq.core.control.control_places import (ControlPlace, best_copies, promoted, recovered,
-                                              starting_place, trusted)
+                                              seed_target, starting_place, trusted)
 from rayq.core.control.control_store import ControlReplication, LeaderWatch, fail_over
 from rayq.core.control.placement import ShardPlace
 from rayq.core.control.replicas import trusted_shard
@@ -185,6 +185,21 @@ def test_a_leader_writes_a_first_write_set_before_it_seeds_a_first_copy(tmp_path
     store.keep(["n1", "n2"], 2)
     assert cluster.place("manager") == ControlPlace("manager", ("n1", "n2"), 2)
     assert store.seq == cluster.copies["n2"].seq == 1  # so a copy at 0 never was in sync
+
+
+def test_a_seeding_that_failed_on_a_node_is_tried_next_on_another(tmp_path):
+    # n2 is alive in Ray's node list but its copy cannot be reached: the store gets its
+    # second copy on n3 instead of asking n2 again every round
+    cluster = FakeCluster(tmp_path, ControlPlace("manager", ("n1",)))
+    store = leader(tmp_path, cluster)
+    cluster.down.add("n2")
+    store.keep(["n1", "n2", "n3"], 2)
+    assert cluster.place("manager").in_sync == ("n1",)
+    store.keep(["n1", "n2", "n3"], 2)
+    assert cluster.place("manager").in_sync == ("n1", "n3")
+    place = ControlPlace("manager", ("n1",))
+    assert seed_target(place, ["n1", "n2", "n3"], 2, {"n3": 2}) == "n2"
+    assert seed_target(place, ["n1", "n2", "n3"], 2, {"n3": 2}, failed={"n2": 1}) == "n3"
 
 
 def test_a_leader_is_lost_when_its_node_goes_or_after_three_missed_pings_past_its_grace():

@@ -121,16 +121,21 @@ def recovered(store: str, held: Mapping[str, tuple[int, int]], alive: Sequence[s
 
 
 def seed_target(place: ControlPlace, alive: Sequence[str], copies: int,
-                copies_per_node: Mapping[str, int], draining: Collection[str] = ()) -> str | None:
+                copies_per_node: Mapping[str, int], draining: Collection[str] = (),
+                failed: Mapping[str, int] | None = None) -> str | None:
     """The alive node to seed a new copy of ``place`` on while it has fewer than
     ``copies`` in sync on nodes that are not ``draining`` (capped by the nodes that
-    stay): one that stays and holds none, the fewest control copies first. None when
-    none is wanted or free."""
+    stay): one that stays and holds none, the fewest failed seedings first (``failed``:
+    per node, the seedings there that failed in a row, so one node alive but out of
+    reach does not keep the store short of copies while others are free), then the
+    fewest control copies. None when none is wanted or free."""
     staying = [n for n in sorted(alive) if n not in draining]
     if len([n for n in place.in_sync if n not in draining]) >= min(copies, len(staying)):
         return None
     free = [n for n in staying if n not in place.in_sync]
-    return min(free, key=lambda n: (copies_per_node.get(n, 0), n)) if free else None
+    failed = failed or {}
+    return min(free, key=lambda n: (failed.get(n, 0), copies_per_node.get(n, 0), n)) \
+        if free else None
 
 
 def leaving_copies(place: ControlPlace, alive: Sequence[str], copies: int,

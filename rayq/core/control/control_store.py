@@ -63,6 +63,7 @@ class ControlReplication:
         self.seq = read_replica_state(kv.read(lambda txn: txn.get("meta", REPLICA_KEY)))[1]
         self.refused: StaleEpoch | None = None  # set once a newer epoch replaced this leader
         self._synced: set[str] = set()  # copies known to hold every write set shipped
+        self._unseeded: dict[str, int] = {}  # per node, seedings there that failed in a row
         self._lock = threading.RLock()  # one write, ship or seeding at a time
 
     # -- the KV surface the control code uses ----------------------------------------
@@ -186,7 +187,7 @@ class ControlReplication:
                 if node not in self._synced:
                     self._level(node)
             target = seed_target(self.place, alive, copies, copies_per_node(self.peers.places()),
-                                 draining)
+                                 draining, self._unseeded)
             if target is None:
                 return
             if self.seq == 0:
@@ -196,10 +197,12 @@ class ControlReplication:
             try:
                 self.peers.start(target)
                 self._seed(target)
-            except Exception as err:  # noqa: BLE001 - the next round tries again
+            except Exception as err:  # noqa: BLE001 - the next round tries another node first
                 log.warning("control store %s: seeding a copy on %s failed: %r",
                             self.store, target, err)
+                self._unseeded[target] = self._unseeded.get(target, 0) + 1
                 return
+            self._unseeded.pop(target, None)
             self._synced.add(target)
             self._claim(joined(self.place, target))
 
