@@ -137,6 +137,19 @@ def test_a_leader_whose_epoch_another_claimed_refuses_every_later_write(tmp_path
     assert row(cluster.copies["n2"].kv, b"b") is None
 
 
+def test_a_copy_fenced_by_a_failover_that_claimed_nothing_leaves_and_writes_go_on(tmp_path):
+    cluster = FakeCluster(tmp_path, ControlPlace("manager", ("n1", "n2", "n3")))
+    store = leader(tmp_path, cluster)
+    store.transact(lambda txn: txn.put("meta", b"a", b"1"))
+    cluster.copies["n2"].fence(2)  # a watcher fenced n2, then found no copy to promote
+    store.transact(lambda txn: txn.put("meta", b"b", b"2"))
+    assert cluster.place("manager") == ControlPlace("manager", ("n1", "n3"), 2)
+    assert row(cluster.copies["n3"].kv, b"b") == b"2"
+    asyncio.run(fail_over(cluster.place("manager"), {"n3"}, cluster))  # a failover that claims
+    with pytest.raises(StaleEpoch):
+        store.transact(lambda txn: txn.put("meta", b"c", b"3"))
+
+
 def test_failover_fences_the_copies_with_the_next_epoch_and_claims_it_once(tmp_path):
     cluster = FakeCluster(tmp_path, ControlPlace("manager", ("n1", "n2", "n3"), 4))
     store = leader(tmp_path, cluster)

@@ -117,8 +117,11 @@ class ControlReplication:
                 self._failed(node, err)
 
     def _failed(self, node: str, err: BaseException) -> None:
-        if isinstance(err, StaleEpoch):
-            self._refuse(err)
+        """The copy on ``node`` failed a write set: levelled when behind, else dropped.
+        A copy fenced with a newer epoch (StaleEpoch) is dropped too, under the next
+        epoch: when a failover claimed it, that claim fails and this leader refuses
+        from then on; when none did (its watcher fenced the copies, then found none to
+        promote), the store goes on without that copy instead of refusing forever."""
         log.warning("control store %s: copy on %s failed: %r", self.store, node, err)
         self._synced.discard(node)
         if isinstance(err, ReplicaBehind):
@@ -131,13 +134,11 @@ class ControlReplication:
         exactly this store's last write set, else seeded anew; dropped if that fails."""
         try:
             epoch, seq = self.peers.state(node, self.store)
-            if epoch > self.place.epoch:
+            if epoch > self.place.epoch:  # fenced: dropped as in _failed
                 raise StaleEpoch(f"copy on {node} holds epoch {epoch}")
             if seq != self.seq:
                 self._seed(node)
             self._synced.add(node)
-        except StaleEpoch as err:
-            self._refuse(err)
         except Exception as err:  # noqa: BLE001 - gone or too slow: out of sync
             log.warning("control store %s: copy on %s cannot be levelled: %r",
                         self.store, node, err)
