@@ -458,9 +458,12 @@ def drain_step(places: Mapping[int, ShardPlace], draining: Collection[str],
 
 
 def drop_follower(place: ShardPlace, node: str) -> ShardPlace:
-    """``place`` without the follower on ``node`` at all (it drains), next epoch."""
+    """``place`` without the follower on ``node`` at all (it drains), under the same
+    epoch: the leader learns of it when its next call to that follower fails and it
+    asks for the follower's removal (answered with this place), so it is never told
+    its epoch is stale. Failover trusts fewer copies meanwhile, never more."""
     return ShardPlace(place.shard, tuple(n for n in place.replicas if n != node),
-                      tuple(n for n in place.in_sync if n != node), place.epoch + 1)
+                      tuple(n for n in place.in_sync if n != node), place.epoch)
 
 
 def left_on(places: Mapping[int, ShardPlace], node: str) -> dict[str, int]:
