@@ -52,6 +52,8 @@ class Mutation:
 
 
 SQS_SETTINGS = "tests/integration/test_sqs_settings.py"
+CONTROL_TESTS = ("tests/unit/test_control_store.py",
+                 "tests/unit/test_simulation.py::test_named_seeds")
 
 MUTATIONS = (
     # -- storage (rayq/core/storage): pins to re-point when storage code moves
@@ -113,6 +115,15 @@ MUTATIONS = (
              "self._counted_at[node] = self.log.committed", "self._counted_at[node] = applied"),
     Mutation("failover fences the followers with the current epoch",
              "rayq.core.control.replicas", "fail_over", "place.epoch + 1", "place.epoch"),
+    Mutation("a control copy that applied nothing promoted", "rayq.core.control.control_places",
+             "promoted", "if applied.get(n, 0) > 0]", "if n in applied]", tests=CONTROL_TESTS),
+    Mutation("a control leader refuses for good once a copy was fenced",
+             "rayq.core.control.control_store", "ControlReplication._failed",
+             "        log.warning(", "        if isinstance(err, StaleEpoch):\n"
+             "            self._refuse(err)\n        log.warning(", tests=CONTROL_TESTS),
+    Mutation("a control copy seeded again on the node that just failed",
+             "rayq.core.control.control_places", "seed_target",
+             "(failed.get(n, 0), copies_per_node", "(0, copies_per_node", tests=CONTROL_TESTS),
     Mutation("SigV4 query string left unsorted", "rayq.sqs.sigv4", "_canonical_query",
              "pairs = sorted(", "pairs = list("),
     Mutation("SQS attribute upper bound unchecked", "rayq.sqs.attributes", "_int_in",
