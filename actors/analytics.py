@@ -14,7 +14,7 @@ import ray
 
 from actors import NAMESPACE
 from actors.placement import data_nodes
-from actors.runtime import runtime_options
+from actors.replicas import runtime_options
 from rayq.analytics.service import POLL_S, ReportService, follow
 from rayq.config import Config
 from rayq.core.kit.clock import Clock, SystemClock

@@ -22,28 +22,34 @@ from concurrent.futures import ThreadPoolExecutor
 import ray
 
 from actors import COORDINATOR, FLOOD_DETECTOR, MANAGER, NAMESPACE
-from actors.controlstore import claim, control_follower_name, current_place, draining_nodes
+from actors.controlstore import (claim, control_follower_name, current_place, draining_nodes,
+                                 sqs_home_region)
 from actors.coordinator import CoordinatorRemote
 from actors.flood import FloodRemote
-from actors.follower import clear_for_seed
+
 from actors.kit import CONTROL_MAP_BYTES
 from actors.manager import QueueManager
+from actors.sqs import STATE as SQS_STATE, SqsStateRemote
 from actors.placement import copies_on_disk, data_nodes, pinned
 from actors.replicas import ACTOR_OPTIONS, kill_named
 from rayq.config import Config
-from rayq.core.control.control_places import CONTROL_STORES, ControlPlace, starting_places
-from rayq.core.control.placement import DataNode, data_claim, node_folder
+from rayq.core.control.control_places import (ALL_STORES, CONTROL_STORES, SQS_STORE,
+                                              ControlPlace, hands_over, starting_places)
+from rayq.core.control.placement import (LOCAL_NODE, DataNode, data_claim, default_replicas,
+                                         node_folder)
 from rayq.core.control.control_store import Copies, LeaderWatch, fail_over, watch_round
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.kv import WriteSet
 from rayq.core.kit.private import FILE_MODE
-from rayq.core.storage.replica import Replica, open_copy
+from rayq.core.storage.replica import Replica, check_epoch, clear_for_seed, open_copy
 from rayq.errors import RayqError, RuntimeFailure
 from rayq.remote import NO_RETRY, call, call_async
+from rayq.sqs.names import HOME_REGION
 
 log = logging.getLogger("rayq.control")
 ManagerRemote = ray.remote(QueueManager)
-ACTOR_NAMES = {"manager": MANAGER, "coordinator": COORDINATOR, "flood": FLOOD_DETECTOR}
+ACTOR_NAMES = {"manager": MANAGER, "coordinator": COORDINATOR, "flood": FLOOD_DETECTOR,
+               SQS_STORE: SQS_STATE}
 WATCH_INTERVAL_S = 1.0
 PING_TIMEOUT_S = 2.0
 MAX_FAILED_PINGS = 3
@@ -55,12 +61,17 @@ def launch_control(store: str, node: DataNode, data_dir: str, config: Config):
     """Start ``store``'s control actor on ``node``, on that node's copy (unless it runs
     already); restarted by Ray on the same node while the node lives."""
     home = node_folder(data_dir, node.name)
-    remote, args = {"manager": (ManagerRemote, (home, config, None, data_dir)),
-                    "coordinator": (CoordinatorRemote, (home, config, None)),
-                    "flood": (FloodRemote, (home, config, None))}[store]
+    remote, args, options = {
+        "manager": (ManagerRemote, (home, config, None, data_dir), {}),
+        "coordinator": (CoordinatorRemote, (home, config, None), {}),
+        "flood": (FloodRemote, (home, config, None), {}),
+        # one call at a time, as the SQS state has always been served
+        SQS_STORE: (SqsStateRemote, (home, config, sqs_home_region() or HOME_REGION, None),
+                    {"max_concurrency": 1})}[store]
     start_copy = functools.partial(start_copy_on, data_dir=data_dir, config=config)
     return remote.options(name=ACTOR_NAMES[store], max_restarts=-1, max_task_retries=-1,
-                          **ACTOR_OPTIONS, **pinned(node)).remote(*args, start_copy=start_copy)
+                          **{**ACTOR_OPTIONS, **options}, **pinned(node)).remote(
+        *args, start_copy=start_copy)
 
 
 def start_copy_on(name: str, data_dir: str, config: Config) -> None:
@@ -106,8 +117,10 @@ class ControlFollower:
 
     async def install(self, store: str, data: bytes, epoch: int, seq: int) -> int:
         """Replace this node's copy of ``store`` with the leader's (``data``: its LMDB
-        file as of ``seq``). A copy that applied more than that is kept aside, never
-        deleted: it may hold what a leader acknowledged."""
+        file as of ``seq``, under ``epoch``). Refused with StaleEpoch when this copy holds
+        a newer epoch (a replaced leader's late seed); a copy that applied more than
+        ``seq`` is kept aside, never deleted: it may hold what a leader acknowledged."""
+        check_epoch(self._copy(store).epoch, epoch, "seed")
         self.release(store)
         folder = self._folder(store)
         clear_for_seed(folder, seq)
@@ -137,14 +150,27 @@ class ControlFollower:
 
     async def watch(self) -> None:
         """One round: each store this node holds an in-sync copy of has its leader
-        checked; a lost one is replaced (:func:`~rayq.core.control.control_store.watch_round`)."""
-        nodes = {n.name: n for n in data_nodes(self.config)}
-        # a leader on a draining node counts as lost: a copy on a node that stays takes over
-        staying = set(nodes) - draining_nodes()
-        failover = RayFailover(nodes, self.data_dir, self.config, self)
-        await watch_round(self._watch, {s: current_place(s) for s in CONTROL_STORES}, staying,
-                          lambda store: _answers(ACTOR_NAMES[store]),
-                          lambda place: fail_over(place, staying, failover, prefer=self.node),
+        checked; a lost one is replaced (:func:`~rayq.core.control.control_store.watch_round`).
+        A leader on a draining node is replaced too, once its store has as many copies
+        in sync on nodes that stay."""
+        draining = draining_nodes()
+        nodes: dict[str, DataNode] = {}
+
+        def staying() -> set[str]:
+            nodes.update((n.name, n) for n in data_nodes(self.config))
+            return set(nodes) - draining
+
+        def drains(place: ControlPlace) -> bool:
+            if place.leader not in draining:
+                return False
+            alive = staying()
+            return hands_over(place, draining, alive,
+                              self.config.store.replicas or default_replicas(len(alive)))
+        failover = RayFailover(nodes, self.data_dir, self.config)
+        await watch_round(self._watch, {s: current_place(s) for s in ALL_STORES}, staying,
+                          drains, lambda store: _answers(ACTOR_NAMES[store]),
+                          lambda place, alive: fail_over(place, alive, failover,
+                                                         prefer=self.node),
                           self.clock.monotonic())
 
 
@@ -161,19 +187,16 @@ async def _answers(name: str) -> bool:
 
 
 class RayFailover:
-    """:class:`~rayq.core.control.control_store.FailoverPeers` through Ray (``local``:
-    the watcher's own follower, called in process)."""
+    """:class:`~rayq.core.control.control_store.FailoverPeers` through Ray: the copies by
+    their follower's name (the watcher's own too: it answers while it watches)."""
 
-    def __init__(self, nodes: dict[str, DataNode], data_dir: str, config: Config,
-                 local: ControlFollower | None = None):
-        self.nodes, self.data_dir, self.config, self.local = nodes, data_dir, config, local
+    def __init__(self, nodes: dict[str, DataNode], data_dir: str, config: Config):
+        self.nodes, self.data_dir, self.config = nodes, data_dir, config
 
     claim = staticmethod(claim)
 
     async def fence(self, node: str, store: str, epoch: int) -> int | None:
         try:
-            if self.local is not None and self.local.node == node:
-                return (await self.local.fence(store, epoch))[1]
             handle = ray.get_actor(control_follower_name(node), namespace=NAMESPACE)
             return (await asyncio.wait_for(call_async(
                 lambda: handle.fence.remote(store, epoch), NO_RETRY), FENCE_TIMEOUT_S))[1]
@@ -182,23 +205,34 @@ class RayFailover:
 
     async def replace(self, old: ControlPlace, new: ControlPlace) -> None:
         await kill_named(ACTOR_NAMES[old.store])
-        if self.local is not None and self.local.node == new.leader:
-            self.local.release(old.store)
-        else:
-            handle = ray.get_actor(control_follower_name(new.leader), namespace=NAMESPACE)
-            await call_async(lambda: handle.release.remote(old.store))
+        handle = ray.get_actor(control_follower_name(new.leader), namespace=NAMESPACE)
+        await call_async(lambda: handle.release.remote(old.store))
         launch_control(old.store, self.nodes[new.leader], self.data_dir, self.config)
 
 
 # -- at the runtime's start ------------------------------------------------------------------
-def place_control(nodes: list[DataNode], data_dir: str) -> dict[str, ControlPlace]:
-    """Each control store's place: the one claimed in Ray's GCS (cut to the in-sync
+def place_control(nodes: list[DataNode], data_dir: str,
+                  stores: tuple[str, ...] = CONTROL_STORES) -> dict[str, ControlPlace]:
+    """Each of ``stores``' place: the one claimed in Ray's GCS (cut to the in-sync
     copies that applied the most: a node back with an empty folder leads nothing),
     else rebuilt from the copies on the data nodes' disks (the one that applied most
     leads), else a new one on the first data node by name. Claimed when changed."""
-    return starting_places({s: current_place(s) for s in CONTROL_STORES},
+    return starting_places({s: current_place(s) for s in stores},
                            copies_on_disk(nodes, data_dir), [n.name for n in nodes],
                            claim, current_place)
+
+
+def control_starter(nodes: list[DataNode], data_dir: str, config: Config,
+                    stores: tuple[str, ...] = CONTROL_STORES):
+    """A function that starts one of ``stores``' control actors where it belongs. The
+    embedded runtime's unnamed node keeps them without places (one copy, nowhere to
+    move); on a cluster every data node runs its control follower first."""
+    if nodes[0].name == LOCAL_NODE:
+        return lambda store: launch_control(store, nodes[0], data_dir, config)
+    for follower in [start_control_follower(n, data_dir, config) for n in nodes]:
+        call(lambda follower=follower: follower.ping.remote(), NO_RETRY)
+    places = place_control(nodes, data_dir, stores)
+    return lambda store: ensure_control(store, places[store], nodes, data_dir, config)
 
 
 def ensure_control(store: str, place: ControlPlace, nodes: list[DataNode], data_dir: str,

@@ -17,7 +17,7 @@ import ray
 import ray.experimental.internal_kv as internal_kv
 
 from actors import NAMESPACE
-from rayq.core.control.control_places import (CONTROL_STORES, ControlPlace, claim_key,
+from rayq.core.control.control_places import (ALL_STORES, ControlPlace, claim_key,
                                               claim_prefix, decode_place, encode_place, newest_key)
 from rayq.core.kit.kv import LmdbKV, WriteSet
 from rayq.core.kit.private import make_private_dir
@@ -48,6 +48,20 @@ def claim(place: ControlPlace) -> bool:
     return not existed
 
 
+SQS_REGION_KEY = b"rayq/sqs/home-region"  # in Ray's GCS: the SQS endpoint's home region
+
+
+def sqs_home_region() -> str | None:
+    """The home region the SQS endpoint serves (None: never served in this cluster)."""
+    raw = internal_kv._internal_kv_get(SQS_REGION_KEY, namespace=NAMESPACE)
+    return raw.decode() if raw else None
+
+
+def set_sqs_home_region(region: str) -> None:
+    internal_kv._internal_kv_put(SQS_REGION_KEY, region.encode(), overwrite=True,
+                                 namespace=NAMESPACE)
+
+
 DRAINING_KEY = b"rayq/draining"  # in Ray's GCS: the data nodes being drained (JSON list)
 
 
@@ -64,8 +78,14 @@ def set_draining(nodes: frozenset[str]) -> None:
 
 
 def every_place() -> dict[str, ControlPlace]:
-    return {store: place for store in CONTROL_STORES
+    return {store: place for store in ALL_STORES
             if (place := current_place(store)) is not None}
+
+
+def forget_place(store: str) -> None:
+    """Drop ``store``'s claims: nobody watches it any more (the SQS endpoint stopped). A
+    later start rebuilds its place from the copies on the disks."""
+    internal_kv._internal_kv_del(claim_prefix(store), del_by_prefix=True, namespace=NAMESPACE)
 
 
 def _copy_of(node: str):

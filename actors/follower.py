@@ -9,34 +9,13 @@ time (``max_concurrency=1``), and sequence numbers checked by
 
 from __future__ import annotations
 
-import logging
 import os
-import shutil
 
 import ray
 
-from rayq.core.kit.kv import WriteSet, peek
-from rayq.core.kit.private import FILE_MODE, make_private_dir
-from rayq.core.storage.layout import REPLICA_KEY, read_replica_state
-from rayq.core.storage.replica import open_copy
-
-log = logging.getLogger("rayq.follower")
-
-
-def clear_for_seed(path: str, seq: int) -> None:
-    """Empty the copy at ``path`` for a seed as of ``seq``. A copy that applied more
-    than that is moved aside to ``<path>.kept-<epoch>-<seq>``, never deleted: a seed
-    never destroys write sets its source lacks (a leader may have acknowledged them)."""
-    epoch, held = read_replica_state(peek(path, "meta", REPLICA_KEY))
-    if held > seq:
-        aside = f"{path}.kept-{epoch}-{held}"
-        log.error("the copy at %s applied %d, more than the seed's %d: kept at %s",
-                  path, held, seq, aside)
-        shutil.rmtree(aside, ignore_errors=True)
-        os.rename(path, aside)
-    shutil.rmtree(path, ignore_errors=True)
-    make_private_dir(path)
-
+from rayq.core.kit.kv import WriteSet
+from rayq.core.kit.private import FILE_MODE
+from rayq.core.storage.replica import check_epoch, clear_for_seed, open_copy
 
 class FollowerActor:
     def __init__(self, index: int, path: str, map_bytes: int = 256 << 20):
@@ -54,9 +33,12 @@ class FollowerActor:
         return self.replica.epoch, self.replica.seq
 
     # -- seeding: the leader's consistent copy arrives in chunks -------------------
-    def begin_seed(self, seq: int) -> None:
-        """Drop this copy: a fresh one from the leader, as of ``seq``, replaces it (this
-        one is kept aside if it applied more: see :func:`clear_for_seed`)."""
+    def begin_seed(self, epoch: int, seq: int) -> None:
+        """Drop this copy: a fresh one from the leader of ``epoch``, as of ``seq``,
+        replaces it (this one is kept aside if it applied more: see
+        :func:`clear_for_seed`). Refused with StaleEpoch when this copy holds a newer
+        epoch: a replaced leader's late seed."""
+        check_epoch(self.replica.epoch, epoch, "seed")
         self.replica.kv.close()
         clear_for_seed(self.path, seq)
         self._part = os.fdopen(os.open(os.path.join(self.path, "data.mdb"),

@@ -29,7 +29,8 @@ from rayq.channel import ShardLink
 from rayq.remote import call_async, named, shard_link
 
 CONTROL_MAP_BYTES = 64 << 20  # a control actor's LMDB: registries, rules, histories
-COPIES_INTERVAL_S = 1.0       # how often a control actor checks its store's copies
+COPIES_INTERVAL_S = 5.0       # how often a control actor checks its store's copies (a lost
+                              # one is also noticed by the next write that fails)
 
 
 def manager_handle() -> ShardLink:
@@ -113,17 +114,28 @@ class ControlActor(RuntimeActor):
                  start_copy: Callable[[str], None] | None = None):
         super().__init__(component, clock)
         self.data_dir, self.config = data_dir, config
-        node = this_data_node(config).name
-        self.kv = ControlReplication(component, open_kv(data_dir, component), node,
-                                     None if node == LOCAL_NODE else RayControlPeers(start_copy))
+        self.kv = replicated_store(component, open_kv(data_dir, component), config, start_copy)
         self.gate = durable_gate(directory, self.kv, self.clock)
         self.shards = shard_handles(config)
         self.run_every(COPIES_INTERVAL_S, "control copies", self._keep_copies)
 
     async def _keep_copies(self) -> None:
-        nodes = [n.name for n in data_nodes(self.config)]
-        self.kv.keep(nodes, self.config.store.replicas or default_replicas(len(nodes)),
-                     draining_nodes())
+        keep_copies(self.kv, self.config)
+
+
+def keep_copies(kv: ControlReplication, config: Config) -> None:
+    """One round of keeping a control store's copies (:meth:`ControlReplication.keep`)."""
+    nodes = [n.name for n in data_nodes(config)]
+    kv.keep(nodes, config.store.replicas or default_replicas(len(nodes)), draining_nodes())
+
+
+def replicated_store(store: str, kv: LmdbKV, config: Config,
+                     start_copy: Callable[[str], None] | None) -> ControlReplication:
+    """``kv``, the store of a control actor running here, kept on its place's copies on a
+    cluster (plain on the embedded runtime's unnamed node)."""
+    node = this_data_node(config).name
+    return ControlReplication(store, kv, node,
+                              None if node == LOCAL_NODE else RayControlPeers(start_copy))
 
 
 def this_data_node(config: Config) -> DataNode:

@@ -351,7 +351,8 @@ class QueueManager(ControlActor):
 
     @signed(MANAGER_OPS["info"])
     async def info(self) -> dict:
-        return {"data_dir": self.data_dir, "shards": len(self.shards),
+        return {"data_dir": self.data_dir, "data_root": self.replicas.data_dir,
+                "shards": len(self.shards),
                 "scaling_events": self.scaling_events[-50:],
                 "background_failures": dict(self.failures.counts)}
 

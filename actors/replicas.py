@@ -48,6 +48,11 @@ SEED_TIMEOUT_S = 600.0      # copying a shard to a new follower and catching up
 LEADER_START_S = 60.0       # a leader started here may take this long to answer a first ping
 
 
+def runtime_options(node: DataNode) -> dict:
+    """Actor options: detached, named, no CPU, pinned to ``node``, where its files are."""
+    return {**ACTOR_OPTIONS, **pinned(node)}
+
+
 def shard_folder(data_dir: str, node: str, index: int) -> str:
     return os.path.join(node_folder(data_dir, node), f"shard-{index}")
 

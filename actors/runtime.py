@@ -7,15 +7,15 @@ import time
 import ray
 
 from actors import consumer_name, shard_name
-from actors.control import (ensure_control, launch_control, place_control,
-                            start_control_follower)
-from actors.controlstore import CONTROL_FOLLOWER_PREFIX, current_place
+from actors.control import control_starter
+from actors.controlstore import CONTROL_FOLLOWER_PREFIX, current_place, forget_place
 from actors.kit import manager_handle, shard_handles
-from actors.placement import (copies_on_disk, data_nodes, pinned, publish, published_places,
+from actors.placement import (copies_on_disk, data_nodes, publish, published_places,
                               shards_on_disk)
-from actors.replicas import ACTOR_OPTIONS, start_followers, start_shard
+from actors.replicas import start_followers, start_shard
 from actors.shipping import FOLLOWER_PREFIX
 from rayq.config import Config
+from rayq.core.control.control_places import SQS_STORE
 from rayq.core.control.placement import (LOCAL_NODE, DataNode, ShardPlace, default_replicas,
                                          plan_shards)
 from rayq.core.control.replicas import (recovered_shards, reusable, trusted_shard,
@@ -25,11 +25,6 @@ from rayq.errors import RuntimeFailure
 from rayq.remote import NO_RETRY, actor_names, call, running
 
 FAILOVER_WAIT_S = 60.0  # how long finding the runtime waits for a manager failing over
-
-
-def runtime_options(node: DataNode) -> dict:
-    """Actor options: detached, named, no CPU, pinned to ``node``, where its files are."""
-    return {**ACTOR_OPTIONS, **pinned(node)}
 
 
 def plan(nodes: list[DataNode], data_dir: str, config: Config) -> dict[int, ShardPlace]:
@@ -77,22 +72,12 @@ def ensure_runtime(data_dir: str, config: Config, consumers: int | None = None) 
         call(lambda follower=follower: follower.state.remote(), NO_RETRY)
     shards = _ready([start_shard(i, by_name[place.leader], data_dir, config)
                      for i, place in sorted(places.items())])
-    control = _control(nodes, data_dir, config)
+    control = control_starter(nodes, data_dir, config)
     # each after the ones it finds at start: the manager the shards, the others both
     [manager] = _ready([control("manager")])
     [coordinator, _] = _ready([control("coordinator"), control("flood")])
     call(lambda: manager.scale_consumers.remote(consumers))
     return {"manager": manager, "shards": shards, "coordinator": coordinator}
-
-
-def _control(nodes: list[DataNode], data_dir: str, config: Config):
-    """A function that starts a control store's actor where it belongs. The embedded
-    runtime's unnamed node keeps them without places (one copy, nowhere to move)."""
-    if nodes[0].name == LOCAL_NODE:
-        return lambda store: launch_control(store, nodes[0], data_dir, config)
-    _ready([start_control_follower(n, data_dir, config) for n in nodes])
-    places = place_control(nodes, data_dir)
-    return lambda store: ensure_control(store, places[store], nodes, data_dir, config)
 
 
 def find_runtime(clock: Clock = SystemClock()) -> dict:
@@ -117,6 +102,7 @@ def find_runtime(clock: Clock = SystemClock()) -> dict:
 def stop_runtime(timeout_s: float = 30.0, clock: Clock = SystemClock()) -> None:
     """Kill every runtime actor (data stays on disk) and wait until they are gone."""
     deadline = clock.monotonic() + timeout_s
+    forget_place(SQS_STORE)  # the SQS endpoint stops too: its state is not to be restarted
     # Callers before callees: consumers, then the coordinator and manager, shards, and
     # the followers (shards' and control stores') once their leaders are gone (nothing
     # left to ship to them).

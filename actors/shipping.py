@@ -91,7 +91,7 @@ async def send_copy(index: int, node: str, folder: str, epoch: int, seq: int) ->
     """Ship the copy in ``folder`` to shard ``index``'s follower on ``node``, through Ray
     in chunks (no shared disk), and have it open the copy as of ``epoch`` and ``seq``."""
     follower = ray.get_actor(follower_name(index, node), namespace=NAMESPACE)
-    await call_async(lambda: follower.begin_seed.remote(seq), NO_RETRY)
+    await call_async(lambda: follower.begin_seed.remote(epoch, seq), NO_RETRY)
     with open(os.path.join(folder, "data.mdb"), "rb") as copy:
         while chunk := copy.read(SEED_CHUNK_BYTES):
             await call_async(lambda chunk=chunk: follower.seed_chunk.remote(chunk), NO_RETRY)

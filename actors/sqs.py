@@ -25,6 +25,7 @@ import json
 import math
 import ssl
 import threading
+import logging
 import uuid
 from collections import Counter
 from dataclasses import replace
@@ -34,12 +35,13 @@ from concurrent.futures import ThreadPoolExecutor
 import ray
 from aiohttp import web
 
-from actors.kit import open_kv
+from actors.kit import COPIES_INTERVAL_S, keep_copies, open_kv, replicated_store
 from actors.movers import Movers
 from rayq.channel import host_id
 from rayq.client import Client
 from rayq.config import Config
 from rayq.core.auth.accounts import Signer
+from rayq.core.control.control_places import SQS_STORE
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.renewed import MISSING, Renewed
 from rayq.core.codec.model import pack, unpack
@@ -59,6 +61,7 @@ from rayq.sqs.protocol import JSON_TYPE, XML_TYPE, decode_request
 from rayq.sqs.sigv4 import (EMPTY_SHA256, MAX_SKEW_S, Caller, Claim, SignedRequest, check_payload,
                             claim, signed_payload_hash, verify, verify_claim)
 
+log = logging.getLogger("rayq.sqs")
 STATE = "rayq-sqs-state"
 KEYS_MAX_AGE_S = 2.0      # a replaced key is refused here at most this long after rotation
 KEYS_MIN_REFRESH_S = 1.0  # unknown keys refetch at most this often (forgeries cannot flood)
@@ -92,8 +95,14 @@ class SqsState:
     without a ``config`` none can start)."""
 
     def __init__(self, data_dir: str, config: Config | None = None,
-                 home_region: str = HOME_REGION, clock: Clock | None = None):
-        self.kv = open_kv(data_dir, "sqs", map_size=256 << 20)
+                 home_region: str = HOME_REGION, clock: Clock | None = None,
+                 start_copy=None):
+        kv = open_kv(data_dir, SQS_STORE, map_size=256 << 20)
+        # on a cluster, kept on copies on other data nodes as the control stores are
+        self.kv = kv if config is None else replicated_store(SQS_STORE, kv, config, start_copy)
+        self._stopping = threading.Event()
+        if self.kv is not kv and self.kv.place is not None:
+            threading.Thread(target=self._keep_copies, args=(config,), daemon=True).start()
         self.dedup = Dedup(self.kv)
         self._records: Counter[str] = Counter()  # FIFO records per queue since its last sweep
         self._forwards = Forwards()
@@ -144,6 +153,14 @@ class SqsState:
 
     def ping(self) -> int:
         return 1
+
+    def _keep_copies(self, config: Config) -> None:
+        """Keep the store's copies every COPIES_INTERVAL_S (a sync actor: a thread)."""
+        while not self._stopping.wait(COPIES_INTERVAL_S):
+            try:
+                keep_copies(self.kv, config)
+            except Exception as err:  # noqa: BLE001 - the next round tries again
+                log.warning("SQS state: keeping its copies failed: %r", err)
 
 
 def _key(account: str, queue: str) -> bytes:

@@ -10,9 +10,12 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors import NAMESPACE
-from actors.placement import data_nodes, pinned
+from actors.control import control_starter
+from actors.controlstore import forget_place, set_sqs_home_region
+from actors.placement import data_nodes
 from actors.runtime import find_runtime
-from actors.sqs import STATE, SqsEndpointRemote, SqsStateRemote, replica_name
+from actors.sqs import SqsEndpointRemote, replica_name
+from rayq.core.control.control_places import SQS_STORE
 from rayq.core.codec.model import check_count
 from rayq.core.kit.private import check_private_key
 from rayq.errors import InvalidMessage, RayqError, RuntimeFailure
@@ -46,10 +49,10 @@ def serve_sqs(host: str = "127.0.0.1", port: int = 9324, replicas: int = 1, *,
                  log_to_driver=False)
     found = find_runtime()
     config = found["config"]
-    placed = pinned(data_nodes(config)[0])  # beside the manager, whose folder it shares
-    data_dir = ray.get(found["manager"].info.remote())["data_dir"]  # unsigned: the runtime's own
-    state = SqsStateRemote.options(name=STATE, **placed, **_OPTIONS).remote(
-        data_dir, config, home_region)
+    data_dir = ray.get(found["manager"].info.remote())["data_root"]  # unsigned: the runtime's own
+    # the state's store is a control store: placed, kept on copies, failed over by itself
+    set_sqs_home_region(home_region)
+    state = control_starter(data_nodes(config), data_dir, config, (SQS_STORE,))(SQS_STORE)
     ray.get(state.ping.remote())
     endpoints = []
     for n, node in enumerate(_alive_nodes()):
@@ -89,6 +92,7 @@ def _alive_nodes() -> list[str]:
 def stop_sqs() -> None:
     """Stop the endpoint's replicas and its state actor (named ``rayq-sqs-*``); the
     runtime keeps running. Idempotent."""
+    forget_place(SQS_STORE)  # nobody restarts the state: it stops on purpose
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
              if a.get("namespace") == NAMESPACE and a["name"].startswith(replica_name(""))]
     for name in names:

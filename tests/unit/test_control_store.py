@@ -3,6 +3,7 @@ faked in memory: a write returns once every in-sync copy applied it, a failover 
 with the next epoch and claims it once, and a copy that is empty or behind never leads."""
 
 import asyncio
+import os
 
 import pytest
 
@@ -255,3 +256,17 @@ def test_shards_rebuilt_from_disks_are_led_by_the_fullest_copy_under_a_higher_ep
     assert places[0] == ShardPlace(0, ("n1", "n2", "n3"), ("n1", "n2"), 4)
     assert places[1] == ShardPlace(1, ("n2", "n1"), ("n2",), 4)
     assert 2 not in places  # no copy anywhere: placed as a new shard
+
+
+def test_a_seed_moves_a_copy_that_applied_more_aside_and_never_deletes_it(tmp_path):
+    from rayq.core.storage.replica import clear_for_seed, open_copy
+
+    fuller = open_copy(str(tmp_path / "shard-0"), 1 << 20)
+    fuller.apply(3, 1, [(("meta", b"acked", b"yes"),)] * 9)  # nine write sets applied
+    fuller.kv.close()
+    clear_for_seed(str(tmp_path / "shard-0"), seq=4)  # a seed holding fewer
+    kept = open_copy(str(tmp_path / "shard-0.kept-3-9"), 1 << 20)
+    assert (kept.epoch, kept.seq) == (3, 9) and row(kept.kv, b"acked") == b"yes"
+    assert os.listdir(tmp_path / "shard-0") == []  # emptied for the seed
+    clear_for_seed(str(tmp_path / "shard-0"), seq=4)  # an empty one: nothing to keep
+    assert sorted(os.listdir(tmp_path)) == ["shard-0", "shard-0.kept-3-9"]

@@ -4,7 +4,7 @@ time; the control stores likewise."""
 
 import pytest
 
-from rayq.core.control.control_places import (ControlPlace, control_left_on, drained,
+from rayq.core.control.control_places import (ControlPlace, control_left_on, drained, hands_over,
                                               leaving_copies, seed_target)
 from rayq.core.control.placement import ShardPlace
 from rayq.core.control.replicas import drain_seeds, drain_step, drop_follower, left_on
@@ -65,3 +65,14 @@ def test_a_drain_is_done_when_the_node_holds_nothing():
     assert control_left_on(control, "n1") == {"leads": 0, "copies": 1}
     assert not drained({"shards": {"leads": 0, "copies": 0}, "control": {"copies": 1}})
     assert drained({"shards": {"leads": 0, "copies": 0}, "control": {"leads": 0}})
+
+
+@pytest.mark.parametrize("in_sync, staying, hands", [
+    (("n1", "n2"), {"n2", "n3"}, False),        # one copy stays: n3 is seeded first
+    (("n1", "n2", "n3"), {"n2", "n3"}, True),    # two stay: the leadership moves
+    (("n2", "n1"), {"n2", "n3"}, False),        # its leader stays: nothing to hand over
+    (("n1", "n2"), {"n2"}, True),               # one node left: as many as can stay
+])
+def test_a_control_store_led_from_a_draining_node_hands_over_once_its_copies_stay(
+        in_sync, staying, hands):
+    assert hands_over(ControlPlace("manager", in_sync, 3), {"n1"}, staying, 2) is hands

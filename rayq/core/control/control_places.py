@@ -17,8 +17,11 @@ import json
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-# The control stores, by the folder each keeps in its node's folder.
+# The control stores, by the folder each keeps in its node's folder: the runtime's own,
+# and the SQS endpoint's (placed while the endpoint is served).
 CONTROL_STORES = ("manager", "coordinator", "flood")
+SQS_STORE = "sqs"
+ALL_STORES = CONTROL_STORES + (SQS_STORE,)
 CLAIM_PREFIX = "rayq/control/"
 EPOCH_DIGITS = 12  # claim keys sort by epoch as bytes
 
@@ -138,6 +141,15 @@ def seed_target(place: ControlPlace, alive: Sequence[str], copies: int,
         if free else None
 
 
+def hands_over(place: ControlPlace, draining: Collection[str], staying: Collection[str],
+               copies: int) -> bool:
+    """Whether ``place``'s leader, on a draining node, is to hand its store over now:
+    once it has ``copies`` in sync on nodes that stay (capped by their number), so the
+    store keeps as many copies after the move."""
+    kept = [n for n in place.followers if n in staying]
+    return place.leader in draining and len(kept) >= min(copies, len(staying))
+
+
 def leaving_copies(place: ControlPlace, alive: Sequence[str], copies: int,
                    draining: Collection[str]) -> list[str]:
     """The in-sync followers of ``place`` that leave now: those whose node is gone, and
@@ -197,7 +209,7 @@ def starting_places(found: Mapping[str, ControlPlace | None],
 
 def copy_folders(names: Sequence[str]) -> list[str]:
     """The entries of a node's folder that are store copies: shards' and control stores'."""
-    return [n for n in names if n in CONTROL_STORES or
+    return [n for n in names if n in ALL_STORES or
             (n.startswith("shard-") and n[6:].isdigit())]
 
 

@@ -269,17 +269,26 @@ class LeaderWatch:
 
 
 async def watch_round(watch: LeaderWatch, places: Mapping[str, ControlPlace | None],
-                      alive: Collection[str], answers: Callable[[str], Awaitable[bool]],
-                      replace: Callable[[ControlPlace], Awaitable], now: float) -> None:
+                      staying: Callable[[], Collection[str]],
+                      hands_over: Callable[[ControlPlace], bool],
+                      answers: Callable[[str], Awaitable[bool]],
+                      replace: Callable[[ControlPlace, Collection[str]], Awaitable],
+                      now: float) -> None:
     """One round of a watcher: each store whose in-sync copy it holds has its leader
-    checked (its node ``alive``, its actor ``answers(store)`` a ping), and a lost one is
-    replaced (``replace(place)``: :func:`fail_over`)."""
+    checked: its actor ``answers(store)`` a ping, and only when it does not (or it
+    ``hands_over``: its node drains and enough copies stay), whether its node is among
+    the alive nodes that stay (``staying()``, asked once a round at most: it is Ray's
+    node table). A lost leader is replaced (``replace(place, staying)``: :func:`fail_over`)."""
+    nodes: Collection[str] | None = None
     for store, place in places.items():
         if not watch.watches(place):
             continue
-        up = place.leader in alive
-        if watch.lost(place, up, up and await answers(store), now):
-            await replace(place)
+        answered = not hands_over(place) and await answers(store)
+        if not answered and nodes is None:
+            nodes = staying()
+        up = answered or place.leader in nodes
+        if watch.lost(place, up, answered, now):
+            await replace(place, nodes if nodes is not None else staying())
 
 
 class Copies:

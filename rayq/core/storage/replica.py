@@ -8,13 +8,18 @@ same transaction (``layout.REPLICA_KEY``).
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 from collections.abc import Sequence
 
-from rayq.core.kit.kv import KV, LmdbKV, WriteSet, apply_writes
+from rayq.core.kit.kv import KV, LmdbKV, WriteSet, apply_writes, peek
+from rayq.core.kit.private import make_private_dir
 from rayq.core.storage.layout import REPLICA_KEY, read_replica_state, replica_state
 from rayq.core.storage.migrate import migrate_before
 from rayq.errors import ReplicaBehind, StaleEpoch
+
+log = logging.getLogger("rayq.replica")
 
 
 def check_epoch(held: int, offered: int, what: str = "write") -> None:
@@ -79,3 +84,18 @@ def open_copy(path: str | os.PathLike, map_bytes: int) -> Replica:
     of the leader's store, since a follower's answer is what a write's acknowledgement
     waits for."""
     return Replica(LmdbKV(path, map_size=map_bytes))
+
+
+def clear_for_seed(path: str, seq: int) -> None:
+    """Empty the copy at ``path`` for a seed as of ``seq``. A copy that applied more
+    than that is moved aside to ``<path>.kept-<epoch>-<seq>``, never deleted: a seed
+    never destroys write sets its source lacks (a leader may have acknowledged them)."""
+    epoch, held = read_replica_state(peek(path, "meta", REPLICA_KEY))
+    if held > seq:
+        aside = f"{path}.kept-{epoch}-{held}"
+        log.error("the copy at %s applied %d, more than the seed's %d: kept at %s",
+                  path, held, seq, aside)
+        shutil.rmtree(aside, ignore_errors=True)
+        os.rename(path, aside)
+    shutil.rmtree(path, ignore_errors=True)
+    make_private_dir(path)
