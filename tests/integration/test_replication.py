@@ -85,3 +85,66 @@ def test_a_restarted_runtime_keeps_its_places_and_its_followers_in_sync(three_no
     result = scenario("restart", three_nodes)
     assert result["after"] == result["before"]  # no follower fell out of sync
     assert result["lost"] == 0 and result["acked"] == 400
+
+
+@pytest.fixture(scope="module")
+def control_loss():
+    """The control node's loss, then (the node back) a paused manager, a drain and a
+    nemesis run, on one cluster."""
+    return scenarios("control_loss", "control_pause", "drain", "nemesis")
+
+
+def test_the_control_node_lost_with_its_folder_fails_over_with_no_command_run(control_loss):
+    result = scenario("control_loss", control_loss)
+    assert result["in_sync_before"], result["before"]
+    assert result["moved"]  # every control store led from another node, by itself
+    for store, (in_sync, epoch) in result["after"].items():
+        assert in_sync[0] != "n1" and epoch > result["before"][store][1]
+    assert result["recovered_s"] is not None  # every sender acknowledged again
+    # the senders wrote to a shard the lost node led, too: it failed over meanwhile
+    assert "n1" in {result["leaders_before"][str(t)] for t in result["targets"]}
+    assert result["lost"] == 0 and result["acme_lost"] == 0 and result["acked"] > 200
+    # the registry, acme's key and the suspension rule, read from the copies
+    assert result["after_loss"] == {"queues": ["acme/orders", "acme/orders-dlq", "replicated",
+                                               "replicated-dlq"],
+                                    "acme_queues": ["orders", "orders-dlq"],
+                                    "suspended": ["export"]}
+
+
+def test_a_node_back_empty_under_the_control_nodes_name_leads_nothing_after_a_restart(
+        control_loss):
+    result = scenario("control_loss", control_loss)
+    for in_sync, _ in result["restarted"].values():
+        assert in_sync[0] != "n1"  # n1 came back with an empty folder: a copy to seed
+    assert result["after_restart"]["acme_queues"] == ["orders", "orders-dlq"]
+    assert result["late_lost"] == 0
+    assert result["fresh_got"] == 0  # a new queue's ids are new: none of acme's messages
+
+
+def test_a_drained_node_holds_nothing_and_its_removal_fails_nothing_over(control_loss):
+    result = scenario("drain", control_loss)
+    node = result["node"]
+    assert result["left"] == {"shards": {"leads": 0, "copies": 0},
+                              "control": {"leads": 0, "copies": 0}}
+    assert all(node not in replicas for replicas, _ in result["drained_shards"].values())
+    assert all(node not in in_sync for in_sync, _ in result["drained_control"].values())
+    assert result["after_shards"] == result["drained_shards"]  # no failover at the removal
+    assert result["after_control"] == result["drained_control"]
+    assert result["lost"] == 0 and result["acked"] > 400
+
+
+def test_a_paused_manager_is_replaced_and_changes_nothing_once_resumed(control_loss):
+    result = scenario("control_pause", control_loss)
+    assert result["moved"] and result["after"][1] > result["before"][1]
+    assert result["after"][0][0] != result["before"][0][0]
+    assert "after-pause" in result["queues"]  # the new manager's registry, kept as is
+    assert result["lost"] == 0 and result["acked"] == 200
+
+
+def test_a_nemesis_killing_pausing_and_emptying_nodes_loses_and_misdelivers_nothing(
+        control_loss):
+    result = scenario("nemesis", control_loss)
+    assert len(result["rounds"]) == 3 and result["healed"], result
+    assert result["acked"] > 200
+    assert result["lost"] == 0, result           # every acknowledged message delivered
+    assert result["foreign"] == 0, result        # to its own queue and account only

@@ -11,6 +11,9 @@ Modes:
   then resumed: its later writes are refused and nothing acknowledged is lost;
 - ``restart``: the runtime stopped and started again keeps its places, its followers
   in sync and every acknowledged message;
+- ``control_loss``: the control node is removed with its folder while senders run;
+  the control stores fail over by themselves, then a node joins under its name with an
+  empty folder and the runtime is started again: nothing is lost or reused;
 - ``grow``: two data nodes, four shards and three copies wanted; a third node joins
   while senders run, every shard gets a follower seeded there (a copy, then the write
   sets after it) that joins the in-sync set with the same rows as its leader, then
@@ -88,13 +91,13 @@ class Senders:
     """Threads sending batches for as long as ``running``; each acknowledged id kept,
     with when the last acknowledgement came (a send that fails is simply retried)."""
 
-    def __init__(self, name: str, threads: int = 6):
-        self.acked, self.errors = set(), 0
+    def __init__(self, name: str, threads: int = 6, client=None, prefix: str = ""):
+        self.acked, self.errors, self.prefix = set(), 0, prefix
         self.lock, self.running = threading.Lock(), True
         self.acks_at: dict[int, list[float]] = {t: [] for t in range(threads)}
         # a client with a transport of its own each, as producers in processes of their
         # own have: the manager spreads their put subqueues over the shards
-        self.queues = [own_client().queue(name) for _ in range(threads)]
+        self.queues = [(client or own_client)().queue(name) for _ in range(threads)]
         self.threads = [threading.Thread(target=self._run, args=(t,)) for t in range(threads)]
         for t in self.threads:
             t.start()
@@ -103,7 +106,8 @@ class Senders:
         n = 0
         while self.running:
             try:
-                ids = self.queues[t].send_batch([rayq.Outgoing(f"{t}-{n}-{i}") for i in range(10)])
+                ids = self.queues[t].send_batch([rayq.Outgoing(f"{self.prefix}{t}-{n}-{i}")
+                                                 for i in range(10)])
             except rayq.RayqError:
                 with self.lock:
                     self.errors += 1
@@ -283,7 +287,250 @@ def grow(cluster, nodes, data_dir) -> dict:
             "rows": counts, "acked": len(senders.acked), "lost": len(senders.acked - received)}
 
 
-MODES = {"copies": copies, "node_kill": node_kill, "pause": pause, "grow": grow,
+def control_places() -> dict:
+    from actors.controlstore import every_place
+
+    return {store: [list(p.in_sync), p.epoch] for store, p in every_place().items()}
+
+
+def manager_answers() -> bool:
+    try:
+        return ray.get(ray.get_actor("rayq-manager").ping.remote(), timeout=5)
+    except (ValueError, ray.exceptions.RayError):
+        return False
+
+
+def wait_for(check, timeout_s: float = 120.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def control_loss(cluster, nodes, data_dir) -> dict:
+    """The control node (n1: first by name) is removed without warning and its folder
+    deleted while senders run; nobody runs a command. Then a node joins under n1's name
+    with an empty folder, and the runtime is stopped and started again."""
+    client, queue = start(data_dir, shards=2)
+    key = client.create_account("acme")
+    acme = rayq.connect(account="acme", key=key)
+    orders = acme.create_queue("orders", max_receives=None)
+    acme_acked = set(orders.send_batch([rayq.Outgoing(i) for i in range(40)]))
+    client.suspend("export", reason="maintenance", by="ops")
+    # every control store in sync on two nodes before the loss
+    in_sync = wait_for(lambda: all(len(p[0]) >= 2 for p in control_places().values())
+                       and len(control_places()) == 3)
+    before = control_places()
+    senders = Senders("replicated", threads=4)
+    wait_for_acks(senders, 200)
+    targets = senders.shards()
+    leaders = {k: p.leader for k, p in ray.get(ray.get_actor("rayq-manager").places.remote()).items()}
+    lost_at = time.monotonic()
+    cluster.remove_node(nodes["n1"], allow_graceful=False)
+    shutil.rmtree(os.path.join(data_dir, "n1"))  # nothing of n1's can be reopened
+    wait_for_acks(senders, len(senders.acked) + 300)
+    wait_for(lambda: senders.longest_wait_s(lost_at) is not None, 120)
+    recovered_s = senders.longest_wait_s(lost_at)
+    moved = wait_for(lambda: all(p[0][0] != "n1" for p in control_places().values()), 120)
+    wait_for(manager_answers, 60)
+    after = control_places()
+    # the registry, accounts, keys and rules, as the new control actors read them
+    acme = rayq.connect(account="acme", key=key)
+    after_loss = {"queues": sorted(client.list_queues()), "acme_queues": acme.list_queues(),
+                  "suspended": [getattr(r, "key", r) for r in client.fairness().suspended]}
+    senders.stop()
+    received = drain(queue, senders.acked)
+    acme_received = drain(acme.queue("orders"), acme_acked)
+    # a node joins under n1's name with an empty folder; the runtime starts again
+    nodes["n1"] = add_node(cluster, "n1")
+    rayq.shutdown()
+    client, queue = start(data_dir, shards=2)
+    restarted = control_places()
+    acme = rayq.connect(account="acme", key=key)
+    late = set(acme.queue("orders").send_batch([rayq.Outgoing(i) for i in range(10)]))
+    fresh = client.create_queue("fresh", max_receives=None)  # its ids are new ones
+    fresh_got = fresh.receive(max_messages=10, wait_s=0.5)
+    return {"in_sync_before": in_sync, "before": before, "after": after, "moved": moved,
+            "restarted": restarted, "recovered_s": recovered_s, "after_loss": after_loss,
+            "after_restart": {"queues": sorted(client.list_queues()),
+                              "acme_queues": acme.list_queues()},
+            "acked": len(senders.acked), "lost": len(senders.acked - received),
+            "acme_lost": len(acme_acked - acme_received),
+            "late_lost": len(late - drain(acme.queue("orders"), late)),
+            "fresh_got": len(fresh_got), "targets": targets,
+            "leaders_before": {str(k): v for k, v in leaders.items()}}
+
+
+def control_pause(cluster, nodes, data_dir) -> dict:
+    """The manager is paused (SIGSTOP) until a copy of its store leads elsewhere, then
+    resumed: it changes nothing (it was stopped for good, or its writes are refused)."""
+    from ray.util.state import list_actors
+
+    client, queue = start(data_dir, shards=2)
+    wait_for(lambda: len(control_places()) == 3 and
+             all(len(p[0]) >= 2 for p in control_places().values()))
+    before = control_places()["manager"]
+    [old] = list_actors(filters=[("name", "=", "rayq-manager"), ("state", "=", "ALIVE")],
+                        detail=True)
+    acked = set(queue.send_batch([rayq.Outgoing(i) for i in range(100)]))
+    os.kill(old.pid, signal.SIGSTOP)
+    moved = wait_for(lambda: control_places()["manager"][1] > before[1], 120)
+    wait_for(manager_answers, 60)
+    client = own_client()
+    client.create_queue("after-pause", max_receives=None)
+    acked |= set(client.queue("replicated").send_batch([rayq.Outgoing(i) for i in range(100)]))
+    try:
+        os.kill(old.pid, signal.SIGCONT)
+        resumed = "resumed"
+    except ProcessLookupError:
+        resumed = "gone"
+    time.sleep(3.0)  # what a resumed old manager would do, it would have begun
+    after = control_places()["manager"]
+    queues = sorted(own_client().list_queues())
+    received = drain(client.queue("replicated"), acked)
+    return {"before": before, "after": after, "moved": moved, "resumed": resumed,
+            "queues": queues, "acked": len(acked), "lost": len(acked - received)}
+
+
+def drain_node(cluster, nodes, data_dir) -> dict:
+    """The node leading the manager's store is drained while senders run, then removed
+    with its folder: nothing fails over at its removal, and nothing is lost."""
+    client, queue = start(data_dir, shards=3)
+    wait_for(lambda: len(control_places()) == 3 and
+             all(len(p[0]) >= 2 for p in control_places().values()))
+    node = control_places()["manager"][0][0]
+    senders = Senders("replicated", threads=4)
+    wait_for_acks(senders, 200)
+    left = client.drain(node, wait_s=300)
+    wait_for(manager_answers, 60)
+    manager = ray.get_actor("rayq-manager")
+    drained_shards = {k: [list(p.replicas), p.epoch] for k, p in ray.get(manager.places.remote()).items()}
+    drained_control = control_places()
+    wait_for_acks(senders, len(senders.acked) + 200)
+    cluster.remove_node(nodes[node], allow_graceful=False)
+    shutil.rmtree(os.path.join(data_dir, node))
+    removed_at = time.monotonic()
+    wait_for_acks(senders, len(senders.acked) + 300)
+    wait_for(lambda: senders.longest_wait_s(removed_at) is not None, 120)
+    time.sleep(3.0)  # a failover the removal caused would have begun by now
+    after_shards = {k: [list(p.replicas), p.epoch] for k, p in ray.get(manager.places.remote()).items()}
+    after_control = control_places()
+    senders.stop()
+    received = drain(queue, senders.acked)
+    nodes[node] = add_node(cluster, node)  # back, empty, for the scenarios after
+    return {"node": node, "left": left, "drained_shards": drained_shards,
+            "after_shards": after_shards, "drained_control": drained_control,
+            "after_control": after_control, "acked": len(senders.acked),
+            "lost": len(senders.acked - received)}
+
+
+class Receivers:
+    """Threads receiving (and deleting) from each of ``queues`` (name -> queue) for as
+    long as ``running``: every delivery counted by id, and each checked to be one of
+    that queue's own messages (its body starts with the queue's prefix)."""
+
+    def __init__(self, queues: dict):
+        self.deliveries: dict[str, int] = {}
+        self.foreign: list[str] = []
+        self.lock, self.running = threading.Lock(), True
+        self.threads = [threading.Thread(target=self._run, args=(prefix, queue))
+                        for prefix, queue in queues.items()]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, prefix: str, queue) -> None:
+        while self.running:
+            try:
+                got = queue.receive(max_messages=100, wait_s=0.2)
+                if got:
+                    queue.delete_batch([m.receipt for m in got])
+            except rayq.RayqError:
+                time.sleep(0.1)
+                continue
+            with self.lock:
+                for m in got:
+                    self.deliveries[m.id] = self.deliveries.get(m.id, 0) + 1
+                    if not str(m.body).startswith(prefix):
+                        self.foreign.append(m.id)
+
+    def stop(self) -> None:
+        self.running = False
+        for t in self.threads:
+            t.join(timeout=120)
+
+
+def healed(copies: int = 2) -> bool:
+    """Every shard and control store back to ``copies`` in sync, and the manager answers."""
+    try:
+        shards = ray.get(ray.get_actor("rayq-manager").places.remote(), timeout=10)
+    except (ray.exceptions.RayError, ValueError):
+        return False
+    return all(len(p.in_sync) >= copies for p in shards.values()) and \
+        len(control_places()) == 3 and all(len(p[0]) >= copies for p in control_places().values())
+
+
+def node_pids(node_id: str) -> list[int]:
+    from ray.util.state import list_actors
+
+    return [a.pid for a in list_actors(filters=[("state", "=", "ALIVE")], detail=True, limit=1000)
+            if a.node_id == node_id and (a.name or "").startswith("rayq-")]
+
+
+def nemesis(cluster, nodes, data_dir, rounds: int = 3, seed: int = 7) -> dict:
+    """Senders of two accounts and receivers run while, one at a time, a data node is
+    killed and brought back empty, or has every rayq process on it paused a while; the
+    runtime heals between rounds. Nothing acknowledged may be lost, nothing delivered to
+    another queue or account; each message's deliveries are counted."""
+    import random
+
+    rng = random.Random(seed)
+    client, queue = start(data_dir, shards=3)
+    key = client.create_account("acme")
+    acme = lambda: rayq.connect(account="acme", key=key)  # noqa: E731
+    acme().create_queue("orders", subqueues=2, max_receives=None)
+    senders = [Senders("replicated", threads=2, prefix="replicated:"),
+               Senders("orders", threads=2, client=acme, prefix="orders:")]
+    receivers = Receivers({"replicated:": own_client().queue("replicated"),
+                           "orders:": acme().queue("orders")})
+    done = []
+    for _ in range(rounds):
+        wait_for(healed, 240)
+        name, action = rng.choice(sorted(nodes)), rng.choice(("kill", "pause"))
+        if action == "kill":
+            cluster.remove_node(nodes[name], allow_graceful=False)
+            shutil.rmtree(os.path.join(data_dir, name), ignore_errors=True)
+            time.sleep(5.0)  # the runtime works without it for a while
+            nodes[name] = add_node(cluster, name)  # back under its name, empty
+        else:
+            pids = node_pids(nodes[name].node_id)
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            time.sleep(10.0)  # long enough to be taken for lost
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass  # replaced meanwhile: killed for good
+        done.append([name, action])
+    healed_at_end = wait_for(healed, 240)
+    for s in senders:
+        s.stop()
+    time.sleep(2.0)
+    receivers.stop()
+    acked = senders[0].acked | senders[1].acked
+    left = drain(own_client().queue("replicated"), senders[0].acked - set(receivers.deliveries))
+    left |= drain(acme().queue("orders"), senders[1].acked - set(receivers.deliveries))
+    delivered = set(receivers.deliveries) | left
+    return {"rounds": done, "healed": healed_at_end, "acked": len(acked),
+            "lost": len(acked - delivered), "foreign": len(receivers.foreign),
+            "redelivered": sum(1 for n in receivers.deliveries.values() if n > 1),
+            "unacked_delivered": len(set(receivers.deliveries) - acked)}
+
+
+MODES = {"copies": copies, "nemesis": nemesis, "control_loss": control_loss, "drain": drain_node,
+         "control_pause": control_pause, "node_kill": node_kill, "pause": pause, "grow": grow,
          "restart": restart}
 
 
@@ -303,6 +550,7 @@ def main() -> int:
     it comes last); prints a JSON line per scenario done. Exits 1 when one failed."""
     modes = sys.argv[1:]
     assert modes and ("grow" not in modes or modes == ["grow"]), modes
+    assert "control_loss" not in modes or modes[0] == "control_loss", modes
     assert "node_kill" not in modes[:-1], "node_kill removes a node: it runs last"
     cluster, nodes = cluster_up(NODES[:2] if modes == ["grow"] else NODES)
     failed = False
