@@ -40,7 +40,8 @@ import logging
 import pickle
 import random
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -743,16 +744,8 @@ class World:
         if not self.running(leader.proc) or self.busy(leader.proc):
             return
         self.log(f"keep {leader.proc.name}")
-        self.stack.append(leader.proc)
-        try:
+        with self.round_of(leader.proc, f"keep {leader.proc.name}"):
             leader.rep.keep(list(self.alive()), self.copies)
-        except Crashed as crash:
-            if crash.proc is not leader.proc:
-                raise
-        except FAILURES as err:  # a failed round: the next one tries again
-            self.log(f"keep {leader.proc.name}: {err!r}"[:160])
-        finally:
-            self.stack.pop()
 
     def watch(self, name: str) -> None:
         """One watcher round on node ``name``: ``watch_round`` with pings through the
@@ -776,16 +769,23 @@ class World:
             if await fail_over(place, alive, peers, prefer=name) is not None:
                 self.outcome.failovers += 1
 
-        self.stack.append(follower.proc)
-        try:
+        with self.round_of(follower.proc, f"watch {name}"):
             self.run_async(watch_round(follower.watch, self.gcs.places(), lambda: boots,
                                        lambda place: False, answers, replace,
                                        self.clock.monotonic()))
+
+    @contextmanager
+    def round_of(self, proc: Proc, what: str) -> Iterator[None]:
+        """A round ``proc`` runs by itself, in a call meanwhile: its death ends it, and
+        so does a call that failed (the next round tries again)."""
+        self.stack.append(proc)
+        try:
+            yield
         except Crashed as crash:
-            if crash.proc is not follower.proc:
+            if crash.proc is not proc:
                 raise
-        except FAILURES as err:  # a failed round: the next one tries again
-            self.log(f"watch {name}: {err!r}"[:160])
+        except FAILURES as err:
+            self.log(f"{what}: {err!r}"[:160])
         finally:
             self.stack.pop()
 
