@@ -17,10 +17,10 @@ import ray
 import ray.experimental.internal_kv as internal_kv
 
 from actors import NAMESPACE
+from actors.shipping import copy_store
 from rayq.core.control.control_places import (ALL_STORES, ControlPlace, claim_key,
                                               claim_prefix, decode_place, encode_place, newest_key)
 from rayq.core.kit.kv import LmdbKV, WriteSet
-from rayq.core.kit.private import make_private_dir
 from rayq.remote import NO_RETRY, call
 
 CONTROL_FOLLOWER_PREFIX = "rayq-control-"
@@ -124,15 +124,11 @@ class RayControlPeers:
 
     @staticmethod
     def snapshot(kv: LmdbKV) -> bytes:
-        """The store as one LMDB file, as of one read transaction."""
+        """The store as one LMDB file, as of one read transaction (copied private)."""
         folder = os.path.join(os.path.dirname(kv.env.path()), "seeding-control")
-        shutil.rmtree(folder, ignore_errors=True)
-        make_private_dir(folder)
         try:
-            with kv.env.begin() as txn:
-                kv.env.copy(folder, compact=True, txn=txn)
+            copy_store(kv, folder)
             with open(os.path.join(folder, "data.mdb"), "rb") as copy:
                 return copy.read()
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-

@@ -108,7 +108,9 @@ def test_the_control_node_lost_with_its_folder_fails_over_with_no_command_run(co
     assert result["after_loss"] == {"queues": ["acme/orders", "acme/orders-dlq", "replicated",
                                                "replicated-dlq"],
                                     "acme_queues": ["orders", "orders-dlq"],
-                                    "suspended": ["export"]}
+                                    "suspended": ["export"], "sqs_settings": True}
+    assert set(result["after"]) == {"manager", "coordinator", "flood", "sqs"}
+    assert result["private"] is True  # every copy of every store 0700 / 0600
 
 
 def test_a_node_back_empty_under_the_control_nodes_name_leads_nothing_after_a_restart(

@@ -293,11 +293,34 @@ def control_places() -> dict:
     return {store: [list(p.in_sync), p.epoch] for store, p in every_place().items()}
 
 
-def manager_answers() -> bool:
+def answers(name: str) -> bool:
     try:
-        return ray.get(ray.get_actor("rayq-manager").ping.remote(), timeout=5)
+        return bool(ray.get(ray.get_actor(name).ping.remote(), timeout=5))
     except (ValueError, ray.exceptions.RayError):
         return False
+
+
+def manager_answers() -> bool:
+    return answers("rayq-manager")
+
+
+def files_private(data_dir: str) -> bool | str:
+    """True when every folder and file under ``data_dir`` is its owner's alone, else why not."""
+    from rayq.core.kit.private import check_private_dir
+
+    try:
+        check_private_dir(data_dir)
+        return True
+    except rayq.RayqError as err:
+        return str(err)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wait_for(check, timeout_s: float = 120.0) -> bool:
@@ -319,10 +342,14 @@ def control_loss(cluster, nodes, data_dir) -> dict:
     orders = acme.create_queue("orders", max_receives=None)
     acme_acked = set(orders.send_batch([rayq.Outgoing(i) for i in range(40)]))
     client.suspend("export", reason="maintenance", by="ops")
+    rayq.serve_sqs(port=free_port())  # its state's store is a control store too
+    sqs_settings = {"attributes": {"VisibilityTimeout": "45"}}
+    ray.get(ray.get_actor("rayq-sqs-state").save.remote("acme", "orders", sqs_settings))
     # every control store in sync on two nodes before the loss
     in_sync = wait_for(lambda: all(len(p[0]) >= 2 for p in control_places().values())
-                       and len(control_places()) == 3)
+                       and len(control_places()) == 4)
     before = control_places()
+    private = files_private(data_dir)  # every copy, seeded ones too, as private as the rest
     senders = Senders("replicated", threads=4)
     wait_for_acks(senders, 200)
     targets = senders.shards()
@@ -333,13 +360,17 @@ def control_loss(cluster, nodes, data_dir) -> dict:
     wait_for_acks(senders, len(senders.acked) + 300)
     wait_for(lambda: senders.longest_wait_s(lost_at) is not None, 120)
     recovered_s = senders.longest_wait_s(lost_at)
-    moved = wait_for(lambda: all(p[0][0] != "n1" for p in control_places().values()), 120)
+    moved = wait_for(lambda: len(control_places()) == 4 and
+                     all(p[0][0] != "n1" for p in control_places().values()), 120)
     wait_for(manager_answers, 60)
     after = control_places()
     # the registry, accounts, keys and rules, as the new control actors read them
     acme = rayq.connect(account="acme", key=key)
+    wait_for(lambda: answers("rayq-sqs-state"), 60)
     after_loss = {"queues": sorted(client.list_queues()), "acme_queues": acme.list_queues(),
-                  "suspended": [getattr(r, "key", r) for r in client.fairness().suspended]}
+                  "suspended": [getattr(r, "key", r) for r in client.fairness().suspended],
+                  "sqs_settings": ray.get(ray.get_actor("rayq-sqs-state").settings.remote(
+                      "acme", "orders")) == sqs_settings}
     senders.stop()
     received = drain(queue, senders.acked)
     acme_received = drain(acme.queue("orders"), acme_acked)
@@ -359,7 +390,7 @@ def control_loss(cluster, nodes, data_dir) -> dict:
             "acked": len(senders.acked), "lost": len(senders.acked - received),
             "acme_lost": len(acme_acked - acme_received),
             "late_lost": len(late - drain(acme.queue("orders"), late)),
-            "fresh_got": len(fresh_got), "targets": targets,
+            "fresh_got": len(fresh_got), "targets": targets, "private": private,
             "leaders_before": {str(k): v for k, v in leaders.items()}}
 
 
@@ -369,7 +400,7 @@ def control_pause(cluster, nodes, data_dir) -> dict:
     from ray.util.state import list_actors
 
     client, queue = start(data_dir, shards=2)
-    wait_for(lambda: len(control_places()) == 3 and
+    wait_for(lambda: len(control_places()) >= 3 and
              all(len(p[0]) >= 2 for p in control_places().values()))
     before = control_places()["manager"]
     [old] = list_actors(filters=[("name", "=", "rayq-manager"), ("state", "=", "ALIVE")],
@@ -398,7 +429,7 @@ def drain_node(cluster, nodes, data_dir) -> dict:
     """The node leading the manager's store is drained while senders run, then removed
     with its folder: nothing fails over at its removal, and nothing is lost."""
     client, queue = start(data_dir, shards=3)
-    wait_for(lambda: len(control_places()) == 3 and
+    wait_for(lambda: len(control_places()) >= 3 and
              all(len(p[0]) >= 2 for p in control_places().values()))
     node = control_places()["manager"][0][0]
     senders = Senders("replicated", threads=4)
@@ -468,7 +499,7 @@ def healed(copies: int = 2) -> bool:
     except (ray.exceptions.RayError, ValueError):
         return False
     return all(len(p.in_sync) >= copies for p in shards.values()) and \
-        len(control_places()) == 3 and all(len(p[0]) >= copies for p in control_places().values())
+        len(control_places()) >= 3 and all(len(p[0]) >= copies for p in control_places().values())
 
 
 def node_pids(node_id: str) -> list[int]:
