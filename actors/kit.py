@@ -124,7 +124,10 @@ class ControlActor(RuntimeActor):
 
 
 def keep_copies(kv: ControlReplication, config: Config) -> None:
-    """One round of keeping a control store's copies (:meth:`ControlReplication.keep`)."""
+    """One round of keeping a control store's copies (:meth:`ControlReplication.keep`);
+    nothing for a store with one copy and no place (the embedded runtime)."""
+    if kv.place is None:
+        return
     nodes = [n.name for n in data_nodes(config)]
     kv.keep(nodes, config.store.replicas or default_replicas(len(nodes)), draining_nodes())
 

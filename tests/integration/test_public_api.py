@@ -165,7 +165,7 @@ def test_a_shard_with_too_many_calls_waiting_refuses_more_with_overloaded(client
 def test_start_reuses_a_running_runtime_with_its_own_configuration(client, tmp_path):
     client.create_queue("seen-by-both").send("hello")
     again = rayq.start(data_dir=tmp_path / "ignored", config=Config())
-    assert again.transport.manager._actor_id == client.transport.manager._actor_id
+    assert again.transport.manager.handle._actor_id == client.transport.manager.handle._actor_id
     assert again.config == client.config and again.config.consumers == CONSUMERS
     assert again.queue("seen-by-both").count() == 1
     assert len(again.consumer_stats()) == CONSUMERS.count

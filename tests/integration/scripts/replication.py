@@ -67,12 +67,13 @@ def start(data_dir: str, shards: int = 3, replicas: int = 2):
     return client, client.create_queue("replicated", subqueues=shards, max_receives=None)
 
 
-def drain(queue, expected: set, quiet_rounds: int = 25) -> set:
+def drain(queue, expected: set, quiet_rounds: int = 25, visibility_timeout_s: float = 30.0
+          ) -> set:
     """Receive (and delete) until every expected id came, or ``quiet_rounds`` in a row
     brought nothing."""
     received, quiet = set(), 0
     while quiet < quiet_rounds and not expected <= received:
-        got = queue.receive(max_messages=100, wait_s=0.2)
+        got = queue.receive(max_messages=100, wait_s=0.2, visibility_timeout_s=visibility_timeout_s)
         quiet = 0 if got else quiet + 1
         received.update(m.id for m in got)
         if got:
@@ -457,6 +458,9 @@ def drain_node(cluster, nodes, data_dir) -> dict:
             "lost": len(senders.acked - received)}
 
 
+VISIBILITY_S = 5.0  # a message received but not deleted (a failover) comes back this soon
+
+
 class Receivers:
     """Threads receiving (and deleting) from each of ``queues`` (name -> queue) for as
     long as ``running``: every delivery counted by id, and each checked to be one of
@@ -474,17 +478,21 @@ class Receivers:
     def _run(self, prefix: str, queue) -> None:
         while self.running:
             try:
-                got = queue.receive(max_messages=100, wait_s=0.2)
-                if got:
-                    queue.delete_batch([m.receipt for m in got])
+                got = queue.receive(max_messages=100, wait_s=0.2,
+                                    visibility_timeout_s=VISIBILITY_S)
             except rayq.RayqError:
                 time.sleep(0.1)
                 continue
-            with self.lock:
+            with self.lock:  # delivered, whether or not the delete below goes through
                 for m in got:
                     self.deliveries[m.id] = self.deliveries.get(m.id, 0) + 1
                     if not str(m.body).startswith(prefix):
                         self.foreign.append(m.id)
+            try:
+                if got:
+                    queue.delete_batch([m.receipt for m in got])
+            except rayq.RayqError:
+                pass  # a shard failing over: they come back after VISIBILITY_S
 
     def stop(self) -> None:
         self.running = False
@@ -551,8 +559,13 @@ def nemesis(cluster, nodes, data_dir, rounds: int = 3, seed: int = 7) -> dict:
     time.sleep(2.0)
     receivers.stop()
     acked = senders[0].acked | senders[1].acked
-    left = drain(own_client().queue("replicated"), senders[0].acked - set(receivers.deliveries))
-    left |= drain(acme().queue("orders"), senders[1].acked - set(receivers.deliveries))
+    # what the receivers took but could not delete shows again after VISIBILITY_S: the
+    # quiet rounds outlast it
+    quiet = int(3 * VISIBILITY_S / 0.2)
+    left = drain(own_client().queue("replicated"), senders[0].acked - set(receivers.deliveries),
+                 quiet, VISIBILITY_S)
+    left |= drain(acme().queue("orders"), senders[1].acked - set(receivers.deliveries),
+                  quiet, VISIBILITY_S)
     delivered = set(receivers.deliveries) | left
     return {"rounds": done, "healed": healed_at_end, "acked": len(acked),
             "lost": len(acked - delivered), "foreign": len(receivers.foreign),
@@ -568,8 +581,9 @@ MODES = {"copies": copies, "nemesis": nemesis, "control_loss": control_loss, "dr
 def run(mode: str, cluster, nodes) -> dict:
     """One scenario on its own runtime and data directory, stopped afterwards."""
     data_dir = tempfile.mkdtemp(prefix=f"rayq-replication-{mode}-")
+    started = time.monotonic()
     try:
-        return MODES[mode](cluster, nodes, data_dir)
+        return {**MODES[mode](cluster, nodes, data_dir), "seconds": time.monotonic() - started}
     finally:
         rayq.shutdown()
         shutil.rmtree(data_dir, ignore_errors=True)
