@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import ray
 
 from actors import COORDINATOR, FLOOD_DETECTOR, MANAGER, NAMESPACE
-from actors.controlstore import (claim, control_follower_name, current_place, draining_nodes,
+from actors.controlstore import (claim, control_follower_name, current_place, drain_marks,
                                  sqs_home_region)
 from actors.coordinator import CoordinatorRemote
 from actors.flood import FloodRemote
@@ -36,7 +36,7 @@ from rayq.config import Config
 from rayq.core.control.control_places import (ALL_STORES, CONTROL_STORES, SQS_STORE,
                                               ControlPlace, hands_over, starting_places)
 from rayq.core.control.placement import (LOCAL_NODE, DataNode, data_claim, default_replicas,
-                                         node_folder)
+                                         node_folder, still_draining)
 from rayq.core.control.control_store import Copies, LeaderWatch, fail_over, watch_round
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.kv import WriteSet
@@ -153,15 +153,18 @@ class ControlFollower:
         checked; a lost one is replaced (:func:`~rayq.core.control.control_store.watch_round`).
         A leader on a draining node is replaced too, once its store has as many copies
         in sync on nodes that stay."""
-        draining = draining_nodes()
+        marks = drain_marks()  # Ray's node table is read only when a leader may have to go
         nodes: dict[str, DataNode] = {}
+        draining: set[str] = set()
 
         def staying() -> set[str]:
-            nodes.update((n.name, n) for n in data_nodes(self.config))
+            found = data_nodes(self.config)
+            nodes.update((n.name, n) for n in found)
+            draining.update(still_draining(marks, found))
             return set(nodes) - draining
 
         def drains(place: ControlPlace) -> bool:
-            if place.leader not in draining:
+            if place.leader not in marks:
                 return False
             alive = staying()
             return hands_over(place, draining, alive,

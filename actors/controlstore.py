@@ -18,6 +18,7 @@ import ray.experimental.internal_kv as internal_kv
 
 from actors import NAMESPACE
 from actors.shipping import copy_store
+from rayq.core.control.placement import DataNode, still_draining
 from rayq.core.control.control_places import (ALL_STORES, ControlPlace, claim_key,
                                               claim_prefix, decode_place, encode_place, newest_key)
 from rayq.core.kit.kv import LmdbKV, WriteSet
@@ -65,16 +66,22 @@ def set_sqs_home_region(region: str) -> None:
 DRAINING_KEY = b"rayq/draining"  # in Ray's GCS: the data nodes being drained (JSON list)
 
 
-def draining_nodes() -> frozenset[str]:
-    """The data nodes being drained (``client.drain``): nothing new goes there, and what
-    they hold moves off."""
+def drain_marks() -> dict[str, str]:
+    """The data nodes marked for a drain (``client.drain``), by name: the Ray node id of
+    the node that was marked (see :func:`~rayq.core.control.placement.still_draining`)."""
     raw = internal_kv._internal_kv_get(DRAINING_KEY, namespace=NAMESPACE)
-    return frozenset(json.loads(raw)) if raw else frozenset()
+    return json.loads(raw) if raw else {}
 
 
-def set_draining(nodes: frozenset[str]) -> None:
-    internal_kv._internal_kv_put(DRAINING_KEY, json.dumps(sorted(nodes)).encode(),
+def set_drain_marks(marks: dict[str, str]) -> None:
+    internal_kv._internal_kv_put(DRAINING_KEY, json.dumps(marks, sort_keys=True).encode(),
                                  overwrite=True, namespace=NAMESPACE)
+
+
+def draining_nodes(nodes: list[DataNode]) -> frozenset[str]:
+    """The names among ``nodes`` (alive data nodes) being drained: nothing new goes there,
+    and what they hold moves off."""
+    return still_draining(drain_marks(), nodes)
 
 
 def every_place() -> dict[str, ControlPlace]:
@@ -125,7 +132,7 @@ class RayControlPeers:
     @staticmethod
     def snapshot(kv: LmdbKV) -> bytes:
         """The store as one LMDB file, as of one read transaction (copied private)."""
-        folder = os.path.join(os.path.dirname(kv.env.path()), "seeding-control")
+        folder = f"{kv.env.path().rstrip(os.sep)}.seeding"  # one per store: they seed at once
         try:
             copy_store(kv, folder)
             with open(os.path.join(folder, "data.mdb"), "rb") as copy:

@@ -128,15 +128,16 @@ def keep_copies(kv: ControlReplication, config: Config) -> None:
     nothing for a store with one copy and no place (the embedded runtime)."""
     if kv.place is None:
         return
-    nodes = [n.name for n in data_nodes(config)]
-    kv.keep(nodes, config.store.replicas or default_replicas(len(nodes)), draining_nodes())
+    nodes = data_nodes(config)
+    kv.keep([n.name for n in nodes], config.store.replicas or default_replicas(len(nodes)),
+            draining_nodes(nodes))
 
 
-def replicated_store(store: str, kv: LmdbKV, config: Config,
+def replicated_store(store: str, kv: LmdbKV, config: Config | None,
                      start_copy: Callable[[str], None] | None) -> ControlReplication:
     """``kv``, the store of a control actor running here, kept on its place's copies on a
-    cluster (plain on the embedded runtime's unnamed node)."""
-    node = this_data_node(config).name
+    cluster (plain on the embedded runtime's unnamed node, or with no ``config``)."""
+    node = LOCAL_NODE if config is None else this_data_node(config).name
     return ControlReplication(store, kv, node,
                               None if node == LOCAL_NODE else RayControlPeers(start_copy))
 

@@ -14,11 +14,11 @@ import asyncio
 import ray
 
 from actors import COORDINATOR, FLOOD_DETECTOR, NAMESPACE, consumer_name
-from actors.controlstore import draining_nodes, every_place, set_draining
+from actors.controlstore import drain_marks, every_place, set_drain_marks
 from actors.placement import data_nodes
 from actors.replicas import WATCH_INTERVAL_S, ReplicaKeeper
 from rayq.core.control.control_places import control_left_on
-from rayq.core.control.placement import ShardPlace
+from rayq.core.control.placement import ShardPlace, marked_to_drain, unmarked
 from actors.consumer import ConsumerRemote, named_consumers
 from actors.kit import ControlActor
 from rayq.config import Config
@@ -87,15 +87,13 @@ class QueueManager(ControlActor):
         """Move every shard copy, leadership and control store copy off data node
         ``node`` (admin only), in the background: nothing new goes there meanwhile.
         Returns what it still holds (:meth:`drain_status`)."""
-        self._check_node(node)
-        set_draining(draining_nodes() | {node})
+        set_drain_marks(marked_to_drain(drain_marks(), node, data_nodes(self.config)))
         return await self.drain_status(node)
 
     @signed(MANAGER_OPS["undrain"])
     async def undrain(self, node: str) -> None:
         """``node`` takes copies again (admin only)."""
-        self._check_node(node)
-        set_draining(draining_nodes() - {node})
+        set_drain_marks(unmarked(drain_marks(), node))
 
     @signed(MANAGER_OPS["drain_status"])
     async def drain_status(self, node: str) -> dict[str, dict[str, int]]:
@@ -103,12 +101,6 @@ class QueueManager(ControlActor):
         "control": {"leads", "copies"}}``; all zeros once it can leave at no cost."""
         return {"shards": self.replicas.left_on(node),
                 "control": control_left_on(every_place(), node)}
-
-    def _check_node(self, node: str) -> None:
-        known = {n.name for n in data_nodes(self.config)} | \
-            {n for p in self.replicas.places.values() for n in p.replicas}
-        if not isinstance(node, str) or node not in known:
-            raise InvalidMessage(f"no data node named {node!r:.80}")
 
     def places(self) -> dict[int, ShardPlace]:
         """Every shard's replicas, in-sync set and epoch."""

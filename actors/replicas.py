@@ -145,7 +145,7 @@ class ReplicaKeeper:
         if all(p.leader == LOCAL_NODE for p in self.places.values()):
             return  # the embedded runtime: one copy, nowhere to fail over to
         nodes = data_nodes(self.config)
-        draining = draining_nodes()
+        draining = draining_nodes(nodes)
         await self._check_leaders(nodes)
         self._reseed(nodes, draining)
         if draining:

@@ -97,11 +97,11 @@ class SqsState:
     def __init__(self, data_dir: str, config: Config | None = None,
                  home_region: str = HOME_REGION, clock: Clock | None = None,
                  start_copy=None):
-        kv = open_kv(data_dir, SQS_STORE, map_size=256 << 20)
         # on a cluster, kept on copies on other data nodes as the control stores are
-        self.kv = kv if config is None else replicated_store(SQS_STORE, kv, config, start_copy)
+        self.kv = replicated_store(SQS_STORE, open_kv(data_dir, SQS_STORE, map_size=256 << 20),
+                                   config, start_copy)
         self._stopping = threading.Event()
-        if self.kv is not kv and self.kv.place is not None:
+        if self.kv.place is not None:
             threading.Thread(target=self._keep_copies, args=(config,), daemon=True).start()
         self.dedup = Dedup(self.kv)
         self._records: Counter[str] = Counter()  # FIFO records per queue since its last sweep

@@ -76,3 +76,24 @@ def test_a_drain_is_done_when_the_node_holds_nothing():
 def test_a_control_store_led_from_a_draining_node_hands_over_once_its_copies_stay(
         in_sync, staying, hands):
     assert hands_over(ControlPlace("manager", in_sync, 3), {"n1"}, staying, 2) is hands
+
+
+def test_a_node_back_under_a_drained_nodes_name_is_a_new_node_not_draining():
+    from rayq.core.control.placement import DataNode, still_draining
+
+    marks = {"n1": "id-1"}
+    assert still_draining(marks, [DataNode("n1", "id-1"), DataNode("n2", "id-2")]) == {"n1"}
+    assert still_draining(marks, [DataNode("n1", "id-9"), DataNode("n2", "id-2")]) == set()
+
+
+def test_a_drain_marks_the_alive_node_of_that_name_and_refuses_an_unknown_one():
+    from rayq.core.control.placement import DataNode, marked_to_drain, unmarked
+    from rayq.errors import InvalidMessage
+
+    nodes = [DataNode("n1", "id-1"), DataNode("n2", "id-2")]
+    marks = marked_to_drain({}, "n1", nodes)
+    assert marks == {"n1": "id-1"} and unmarked(marks, "n1") == {}
+    with pytest.raises(InvalidMessage):
+        marked_to_drain(marks, "n9", nodes)
+    with pytest.raises(InvalidMessage):
+        unmarked(marks, "n2")

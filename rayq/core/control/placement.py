@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from rayq.errors import RuntimeFailure
+from rayq.errors import InvalidMessage, RuntimeFailure
 
 DATA_NODE_LABEL = "rayq-data-node"
 LOCAL_NODE = ""  # the name of the embedded runtime's only data node
@@ -83,6 +83,30 @@ def node_with_id(nodes: Sequence[DataNode], node_id: str) -> DataNode:
     """The data node of Ray node ``node_id``; the unnamed one for a node that holds no
     data (or the embedded runtime's only node)."""
     return next((n for n in nodes if n.node_id == node_id), DataNode(LOCAL_NODE, node_id))
+
+
+def still_draining(marked: Mapping[str, str], nodes: Sequence[DataNode]) -> frozenset[str]:
+    """The names among ``nodes`` being drained: ``marked`` maps a drained node's name to
+    its Ray node id, so a node that joins again under a drained one's name (a new
+    machine, or the same one back with an empty disk) is a new node, not draining."""
+    return frozenset(n.name for n in nodes if marked.get(n.name) == n.node_id)
+
+
+def marked_to_drain(marks: Mapping[str, str], node: str, nodes: Sequence[DataNode]
+                    ) -> dict[str, str]:
+    """``marks`` with the alive data node named ``node`` marked to drain (by its Ray node
+    id, see :func:`still_draining`). Raises InvalidMessage when no alive node has that name."""
+    found = {n.name: n.node_id for n in nodes}
+    if not isinstance(node, str) or node not in found:
+        raise InvalidMessage(f"no alive data node named {node!r:.80}")
+    return {**marks, node: found[node]}
+
+
+def unmarked(marks: Mapping[str, str], node: str) -> dict[str, str]:
+    """``marks`` without ``node``'s. Raises InvalidMessage when it is not marked."""
+    if not isinstance(node, str) or node not in marks:
+        raise InvalidMessage(f"no data node named {node!r:.80} is draining")
+    return {name: node_id for name, node_id in marks.items() if name != node}
 
 
 def shard_indexes(names: Sequence[str]) -> list[int]:

@@ -552,7 +552,8 @@ def nemesis(cluster, nodes, data_dir, rounds: int = 3, seed: int = 7) -> dict:
                     os.kill(pid, signal.SIGCONT)
                 except ProcessLookupError:
                     pass  # replaced meanwhile: killed for good
-        done.append([name, action])
+        done.append([name, action, control_places().get("manager"), sorted(
+            own_client().list_queues())])
     healed_at_end = wait_for(healed, 240)
     for s in senders:
         s.stop()
