@@ -102,7 +102,10 @@ def failover(seconds: float, control: bool = False, default_health_checks: bool 
         lost = current_place("manager").leader if control else "n2"
         lost_at = time.monotonic()
         cluster.remove_node(nodes[lost], allow_graceful=False)
-        shutil.rmtree(os.path.join(data_dir, lost))
+        # its processes may write a moment longer: remove what they leave, twice
+        for _ in range(2):
+            shutil.rmtree(os.path.join(data_dir, lost), ignore_errors=True)
+            time.sleep(0.5)
         time.sleep(max(seconds, 15.0))
         running[0] = False
         for t in threads:

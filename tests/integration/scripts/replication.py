@@ -170,7 +170,7 @@ def node_kill(cluster, nodes, data_dir) -> dict:
     before, targets = len(senders.acked), senders.shards()
     lost_at = time.monotonic()
     cluster.remove_node(nodes["n2"], allow_graceful=False)
-    shutil.rmtree(os.path.join(data_dir, "n2"))  # nothing of n2's can be reopened
+    remove_folder(os.path.join(data_dir, "n2"))  # nothing of n2's can be reopened
     wait_for_acks(senders, len(senders.acked) + 300)
     deadline = time.monotonic() + 60  # until every sender was acknowledged since the loss
     while senders.longest_wait_s(lost_at) is None and time.monotonic() < deadline:
@@ -294,6 +294,14 @@ def control_places() -> dict:
     return {store: [list(p.in_sync), p.epoch] for store, p in every_place().items()}
 
 
+def remove_folder(path: str) -> None:
+    """Delete a lost node's folder: its processes may write a moment after the node is
+    removed, so what they leave is removed again."""
+    for _ in range(3):
+        shutil.rmtree(path, ignore_errors=True)
+        time.sleep(0.5)
+
+
 def answers(name: str) -> bool:
     try:
         return bool(ray.get(ray.get_actor(name).ping.remote(), timeout=5))
@@ -357,7 +365,7 @@ def control_loss(cluster, nodes, data_dir) -> dict:
     leaders = {k: p.leader for k, p in ray.get(ray.get_actor("rayq-manager").places.remote()).items()}
     lost_at = time.monotonic()
     cluster.remove_node(nodes["n1"], allow_graceful=False)
-    shutil.rmtree(os.path.join(data_dir, "n1"))  # nothing of n1's can be reopened
+    remove_folder(os.path.join(data_dir, "n1"))  # nothing of n1's can be reopened
     wait_for_acks(senders, len(senders.acked) + 300)
     wait_for(lambda: senders.longest_wait_s(lost_at) is not None, 120)
     recovered_s = senders.longest_wait_s(lost_at)
@@ -442,7 +450,7 @@ def drain_node(cluster, nodes, data_dir) -> dict:
     drained_control = control_places()
     wait_for_acks(senders, len(senders.acked) + 200)
     cluster.remove_node(nodes[node], allow_graceful=False)
-    shutil.rmtree(os.path.join(data_dir, node))
+    remove_folder(os.path.join(data_dir, node))
     removed_at = time.monotonic()
     wait_for_acks(senders, len(senders.acked) + 300)
     wait_for(lambda: senders.longest_wait_s(removed_at) is not None, 120)
@@ -539,7 +547,7 @@ def nemesis(cluster, nodes, data_dir, rounds: int = 3, seed: int = 7) -> dict:
         name, action = rng.choice(sorted(nodes)), rng.choice(("kill", "pause"))
         if action == "kill":
             cluster.remove_node(nodes[name], allow_graceful=False)
-            shutil.rmtree(os.path.join(data_dir, name), ignore_errors=True)
+            remove_folder(os.path.join(data_dir, name))
             time.sleep(5.0)  # the runtime works without it for a while
             nodes[name] = add_node(cluster, name)  # back under its name, empty
         else:
