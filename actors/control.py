@@ -31,7 +31,7 @@ from actors.kit import CONTROL_MAP_BYTES
 from actors.manager import QueueManager
 from actors.sqs import STATE as SQS_STATE, SqsStateRemote
 from actors.placement import copies_on_disk, data_nodes, pinned
-from actors.replicas import ACTOR_OPTIONS, kill_named
+from actors.replicas import ACTOR_OPTIONS, answers_ping, kill_named
 from rayq.config import Config
 from rayq.core.control.control_places import (ALL_STORES, CONTROL_STORES, SQS_STORE,
                                               ControlPlace, hands_over, starting_places)
@@ -171,20 +171,10 @@ class ControlFollower:
                               self.config.store.replicas or default_replicas(len(alive)))
         failover = RayFailover(nodes, self.data_dir, self.config)
         await watch_round(self._watch, {s: current_place(s) for s in ALL_STORES}, staying,
-                          drains, lambda store: _answers(ACTOR_NAMES[store]),
+                          drains, lambda store: answers_ping(ACTOR_NAMES[store], PING_TIMEOUT_S),
                           lambda place, alive: fail_over(place, alive, failover,
                                                          prefer=self.node),
                           self.clock.monotonic())
-
-
-async def _answers(name: str) -> bool:
-    try:
-        handle = ray.get_actor(name, namespace=NAMESPACE)
-        await asyncio.wait_for(call_async(lambda: handle.ping.remote(), NO_RETRY),
-                               PING_TIMEOUT_S)
-        return True
-    except (RayqError, ray.exceptions.RayError, ValueError, asyncio.TimeoutError):
-        return False
 
 
 

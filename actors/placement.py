@@ -15,7 +15,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from actors import NAMESPACE
 from rayq.config import Config
 from rayq.core.control.placement import (DATA_NODE_LABEL, LOCAL_NODE, DataNode, ShardPlace,
-                                         data_nodes_of, node_folder, shard_indexes)
+                                         data_nodes_of, node_folder)
 from rayq.core.control.control_places import copy_folders
 from rayq.core.control.replicas import decode_places, encode_places
 from rayq.core.kit.kv import peek
@@ -51,19 +51,6 @@ def _copies_in(folder: str) -> dict[str, tuple[int, int]]:
 def copies_on_disk(nodes: list[DataNode], data_dir: str) -> dict[str, dict[str, tuple[int, int]]]:
     """Per data node, per folder name: (epoch, sequence) of each copy its disk holds."""
     refs = {n.name: _copies_in.options(**pinned(n)).remote(node_folder(data_dir, n.name))
-            for n in nodes}
-    return {name: ray.get(ref, timeout=60) for name, ref in refs.items()}
-
-
-@ray.remote(num_cpus=0)
-def _shards_in(folder: str) -> list[int]:
-    """The shard indexes whose folders ``folder`` holds (on the node this runs on)."""
-    return shard_indexes(os.listdir(folder)) if os.path.isdir(folder) else []
-
-
-def shards_on_disk(nodes: list[DataNode], data_dir: str) -> dict[str, list[int]]:
-    """Per data node, the shards its own disk already holds."""
-    refs = {n.name: _shards_in.options(**pinned(n)).remote(node_folder(data_dir, n.name))
             for n in nodes}
     return {name: ray.get(ref, timeout=60) for name, ref in refs.items()}
 

@@ -48,6 +48,16 @@ SEED_TIMEOUT_S = 600.0      # copying a shard to a new follower and catching up
 LEADER_START_S = 60.0       # a leader started here may take this long to answer a first ping
 
 
+async def answers_ping(name: str, timeout_s: float) -> bool:
+    """Whether the runtime actor ``name`` answers a ping within ``timeout_s``."""
+    try:
+        handle = ray.get_actor(name, namespace=NAMESPACE)
+        await asyncio.wait_for(call_async(lambda: handle.ping.remote(), NO_RETRY), timeout_s)
+        return True
+    except (RayqError, ray.exceptions.RayError, ValueError, asyncio.TimeoutError):
+        return False
+
+
 def runtime_options(node: DataNode) -> dict:
     """Actor options: detached, named, no CPU, pinned to ``node``, where its files are."""
     return {**ACTOR_OPTIONS, **pinned(node)}
@@ -232,13 +242,7 @@ class ReplicaKeeper:
             log.warning("shard %d: seeding a follower on %s failed: %r", shard, node.name, err)
 
     async def _ping(self, shard: int) -> bool:
-        try:
-            handle = ray.get_actor(shard_name(shard), namespace=NAMESPACE)
-            await asyncio.wait_for(call_async(lambda: handle.ping.remote(), NO_RETRY),
-                                   PING_TIMEOUT_S)
-            return True
-        except (RayqError, ray.exceptions.RayError, ValueError, asyncio.TimeoutError):
-            return False
+        return await answers_ping(shard_name(shard), PING_TIMEOUT_S)
 
     async def _fail_over(self, place: ShardPlace, nodes: list[DataNode],
                          prefer: str | None = None) -> None:

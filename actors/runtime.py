@@ -10,14 +10,13 @@ from actors import consumer_name, shard_name
 from actors.control import control_starter
 from actors.controlstore import CONTROL_FOLLOWER_PREFIX, current_place, forget_place
 from actors.kit import manager_handle, shard_handles
-from actors.placement import (copies_on_disk, data_nodes, publish, published_places,
-                              shards_on_disk)
+from actors.placement import (copies_on_disk, data_nodes, publish, published_places)
 from actors.replicas import start_followers, start_shard
 from actors.shipping import FOLLOWER_PREFIX
 from rayq.config import Config
 from rayq.core.control.control_places import SQS_STORE
 from rayq.core.control.placement import (LOCAL_NODE, DataNode, ShardPlace, default_replicas,
-                                         plan_shards)
+                                         plan_shards, shard_indexes)
 from rayq.core.control.replicas import (recovered_shards, reusable, trusted_shard,
                                         with_followers)
 from rayq.core.kit.clock import Clock, SystemClock
@@ -33,14 +32,16 @@ def plan(nodes: list[DataNode], data_dir: str, config: Config) -> dict[int, Shar
     restarted) rebuilt from the copies on the disks, the one that applied most
     leading; else where its files are or spread, with followers round the ring."""
     places = published_places()
-    # the embedded runtime keeps one copy: nothing recorded to compare
-    held = {} if nodes[0].name == LOCAL_NODE else copies_on_disk(nodes, data_dir)
     if reusable(places, config.store.shards, {n.name for n in nodes}):
-        # a node back under a known name with an empty or older folder leads nothing
+        # the embedded runtime keeps one copy: nothing recorded to compare; elsewhere a
+        # node back under a known name with an empty or older folder leads nothing
+        held = {} if nodes[0].name == LOCAL_NODE else copies_on_disk(nodes, data_dir)
         return {shard: trusted_shard(place, {n: held.get(n, {}).get(f"shard-{shard}")
                                              for n in place.in_sync})
                 for shard, place in places.items()}
-    leaders = plan_shards(nodes, shards_on_disk(nodes, data_dir), config.store.shards)
+    held = copies_on_disk(nodes, data_dir)  # one look at every node's folder serves both
+    on_disk = {node: shard_indexes(list(found)) for node, found in held.items()}
+    leaders = plan_shards(nodes, on_disk, config.store.shards)
     copies = config.store.replicas or default_replicas(len(nodes))
     return {**with_followers(leaders, [n.name for n in nodes], copies),
             **recovered_shards(held, config.store.shards)}
