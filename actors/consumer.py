@@ -26,7 +26,6 @@ import ray
 from ray import cloudpickle
 
 from actors import COORDINATOR, NAMESPACE, consumer_name
-from actors.kit import manager_link
 from actors.metrics import BackgroundFailures
 from rayq.batching import AsyncBatcher
 from rayq.config import Config
@@ -44,7 +43,8 @@ from rayq.core.codec.tasks import (DeferralCause, Outcome, TaskSpec, UsageReport
                              encode_error, encode_result, error_of)
 from rayq.core.codec.wire import decode_delivered
 from rayq.errors import RayqError, ReceiptInvalid, RuntimeFailure
-from rayq.remote import IN_RUNTIME, NO_RETRY, actor_names, call_async, running, shard_link
+from rayq.remote import (IN_RUNTIME, NO_RETRY, actor_names, call_async, manager_link, running,
+                         shard_link)
 
 log = logging.getLogger("rayq.consumer")
 __all__ = ["ConsumerActor", "ConsumerStats", "named_consumers"]

@@ -31,7 +31,7 @@ from actors.kit import CONTROL_MAP_BYTES
 from actors.manager import QueueManager
 from actors.sqs import STATE as SQS_STATE, SqsStateRemote
 from actors.placement import copies_on_disk, data_nodes, pinned
-from actors.replicas import ACTOR_OPTIONS, answers_ping, kill_named
+from actors.replicas import ACTOR_OPTIONS, RECHECK_S, answers_ping, kill_named
 from rayq.config import Config
 from rayq.core.control.control_places import (ALL_STORES, CONTROL_STORES, SQS_STORE,
                                               ControlPlace, hands_over, starting_places)
@@ -51,7 +51,7 @@ ManagerRemote = ray.remote(QueueManager)
 ACTOR_NAMES = {"manager": MANAGER, "coordinator": COORDINATOR, "flood": FLOOD_DETECTOR,
                SQS_STORE: SQS_STATE}
 WATCH_INTERVAL_S = 1.0
-PING_TIMEOUT_S = 2.0
+PING_TIMEOUT_S = 1.0
 MAX_FAILED_PINGS = 3
 FENCE_TIMEOUT_S = 2.0
 LEADER_START_S = 60.0  # a control actor just started may take this long to answer a first ping
@@ -75,10 +75,11 @@ def launch_control(store: str, node: DataNode, data_dir: str, config: Config):
 
 
 def start_copy_on(name: str, data_dir: str, config: Config) -> None:
-    """Start the control follower of data node ``name`` and wait until it answers."""
+    """Start the control follower of data node ``name`` and wait until it answers (one
+    whose process is gone fails at once, not after Ray's health checks)."""
     node = next(n for n in data_nodes(config) if n.name == name)
     follower = start_control_follower(node, data_dir, config)
-    call(lambda: follower.ping.remote(), NO_RETRY, timeout_s=60)
+    call(lambda: follower.ping.options(max_task_retries=0).remote(), NO_RETRY, timeout_s=60)
 
 
 def start_control_follower(node: DataNode, data_dir: str, config: Config):
@@ -95,7 +96,8 @@ class ControlFollower:
         self.node, self.data_dir, self.config = node, data_dir, config
         self.clock = clock or SystemClock()
         self._copies = Copies(lambda store: open_copy(self._folder(store), CONTROL_MAP_BYTES))
-        self._watch = LeaderWatch(node, MAX_FAILED_PINGS, LEADER_START_S)
+        self._watch = LeaderWatch(node, MAX_FAILED_PINGS, LEADER_START_S,
+                                  self.clock.monotonic())
         self._watching = asyncio.get_running_loop().create_task(self._watch_forever())
 
     def _folder(self, store: str) -> str:
@@ -142,7 +144,7 @@ class ControlFollower:
     # -- watching the leaders ---------------------------------------------------------------
     async def _watch_forever(self) -> None:
         while True:
-            await asyncio.sleep(WATCH_INTERVAL_S)
+            await asyncio.sleep(RECHECK_S if self._watch.missing() else WATCH_INTERVAL_S)
             try:
                 await self.watch()
             except Exception as err:  # noqa: BLE001 - a round that failed: the next one

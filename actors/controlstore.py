@@ -20,7 +20,8 @@ from actors import NAMESPACE
 from actors.shipping import copy_store
 from rayq.core.control.placement import DataNode, still_draining
 from rayq.core.control.control_places import (ALL_STORES, ControlPlace, claim_key,
-                                              claim_prefix, decode_place, encode_place, newest_key)
+                                              claim_prefix, decode_place, encode_place,
+                                              given_up, newest_key)
 from rayq.core.kit.kv import LmdbKV, WriteSet
 from rayq.remote import NO_RETRY, call
 
@@ -37,8 +38,17 @@ def current_place(store: str) -> ControlPlace | None:
     """``store``'s place of the highest epoch claimed (None: never placed)."""
     keys = internal_kv._internal_kv_list(claim_prefix(store), namespace=NAMESPACE)
     key = newest_key(keys)
-    return None if key is None else decode_place(
-        internal_kv._internal_kv_get(key, namespace=NAMESPACE))
+    return None if key is None else _place_at(key)
+
+
+def given_up_node(store: str) -> str | None:
+    """The node whose leader of ``store`` the newest failover gave up on (None: none)."""
+    keys = sorted(internal_kv._internal_kv_list(claim_prefix(store), namespace=NAMESPACE))
+    return given_up(*map(_place_at, keys[-2:])) if len(keys) > 1 else None
+
+
+def _place_at(key: bytes) -> ControlPlace:
+    return decode_place(internal_kv._internal_kv_get(key, namespace=NAMESPACE))
 
 
 def claim(place: ControlPlace) -> bool:

@@ -16,7 +16,7 @@ import random
 import ray
 
 from actors.consumer import named_consumers
-from actors.kit import ControlActor, manager_link
+from actors.kit import ControlActor
 from actors.metrics import CoordinatorMetrics
 from rayq.analytics.eventlog import log_decision, log_report, open_event_log
 from rayq.config import Config
@@ -30,7 +30,7 @@ from rayq.core.auth.gate import signed
 from rayq.core.kit.history import EventHistory
 from rayq.core.fairness.rules import SuspensionRule, SuspensionRules
 from rayq.core.codec.tasks import Outcome, Tally, TallyRow, UsageReport
-from rayq.remote import answers, call_all_async, call_async
+from rayq.remote import answers, call_all_async, call_async, manager_link
 
 
 class FairnessCoordinator(ControlActor):

@@ -23,7 +23,7 @@ import json
 
 import ray
 
-from actors.kit import ControlActor, manager_link
+from actors.kit import ControlActor
 from actors.metrics import FloodMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
@@ -38,7 +38,7 @@ from rayq.core.flood.isolation import (dedicated_by_shard, dedicated_on, dedicat
                                  with_sweeps)
 from rayq.core.codec.model import pack, unpack
 from rayq.core.control.registry import QueueInfo
-from rayq.remote import call_all_async, call_async
+from rayq.remote import call_all_async, call_async, manager_link
 
 MOVE_ROWS_PER_CALL = 5_000
 MAX_SWEEP_BATCHES = 500   # per flooder and shard in one run: the next run goes on

@@ -9,13 +9,11 @@ surface is its entries in :mod:`rayq.core.auth.operations` (``@signed`` methods)
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 from collections.abc import Awaitable, Callable
 
 import ray
 
-from actors import MANAGER, NAMESPACE
 from actors.controlstore import RayControlPeers, draining_nodes
 from actors.metrics import BackgroundFailures
 from actors.placement import data_nodes
@@ -25,28 +23,11 @@ from rayq.core.control.control_store import ControlReplication
 from rayq.core.control.placement import LOCAL_NODE, DataNode, default_replicas, node_with_id
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.kv import LmdbKV
-from rayq.channel import ShardLink
-from rayq.remote import call_async, named, shard_link
+from rayq.remote import call_async, manager_handle, shard_link
 
 CONTROL_MAP_BYTES = 64 << 20  # a control actor's LMDB: registries, rules, histories
 COPIES_INTERVAL_S = 5.0       # how often a control actor checks its store's copies (a lost
                               # one is also noticed by the next write that fails)
-
-
-def manager_handle() -> ShardLink:
-    """A link to the manager that finds it again once it moved (its control store
-    failed over to another node: docs/replication.md). Raises ValueError while no
-    manager runs."""
-    return ShardLink(ray.get_actor(MANAGER, namespace=NAMESPACE), False, _find_manager)
-
-
-def manager_link() -> ShardLink:
-    """:func:`manager_handle` for an actor, which may start before the manager does
-    (both failing over): the manager is looked up at the link's first use."""
-    return ShardLink(None, False, _find_manager)
-
-
-_find_manager = functools.partial(named, MANAGER)
 
 
 def shard_handles(config: Config, use_channel: bool = False) -> list:
@@ -80,11 +61,12 @@ class RuntimeActor:
         self.failures = BackgroundFailures(component, index)
         self._loops: list[asyncio.Task] = []
 
-    def run_every(self, interval_s: float, loop: str, step: Callable[[], Awaitable]) -> None:
-        """Run ``step`` every ``interval_s`` seconds for the actor's life; a failed round
-        is counted and the next one tries again."""
+    def run_every(self, interval_s: float, loop: str, step: Callable[[], Awaitable],
+                  first_s: float | None = None) -> None:
+        """Run ``step`` every ``interval_s`` seconds for the actor's life (the first time
+        after ``first_s``); a failed round is counted and the next one tries again."""
         self._loops.append(asyncio.get_running_loop().create_task(
-            self.failures.every(interval_s, loop, step)))
+            self.failures.every(interval_s, loop, step, first_s)))
 
     async def ping(self) -> bool:
         """True once the actor is up (the runtime waits for it at start)."""

@@ -14,7 +14,7 @@ import asyncio
 import ray
 
 from actors import COORDINATOR, FLOOD_DETECTOR, NAMESPACE, consumer_name
-from actors.controlstore import drain_marks, every_place, set_drain_marks
+from actors.controlstore import drain_marks, every_place, given_up_node, set_drain_marks
 from actors.placement import data_nodes
 from actors.replicas import WATCH_INTERVAL_S, ReplicaKeeper
 from rayq.core.control.control_places import control_left_on
@@ -67,8 +67,12 @@ class QueueManager(ControlActor):
         self._states_told = False  # whether the shards were told every queue's put states
         self.run_every(config.scaling.interval_s, "scaling", self._scale_round)
         # the shards' replicas: in-sync sets and failover (docs/replication.md)
-        self.replicas = ReplicaKeeper(self.kv, data_root or data_dir, config, self.clock)
-        self.run_every(WATCH_INTERVAL_S, "replicas", self.replicas.watch)
+        suspect = given_up_node("manager")
+        self.replicas = ReplicaKeeper(self.kv, data_root or data_dir, config, self.clock,
+                                      suspect=suspect)
+        # after a failover, the shards led where the old manager was are checked at once
+        self.run_every(WATCH_INTERVAL_S, "replicas", self.replicas.watch,
+                       first_s=0.0 if suspect else None)
 
     async def shrink_in_sync(self, shard: int, node: str, epoch: int) -> ShardPlace:
         """Take a follower out of ``shard``'s in-sync set, as its leader of ``epoch``

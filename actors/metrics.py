@@ -93,11 +93,14 @@ class BackgroundFailures:
     def total(self) -> int:
         return sum(self.counts.values())
 
-    async def every(self, interval_s: float, loop: str, step: Callable[[], Awaitable]) -> None:
-        """Run ``step`` every ``interval_s`` seconds for ever (see :meth:`guarded`)."""
+    async def every(self, interval_s: float, loop: str, step: Callable[[], Awaitable],
+                    first_s: float | None = None) -> None:
+        """Run ``step`` every ``interval_s`` seconds for ever (see :meth:`guarded`), the
+        first time after ``first_s`` (default: ``interval_s``)."""
+        await asyncio.sleep(interval_s if first_s is None else first_s)
         while True:
-            await asyncio.sleep(interval_s)
             await self.guarded(loop, step)
+            await asyncio.sleep(interval_s)
 
     async def guarded(self, loop: str, step: Callable[[], Awaitable],
                       also: tuple[type[Exception], ...] = ()) -> None:

@@ -17,13 +17,13 @@ import logging
 import threading
 import time
 
-from actors.kit import manager_handle, shard_handles
+from actors.kit import shard_handles
 from rayq.client import Client
 from rayq.config import Config
 from rayq.core.auth.accounts import Signer
 from rayq.core.kit.clock import Clock
 from rayq.core.kit.kv import KV
-from rayq.remote import call
+from rayq.remote import call, manager_handle
 from rayq.sqs import moves
 from rayq.sqs.moves import MoveStatus, MoveTask, MoveTasks
 from rayq.sqs.sigv4 import Caller

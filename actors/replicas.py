@@ -42,6 +42,7 @@ PLACES_KEY = b"places"      # in the manager's meta table: every shard's ShardPl
 WATCH_INTERVAL_S = 1.0      # how often the manager checks the leaders
 PING_TIMEOUT_S = 1.0        # a leader slower than this to answer a ping missed it
 MAX_FAILED_PINGS = 3        # missed in a row: the leader counts as lost
+RECHECK_S = 0.2             # after a missed ping, the next comes this soon
 FENCE_TIMEOUT_S = 2.0
 GONE_TIMEOUT_S = 10.0       # how long a killed actor's name may take to free
 SEED_TIMEOUT_S = 600.0      # copying a shard to a new follower and catching up
@@ -49,10 +50,13 @@ LEADER_START_S = 60.0       # a leader started here may take this long to answer
 
 
 async def answers_ping(name: str, timeout_s: float) -> bool:
-    """Whether the runtime actor ``name`` answers a ping within ``timeout_s``."""
+    """Whether the runtime actor ``name`` answers a ping within ``timeout_s``. The ping
+    is not retried by Ray: an actor whose process is gone fails it at once, long before
+    Ray's health checks call its node dead."""
     try:
         handle = ray.get_actor(name, namespace=NAMESPACE)
-        await asyncio.wait_for(call_async(lambda: handle.ping.remote(), NO_RETRY), timeout_s)
+        await asyncio.wait_for(call_async(
+            lambda: handle.ping.options(max_task_retries=0).remote(), NO_RETRY), timeout_s)
         return True
     except (RayqError, ray.exceptions.RayError, ValueError, asyncio.TimeoutError):
         return False
@@ -113,12 +117,16 @@ class ReplicaKeeper:
     Ray's GCS; in-sync changes asked by leaders; the leaders watched, and replaced by
     an in-sync follower when lost."""
 
-    def __init__(self, kv: LmdbKV, data_dir: str, config: Config, clock: Clock):
+    def __init__(self, kv: LmdbKV, data_dir: str, config: Config, clock: Clock,
+                 suspect: str | None = None):
+        """``suspect``: the node a failover of the manager's own store just gave up on; a
+        shard leader there counts as lost at its first missed ping."""
         self.kv, self.data_dir, self.config, self.clock = kv, data_dir, config, clock
         stored = decode_places(kv.read(lambda txn: txn.get("meta", PLACES_KEY)))
         self.places = newest(stored, published_places())
         self._save()
-        self._missed: dict[int, int] = {}
+        self._missed: dict[int, int] = {p.shard: MAX_FAILED_PINGS - 1
+                                        for p in self.places.values() if p.leader == suspect}
         self._seeding: dict[int, asyncio.Task] = {}
         self._starting: dict[int, float] = {}  # leaders started, not yet answered: until when
         self._lock = asyncio.Lock()
@@ -164,17 +172,24 @@ class ReplicaKeeper:
             await self._balance(nodes)
 
     async def _check_leaders(self, nodes: list[DataNode]) -> None:
-        replicated = watched(self.places.values())
-        answered = await asyncio.gather(*(self._ping(p.shard) for p in replicated))
-        counted, self._starting = pings_counted(
-            {p.shard: ok for p, ok in zip(replicated, answered)}, self._starting,
-            self.clock.monotonic())
-        self._missed = count_missed(self._missed, counted)
-        for shard in lost_leaders(replicated, {n.name for n in nodes}, self._missed,
-                                  MAX_FAILED_PINGS):
-            async with self._lock:
-                await self._fail_over(self.places[shard], nodes)
-                self._missed[shard] = 0
+        """Ping every replicated shard's leader; while one missed its last ping without
+        counting as lost yet, ping again after RECHECK_S (a lost leader is replaced a
+        few seconds after it stopped answering, not a few rounds)."""
+        while True:
+            replicated = watched(self.places.values())
+            answered = await asyncio.gather(*(self._ping(p.shard) for p in replicated))
+            counted, self._starting = pings_counted(
+                {p.shard: ok for p, ok in zip(replicated, answered)}, self._starting,
+                self.clock.monotonic())
+            self._missed = count_missed(self._missed, counted)
+            for shard in lost_leaders(replicated, {n.name for n in nodes}, self._missed,
+                                      MAX_FAILED_PINGS):
+                async with self._lock:
+                    await self._fail_over(self.places[shard], nodes)
+                    self._missed[shard] = 0
+            if not any(0 < m < MAX_FAILED_PINGS for m in self._missed.values()):
+                return
+            await asyncio.sleep(RECHECK_S)
 
     def _copies(self, nodes: list[DataNode]) -> int:
         return self.config.store.replicas or default_replicas(len(nodes))

@@ -9,7 +9,7 @@ import ray
 from actors import consumer_name, shard_name
 from actors.control import control_starter
 from actors.controlstore import CONTROL_FOLLOWER_PREFIX, current_place, forget_place
-from actors.kit import manager_handle, shard_handles
+from actors.kit import shard_handles
 from actors.placement import (copies_on_disk, data_nodes, publish, published_places)
 from actors.replicas import start_followers, start_shard
 from actors.shipping import FOLLOWER_PREFIX
@@ -21,7 +21,7 @@ from rayq.core.control.replicas import (recovered_shards, reusable, trusted_shar
                                         with_followers)
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.errors import RuntimeFailure
-from rayq.remote import NO_RETRY, actor_names, call, running
+from rayq.remote import NO_RETRY, actor_names, call, manager_handle, running
 
 FAILOVER_WAIT_S = 60.0  # how long finding the runtime waits for a manager failing over
 

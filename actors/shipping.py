@@ -10,7 +10,7 @@ from typing import Any
 
 import ray
 
-from actors import MANAGER, NAMESPACE
+from actors import NAMESPACE
 from actors.placement import published_places
 from rayq.config import Config
 from rayq.core.control.placement import ShardPlace
@@ -20,7 +20,7 @@ from rayq.errors import RuntimeFailure
 from rayq.core.kit.kv import LmdbKV, Write, WriteSet
 from rayq.core.kit.private import FILE_MODE, make_private_dir
 from rayq.core.storage.layout import REPLICA_KEY, read_replica_state, replica_state
-from rayq.remote import IN_RUNTIME, NO_RETRY, call_async
+from rayq.remote import IN_RUNTIME, NO_RETRY, call_async, manager_link
 
 
 FOLLOWER_PREFIX = "rayq-follower-"
@@ -32,11 +32,13 @@ def follower_name(index: int, node: str) -> str:
 
 class RayPeers:
     """Followers by name (``rayq-follower-<shard>-<node>``), each call tried once; the
-    manager with the runtime's retries."""
+    manager with the runtime's retries, found again when it moved (a call to a manager
+    lost with its node fails once the manager is replaced, and goes to the new one)."""
 
     def __init__(self, index: int):
         self.index = index
         self._followers: dict[str, object] = {}
+        self._manager = manager_link()
 
     def _follower(self, node: str):
         found = self._followers.get(node)
@@ -64,14 +66,12 @@ class RayPeers:
         return await self._call(node, "apply", epoch, first_seq, sets)
 
     async def shrink(self, node: str, epoch: int) -> ShardPlace:
-        manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
-        return await call_async(lambda: manager.shrink_in_sync.remote(self.index, node, epoch),
-                                IN_RUNTIME)
+        return await call_async(
+            lambda: self._manager.shrink_in_sync.remote(self.index, node, epoch), IN_RUNTIME)
 
     async def rejoin(self, node: str, epoch: int) -> ShardPlace:
-        manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
-        return await call_async(lambda: manager.rejoin_in_sync.remote(self.index, node, epoch),
-                                IN_RUNTIME)
+        return await call_async(
+            lambda: self._manager.rejoin_in_sync.remote(self.index, node, epoch), IN_RUNTIME)
 
 
 ONE_COPY = _OneCopyShipper()

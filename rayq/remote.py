@@ -21,7 +21,7 @@ from typing import Any
 
 import ray
 
-from actors import NAMESPACE, shard_name
+from actors import MANAGER, NAMESPACE, shard_name
 from rayq.channel import ChannelLost, ShardLink, actor_lost
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.retry import RetrySchedule
@@ -203,3 +203,19 @@ def shard_link(index: int, use_channel: bool = False) -> ShardLink:
     # looked up at first use: a control actor that starts while a shard fails over
     # (both were on a lost node) starts all the same
     return ShardLink(None, use_channel, functools.partial(named, shard_name(index)))
+
+
+def manager_handle() -> ShardLink:
+    """A link to the manager that finds it again once it moved (its control store
+    failed over to another node: docs/replication.md). Raises ValueError while no
+    manager runs."""
+    return ShardLink(ray.get_actor(MANAGER, namespace=NAMESPACE), False, _find_manager)
+
+
+def manager_link() -> ShardLink:
+    """:func:`manager_handle` for an actor, which may start before the manager does
+    (both failing over): the manager is looked up at the link's first use."""
+    return ShardLink(None, False, _find_manager)
+
+
+_find_manager = functools.partial(named, MANAGER)

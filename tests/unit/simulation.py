@@ -200,11 +200,11 @@ class Follower:
     """A node's control follower, keeping its copies as ``actors.control`` does, and its
     watcher's state."""
 
-    def __init__(self, node: Node):
+    def __init__(self, node: Node, now: float):
         self.node = node
         self.proc = Proc(f"rayq-control-{node.name}", node.name)
         self.copies = Copies(lambda store: Replica(node.folder(store)))
-        self.watch = LeaderWatch(node.name, MAX_FAILED_PINGS, START_GRACE_S)
+        self.watch = LeaderWatch(node.name, MAX_FAILED_PINGS, START_GRACE_S, now)
 
     def apply(self, store, epoch, first_seq, sets) -> int:
         return self.copies[store].apply(epoch, first_seq, sets)
@@ -642,7 +642,7 @@ class World:
         if node.state is not NodeState.UP:
             raise TimeoutError(f"start follower on {name}: node {node.state.value}")
         if node.follower is None:
-            node.follower = Follower(node)
+            node.follower = Follower(node, self.clock.monotonic())
             self.log(f"start follower on {name}")
         self.call(caller, node.follower.proc, f"ping follower {name}", lambda: True)
 
@@ -678,7 +678,7 @@ class World:
         for proc in self.procs_on(name):
             proc.alive = False
         if node.follower is not None:
-            node.follower = Follower(node)
+            node.follower = Follower(node, self.clock.monotonic())
         for store, leader in list(self.actors.items()):
             if leader.proc.node == name:
                 del self.actors[store]
@@ -873,7 +873,7 @@ class World:
         """Every node's follower runs; each store starts alone on a node, as a new runtime
         places it, and its leader seeds its copies."""
         for node in self.nodes.values():
-            node.follower = Follower(node)
+            node.follower = Follower(node, self.clock.monotonic())
         starter = Proc("runtime", NODES[0])
         for store in self.stores:
             name = self.rng.choice(NODES)
@@ -939,7 +939,7 @@ class World:
         self.log("runtime start")
         for node in self.nodes.values():
             if node.follower is None:
-                node.follower = Follower(node)
+                node.follower = Follower(node, self.clock.monotonic())
         stores = [s for s in self.stores if s not in self.actors]
         on_disk = {name: {store: replica_of(kv) for store, kv in node.disk.items()}
                    for name, node in self.nodes.items()}

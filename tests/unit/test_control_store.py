@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from rayq.core.control.control_places import (ControlPlace, best_copies, promoted, recovered,
-                                              seed_target, starting_place, trusted)
+from rayq.core.control.control_places import (ControlPlace, best_copies, given_up, promoted,
+                                              recovered, seed_target, starting_place, trusted)
 from rayq.core.control.control_store import ControlReplication, LeaderWatch, fail_over
 from rayq.core.control.placement import ShardPlace
 from rayq.core.control.replicas import trusted_shard
@@ -217,13 +217,23 @@ def test_a_seeding_that_failed_on_a_node_is_tried_next_on_another(tmp_path):
 
 
 def test_a_leader_is_lost_when_its_node_goes_or_after_three_missed_pings_past_its_grace():
-    watch = LeaderWatch("n2", max_failed_pings=3, start_grace_s=60.0)
+    watch = LeaderWatch("n2", max_failed_pings=3, start_grace_s=60.0, started=0.0)
     place = ControlPlace("manager", ("n1", "n2"), 3)
     assert [watch.lost(place, True, False, now) for now in (1, 2, 3)] == [False] * 3  # grace
+    assert watch.missing() is False
     assert [watch.lost(place, True, True, now) for now in (4, 5)] == [False, False]
-    assert [watch.lost(place, True, False, now) for now in (6, 7, 8)] == [False, False, True]
+    assert watch.lost(place, True, False, 6) is False and watch.missing()
+    assert [watch.lost(place, True, False, now) for now in (7, 8)] == [False, True]
     assert watch.lost(ControlPlace("manager", ("n3", "n2"), 4), False, False, 9)  # node gone
     assert not watch.watches(ControlPlace("manager", ("n1", "n3"), 5))
+
+
+def test_a_copy_seeded_long_after_the_watch_started_gives_its_running_leader_no_grace():
+    watch = LeaderWatch("n2", max_failed_pings=3, start_grace_s=60.0, started=0.0)
+    place = ControlPlace("flood", ("n1", "n2"), 2)  # n2's copy joined at 100 s
+    assert [watch.lost(place, True, False, now) for now in (100, 101, 102)] == [False, False, True]
+    moved = ControlPlace("flood", ("n3", "n2"), 3)  # a new leader placed: its grace
+    assert [watch.lost(moved, True, False, now) for now in (103, 104, 105)] == [False] * 3
 
 
 def test_an_empty_folder_under_a_known_name_never_leads_a_restarted_runtime():
@@ -270,3 +280,10 @@ def test_a_seed_moves_a_copy_that_applied_more_aside_and_never_deletes_it(tmp_pa
     assert os.listdir(tmp_path / "shard-0") == []  # emptied for the seed
     clear_for_seed(str(tmp_path / "shard-0"), seq=4)  # an empty one: nothing to keep
     assert sorted(os.listdir(tmp_path)) == ["shard-0", "shard-0.kept-3-9"]
+
+
+def test_the_node_a_failover_gave_up_on_is_the_old_leader_out_of_the_copies():
+    before = ControlPlace("manager", ("n1", "n2", "n3"), 4)
+    assert given_up(before, ControlPlace("manager", ("n2", "n3"), 5)) == "n1"
+    assert given_up(before, ControlPlace("manager", ("n2", "n1"), 5)) is None  # handed over
+    assert given_up(None, before) is None and given_up(before, None) is None

@@ -58,6 +58,15 @@ def newest_key(keys: Sequence[bytes]) -> bytes | None:
     return max(keys, default=None)
 
 
+def given_up(before: ControlPlace | None, after: ControlPlace | None) -> str | None:
+    """The node whose leader a failover gave up on from ``before`` to ``after`` (the
+    store's two newest places): the old leader, now out of the in-sync copies. What
+    else ran there is suspect too (None: no such node)."""
+    if before is None or after is None or before.leader in after.in_sync:
+        return None
+    return before.leader
+
+
 def encode_place(place: ControlPlace) -> bytes:
     return json.dumps({"store": place.store, "in_sync": list(place.in_sync),
                        "epoch": place.epoch}).encode()

@@ -10,6 +10,8 @@ handed in (:class:`ControlPeers`): no Ray here.
 
 from __future__ import annotations
 
+import asyncio
+
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Collection, Mapping
@@ -172,7 +174,8 @@ class ControlReplication:
         """One round: notice a newer epoch (this leader was replaced: refuse from now
         on), drop copies whose node is gone (or drains, once enough stay), level the
         others, and seed a copy on another node while fewer than ``copies`` are in sync
-        on nodes that stay."""
+        on nodes that stay. The new copy's node is asked to start its follower first,
+        while writes go on: a node that does not answer holds no write up."""
         if self.place is None:
             return
         with self._lock:
@@ -189,23 +192,31 @@ class ControlReplication:
                     self._level(node)
             target = seed_target(self.place, alive, copies, copies_per_node(self.peers.places()),
                                  draining, self._unseeded)
-            if target is None:
+        if target is None or not self._seeded(target, lambda: self.peers.start(target)):
+            return
+        with self._lock:
+            if self.refused is not None or target in self.place.in_sync:
                 return
             if self.seq == 0:
                 # a copy's first write set: no copy joins having applied none, so one at
                 # 0 is a folder back empty, never promoted (control_places.promoted)
                 self.transact(lambda txn: None)
-            try:
-                self.peers.start(target)
-                self._seed(target)
-            except Exception as err:  # noqa: BLE001 - the next round tries another node first
-                log.warning("control store %s: seeding a copy on %s failed: %r",
-                            self.store, target, err)
-                self._unseeded[target] = self._unseeded.get(target, 0) + 1
-                return
-            self._unseeded.pop(target, None)
-            self._synced.add(target)
-            self._claim(joined(self.place, target))
+            if self._seeded(target, lambda: self._seed(target)):
+                self._unseeded.pop(target, None)
+                self._synced.add(target)
+                self._claim(joined(self.place, target))
+
+    def _seeded(self, target: str, step: Callable[[], None]) -> bool:
+        """Whether ``step`` of seeding a copy on ``target`` went through; a failure is
+        counted, and the next round tries another node first."""
+        try:
+            step()
+            return True
+        except Exception as err:  # noqa: BLE001 - any failure: another node next round
+            log.warning("control store %s: seeding a copy on %s failed: %r",
+                        self.store, target, err)
+            self._unseeded[target] = self._unseeded.get(target, 0) + 1
+            return False
 
 
 
@@ -243,13 +254,23 @@ async def fail_over(place: ControlPlace, alive: Collection[str], peers: Failover
 class LeaderWatch:
     """A data node's watch over the leaders of the control stores it holds in-sync
     copies of: pings missed in a row per store, and a grace for a leader just placed
-    (a new worker process and its store take a while to answer a first ping)."""
+    (a new worker process and its store take a while to answer a first ping). A leader
+    is just placed when its epoch changes under this watch, or when the watch itself
+    started (``started``, monotonic) less than a grace ago: a runtime starting. A copy
+    seeded onto this node later watches a leader that has long run: no grace."""
 
-    def __init__(self, node: str, max_failed_pings: int, start_grace_s: float):
+    def __init__(self, node: str, max_failed_pings: int, start_grace_s: float,
+                 started: float):
         self.node, self.max_failed, self.grace_s = node, max_failed_pings, start_grace_s
+        self._started = started
         self._missed: dict[str, int] = {}
         self._starting: dict[str, float] = {}
         self._epochs: dict[str, int] = {}
+
+    def missing(self) -> bool:
+        """Whether a leader missed its last ping without counting as lost yet: the next
+        round should come soon."""
+        return any(0 < missed < self.max_failed for missed in self._missed.values())
 
     def watches(self, place: ControlPlace | None) -> bool:
         """Whether this node watches ``place``'s leader: it holds an in-sync copy."""
@@ -260,8 +281,11 @@ class LeaderWatch:
         ``alive`` or not and its actor ``answered`` a ping or not (monotonic ``now``)."""
         store = place.store
         if self._epochs.get(store) != place.epoch:
+            if store in self._epochs or now < self._started + self.grace_s:
+                self._starting[store] = now + self.grace_s
+            else:
+                self._starting.pop(store, None)
             self._epochs[store] = place.epoch
-            self._starting[store] = now + self.grace_s
             self._missed[store] = 0
         counted, self._starting = pings_counted({store: answered}, self._starting, now)
         self._missed.update(count_missed(self._missed, counted))
@@ -275,15 +299,17 @@ async def watch_round(watch: LeaderWatch, places: Mapping[str, ControlPlace | No
                       replace: Callable[[ControlPlace, Collection[str]], Awaitable],
                       now: float) -> None:
     """One round of a watcher: each store whose in-sync copy it holds has its leader
-    checked: its actor ``answers(store)`` a ping, and only when it does not (or it
-    ``hands_over``: its node drains and enough copies stay), whether its node is among
-    the alive nodes that stay (``staying()``, asked once a round at most: it is Ray's
-    node table). A lost leader is replaced (``replace(place, staying)``: :func:`fail_over`)."""
+    checked: its actor ``answers(store)`` a ping (every store's at once), and only when
+    it does not (or it ``hands_over``: its node drains and enough copies stay), whether
+    its node is among the alive nodes that stay (``staying()``, asked once a round at
+    most: it is Ray's node table). A lost leader is replaced (``replace(place,
+    staying)``: :func:`fail_over`)."""
+    watched = {store: place for store, place in places.items() if watch.watches(place)}
+    pinged = [store for store, place in watched.items() if not hands_over(place)]
+    answered_by = dict(zip(pinged, await asyncio.gather(*(answers(s) for s in pinged))))
     nodes: Collection[str] | None = None
-    for store, place in places.items():
-        if not watch.watches(place):
-            continue
-        answered = not hands_over(place) and await answers(store)
+    for store, place in watched.items():
+        answered = answered_by.get(store, False)
         if not answered and nodes is None:
             nodes = staying()
         up = answered or place.leader in nodes

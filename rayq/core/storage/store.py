@@ -266,9 +266,9 @@ class ShardStore:
 
     def outcomes(self, message_ids: Sequence[str]) -> list[tuple[Ending, bytes] | None]:
         """:meth:`outcome` of each id, read in one transaction."""
-        for message_id in message_ids:
-            if not isinstance(message_id, str) or not 0 < len(message_id) <= 64:
-                raise InvalidMessage(f"not a message id: {message_id!r:.80}")
+        for asked in message_ids:
+            if not isinstance(asked, str) or not 0 < len(asked) <= 64:
+                raise InvalidMessage(f"not a message id: {asked!r:.80}")
         return self.kv.read(lambda txn: outcomes.read_outcomes(txn, message_ids))
 
     def take_enqueued(self) -> tuple[Callable[[int], str], list[Enqueued]]:
