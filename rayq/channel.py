@@ -60,6 +60,12 @@ class ChannelLost(RuntimeFailure):
     the shard acted on it is unknown, as for a Ray call that met a restart."""
 
 
+class BetweenPlaces(RuntimeFailure):
+    """Raised when a link's actor runs under its name nowhere for a moment (a shard's
+    leader or the manager moving to another node): the call is issued again, and given
+    up as one that met a restart."""
+
+
 class Channel:
     """One Unix socket to one shard, shared by the threads of this process."""
 
@@ -248,9 +254,9 @@ class ShardLink:
             self._resolved_at = _lost_actors[0]
             try:
                 fresh = self._resolve()
-            except Exception:  # not running yet: the old handle until the next loss
+            except Exception as err:  # not running yet: the old handle until the next loss
                 if self._handle is None:
-                    raise
+                    raise BetweenPlaces(str(err)) from err
                 return self._handle
             if self._handle is None or fresh._actor_id != self._handle._actor_id:
                 self._handle, self._use_channel = fresh, self._wants_channel

@@ -22,7 +22,7 @@ from typing import Any
 import ray
 
 from actors import MANAGER, NAMESPACE, shard_name
-from rayq.channel import ChannelLost, ShardLink, actor_lost
+from rayq.channel import BetweenPlaces, ChannelLost, ShardLink, actor_lost
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.retry import RetrySchedule
 from rayq.errors import NotEnoughReplicas, RayqError, RuntimeFailure, StaleEpoch
@@ -126,7 +126,8 @@ def _restarting() -> tuple[type[BaseException], ...]:
     moment: docs/replication.md); read when raised: importing this module touches nothing
     of Ray's."""
     return (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ChannelLost,
-            ray.exceptions.ActorUnschedulableError, StaleEpoch, NotEnoughReplicas)
+            BetweenPlaces, ray.exceptions.ActorUnschedulableError, StaleEpoch,
+            NotEnoughReplicas)
 
 
 def _failure(err: ray.exceptions.RayTaskError) -> RayqError:
