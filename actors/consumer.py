@@ -33,8 +33,8 @@ from rayq.core.control.balancer import HostReading, host_pressed
 from rayq.core.control.consumer_state import ConsumerState, ConsumerStats
 from rayq.core.kit.batcher import Batcher
 from rayq.core.kit.clock import Clock, SystemClock
-from rayq.core.control.consuming import (DeadLetter, decide_end, gives_up, long_poll_group,
-                                         pause_after, receive_requests)
+from rayq.core.control.consuming import (DeadLetter, Unloadable, decide_end, gives_up,
+                                         long_poll_group, pause_after, receive_requests)
 from rayq.core.control.managing import indexes_by_name
 from rayq.core.codec.model import StoredMessage
 from rayq.core.control.registry import QueueInfo
@@ -42,7 +42,7 @@ from rayq.core.control.routes import RouteCache
 from rayq.core.codec.tasks import (DeferralCause, Outcome, TaskSpec, UsageReport, decode_call,
                              encode_error, encode_result, error_of)
 from rayq.core.codec.wire import decode_delivered
-from rayq.errors import RayqError, ReceiptInvalid, RuntimeFailure
+from rayq.errors import InvalidMessage, RayqError, ReceiptInvalid, RuntimeFailure
 from rayq.remote import (IN_RUNTIME, NO_RETRY, actor_names, call_async, manager_link, running,
                          shard_link)
 
@@ -176,7 +176,17 @@ class ConsumerActor:
     async def _refresh_handlers(self) -> None:
         version, table = await call_async(
             lambda: self.manager.task_table.remote(self.state.tasks_version))
-        self.state.adopt_handlers(version, table, cloudpickle.loads)
+        self.state.adopt_handlers(version, table, self._load)
+
+    def _load(self, blob: bytes) -> Any:
+        """A registered handler, unpickled here; a failure (its module is not installed
+        where this consumer runs) is counted and logged, and disables that type alone."""
+        try:
+            return cloudpickle.loads(blob)
+        except Exception as err:
+            log.warning("consumer %d cannot load a handler: %r", self.index, err)
+            self.failures.record("handler load", err)
+            raise
 
     async def _refresh_plan(self) -> None:
         coordinator = ray.get_actor(COORDINATOR, namespace=NAMESPACE)
@@ -235,10 +245,11 @@ class ConsumerActor:
         if handler is None:  # registered a moment ago, or not at all: look again first
             await self._refresh_handlers()
             handler = self.state.handlers.get(m.type)
-        cause = self.state.hold_back(handler is not None, m.key)
+        runnable = handler is not None and not isinstance(handler[1], Unloadable)
+        cause = self.state.hold_back(runnable, m.key)
         if cause is not None and gives_up(cause, m.enqueued_at, self.clock.now(),
                                           self.consumer_config.unrunnable_after_s):
-            await self._give_up(held)
+            await self._give_up(held, handler[1] if handler is not None else None)
             return
         if cause is not None:
             await self._defer(held, cause)
@@ -253,16 +264,19 @@ class ConsumerActor:
             return
         started = self.state.started()
         try:
-            ok, outcome = await self._call(fn, held, spec, lease)
+            ok, outcome, retriable = await self._call(fn, held, spec, lease)
         finally:
             usage_s = self.state.finished(started)
             if spec.concurrency:
                 await call_async(lambda: self.manager.release.remote(m.type, lease))
-        ending = await self._end(held, spec, ok, outcome)
+        ending = await self._end(held, spec, ok, outcome, retriable)
         self._report(held, usage_s, ending, started - m.enqueued_at)
 
-    async def _call(self, fn, held: _Held, spec: TaskSpec, lease: str) -> tuple[bool, bytes]:
-        """Run the handler while a heartbeat keeps the task hidden; (ok, encoded outcome)."""
+    async def _call(self, fn, held: _Held, spec: TaskSpec,
+                    lease: str) -> tuple[bool, bytes, bool]:
+        """Run the handler while a heartbeat keeps the task hidden; (ok, encoded outcome,
+        whether a failure may be retried). A value that cannot be stored is a failure
+        that another run would repeat, with its side effects: not retried."""
         done = asyncio.Event()
         heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(held, spec, lease, done))
         try:
@@ -272,12 +286,15 @@ class ConsumerActor:
             else:
                 loop = asyncio.get_running_loop()
                 value = await loop.run_in_executor(self._threads, lambda: fn(*args, **kwargs))
-            return True, encode_result(value, held.message.type)
         except Exception as err:  # the handler's failure is the task's outcome
-            return False, error_of(err)
+            return False, error_of(err), True
         finally:
             done.set()
             await heartbeat  # let an extension in flight land, so our receipt stays current
+        try:
+            return True, encode_result(value, held.message.type), True
+        except InvalidMessage as err:
+            return False, error_of(err), False
 
     async def _heartbeat(self, held: _Held, spec: TaskSpec, lease: str, done: asyncio.Event):
         interval = self.consumer_config.visibility_timeout_s / 3
@@ -296,11 +313,13 @@ class ConsumerActor:
             except (RayqError, ray.exceptions.RayError):
                 return  # lost the task (or its shard): whoever holds it now finishes it
 
-    async def _end(self, held: _Held, spec: TaskSpec, ok: bool, outcome: bytes) -> Outcome:
+    async def _end(self, held: _Held, spec: TaskSpec, ok: bool, outcome: bytes,
+                   retriable: bool = True) -> Outcome:
         """Delete a finished task, retry a failed one later, dead-letter a failed last
         try (:func:`rayq.core.control.consuming.decide_end` decides which)."""
         m, queue = held.message, held.queue
-        end = decide_end(ok, m.dequeue_count, spec, queue.max_receives, self.consumer_config)
+        end = decide_end(ok, m.dequeue_count, spec, queue.max_receives, self.consumer_config,
+                         retriable)
         dead_letter = queue.dead_letter_on(queue.subqueue(m.subqueue).shard)
         name, args = end.shard_call(held.receipt, outcome, dead_letter)
         try:
@@ -310,10 +329,13 @@ class ConsumerActor:
             self.state.lost_one()  # it became visible again and someone else took it
             return end.outcome_if_lost
 
-    async def _give_up(self, held: _Held) -> None:
-        """Dead-letter a task no handler was registered for in time, with that error."""
+    async def _give_up(self, held: _Held, unloadable: Unloadable | None) -> None:
+        """Dead-letter a task no handler was registered for in time (or whose handler
+        cannot be loaded here: ``unloadable``), with that error."""
         m, queue = held.message, held.queue
-        error = encode_error("LookupError", f"no handler is registered for task type {m.type!r}")
+        error = encode_error("LookupError", f"no handler is registered for task type {m.type!r}") \
+            if unloadable is None else \
+            encode_error(unloadable.error_type, unloadable.outcome_message(m.type))
         end = DeadLetter()
         name, args = end.shard_call(held.receipt, error,
                                     queue.dead_letter_on(queue.subqueue(m.subqueue).shard))

@@ -10,7 +10,7 @@ from rayq.core.control.consuming import (DeadLetter, Finish, PlanFollower, Retry
                                  check_end_calls, decide_end, effective_load, excluded_keys,
                                  held_back, is_last_try, long_poll_group, pause_after,
                                  poll_places, receive_requests, receive_size, recent_task_s,
-                                 refreshed_handlers, slots_to_start)
+                                 refreshed_handlers, slots_to_start, Unloadable)
 from rayq.core.fairness.policy import Decision, ListenPlan
 from rayq.core.codec.model import Ending
 from rayq.core.codec.tasks import DeferralCause, Outcome, TaskSpec
@@ -39,6 +39,12 @@ DLQ = 99
 def test_a_delivery_ends_by_its_outcome_its_attempt_and_the_limits(ok, attempt, queue_max,
                                                                     expected):
     assert decide_end(ok, attempt, SPEC, queue_max, CONFIG) == expected
+
+
+def test_a_failure_another_run_would_repeat_is_dead_lettered_on_the_first_try():
+    # a value that cannot be stored: running the handler again repeats its side effects
+    assert decide_end(False, 1, SPEC, 5, CONFIG, retriable=False) == DeadLetter()
+    assert decide_end(True, 1, SPEC, 5, CONFIG, retriable=False) == Finish()
 
 
 @pytest.mark.parametrize("attempt, task_max, queue_max, last", [
@@ -171,6 +177,24 @@ def test_handlers_are_loaded_again_only_when_their_spec_or_bytes_change():
     assert refreshed_handlers(known, table, load) == {
         "a": (SPEC, "fn-a", b"a1"), "b": (spec2, "fn<b1>", b"b1"), "c": (SPEC, "fn<c1>", b"c1")}
     assert loads == [b"b1", b"c1"]
+
+
+def test_a_handler_that_cannot_be_loaded_disables_its_own_type_only():
+    def load(blob):
+        if blob == b"missing":
+            raise ModuleNotFoundError("No module named 'jobmod'")
+        return f"fn<{blob.decode()}>"
+
+    table = {"a": (SPEC, b"missing"), "b": (SPEC, b"b1")}
+    got = refreshed_handlers({}, table, load)
+    assert got["a"] == (SPEC, Unloadable("ModuleNotFoundError", "No module named 'jobmod'"),
+                        b"missing")
+    assert got["b"] == (SPEC, "fn<b1>", b"b1")
+    assert "cannot be loaded: No module named 'jobmod'" in got["a"][1].outcome_message("a")
+    # kept as it is until its type is registered anew: one failure logged, not one a round
+    assert refreshed_handlers(got, table, lambda blob: 1 / 0) == got
+    table["a"] = (SPEC, b"a2")
+    assert refreshed_handlers(got, table, load)["a"] == (SPEC, "fn<a2>", b"a2")
 
 
 def decision(intervening, permits=()):

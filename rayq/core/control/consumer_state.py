@@ -14,7 +14,7 @@ import itertools
 import random
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rayq.config import Config
@@ -23,7 +23,8 @@ from rayq.core.codec.tasks import DeferralCause, Outcome, TaskSpec, UsageReport
 from rayq.core.control.balancer import BalancerState, is_hit
 from rayq.core.control.consuming import (PlanFollower, Saturation, effective_load,
                                          excluded_keys, held_back, poll_places, receive_size,
-                                         recent_task_s, refreshed_handlers, slots_to_start)
+                                         recent_task_s, refreshed_handlers, slots_to_start,
+                                         Unloadable)
 from rayq.core.control.registry import QueueInfo
 from rayq.core.fairness.policy import ListenPlan
 from rayq.core.kit.clock import Clock
@@ -42,7 +43,9 @@ class ConsumerStats:
     misses (docs/consumer-balancing.md); deferrals: tasks put back unrun (a
     concurrency limit, host pressure, a suspended key, no handler: see
     ``DeferralCause``); lost: tasks whose receipt went stale before they were ended
-    (someone else re-ran them).
+    (someone else re-ran them); unloadable: the task types whose handler this consumer
+    could not load, with the error (their tasks are dead-lettered with it; every other
+    type runs).
     """
 
     index: int
@@ -56,6 +59,7 @@ class ConsumerStats:
     background_failures: int = 0  # failed plan/handler refreshes and receives, logged each
     plan_version: int | None = None  # the coordinator's listen plan this consumer follows
     waited_hits: int = 0
+    unloadable: dict[str, str] = field(default_factory=dict)
 
     @property
     def empty_polls(self) -> int:
@@ -211,4 +215,11 @@ class ConsumerState:
     def stats(self, background_failures: int = 0) -> ConsumerStats:
         return ConsumerStats(self.index, self.balancer.load, self.balancer.hit_rate,
                              self.polls, self.hits, self.running, self.deferrals, self.lost,
-                             background_failures, self.plan.version, self.waited_hits)
+                             background_failures, self.plan.version, self.waited_hits,
+                             self.unloadable())
+
+    def unloadable(self) -> dict[str, str]:
+        """The task types whose handler could not be loaded here, with the error."""
+        return {type_: f"{fn.error_type}: {fn.message}"
+                for type_, (_, fn, _) in sorted(self.handlers.items())
+                if isinstance(fn, Unloadable)}

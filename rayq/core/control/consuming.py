@@ -84,13 +84,14 @@ def is_last_try(attempt: int, task_max_receives: int, queue_max_receives: int | 
 
 
 def decide_end(succeeded: bool, attempt: int, spec: TaskSpec, queue_max_receives: int | None,
-               config: ConsumerConfig) -> TaskEnd:
+               config: ConsumerConfig, retriable: bool = True) -> TaskEnd:
     """How delivery ``attempt`` of a task ends: Finish when its handler returned,
-    DeadLetter when it raised on the last try, else Retry after a back-off that doubles
-    from ``config.retry_backoff_s`` with each delivery, up to ``config.max_backoff_s``."""
+    DeadLetter when it raised on the last try (or failed in a way another try would
+    repeat: not ``retriable``), else Retry after a back-off that doubles from
+    ``config.retry_backoff_s`` with each delivery, up to ``config.max_backoff_s``."""
     if succeeded:
         return Finish()
-    if is_last_try(attempt, spec.max_receives, queue_max_receives):
+    if not retriable or is_last_try(attempt, spec.max_receives, queue_max_receives):
         return DeadLetter()
     return Retry(backoff_s(attempt, config.retry_backoff_s, config.max_backoff_s))
 
@@ -220,16 +221,37 @@ def excluded_keys(suspended: Collection[str], saturated: Collection[str],
     return set(suspended) | (set(saturated) if key_mode == "type" else set())
 
 
+@dataclass(frozen=True)
+class Unloadable:
+    """In place of a handler this consumer could not load (its module is not installed
+    where the consumer runs, say): its type alone is disabled, and its tasks are
+    dead-lettered with this error once ``unrunnable_after_s`` passed."""
+
+    error_type: str
+    message: str
+
+    def outcome_message(self, type_: str) -> str:
+        return f"the handler of task type {type_!r} cannot be loaded: {self.message}"
+
+
 def refreshed_handlers(known: Mapping[str, tuple[TaskSpec, Any, bytes]],
                        table: Mapping[str, tuple[TaskSpec, bytes]],
                        load: Callable[[bytes], Any]) -> dict[str, tuple[TaskSpec, Any, bytes]]:
     """The handler table after the manager's ``table``: a handler whose spec and bytes
-    did not change is kept as loaded; others are loaded with ``load``."""
+    did not change is kept as loaded (or as :class:`Unloadable`: loaded again once its
+    type is registered anew); others are loaded with ``load``, each on its own, so one
+    that fails to load stands as Unloadable and disables no other type."""
     out = {}
     for type_, (spec, blob) in table.items():
         old = known.get(type_)
-        out[type_] = old if old is not None and old[0] == spec and old[2] == blob \
-            else (spec, load(blob), blob)
+        if old is not None and old[0] == spec and old[2] == blob:
+            out[type_] = old
+            continue
+        try:
+            fn = load(blob)
+        except Exception as err:  # noqa: BLE001 - any failure to unpickle: that type alone
+            fn = Unloadable(type(err).__name__, str(err))
+        out[type_] = (spec, fn, blob)
     return out
 
 
