@@ -15,6 +15,7 @@ from rich.table import Table
 
 import rayq
 import rayq.config
+from rayq.runtime.session import WORKER_OUTPUT_ENV
 
 console = Console()
 
@@ -26,8 +27,10 @@ TOKEN_MODE_ENV = "RAY_AUTH_MODE"  # Ray's CLI and job client use ~/.ray/auth_tok
 @click.group()
 def main() -> None:
     """rayq: a durable, multi-tenant queue and fair scheduling runtime on Ray."""
-    # A quiet console: Ray's Python warnings stay in Ray's log files.
+    # A quiet console: Ray's Python warnings, and what the runtime's actors print, stay
+    # in Ray's log files (this process is rayq's own, not a job's).
     os.environ.setdefault("RAYQ_RAY_LOG_LEVEL", "ERROR")
+    os.environ.setdefault(WORKER_OUTPUT_ENV, "0")
 
 
 def _connect():
@@ -368,10 +371,12 @@ def _status(client) -> Group:
                        f"{s.calls_committed / max(1, s.commits):.1f}", f"{c.bytes / 2**20:.1f}",
                        str(c.hits), str(c.bypasses), "yes" if c.under_pressure else "no",
                        str(s.store.spilled))
-    consumers = _table("consumers", "consumer", "load", "hit rate", "running", "polls", "deferrals")
+    consumers = _table("consumers", "consumer", "load", "hit rate", "running", "polls", "deferrals",
+                       "handlers it cannot load")
     for s in client.consumer_stats():
         consumers.add_row(str(s.index), str(s.load), f"{s.hit_rate:.2f}", str(s.running),
-                          str(s.polls), str(s.deferrals))
+                          str(s.polls), str(s.deferrals),
+                          "; ".join(f"{t}: {e}" for t, e in s.unloadable.items()) or "-")
     fair = client.fairness()
     fairness = _table("fairness", "intervening", "victims", "offenders", "listen order")
     fairness.add_row("yes" if fair.intervening else "no", ", ".join(sorted(fair.victims)) or "-",

@@ -45,8 +45,7 @@ def serve_sqs(host: str = "127.0.0.1", port: int = 9324, replicas: int = 1, *,
     if not valid_region(home_region):
         raise InvalidMessage(f"not a region name: {home_region!r:.40}")
     if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), namespace=NAMESPACE,
-                 log_to_driver=False)
+        ray.init(address=os.environ.get("RAY_ADDRESS", "auto"))
     found = find_runtime()
     config = found["config"]
     data_dir = ray.get(found["manager"].info.remote())["data_root"]  # unsigned: the runtime's own

@@ -27,6 +27,7 @@ DASHBOARD_ENV = "RAYQ_DASHBOARD"  # "0" starts the embedded Ray without its dash
 # address 127.0.0.1, and every Ray server (GCS, raylet, workers, agents) on loopback.
 SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 RAY_LOG_LEVEL_ENV = "RAYQ_RAY_LOG_LEVEL"  # Ray's Python log level in this process
+WORKER_OUTPUT_ENV = "RAYQ_WORKER_OUTPUT"  # "0": a Ray rayq starts or attaches prints no worker output
 # The transports rayq.connect's clients share in this process (one per address, account
 # and key), so that a client per thread still coalesces its sends with the others'.
 CONNECTED = Transports()
@@ -43,17 +44,20 @@ def _init_ray(address: str | None = None, dashboard: bool = True) -> None:
     if ray.is_initialized():
         return
     level = os.environ.get(RAY_LOG_LEVEL_ENV, "WARNING").upper()
+    # a job's Ray as Ray makes it: its namespace, and its workers' output on its console
+    # (rayq's own commands keep that in Ray's log files: $RAYQ_WORKER_OUTPUT=0)
+    quiet = {"log_to_driver": False} if os.environ.get(WORKER_OUTPUT_ENV) == "0" else {}
     found = live_cluster(address)
     if found is None:
         loopback_only()
         # "local": a new Ray even where ray_current_cluster names one (that does not answer).
-        ray.init(address="local", namespace="rayq", log_to_driver=False, logging_level=level,
-                 _node_ip_address=LOOPBACK, include_dashboard=dashboard, dashboard_host=LOOPBACK)
+        ray.init(address="local", logging_level=level, _node_ip_address=LOOPBACK,
+                 include_dashboard=dashboard, dashboard_host=LOOPBACK, **quiet)
         return
     if found.rsplit(":", 1)[0] == LOOPBACK:  # rayq start's head: join it on loopback
         loopback_only()
     # The address as given: for None / "auto" Ray also loads the cluster's auth token.
-    ray.init(address=address, namespace="rayq", log_to_driver=False, logging_level=level)
+    ray.init(address=address, logging_level=level, **quiet)
 
 
 def live_cluster(address: str | None, say=lambda line: print(line, file=sys.stderr)) -> str | None:

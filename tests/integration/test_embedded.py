@@ -39,6 +39,14 @@ def test_the_state_api_lists_the_runtimes_actors(embedded):
             "rayq-consumer-0"} <= set(embedded["actors"])
 
 
+def test_rayq_leaves_the_jobs_own_ray_alone(embedded):
+    job = embedded["job"]
+    # the job's namespace is its own (Ray's anonymous one), not rayq's
+    assert job["namespace"] != "rayq" and job["namespace_after_shutdown"] == job["namespace"]
+    assert job["log_to_driver"] is True  # its tasks' output still reaches it
+    assert job["cache_after_shutdown"] == "cached"  # rayq.shutdown() stops rayq's actors only
+
+
 def test_the_dashboard_runs_on_loopback(embedded):
     assert embedded["dashboard_url"].split(":")[0] == "127.0.0.1"
     assert any("dashboard.py" in p["name"] for p in embedded["processes"])

@@ -1,8 +1,10 @@
 """The embedded default as a user gets it: ``rayq.start()`` in a fresh process (run as its
 own process by tests/integration/test_embedded.py and benchmarks/dashboard.py).
 
-Prints one JSON line: start-up seconds, what Ray's state API lists, and every
-process of this Ray session with its RSS and listening sockets.
+Prints one JSON line: start-up seconds, what Ray's state API lists, every process of
+this Ray session with its RSS and listening sockets, and what rayq left of the job's
+own Ray (its namespace, whether its workers' output reaches it, and a named actor of
+its own after ``rayq.shutdown()``).
 
     python tests/integration/scripts/embedded.py DATA_DIR [--no-dashboard] [--spark]
 
@@ -19,6 +21,13 @@ import psutil
 @__import__("rayq").task(type="echo")
 def echo(x):
     return x
+
+
+class Cache:
+    """A job's own named actor, in the job's namespace."""
+
+    def get(self) -> str:
+        return "cached"
 
 
 def session_processes(session_dir: str) -> list[psutil.Process]:
@@ -62,6 +71,10 @@ def main(data_dir: str, dashboard: bool, spark: bool) -> dict:
     startup_s = time.monotonic() - started
     assert ray.get(client.submit(echo, "ok"), timeout=120) == "ok"
     context = ray.get_runtime_context()
+    cache = ray.remote(Cache).options(name="my-cache", num_cpus=0).remote()
+    job = {"namespace": context.namespace,
+           "log_to_driver": getattr(ray._private.worker.global_worker, "logger_thread",
+                                    None) is not None}
     actors = []
     if dashboard:
         from ray.util.state import list_actors
@@ -81,8 +94,11 @@ def main(data_dir: str, dashboard: bool, spark: bool) -> dict:
            else node.webui_url, "node_ip": node.node_ip_address,
            "actors": sorted(actors), "processes": processes}
     rayq.shutdown()
+    job["cache_after_shutdown"] = ray.get(ray.get_actor("my-cache").get.remote(), timeout=60)
+    job["namespace_after_shutdown"] = ray.get_runtime_context().namespace
+    del cache
     ray.shutdown()
-    return out
+    return {**out, "job": job}
 
 
 if __name__ == "__main__":
