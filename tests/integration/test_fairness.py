@@ -26,8 +26,10 @@ FAIRNESS = FairnessConfig(window_s=1.0, windows=6, latency_threshold_s=0.5, inte
                           dispatch="fifo")
 # 4 threads run 8 flood tasks a second; each trickle submits 5 a second, more than the
 # third of the picks a shuffled listen list gives it, so it backs up and fairness has
-# to intervene; FIFO leaves the trickles behind the whole flood.
-FLOOD, FLOOD_S, TRICKLE_S, TRICKLE_EVERY_S = 40, 0.5, 4.0, 0.2
+# to intervene; FIFO leaves the trickles behind the whole flood. The trickles run
+# TRICKLE_S, and with fairness on until a report shows the intervention (on a loaded
+# machine that takes longer: the flood is kept backlogged meanwhile, up to DEADLINE_S).
+FLOOD, FLOOD_S, TRICKLE_S, TRICKLE_EVERY_S, DEADLINE_S = 40, 0.5, 4.0, 0.2, 120.0
 
 
 def _work(kind, seconds):
@@ -52,8 +54,10 @@ def trickle_b(seconds):
     return _work("trickle-b", seconds)
 
 
-def run_workload(client) -> dict:
-    """Flood first, then trickle for TRICKLE_S; returns waits, usage shares, refs."""
+def run_workload(client, until_intervening: bool) -> dict:
+    """Flood first, then trickle for TRICKLE_S (and ``until_intervening``: until a report
+    shows the intervention, the flood topped up meanwhile); returns waits, usage
+    shares, refs and that report."""
     watcher = probe("fair")
     for fn in (flood, trickle_a, trickle_b):
         client.register(fn)
@@ -63,10 +67,11 @@ def run_workload(client) -> dict:
     t0 = time.time()
     refs = [client.submit(flood, FLOOD_S, tenant="big") for _ in range(FLOOD)]
     trickled = {"trickle-a": [], "trickle-b": []}
+    stop = threading.Event()
 
     def trickle(fn, kind):
         c = rayq.connect()
-        while time.time() - t0 < TRICKLE_S:
+        while not stop.is_set():
             trickled[kind].append(c.submit(fn, 0.01, tenant="small"))
             time.sleep(TRICKLE_EVERY_S)
 
@@ -74,33 +79,34 @@ def run_workload(client) -> dict:
                for a in ((trickle_a, "trickle-a"), (trickle_b, "trickle-b"))]
     for t in threads:
         t.start()
-    intervening = first_intervening_report(client, lambda: any(t.is_alive() for t in threads))
+    intervening = None
+    while time.time() - t0 < (DEADLINE_S if until_intervening else TRICKLE_S):
+        if intervening is None:
+            report = client.fairness()
+            intervening = report if report.intervening else None
+        if time.time() - t0 >= TRICKLE_S and (intervening or not until_intervening):
+            break
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=0)
+        if len(pending) < FLOOD // 2:  # the flood stays backlogged while the trickles run
+            refs += [client.submit(flood, FLOOD_S, tenant="big") for _ in range(FLOOD // 2)]
+        time.sleep(FAIRNESS.interval_s / 2)
+    stop.set()
+    horizon = time.time()
     for t in threads:
         t.join()
     all_refs = refs + trickled["trickle-a"] + trickled["trickle-b"]
-    results = ray.get(all_refs, timeout=120)
-    horizon = t0 + TRICKLE_S
+    results = ray.get(all_refs, timeout=300)
     usage = {}
     for kind, started, ended in ray.get(watcher.spans_of.remote()):
         usage[kind] = usage.get(kind, 0.0) + max(0.0, min(ended, horizon) - max(started, t0))
     total = sum(usage.values()) or 1.0
     waits = {r.type: r for r in client.task_stats(by="type")}
     ray.kill(watcher)
-    return {"results": results, "expected": ["flood"] * FLOOD + ["trickle-a"] * len(trickled["trickle-a"])
+    return {"results": results, "expected": ["flood"] * len(refs) + ["trickle-a"] * len(trickled["trickle-a"])
             + ["trickle-b"] * len(trickled["trickle-b"]),
             "trickle_p99_s": max(waits[k].wait_p99_s for k in trickled),
             "trickle_share": sum(usage.get(k, 0.0) for k in trickled) / total,
             "intervening": intervening}
-
-
-def first_intervening_report(client, running) -> rayq.FairnessReport | None:
-    """The first ``client.fairness()`` that shows an intervention while ``running()``."""
-    while running():
-        report = client.fairness()
-        if report.intervening:
-            return report
-        time.sleep(FAIRNESS.interval_s / 2)
-    return None
 
 
 @pytest.fixture(scope="module")
@@ -110,9 +116,9 @@ def figures(ray_session, tmp_path_factory):
         config = Config(consumers=CONSUMERS,
                         fairness=FairnessConfig(**{**vars(FAIRNESS), "enabled": enabled}))
         client, _ = start_runtime(tmp_path_factory, config, name=f"fair-{enabled}")
-        figures = run_workload(client)
+        figures = run_workload(client, until_intervening=enabled)
         drained = time.time()
-        deadline = drained + 30  # the coordinator's next evaluations see the queue drained
+        deadline = drained + 60  # the coordinator's next evaluations see the queue drained
         while True:
             figures["report"] = client.fairness()
             seen = figures["report"].evaluated_at
