@@ -15,7 +15,7 @@ from rich.table import Table
 
 import rayq
 import rayq.config
-from rayq.runtime.session import WORKER_OUTPUT_ENV
+from rayq.runtime.session import quiet_workers
 
 console = Console()
 
@@ -30,7 +30,7 @@ def main() -> None:
     # A quiet console: Ray's Python warnings, and what the runtime's actors print, stay
     # in Ray's log files (this process is rayq's own, not a job's).
     os.environ.setdefault("RAYQ_RAY_LOG_LEVEL", "ERROR")
-    os.environ.setdefault(WORKER_OUTPUT_ENV, "0")
+    quiet_workers()
 
 
 def _connect():

@@ -27,11 +27,20 @@ DASHBOARD_ENV = "RAYQ_DASHBOARD"  # "0" starts the embedded Ray without its dash
 # address 127.0.0.1, and every Ray server (GCS, raylet, workers, agents) on loopback.
 SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 RAY_LOG_LEVEL_ENV = "RAYQ_RAY_LOG_LEVEL"  # Ray's Python log level in this process
-WORKER_OUTPUT_ENV = "RAYQ_WORKER_OUTPUT"  # "0": a Ray rayq starts or attaches prints no worker output
 # The transports rayq.connect's clients share in this process (one per address, account
 # and key), so that a client per thread still coalesces its sends with the others'.
 CONNECTED = Transports()
 GCS_CHECK_S = 3.0  # a found cluster's GCS must answer within this, or it is passed over
+
+
+_QUIET_WORKERS = False
+
+
+def quiet_workers() -> None:
+    """Have a Ray that this process starts or attaches print no worker output here (for
+    rayq's own commands: a job keeps Ray's default)."""
+    global _QUIET_WORKERS
+    _QUIET_WORKERS = True
 
 
 def _init_ray(address: str | None = None, dashboard: bool = True) -> None:
@@ -45,8 +54,8 @@ def _init_ray(address: str | None = None, dashboard: bool = True) -> None:
         return
     level = os.environ.get(RAY_LOG_LEVEL_ENV, "WARNING").upper()
     # a job's Ray as Ray makes it: its namespace, and its workers' output on its console
-    # (rayq's own commands keep that in Ray's log files: $RAYQ_WORKER_OUTPUT=0)
-    quiet = {"log_to_driver": False} if os.environ.get(WORKER_OUTPUT_ENV) == "0" else {}
+    # (rayq's own commands keep that in Ray's log files: quiet_workers)
+    quiet = {"log_to_driver": False} if _QUIET_WORKERS else {}
     found = live_cluster(address)
     if found is None:
         loopback_only()
