@@ -33,14 +33,15 @@ from rayq.core.control.balancer import HostReading, host_pressed
 from rayq.core.control.consumer_state import ConsumerState, ConsumerStats
 from rayq.core.kit.batcher import Batcher
 from rayq.core.kit.clock import Clock, SystemClock
-from rayq.core.control.consuming import (DeadLetter, Unloadable, decide_end, gives_up,
-                                         long_poll_group, pause_after, receive_requests)
+from rayq.core.control.consuming import (DeadLetter, decide_end, gives_up, long_poll_group,
+                                         pause_after, receive_requests, runnable,
+                                         unrunnable_outcome)
 from rayq.core.control.managing import indexes_by_name
 from rayq.core.codec.model import StoredMessage
 from rayq.core.control.registry import QueueInfo
 from rayq.core.control.routes import RouteCache
 from rayq.core.codec.tasks import (DeferralCause, Outcome, TaskSpec, UsageReport, decode_call,
-                             encode_error, encode_result, error_of)
+                             encode_result, error_of)
 from rayq.core.codec.wire import decode_delivered
 from rayq.errors import InvalidMessage, RayqError, ReceiptInvalid, RuntimeFailure
 from rayq.remote import (IN_RUNTIME, NO_RETRY, actor_names, call_async, manager_link, running,
@@ -245,11 +246,10 @@ class ConsumerActor:
         if handler is None:  # registered a moment ago, or not at all: look again first
             await self._refresh_handlers()
             handler = self.state.handlers.get(m.type)
-        runnable = handler is not None and not isinstance(handler[1], Unloadable)
-        cause = self.state.hold_back(runnable, m.key)
+        cause = self.state.hold_back(runnable(handler), m.key)
         if cause is not None and gives_up(cause, m.enqueued_at, self.clock.now(),
                                           self.consumer_config.unrunnable_after_s):
-            await self._give_up(held, handler[1] if handler is not None else None)
+            await self._give_up(held, unrunnable_outcome(m.type, handler))
             return
         if cause is not None:
             await self._defer(held, cause)
@@ -329,13 +329,10 @@ class ConsumerActor:
             self.state.lost_one()  # it became visible again and someone else took it
             return end.outcome_if_lost
 
-    async def _give_up(self, held: _Held, unloadable: Unloadable | None) -> None:
-        """Dead-letter a task no handler was registered for in time (or whose handler
-        cannot be loaded here: ``unloadable``), with that error."""
+    async def _give_up(self, held: _Held, error: bytes) -> None:
+        """Dead-letter a task no handler could run in time, with ``error``
+        (:func:`~rayq.core.control.consuming.unrunnable_outcome`)."""
         m, queue = held.message, held.queue
-        error = encode_error("LookupError", f"no handler is registered for task type {m.type!r}") \
-            if unloadable is None else \
-            encode_error(unloadable.error_type, unloadable.outcome_message(m.type))
         end = DeadLetter()
         name, args = end.shard_call(held.receipt, error,
                                     queue.dead_letter_on(queue.subqueue(m.subqueue).shard))

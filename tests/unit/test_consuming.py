@@ -10,11 +10,12 @@ from rayq.core.control.consuming import (DeadLetter, Finish, PlanFollower, Retry
                                  check_end_calls, decide_end, effective_load, excluded_keys,
                                  held_back, is_last_try, long_poll_group, pause_after,
                                  poll_places, receive_requests, receive_size, recent_task_s,
-                                 refreshed_handlers, slots_to_start, Unloadable)
+                                 refreshed_handlers, runnable, slots_to_start, Unloadable,
+                                 unrunnable_outcome)
 from rayq.core.fairness.policy import Decision, ListenPlan
 from rayq.core.codec.model import Ending
-from rayq.core.codec.tasks import DeferralCause, Outcome, TaskSpec
-from rayq.errors import InvalidMessage
+from rayq.core.codec.tasks import DeferralCause, Outcome, TaskSpec, decode_outcome
+from rayq.errors import InvalidMessage, TaskError
 from rayq.testing import FakeClock, memory_store
 from tests.contract.helpers import message
 from tests.unit.layouts import queue_info
@@ -191,6 +192,13 @@ def test_a_handler_that_cannot_be_loaded_disables_its_own_type_only():
                         b"missing")
     assert got["b"] == (SPEC, "fn<b1>", b"b1")
     assert "cannot be loaded: No module named 'jobmod'" in got["a"][1].outcome_message("a")
+    assert not runnable(got["a"]) and runnable(got["b"]) and not runnable(None)
+    with pytest.raises(TaskError) as failed:
+        decode_outcome(unrunnable_outcome("a", got["a"]))
+    assert failed.value.error_type == "ModuleNotFoundError"
+    assert "task type 'a' cannot be loaded: No module named 'jobmod'" in str(failed.value)
+    with pytest.raises(TaskError, match="LookupError: no handler is registered"):
+        decode_outcome(unrunnable_outcome("x", None))
     # kept as it is until its type is registered anew: one failure logged, not one a round
     assert refreshed_handlers(got, table, lambda blob: 1 / 0) == got
     table["a"] = (SPEC, b"a2")

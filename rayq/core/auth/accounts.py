@@ -30,16 +30,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rayq.core.auth.operations import Operation
 from rayq.core.kit.kv import KV
 from rayq.core.codec.model import DLQ_SUFFIX, check_name, fairness_key, pack, unpack
 from rayq.core.codec.frames import Signature  # the value lives in codec: frames carry it
 from rayq.errors import AuthError, InvalidMessage, Overloaded
-
-if TYPE_CHECKING:  # quotas reads accounts
-    from rayq.core.auth.quotas import Quota
 
 ADMIN = "default"
 ACCOUNT_ROWS = (b"acct:", b"acct;")  # the meta table's range of account rows
@@ -293,7 +290,7 @@ class Room:
     clock, s)."""
 
     account: str
-    quota: Quota
+    quota: "Quota"  # noqa: F821 - rayq.core.auth.quotas.Quota (quotas imports this module)
     stored_messages: int
     counted_at: float = 0.0
 

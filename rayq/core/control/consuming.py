@@ -20,7 +20,7 @@ from rayq.config import ConsumerConfig
 from rayq.core.fairness.policy import ListenPlan, listen_order
 from rayq.core.control.registry import QueueInfo
 from rayq.core.kit.retry import backoff_s
-from rayq.core.codec.tasks import DeferralCause, Outcome, TaskSpec
+from rayq.core.codec.tasks import DeferralCause, Outcome, TaskSpec, encode_error
 from rayq.errors import InvalidMessage
 
 ShardCall = tuple[str, tuple]  # (shard method, its arguments), as ``end_many`` takes them
@@ -232,6 +232,19 @@ class Unloadable:
 
     def outcome_message(self, type_: str) -> str:
         return f"the handler of task type {type_!r} cannot be loaded: {self.message}"
+
+
+def runnable(handler: tuple[TaskSpec, Any, bytes] | None) -> bool:
+    """Whether a consumer can run a task whose type has ``handler`` (None: none known)."""
+    return handler is not None and not isinstance(handler[1], Unloadable)
+
+
+def unrunnable_outcome(type_: str, handler: tuple[TaskSpec, Any, bytes] | None) -> bytes:
+    """The outcome a task of ``type_`` is dead-lettered with when no consumer could run
+    it in time: no handler registered, or one that cannot be loaded (its error)."""
+    if handler is None:
+        return encode_error("LookupError", f"no handler is registered for task type {type_!r}")
+    return encode_error(handler[1].error_type, handler[1].outcome_message(type_))
 
 
 def refreshed_handlers(known: Mapping[str, tuple[TaskSpec, Any, bytes]],
