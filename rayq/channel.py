@@ -60,6 +60,9 @@ class ChannelLost(RuntimeFailure):
     the shard acted on it is unknown, as for a Ray call that met a restart."""
 
 
+UNKNOWN_ACTOR = "Failed to submit task to actor"  # how Ray's submission to a gone actor fails
+
+
 class BetweenPlaces(RuntimeFailure):
     """Raised when a link's actor runs under its name nowhere for a moment (a shard's
     leader or the manager moving to another node): the call is issued again, and given
@@ -275,7 +278,20 @@ class ShardLink:
                 return channel.request(method, args, kwargs)
             except FrameTooLarge:
                 pass  # too large for a frame: Ray carries it
-        return getattr(self.handle, method).remote(*args, **kwargs)
+        return self._submitted(lambda handle: getattr(handle, method).remote(*args, **kwargs))
+
+    def _submitted(self, submit: Callable[[Any], Any]) -> Any:
+        """``submit(handle)``: a call issued to this link's actor. An actor Ray no longer
+        knows (killed and started anew under its name: its leader moved) fails the
+        submission itself with a plain Exception; that counts as a lost actor, so the
+        call is issued again once the link looked its shard up anew."""
+        try:
+            return submit(self.handle)
+        except Exception as err:
+            if not str(err).startswith(UNKNOWN_ACTOR):
+                raise
+            actor_lost()
+            raise BetweenPlaces(str(err)) from err
 
     def _channel(self) -> Channel | None:
         channel = self._open  # the hot path: the channel this link used last, still up
@@ -300,7 +316,7 @@ class ShardLink:
         answer (the path, None if not usable); inside one (a consumer) never block the
         loop: the answer arrives in the background and later calls use it."""
         self._path = None
-        asking = self._asking = self.handle.channel.remote().future()
+        asking = self._asking = self._submitted(lambda handle: handle.channel.remote()).future()
         if _in_event_loop():
             asking.add_done_callback(self._answered)
             return None

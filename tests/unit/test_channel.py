@@ -20,7 +20,8 @@ import msgpack
 import pytest
 
 from actors.channel import ChannelServer
-from rayq.channel import RETRY_CONNECT_S, Channel, ChannelLost, ShardLink, _channels, host_id
+from rayq.channel import (RETRY_CONNECT_S, BetweenPlaces, Channel, ChannelLost, ShardLink,
+                          _channels, host_id)
 from rayq.core.auth.accounts import Signature
 from rayq.core.codec import frames
 from rayq.core.codec.frames import HEADER, MAX_FRAME_BYTES, encode_request
@@ -642,3 +643,28 @@ def test_a_call_made_on_the_shards_loop_is_a_task_of_it_and_one_from_a_thread_a_
     assert on_loop(loop, on_the_loop()) == (True, 42)
     made = run_on(loop, answer())
     assert isinstance(made, concurrent.futures.Future) and made.result(ANSWER_S) == 42
+
+
+class GoneHandle:
+    """A handle of an actor Ray no longer knows: every submission fails, as Ray's does."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self
+
+    def remote(self, *args, **kwargs):
+        raise Exception("Failed to submit task to actor ActorID(c18f) due to b\"Can't find "
+                        "actor c18f. It might be dead or it's from a different cluster\"")
+
+
+def test_a_call_to_a_leader_replaced_under_its_name_is_issued_again_to_the_new_one():
+    fresh = FakeHandle(("another-host/boot", "/nowhere"))
+    for use_channel in (True, False):  # asking for its socket, or the call itself
+        link = ShardLink(GoneHandle(), use_channel=use_channel, resolve=lambda: fresh)
+        with pytest.raises(BetweenPlaces, match="Can't find actor"):  # a restart, for call()
+            link.put.remote(1, b"x")
+        assert link.put.remote(1, b"x")[0] == "through ray"  # looked up anew: the new leader
+    with pytest.raises(ValueError):  # any other failure to submit is the caller's
+        ShardLink(FakeHandle(None), use_channel=False, resolve=lambda: fresh)._submitted(
+            lambda handle: int("x"))
