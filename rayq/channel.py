@@ -223,6 +223,25 @@ class _Method:
         return self._link.request(self._name, args, kwargs)
 
 
+class _RayMethod:
+    """Any other method of a link's actor, always through Ray (``options`` as Ray's)."""
+
+    __slots__ = ("_link", "_name", "_options")
+
+    def __init__(self, link: "ShardLink", name: str, options: dict | None = None):
+        self._link, self._name, self._options = link, name, options or {}
+
+    def options(self, **options: Any) -> "_RayMethod":
+        return _RayMethod(self._link, self._name, {**self._options, **options})
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        def submit(handle):
+            method = getattr(handle, self._name)
+            return (method.options(**self._options) if self._options else method).remote(
+                *args, **kwargs)
+        return self._link._submitted(submit)
+
+
 class ShardLink:
     """A shard's actor handle, with its hot calls over the local channel when it is on
     this host (``use_channel``); pickles as a plain link that connects again. Made
@@ -246,7 +265,7 @@ class ShardLink:
             return _Method(self, name)
         if name.startswith("_"):
             raise AttributeError(name)
-        return getattr(self.handle, name)
+        return _RayMethod(self, name)
 
     @property
     def handle(self) -> Any:

@@ -665,6 +665,10 @@ def test_a_call_to_a_leader_replaced_under_its_name_is_issued_again_to_the_new_o
         with pytest.raises(BetweenPlaces, match="Can't find actor"):  # a restart, for call()
             link.put.remote(1, b"x")
         assert link.put.remote(1, b"x")[0] == "through ray"  # looked up anew: the new leader
+    link = ShardLink(GoneHandle(), resolve=lambda: fresh)  # a call that is not a hot one
+    with pytest.raises(BetweenPlaces):
+        link.stats.remote()
+    assert link.stats.remote() == ("through ray", "stats", ())
     with pytest.raises(ValueError):  # any other failure to submit is the caller's
         ShardLink(FakeHandle(None), use_channel=False, resolve=lambda: fresh)._submitted(
             lambda handle: int("x"))
