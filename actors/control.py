@@ -31,7 +31,10 @@ from actors.kit import CONTROL_MAP_BYTES
 from actors.manager import QueueManager
 from actors.sqs import STATE as SQS_STATE, SqsStateRemote
 from actors.placement import copies_on_disk, data_nodes, pinned
-from actors.replicas import ACTOR_OPTIONS, RECHECK_S, answers_ping, kill_named
+# a control store's leader is watched as a shard's: the same pings, grace and fencing
+from actors.replicas import (ACTOR_OPTIONS, FENCE_TIMEOUT_S, LEADER_START_S, MAX_FAILED_PINGS,
+                             PING_TIMEOUT_S, RECHECK_S, WATCH_INTERVAL_S, answers_ping,
+                             kill_named)
 from rayq.config import Config
 from rayq.core.control.control_places import (ALL_STORES, CONTROL_STORES, SQS_STORE,
                                               ControlPlace, hands_over, starting_places)
@@ -50,11 +53,6 @@ log = logging.getLogger("rayq.control")
 ManagerRemote = ray.remote(QueueManager)
 ACTOR_NAMES = {"manager": MANAGER, "coordinator": COORDINATOR, "flood": FLOOD_DETECTOR,
                SQS_STORE: SQS_STATE}
-WATCH_INTERVAL_S = 1.0
-PING_TIMEOUT_S = 1.0
-MAX_FAILED_PINGS = 3
-FENCE_TIMEOUT_S = 2.0
-LEADER_START_S = 60.0  # a control actor just started may take this long to answer a first ping
 
 
 def launch_control(store: str, node: DataNode, data_dir: str, config: Config):

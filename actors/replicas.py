@@ -24,7 +24,7 @@ from rayq.core.control.placement import (LOCAL_NODE, DataNode, ShardPlace, data_
                                          default_replicas, node_folder)
 from rayq.core.control.replicas import (check_epoch, count_missed, decode_places, drain_seeds,
                                         drain_step, drop_follower, encode_places, fail_over,
-                                        leader_move, left_on, lost_leaders, newest,
+                                        leader_move, left_on, lost_leaders, missing, newest,
                                         pings_counted, rejoin, seeds_wanted, shrink, watched)
 from rayq.core.kit.clock import Clock
 from rayq.core.kit.kv import LmdbKV
@@ -187,7 +187,7 @@ class ReplicaKeeper:
                 async with self._lock:
                     await self._fail_over(self.places[shard], nodes)
                     self._missed[shard] = 0
-            if not any(0 < m < MAX_FAILED_PINGS for m in self._missed.values()):
+            if not missing(self._missed, MAX_FAILED_PINGS):
                 return
             await asyncio.sleep(RECHECK_S)
 

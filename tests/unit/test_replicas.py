@@ -11,7 +11,7 @@ from rayq.core.control.replicas import (ShipLog, acked_through, check_in_sync,
                                         decode_places, drop_replica, encode_places, fail_over,
                                         leader_lost, leader_move, newest, promote, rejoin, role_of, shrink,
                                         seed_target, seeds_wanted, with_followers, watched,
-                                        count_missed, lost_leaders)
+                                        count_missed, lost_leaders, missing)
 from rayq.core.kit.kv import LmdbKV, Write
 from rayq.core.storage.replica import Replica, check_epoch, fresh_count, open_copy
 from rayq.core.storage.layout import read_replica_state, replica_state
@@ -249,6 +249,8 @@ def test_a_leader_is_watched_while_it_has_a_follower_and_lost_after_missed_pings
     assert lost_leaders([THREE], {"a", "b", "c"}, missed, 3) == [0]
     assert lost_leaders([THREE], {"a", "b", "c"}, {0: 2}, 3) == []
     assert lost_leaders([THREE], {"b", "c"}, {}, 3) == [0]
+    # a miss short of lost asks for a check soon; none, or one already lost, does not
+    assert missing({0: 1, 1: 0}, 3) and not missing({0: 0, 1: 3}, 3) and not missing({}, 3)
 
 
 @pytest.mark.parametrize("store", [dict(replicas=0), dict(replicas=4), dict(replicas=True),

@@ -11,7 +11,6 @@ handed in (:class:`ControlPeers`): no Ray here.
 from __future__ import annotations
 
 import asyncio
-
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Collection, Mapping
@@ -19,7 +18,7 @@ from typing import Protocol, TypeVar
 
 from rayq.core.control.control_places import (ControlPlace, joined, leaving_copies, promoted,
                                               seed_target, without)
-from rayq.core.control.replicas import count_missed, fence_reachable, pings_counted
+from rayq.core.control.replicas import count_missed, fence_reachable, missing, pings_counted
 from rayq.core.kit.kv import LmdbKV, Txn, WriteSet, apply_writes
 from rayq.core.storage.layout import REPLICA_KEY, read_replica_state, replica_state
 from rayq.core.storage.replica import Replica
@@ -270,7 +269,7 @@ class LeaderWatch:
     def missing(self) -> bool:
         """Whether a leader missed its last ping without counting as lost yet: the next
         round should come soon."""
-        return any(0 < missed < self.max_failed for missed in self._missed.values())
+        return missing(self._missed, self.max_failed)
 
     def watches(self, place: ControlPlace | None) -> bool:
         """Whether this node watches ``place``'s leader: it holds an in-sync copy."""

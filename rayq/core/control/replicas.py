@@ -14,7 +14,7 @@ import json
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from rayq.core.control.control_places import best_copies
 from rayq.core.control.placement import LOCAL_NODE, ShardPlace, new_follower_node
@@ -347,6 +347,12 @@ def pings_counted(answered: Mapping[int, bool], starting: Mapping[int, float],
     still = {shard: until for shard, until in starting.items()
              if not answered.get(shard, False) and until > now}
     return {shard: ok or shard in still for shard, ok in answered.items()}, still
+
+
+def missing(missed: Mapping[Any, int], max_failed_pings: int) -> bool:
+    """Whether a leader missed its last ping without counting as lost yet (``missed``:
+    pings missed in a row, by shard or store): the next check should come soon."""
+    return any(0 < n < max_failed_pings for n in missed.values())
 
 
 def count_missed(missed: Mapping[int, int], answered: Mapping[int, bool]) -> dict[int, int]:
