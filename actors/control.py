@@ -27,7 +27,7 @@ from actors.controlstore import (claim, control_follower_name, current_place, dr
 from actors.coordinator import CoordinatorRemote
 from actors.flood import FloodRemote
 
-from actors.kit import CONTROL_MAP_BYTES
+from actors.kit import CONTROL_MAP_BYTES, LIVENESS_GROUPS
 from actors.manager import QueueManager
 from actors.sqs import STATE as SQS_STATE, SqsStateRemote
 from actors.placement import copies_on_disk, data_nodes, pinned
@@ -50,7 +50,7 @@ from rayq.remote import NO_RETRY, call, call_async
 from rayq.sqs.names import HOME_REGION
 
 log = logging.getLogger("rayq.control")
-ManagerRemote = ray.remote(QueueManager)
+ManagerRemote = ray.remote(concurrency_groups=LIVENESS_GROUPS)(QueueManager)
 ACTOR_NAMES = {"manager": MANAGER, "coordinator": COORDINATOR, "flood": FLOOD_DETECTOR,
                SQS_STORE: SQS_STATE}
 

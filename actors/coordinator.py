@@ -16,7 +16,7 @@ import random
 import ray
 
 from actors.consumer import named_consumers
-from actors.kit import ControlActor
+from actors.kit import LIVENESS_GROUPS, ControlActor
 from actors.metrics import CoordinatorMetrics
 from rayq.analytics.eventlog import log_decision, log_report, open_event_log
 from rayq.config import Config
@@ -156,4 +156,4 @@ class FairnessCoordinator(ControlActor):
         return await asyncio.to_thread(self.events.flush)
 
 
-CoordinatorRemote = ray.remote(FairnessCoordinator)
+CoordinatorRemote = ray.remote(concurrency_groups=LIVENESS_GROUPS)(FairnessCoordinator)

@@ -23,7 +23,7 @@ import json
 
 import ray
 
-from actors.kit import ControlActor
+from actors.kit import LIVENESS_GROUPS, ControlActor
 from actors.metrics import FloodMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config
@@ -192,4 +192,4 @@ class FloodDetector(ControlActor):
             await self.detect_once()
 
 
-FloodRemote = ray.remote(FloodDetector)
+FloodRemote = ray.remote(concurrency_groups=LIVENESS_GROUPS)(FloodDetector)

@@ -28,6 +28,11 @@ from rayq.remote import call_async, manager_handle, shard_link
 CONTROL_MAP_BYTES = 64 << 20  # a control actor's LMDB: registries, rules, histories
 COPIES_INTERVAL_S = 5.0       # how often a control actor checks its store's copies (a lost
                               # one is also noticed by the next write that fails)
+# A leader's ping is answered on a thread of its own (a concurrency group): a leader busy
+# with a long write still answers, so only a process that is gone or stopped misses pings
+# and is failed over (actors.replicas.answers_ping).
+LIVENESS = "liveness"
+LIVENESS_GROUPS = {LIVENESS: 1}
 
 
 def shard_handles(config: Config, use_channel: bool = False) -> list:
@@ -68,8 +73,10 @@ class RuntimeActor:
         self._loops.append(asyncio.get_running_loop().create_task(
             self.failures.every(interval_s, loop, step, first_s)))
 
+    @ray.method(concurrency_group=LIVENESS)
     async def ping(self) -> bool:
-        """True once the actor is up (the runtime waits for it at start)."""
+        """True once the actor is up (the runtime waits for it at start); answered
+        while the actor's own loop is busy (:data:`LIVENESS`)."""
         return True
 
     async def forget_keys(self) -> None:

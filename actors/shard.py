@@ -24,7 +24,7 @@ import ray
 from ray.exceptions import RayTaskError
 
 from actors.channel import ChannelServer
-from actors.kit import manager_directory
+from actors.kit import LIVENESS, LIVENESS_GROUPS, manager_directory
 from rayq.core.auth import nonces
 from actors.metrics import BackgroundFailures, ShardMetrics, trim_heap
 from actors.parking import ParkedPolls
@@ -66,7 +66,7 @@ OUTCOME_RECHECK_S = 30.0  # outcome waiters re-read the table this often, whatev
 # concurrency group (its own event loop and thread) so they never take the slots
 # that puts, receives and deletes need.
 OUTCOME_GROUP = "outcomes"
-CONCURRENCY_GROUPS = {OUTCOME_GROUP: 100_000}
+CONCURRENCY_GROUPS = {OUTCOME_GROUP: 100_000, **LIVENESS_GROUPS}
 
 
 class ShardActor:
@@ -459,6 +459,7 @@ class ShardActor:
         """(host id, socket path) of this shard's local channel (rayq.channel)."""
         return await self._channel.address()
 
+    @ray.method(concurrency_group=LIVENESS)
     async def ping(self) -> int:
         return self.index
 

@@ -35,7 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 import ray
 from aiohttp import web
 
-from actors.kit import COPIES_INTERVAL_S, keep_copies, open_kv, replicated_store
+from actors.kit import (COPIES_INTERVAL_S, LIVENESS, LIVENESS_GROUPS, keep_copies, open_kv,
+                        replicated_store)
 from actors.movers import Movers
 from rayq.channel import host_id
 from rayq.client import Client
@@ -151,6 +152,7 @@ class SqsState:
     def move_cancel(self, handle: str) -> MoveTask | None:
         return self._movers.cancel(handle) if self._movers is not None else None
 
+    @ray.method(concurrency_group=LIVENESS)
     def ping(self) -> int:
         return 1
 
@@ -516,5 +518,5 @@ def _refusal(err: SqsError, query: bool) -> web.Response:
                                                     "x-amzn-RequestId": request_id})
 
 
-SqsStateRemote = ray.remote(SqsState)
+SqsStateRemote = ray.remote(concurrency_groups=LIVENESS_GROUPS)(SqsState)
 SqsEndpointRemote = ray.remote(SqsEndpoint)
