@@ -47,6 +47,7 @@ FENCE_TIMEOUT_S = 2.0
 GONE_TIMEOUT_S = 10.0       # how long a killed actor's name may take to free
 SEED_TIMEOUT_S = 600.0      # copying a shard to a new follower and catching up
 LEADER_START_S = 60.0       # a leader started here may take this long to answer a first ping
+FOLLOWER_START_S = 15.0     # a follower a failover starts again on its copy, to answer
 
 
 async def answers_ping(name: str, timeout_s: float) -> bool:
@@ -284,12 +285,23 @@ class RayFailover:
 
     async def fence(self, shard: int, node: str, epoch: int) -> int | None:
         try:
-            handle = ray.get_actor(follower_name(shard, node), namespace=NAMESPACE)
+            handle = await self._follower(shard, node)
             _, seq = await asyncio.wait_for(
                 call_async(lambda: handle.fence.remote(epoch), NO_RETRY), FENCE_TIMEOUT_S)
             return seq
         except (RayqError, ray.exceptions.RayError, ValueError, asyncio.TimeoutError):
             return None
+
+    async def _follower(self, shard: int, node: str):
+        """The follower of ``shard`` on ``node`` (alive: a failover fences only those),
+        started again on its copy when it does not run: a failover stopped it, then its
+        manager was replaced before the new leader started. The copy on the node's disk
+        is what counts, not the actor."""
+        follower = start_follower(shard, self.nodes[node], self.keeper.data_dir,
+                                  self.keeper.config)  # the running one, if it runs
+        await asyncio.wait_for(call_async(lambda: follower.state.remote(), NO_RETRY),
+                               FOLLOWER_START_S)
+        return follower
 
     async def replace(self, old: ShardPlace, new: ShardPlace) -> None:
         await kill_named(shard_name(old.shard))

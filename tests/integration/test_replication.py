@@ -11,7 +11,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ON_THREE_NODES = ("copies", "restart", "pause", "node_kill")  # node_kill removes one: last
+ON_THREE_NODES = ("copies", "restart", "pause", "stopped", "node_kill")  # node_kill removes one: last
 
 
 def scenarios(*modes: str) -> tuple[dict, subprocess.CompletedProcess]:
@@ -68,6 +68,14 @@ def test_a_paused_leader_is_replaced_and_its_later_writes_are_refused(three_node
     # refused by the followers' newer epoch, or the old leader was stopped for good
     assert result["old_write"] in ("refused: StaleEpoch", "refused: ActorDiedError"), result
     assert result["lost"] == 0 and result["acked"] == 401
+
+
+def test_a_leader_and_its_follower_both_stopped_lead_again_from_the_copy_on_disk(three_nodes):
+    result = scenario("stopped", three_nodes)
+    assert result["led_again"], result
+    _, follower = result["before"][0]
+    assert result["after"][0][0] == follower and result["after"][1] > result["before"][1]
+    assert result["lost"] == 0 and result["acked"] == 300
 
 
 def test_a_data_node_that_joins_gets_followers_then_leads_shards_and_takes_subqueues():

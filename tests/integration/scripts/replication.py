@@ -9,6 +9,8 @@ Modes:
   deleted; every acknowledged message is received afterwards;
 - ``pause``: a leader is paused (SIGSTOP) until the manager promotes its follower,
   then resumed: its later writes are refused and nothing acknowledged is lost;
+- ``stopped``: a shard's leader and its in-sync follower are both stopped for good, as
+  a failover cut short leaves them; the shard is led again from the copy on disk;
 - ``restart``: the runtime stopped and started again keeps its places, its followers
   in sync and every acknowledged message;
 - ``control_loss``: the control node is removed with its folder while senders run;
@@ -37,6 +39,7 @@ import rayq
 from actors.runtime import find_runtime
 from rayq.client import Client
 from actors import NAMESPACE, shard_name
+from actors.shipping import follower_name
 from rayq.config import Config, ConsumerConfig, ScalingConfig, StoreConfig
 from rayq.core.codec.model import NewMessage, encode_body
 from rayq.core.codec.wire import encode_messages
@@ -223,6 +226,26 @@ def pause(cluster, nodes, data_dir) -> dict:
     return {"old_leader": places[shard].leader, "new_leader": promoted.leader,
             "epochs": [places[shard].epoch, promoted.epoch], "old_write": old_write,
             "acked": len(acked), "lost": len(acked - received)}
+
+
+def stopped(cluster, nodes, data_dir) -> dict:
+    """Shard 0's leader and its in-sync follower are killed for good (a failover whose
+    manager was replaced between stopping the old leader and starting the new one leaves
+    them so): the manager starts the follower again on its copy, promotes it, and every
+    acknowledged message is received."""
+    client, queue = start(data_dir)
+    acked = set(queue.send_batch([rayq.Outgoing(i) for i in range(200)]))
+    places = lambda: ray.get(ray.get_actor("rayq-manager").places.remote())  # noqa: E731
+    before = places()[0]
+    for name in (shard_name(0), follower_name(0, before.in_sync[1])):
+        ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+    led_again = wait_for(lambda: places()[0].epoch > before.epoch, 120)
+    acked |= set(queue.send_batch([rayq.Outgoing(i) for i in range(200, 300)]))
+    received = drain(queue, acked)
+    after = places()[0]
+    return {"before": [list(before.in_sync), before.epoch], "led_again": led_again,
+            "after": [list(after.in_sync), after.epoch], "acked": len(acked),
+            "lost": len(acked - received)}
 
 
 def restart(cluster, nodes, data_dir) -> dict:
@@ -584,7 +607,7 @@ def nemesis(cluster, nodes, data_dir, rounds: int = 3, seed: int = 7) -> dict:
 
 MODES = {"copies": copies, "nemesis": nemesis, "control_loss": control_loss, "drain": drain_node,
          "control_pause": control_pause, "node_kill": node_kill, "pause": pause, "grow": grow,
-         "restart": restart}
+         "restart": restart, "stopped": stopped}
 
 
 def run(mode: str, cluster, nodes) -> dict:
