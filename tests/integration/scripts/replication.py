@@ -152,7 +152,7 @@ def copies(cluster, nodes, data_dir) -> dict:
     acked = set(queue.send_batch([rayq.Outgoing(i) for i in range(200)]))
     roles = {s.index: (s.node, s.role) for s in client.stats()}
     places = {k: [list(p.replicas), list(p.in_sync), p.epoch]
-              for k, p in ray.get(ray.get_actor("rayq-manager").places.remote()).items()}
+              for k, p in shard_places().items()}
     applied = {k: ray.get(ray.get_actor(f"rayq-follower-{k}-{p[1][1]}").state.remote())[1]
                for k, p in places.items()}
     received = drain(queue, acked)
@@ -180,13 +180,12 @@ def node_kill(cluster, nodes, data_dir) -> dict:
         time.sleep(0.1)
     senders.stop()
     recovered_s = senders.longest_wait_s(lost_at)
-    manager = ray.get_actor("rayq-manager")
     deadline = time.monotonic() + 180  # a new follower seeded for each shard n2 held a copy of
     while time.monotonic() < deadline and any(
-            len(p.in_sync) < 2 or "n2" in p.in_sync for p in ray.get(manager.places.remote()).values()):
+            len(p.in_sync) < 2 or "n2" in p.in_sync for p in shard_places().values()):
         time.sleep(0.5)
     places = {k: [list(p.replicas), list(p.in_sync), p.epoch]
-              for k, p in ray.get(manager.places.remote()).items()}
+              for k, p in shard_places().items()}
     received = drain(queue, senders.acked)
     return {"acked_before": before, "acked": len(senders.acked),
             "lost": len(senders.acked - received), "places": places,
@@ -196,8 +195,7 @@ def node_kill(cluster, nodes, data_dir) -> dict:
 def pause(cluster, nodes, data_dir) -> dict:
     client, queue = start(data_dir)
     acked = set(queue.send_batch([rayq.Outgoing(i) for i in range(100)]))
-    manager = ray.get_actor("rayq-manager")
-    places = ray.get(manager.places.remote())
+    places = shard_places()
     shard = next(k for k, p in places.items() if p.leader != "n1")  # not the control node's
     old = ray.get_actor(shard_name(shard), namespace=NAMESPACE)
     route = queue._transport.route(queue.name)
@@ -208,11 +206,11 @@ def pause(cluster, nodes, data_dir) -> dict:
     os.kill(pid, signal.SIGSTOP)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        now = ray.get(manager.places.remote())[shard]
+        now = shard_places()[shard]
         if now.epoch > places[shard].epoch and now.leader != places[shard].leader:
             break
         time.sleep(0.2)
-    promoted = ray.get(manager.places.remote())[shard]
+    promoted = shard_places()[shard]
     acked |= set(queue.send_batch([rayq.Outgoing(i) for i in range(100, 300)]))
     os.kill(pid, signal.SIGCONT)
     # the old leader, resumed, must not acknowledge a write any more
@@ -235,14 +233,13 @@ def stopped(cluster, nodes, data_dir) -> dict:
     acknowledged message is received."""
     client, queue = start(data_dir)
     acked = set(queue.send_batch([rayq.Outgoing(i) for i in range(200)]))
-    places = lambda: ray.get(ray.get_actor("rayq-manager").places.remote())  # noqa: E731
-    before = places()[0]
+    before = shard_places()[0]
     for name in (shard_name(0), follower_name(0, before.in_sync[1])):
         ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
-    led_again = wait_for(lambda: places()[0].epoch > before.epoch, 120)
+    led_again = wait_for(lambda: shard_places()[0].epoch > before.epoch, 120)
     acked |= set(queue.send_batch([rayq.Outgoing(i) for i in range(200, 300)]))
     received = drain(queue, acked)
-    after = places()[0]
+    after = shard_places()[0]
     return {"before": [list(before.in_sync), before.epoch], "led_again": led_again,
             "after": [list(after.in_sync), after.epoch], "acked": len(acked),
             "lost": len(acked - received)}
@@ -252,13 +249,13 @@ def restart(cluster, nodes, data_dir) -> dict:
     client, queue = start(data_dir)
     acked = set(queue.send_batch([rayq.Outgoing(i) for i in range(300)]))
     before = {k: [list(p.in_sync), p.epoch]
-              for k, p in ray.get(ray.get_actor("rayq-manager").places.remote()).items()}
+              for k, p in shard_places().items()}
     rayq.shutdown()
     client, queue = start(data_dir)
     acked |= set(queue.send_batch([rayq.Outgoing(i) for i in range(300, 400)]))
     time.sleep(3.0)  # a follower found out of sync would have been taken out by now
     after = {k: [list(p.in_sync), p.epoch]
-             for k, p in ray.get(ray.get_actor("rayq-manager").places.remote()).items()}
+             for k, p in shard_places().items()}
     received = drain(queue, acked)
     return {"before": before, "after": after, "acked": len(acked),
             "lost": len(acked - received)}
@@ -278,27 +275,26 @@ def rows(folder: str) -> int:
 
 def grow(cluster, nodes, data_dir) -> dict:
     client, queue = start(data_dir, shards=4, replicas=3)
-    manager = ray.get_actor("rayq-manager")
-    before = {k: list(p.in_sync) for k, p in ray.get(manager.places.remote()).items()}
+    before = {k: list(p.in_sync) for k, p in shard_places().items()}
     senders = Senders("replicated", threads=2)
     wait_for_acks(senders, 200)
     add_node(cluster, "n3")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        places = ray.get(manager.places.remote())
+        places = shard_places()
         if all("n3" in p.in_sync for p in places.values()):
             break
         time.sleep(0.5)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # then n3 takes over the lead of a shard
-        places = ray.get(manager.places.remote())
+        places = shard_places()
         if any(p.leader == "n3" for p in places.values()):
             break
         time.sleep(0.5)
     wait_for_acks(senders, len(senders.acked) + 200)
     senders.stop()
     time.sleep(2.0)
-    places = ray.get(manager.places.remote())
+    places = shard_places()
     spread = client.create_queue("spread-out", subqueues=4, max_receives=None)
     spread_nodes = sorted(places[sq.shard].leader
                           for sq in client.transport.route("spread-out")[0].subqueues)
@@ -309,6 +305,19 @@ def grow(cluster, nodes, data_dir) -> dict:
     return {"before": before, "after": {k: [list(p.in_sync), p.epoch] for k, p in places.items()},
             "leaders": {k: p.leader for k, p in places.items()}, "spread": spread_nodes,
             "rows": counts, "acked": len(senders.acked), "lost": len(senders.acked - received)}
+
+
+def shard_places() -> dict:
+    """Every shard's place, from the manager that runs now: looked up by name each time,
+    as the manager may move while a scenario runs (a loaded machine)."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            return ray.get(ray.get_actor("rayq-manager").places.remote(), timeout=30)
+        except (ValueError, ray.exceptions.RayError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def control_places() -> dict:
@@ -385,7 +394,7 @@ def control_loss(cluster, nodes, data_dir) -> dict:
     senders = Senders("replicated", threads=4)
     wait_for_acks(senders, 200)
     targets = senders.shards()
-    leaders = {k: p.leader for k, p in ray.get(ray.get_actor("rayq-manager").places.remote()).items()}
+    leaders = {k: p.leader for k, p in shard_places().items()}
     lost_at = time.monotonic()
     cluster.remove_node(nodes["n1"], allow_graceful=False)
     remove_folder(os.path.join(data_dir, "n1"))  # nothing of n1's can be reopened
@@ -468,8 +477,7 @@ def drain_node(cluster, nodes, data_dir) -> dict:
     wait_for_acks(senders, 200)
     left = client.drain(node, wait_s=300)
     wait_for(manager_answers, 60)
-    manager = ray.get_actor("rayq-manager")
-    drained_shards = {k: [list(p.replicas), p.epoch] for k, p in ray.get(manager.places.remote()).items()}
+    drained_shards = {k: [list(p.replicas), p.epoch] for k, p in shard_places().items()}
     drained_control = control_places()
     wait_for_acks(senders, len(senders.acked) + 200)
     cluster.remove_node(nodes[node], allow_graceful=False)
@@ -478,7 +486,7 @@ def drain_node(cluster, nodes, data_dir) -> dict:
     wait_for_acks(senders, len(senders.acked) + 300)
     wait_for(lambda: senders.longest_wait_s(removed_at) is not None, 120)
     time.sleep(3.0)  # a failover the removal caused would have begun by now
-    after_shards = {k: [list(p.replicas), p.epoch] for k, p in ray.get(manager.places.remote()).items()}
+    after_shards = {k: [list(p.replicas), p.epoch] for k, p in shard_places().items()}
     after_control = control_places()
     senders.stop()
     received = drain(queue, senders.acked)
