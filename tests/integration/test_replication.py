@@ -34,8 +34,17 @@ def scenario(mode: str, run: tuple[dict, subprocess.CompletedProcess] | None = N
     """``mode``'s result from ``run`` (the three-node scenarios' process), or from a
     process of its own; fails the test unless every scenario of the process passed."""
     results, done = run or scenarios(mode)
-    assert done.returncode == 0 and mode in results, done.stderr[-3000:]
+    assert done.returncode == 0 and mode in results, story(done.stderr)
     return results[mode]
+
+
+def story(stderr: str) -> str:
+    """What a failed scenario process told: its steps (when each was reached), then the
+    end of what it printed without Ray's own log lines."""
+    lines = stderr.splitlines()
+    steps = [line for line in lines if line.startswith("[") and "s] " in line]
+    own = [line for line in lines if "state-dump" not in line and "(raylet)" not in line]
+    return "\n".join(steps[-60:] + ["..."] + own[-40:])
 
 
 def test_each_shard_has_a_leader_and_an_in_sync_follower_on_another_node(three_nodes):

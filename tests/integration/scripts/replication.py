@@ -62,11 +62,22 @@ def cluster_up(names=NODES):
     return cluster, nodes
 
 
+_began = [time.monotonic(), ""]  # when the running scenario began, and its name
+
+
+def step(what: str) -> None:
+    """Note on stderr how far the running scenario got, and when: a failing test shows
+    where it stopped, and a slow one where its time went."""
+    print(f"[{_began[1]} +{time.monotonic() - _began[0]:.1f}s] {what}", file=sys.stderr,
+          flush=True)
+
+
 def start(data_dir: str, shards: int = 3, replicas: int = 2):
     config = Config(store=StoreConfig(shards=shards, replicas=replicas),
                     consumers=ConsumerConfig(count=0),
                     scaling=ScalingConfig(max_subqueues=shards))
     client = rayq.start(data_dir=data_dir, config=config)
+    step("runtime started")
     return client, client.create_queue("replicated", subqueues=shards, max_receives=None)
 
 
@@ -81,6 +92,8 @@ def drain(queue, expected: set, quiet_rounds: int = 25, visibility_timeout_s: fl
         received.update(m.id for m in got)
         if got:
             queue.delete_batch([m.receipt for m in got])
+    step(f"drained {len(received & expected)} of {len(expected)} at line "
+         f"{sys._getframe(1).f_lineno}")
     return received
 
 
@@ -164,6 +177,7 @@ def wait_for_acks(senders, count: int, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while len(senders.acked) < count and time.monotonic() < deadline:
         time.sleep(0.05)
+    step(f"{len(senders.acked)} of {count} acknowledged at line {sys._getframe(1).f_lineno}")
 
 
 def node_kill(cluster, nodes, data_dir) -> dict:
@@ -368,8 +382,10 @@ def wait_for(check, timeout_s: float = 120.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if check():
+            step(f"waited at line {sys._getframe(1).f_lineno}")
             return True
         time.sleep(0.2)
+    step(f"gave up waiting at line {sys._getframe(1).f_lineno}")
     return False
 
 
@@ -621,11 +637,14 @@ MODES = {"copies": copies, "nemesis": nemesis, "control_loss": control_loss, "dr
 def run(mode: str, cluster, nodes) -> dict:
     """One scenario on its own runtime and data directory, stopped afterwards."""
     data_dir = tempfile.mkdtemp(prefix=f"rayq-replication-{mode}-")
-    started = time.monotonic()
+    started = _began[0] = time.monotonic()
+    _began[1] = mode
     try:
         return {**MODES[mode](cluster, nodes, data_dir), "seconds": time.monotonic() - started}
     finally:
+        step("done; stopping the runtime")
         rayq.shutdown()
+        step("runtime stopped")
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
