@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import ray
 
-from actors import COORDINATOR, FLOOD_DETECTOR, MANAGER, NAMESPACE
+from actors import COORDINATOR, FLOOD_DETECTOR, MANAGER, NAMESPACE, SERVER_ENV
 from actors.controlstore import (claim, control_follower_name, current_place, drain_marks,
                                  sqs_home_region)
 from actors.coordinator import CoordinatorRemote
@@ -85,7 +85,7 @@ def start_control_follower(node: DataNode, data_dir: str, config: Config):
     return ControlFollowerRemote.options(
         name=control_follower_name(node.name), namespace=NAMESPACE, lifetime="detached",
         get_if_exists=True, max_restarts=-1, max_task_retries=0, num_cpus=0,
-        resources=data_claim(node, config.store.data_resource),
+        runtime_env=SERVER_ENV, resources=data_claim(node, config.store.data_resource),
         max_concurrency=100, **pinned(node)).remote(node.name, data_dir, config)
 
 

@@ -13,7 +13,7 @@ import os
 
 import ray
 
-from actors import NAMESPACE, shard_name
+from actors import NAMESPACE, SERVER_ENV, shard_name
 from actors.controlstore import draining_nodes
 from actors.follower import FollowerRemote
 from actors.placement import data_nodes, pinned, publish, published_places
@@ -37,7 +37,7 @@ ShardRemote = ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(ShardActor)
 # that hold a store copy also ask for a sliver of their node's data resource (data_claim),
 # so that the autoscaler never counts a data node holding copies as idle.
 ACTOR_OPTIONS = dict(namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-                     num_cpus=0, max_concurrency=1000)
+                     num_cpus=0, max_concurrency=1000, runtime_env=SERVER_ENV)
 PLACES_KEY = b"places"      # in the manager's meta table: every shard's ShardPlace
 WATCH_INTERVAL_S = 1.0      # how often the manager checks the leaders
 PING_TIMEOUT_S = 1.0        # a leader slower than this to answer a ping missed it
@@ -85,7 +85,7 @@ def start_follower(index: int, node: DataNode, data_dir: str, config: Config):
     takes a follower that fails out of the in-sync set)."""
     return FollowerRemote.options(name=follower_name(index, node.name), namespace=NAMESPACE,
                                   lifetime="detached", get_if_exists=True, max_restarts=-1,
-                                  max_task_retries=0, num_cpus=0,
+                                  max_task_retries=0, num_cpus=0, runtime_env=SERVER_ENV,
                                   resources=data_claim(node, config.store.data_resource),
                                   **pinned(node)).remote(
         index, shard_folder(data_dir, node.name, index), config.store.initial_map_bytes)

@@ -9,7 +9,7 @@ import os
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from actors import NAMESPACE
+from actors import NAMESPACE, SERVER_ENV
 from actors.control import control_starter
 from actors.controlstore import forget_place, set_sqs_home_region
 from actors.placement import data_nodes
@@ -24,7 +24,7 @@ from rayq.sqs.names import HOME_REGION, valid_region
 
 # Endpoint actors only parse, verify and forward: no CPU slot taken from consumers.
 _OPTIONS = dict(namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
-                max_restarts=-1)
+                max_restarts=-1, runtime_env=SERVER_ENV)
 
 
 def serve_sqs(host: str = "127.0.0.1", port: int = 9324, replicas: int = 1, *,
