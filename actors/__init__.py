@@ -6,14 +6,12 @@ COORDINATOR = "rayq-coordinator"
 FLOOD_DETECTOR = "rayq-flood-detector"
 
 # Ray starts worker processes at niceness 15, below its raylet, so that tasks yield to
-# it. The runtime's own actors are servers that answer within a ping's timeout: at 15
-# a busy node's batch work starves them, and a leader that misses its pings is failed
-# over. They run at the normal priority, as Ray's own job supervisors do (Ray sets this
-# variable for them too). Consumers run users' handlers: they keep Ray's default, said
-# explicitly, since an actor inherits the runtime environment of the actor that
-# starts it (the manager starts them).
+# it. The runtime's actors are servers with deadlines: leaders answer pings within a
+# second (one that misses them is failed over), and consumers renew their messages'
+# visibility on a heartbeat (one that renews late sees its message run twice). At 15 a
+# node busy with other work starves them. They run at the normal priority, as Ray's own
+# job supervisors do (Ray sets this variable for them too).
 SERVER_ENV = {"env_vars": {"RAY_worker_niceness": "0"}}
-HANDLER_ENV = {"env_vars": {"RAY_worker_niceness": "15"}}
 
 
 def shard_name(index: int) -> str:
