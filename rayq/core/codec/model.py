@@ -122,10 +122,16 @@ ID_TAG_BYTES = 8
 
 def message_id(store_hex: str, id_key: bytes, seq: int) -> str:
     """A message's id: its store, its seq (rows stay ordered by seq; the id is never
-    parsed back) and a tag keyed with the store's secret ``id_key``, so that knowing
+    parsed back but by :func:`seq_of`, where an outcome expires) and a tag keyed with the store's secret ``id_key``, so that knowing
     one id does not tell another (a task's id is what its outcome is read by)."""
     tag = hashlib.blake2b(seq.to_bytes(8, "big"), key=id_key, digest_size=ID_TAG_BYTES)
     return f"{store_hex}-{seq:x}-{tag.hexdigest()}"
+
+
+def seq_of(message_id: str) -> int:
+    """The seq of a message id this store made (an outcome's: its task's records are
+    keyed by seq)."""
+    return int(message_id.split("-")[1], 16)
 
 
 MAX_WAIT_S = 20.0  # the longest a receive parks, as SQS's WaitTimeSeconds

@@ -2,7 +2,8 @@
 
 A put is ``[version, attributes, refs, bodies]``: the distinct attribute tuples
 (tenant, type, fairness key, delay µs, ttl µs or None, task) of the batch, one
-index into them per message, and the encoded bodies. The shard validates each
+index into them per message, and the encoded bodies; a put of tasks adds a fifth
+element, each task's id (``[..., bodies, task ids]``). The shard validates each
 attribute tuple once, not once per message, and writes ``prefix + body`` rows.
 
 A receive answers ``[[id, receipt, body, tenant, type, key, dequeue count,
@@ -18,6 +19,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
+from rayq.core.codec.task_ids import check_task_id
 from rayq.core.codec.model import (NewMessage, Received, StoredMessage, US, at_s, check_key,
                              check_name, check_seconds, decode_body, to_us)
 
@@ -47,6 +49,7 @@ class PutBatch(NamedTuple):
     attrs: list[Attrs]
     refs: list[int]
     bodies: list[bytes]
+    task_ids: list[str] | None = None  # one per message: a put of tasks
 
 
 def attrs_of(m: NewMessage) -> Attrs:
@@ -61,8 +64,10 @@ def attrs_of(m: NewMessage) -> Attrs:
                  None if m.ttl_s is None else to_us(m.ttl_s), bool(m.task))
 
 
-def encode_put(entries: Iterable[tuple[Attrs, bytes]]) -> bytes:
-    """Pack (attributes, encoded body) pairs into one put buffer."""
+def encode_put(entries: Iterable[tuple[Attrs, bytes]],
+               task_ids: Sequence[str] | None = None) -> bytes:
+    """Pack (attributes, encoded body) pairs into one put buffer; ``task_ids``: one id per
+    entry, for a put of tasks."""
     table: dict[Attrs, int] = {}
     refs, bodies = [], []
     for attrs, body in entries:
@@ -71,7 +76,10 @@ def encode_put(entries: Iterable[tuple[Attrs, bytes]]) -> bytes:
             index = table[attrs] = len(table)
         refs.append(index)
         bodies.append(body)
-    return msgpack.packb([PUT_VERSION, list(table), refs, bodies], use_bin_type=True)
+    parts = [PUT_VERSION, list(table), refs, bodies]
+    if task_ids is not None:
+        parts.append(list(task_ids))
+    return msgpack.packb(parts, use_bin_type=True)
 
 
 def encode_messages(messages: Sequence[NewMessage]) -> bytes:
@@ -85,7 +93,7 @@ def decode_put(data: Any, *, max_message_bytes: int, max_delay_s: float,
     if not isinstance(data, bytes):
         raise InvalidMessage("put takes a batch buffer (bytes) made by rayq.core.codec.wire")
     try:
-        version, raw_attrs, refs, bodies = msgpack.unpackb(data, raw=False, **_LIMITS)
+        version, raw_attrs, refs, bodies, *task_ids = msgpack.unpackb(data, raw=False, **_LIMITS)
     except (ValueError, TypeError, msgpack.UnpackException, msgpack.ExtraData) as err:
         raise InvalidMessage(f"malformed put batch: {err}") from err
     if version != PUT_VERSION or not isinstance(raw_attrs, list) or not raw_attrs:
@@ -101,7 +109,18 @@ def decode_put(data: Any, *, max_message_bytes: int, max_delay_s: float,
     largest = max(map(len, bodies)) - 1  # less the body's type tag
     if largest > max_message_bytes:
         raise MessageTooLarge(f"body is {largest} bytes; the limit is {max_message_bytes}")
-    return PutBatch(attrs, refs, bodies)
+    return PutBatch(attrs, refs, bodies, _check_task_ids(task_ids, attrs, refs))
+
+
+def _check_task_ids(given: list, attrs: list[Attrs], refs: list[int]) -> list[str] | None:
+    """The put's task ids (one per message, each of a task), or None when it has none."""
+    if not given:
+        return None
+    if len(given) != 1 or not isinstance(given[0], list) or len(given[0]) != len(refs):
+        raise InvalidMessage("malformed put batch: one task id per message")
+    if not all(attrs[ref].task for ref in refs):
+        raise InvalidMessage("only tasks carry task ids")
+    return [check_task_id(task_id) for task_id in given[0]]
 
 
 def _check_attrs(raw: Any, max_delay_s: float, max_ttl_s: float) -> Attrs:
@@ -128,7 +147,7 @@ def put_count(data: Any) -> int:
     unpacker = msgpack.Unpacker(max_buffer_size=len(data) + 1)
     unpacker.feed(data)
     try:
-        if unpacker.read_array_header() != 4:
+        if unpacker.read_array_header() not in (4, 5):
             return 0
         unpacker.skip()  # version
         unpacker.skip()  # the attribute table

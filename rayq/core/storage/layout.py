@@ -24,6 +24,11 @@ Tables (LMDB named sub-databases; :data:`TABLES` names them in the order
   instead: a key with an entry still in the future is locked (nothing of it is
   delivered), and an entry in the past is a row visible again. Other subqueues have
   no entries: their received rows move to their new visible_at.
+- ``task_ids``: (account, task id) -> seq of the task message submitted under that id.
+- ``tasks``: seq -> a task's record (:class:`TaskRecord`): its expiry, enqueue time,
+  names and id, and once it ended, when, after how many deliveries and when it first
+  started. Both are written with the task's row and dropped with its outcome
+  (:mod:`rayq.core.storage.task_index`).
 
 A row value has a fixed header, then the body as sent:
 
@@ -49,7 +54,7 @@ from typing import NamedTuple
 from rayq.core.codec.model import PREFIX, ROW_KEY, CountKind, Ending, TenantCount
 
 TABLES = ("rows", "expiry", "blobs", "counts", "keys", "meta", "outcomes", "outcome_expiry",
-          "spill", "tcounts", "nonces", "inflight")
+          "spill", "tcounts", "nonces", "inflight", "task_ids", "tasks")
 
 HEAD = struct.Struct(">QQIB8sQHH")
 DEQUEUE = struct.Struct(">I")

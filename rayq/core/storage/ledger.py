@@ -21,7 +21,7 @@ from rayq.core.codec.model import (US, Ending, StoredMessage, at_s, SubqueueStat
                                    parse_receipt,
                                    receipt_text)
 from rayq.core.kit.kv import Txn
-from rayq.core.storage import layout as rows
+from rayq.core.storage import layout as rows, task_index
 from rayq.core.storage.cache import MessageCache
 from rayq.core.storage.dispatch import Event, FairDispatch, Rehid, Released, Sent, Took
 from rayq.core.storage.layout import CountKind, TenantCount
@@ -329,7 +329,7 @@ class Ledger:
         sq, kid, _, seq = rows.parse_row_key(row_key)
         meta = rows.meta(value)
         if meta.flags & rows.TASK and ending is not None:
-            self.record(self.message_id(seq), ending)
+            self.record(seq, ending, value=value)
         self.txn.delete("rows", row_key)
         self.txn.delete("expiry", rows.expiry_key(meta.expires_us, seq))
         if sq in self.index.ordered:
@@ -417,12 +417,16 @@ class Ledger:
                              meta.tenant, meta.type, self.key_name(kid), meta.dequeue_count,
                              meta.enqueued_us / US, sq, at_s(meta.first_received_us))
 
-    def record(self, message_id: str, ending: Ending, payload: bytes = b"") -> None:
-        """A task's outcome, kept ``outcome_ttl_us``; a task ends once."""
+    def record(self, seq: int, ending: Ending, payload: bytes = b"",
+               value: bytes | None = None) -> None:
+        """The outcome of task ``seq``, kept ``outcome_ttl_us``; a task ends once.
+        ``value``: its row's last value (its deliveries and first start go on its record)."""
+        message_id = self.message_id(seq)
         key = rows.outcome_key(message_id)
         if self.txn.get("outcomes", key) is not None:
             return  # deleting its dead letter later changes nothing
         expires = self.now_us + self.outcome_ttl_us
         self.txn.put("outcomes", key, rows.outcome_value(expires, ending, payload))
         self.txn.put("outcome_expiry", rows.outcome_expiry_key(expires, message_id), b"")
+        task_index.ended(self, seq, value)
         self.outcomes.append(Outcome(message_id, ending, payload))

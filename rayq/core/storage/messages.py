@@ -16,7 +16,8 @@ from typing import Any
 from rayq.core.codec.model import (US, Ending, StoredMessage, SubqueueState, check_count,
                                    check_seconds, check_subqueue, receipt_text, to_us)
 from rayq.core.codec.wire import Attrs, decode_put, encode_delivered
-from rayq.core.storage import layout as rows
+from rayq.core.auth.accounts import ADMIN
+from rayq.core.storage import layout as rows, task_index
 from rayq.core.storage.ledger import Enqueued, Env, Ledger
 from rayq.core.storage.outcomes import collect_outcomes, dead_letter_row
 from rayq.core.storage.picking import Skip, pick
@@ -48,8 +49,10 @@ class _Group:
 
 
 def put(w: Ledger, env: Env, subqueue: int, batch: bytes,
-        sender: tuple | None = None) -> list[str]:
+        sender: tuple | None = None, account: str = ADMIN) -> list[str]:
     """Store a put buffer (:mod:`rayq.core.codec.wire`); returns the message ids in order.
+    A task with an id ``account`` submitted before, whose outcome is still kept, is not
+    stored again: its id is the first task's (:mod:`rayq.core.storage.task_index`).
     ``sender`` (account, fairness key mode, task types or None[, whether the account
     owns this plain queue]): refuse messages that account may not send, by the store's
     sender check."""
@@ -64,14 +67,20 @@ def put(w: Ledger, env: Env, subqueue: int, batch: bytes,
                           ordered=subqueue in w.index.ordered)
     if w.index.state(subqueue) is not SubqueueState.ALL:
         raise QueueDisabled(f"subqueue {subqueue} does not accept new messages")
-    first = w.seq + 1
     groups = [_Group(w, env, subqueue, attrs) for attrs in decoded.attrs]
     blob_threshold = config.blob_threshold_bytes
     row_items, expiry_items = [], []
-    seq = w.seq
-    for ref, body in zip(decoded.refs, decoded.bodies):
-        seq += 1
+    seq = start = w.seq
+    seqs = []  # each message's seq: a task id submitted before gives that task's
+    for ref, body, task_id in zip(decoded.refs, decoded.bodies,
+                                  decoded.task_ids or itertools.repeat(None)):
         group = groups[ref]
+        if task_id is not None:
+            before = task_index.existing(w.txn, account, task_id)
+            if before is not None:  # submitted again: the same task, nothing stored
+                seqs.append(before)
+                continue
+        seq += 1
         if len(body) <= blob_threshold:
             value = group.prefix + body
         else:  # the body goes to the blobs table; the row keeps a reference
@@ -83,13 +92,18 @@ def put(w: Ledger, env: Env, subqueue: int, batch: bytes,
             row_key = rows.row_key(subqueue, group.kid, group.visible_us, seq)
             row_items.append((row_key, value))
             expiry_items.append((rows.expiry_key(group.expires_us, seq), row_key))
+        if task_id is not None:
+            task_index.index(w, seq, task_index.TaskRecord(
+                group.expires_us, w.now_us, 0, 0, 0, account, task_id, group.attrs.tenant,
+                group.attrs.type))
         group.seqs.append(seq)
+        seqs.append(seq)
     w.seq = seq
     w.put_rows(row_items, expiry_items)
     for group in groups:
         _settle_group(w, subqueue, group)
-    w.stats["puts"] += len(decoded.bodies)
-    return [w.message_id(s) for s in range(first, seq + 1)]
+    w.stats["puts"] += seq - start
+    return [w.message_id(s) for s in seqs]
 
 
 def _settle_group(w: Ledger, sq: int, group: _Group) -> None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from rayq.core.codec.model import Ending, check_subqueue
+from rayq.core.codec.model import Ending, check_subqueue, seq_of
 from rayq.core.kit.kv import Txn
-from rayq.core.storage import layout as rows
+from rayq.core.storage import layout as rows, task_index
 from rayq.core.storage.ledger import Env, Ledger
 from rayq.errors import InvalidMessage
 
@@ -35,7 +35,7 @@ def finish(w: Ledger, env: Env, receipt: str, outcome: bytes,
         w.stats["deletes"] += 1
     else:
         dead_letter_row(w, row_key, value, dead_letter, record=False)
-    w.record(w.message_id(rows.parse_row_key(row_key)[3]), Ending.RESULT, outcome)
+    w.record(rows.parse_row_key(row_key)[3], Ending.RESULT, outcome, value)
 
 
 def dead_letter_row(w: Ledger, row_key: bytes, value: bytes, dead_letter: int,
@@ -45,7 +45,7 @@ def dead_letter_row(w: Ledger, row_key: bytes, value: bytes, dead_letter: int,
     meta = w.move_to(row_key, value, dead_letter, w.now_us, used=True)
     w.stats["dead_lettered"] += 1
     if meta.flags & rows.TASK and record:
-        w.record(w.message_id(rows.parse_row_key(row_key)[3]), Ending.DEAD)
+        w.record(rows.parse_row_key(row_key)[3], Ending.DEAD, value=value)
 
 
 def collect_outcomes(w: Ledger, limit: int) -> int:
@@ -57,6 +57,7 @@ def collect_outcomes(w: Ledger, limit: int) -> int:
         value = w.txn.get("outcomes", rows.outcome_of_expiry(key))
         if value is not None and rows.outcome_expires_with(value, key):
             w.txn.delete("outcomes", rows.outcome_of_expiry(key))
+            task_index.forget(w.txn, seq_of(rows.outcome_of_expiry(key).decode()))
     return len(entries)
 
 

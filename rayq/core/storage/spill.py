@@ -114,7 +114,7 @@ def drop_spilled(w: Ledger, key: bytes, stored: bytes, ending: Ending) -> None:
     if meta.flags & rows.BLOB:
         w.drop_blob(entry.value, meta)
     if meta.flags & rows.TASK:
-        w.record(w.message_id(rows.spill_seq(key)), ending)
+        w.record(rows.spill_seq(key), ending, value=entry.value)
 
 
 def check_target(w: Ledger, target: int) -> None:
