@@ -20,3 +20,7 @@ def shard_name(index: int) -> str:
 
 def consumer_name(index: int | str) -> str:
     return f"rayq-consumer-{index}"
+
+
+def outcome_desk_name(index: int) -> str:
+    return f"rayq-outcomes-{index}"

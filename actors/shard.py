@@ -21,11 +21,11 @@ from typing import Any
 
 import psutil
 import ray
-from ray.exceptions import RayTaskError
 
 from actors.channel import ChannelServer
 from actors.kit import LIVENESS, LIVENESS_GROUPS, manager_directory
 from rayq.core.auth import nonces
+from actors.outcomes import DeskTeller
 from actors.metrics import BackgroundFailures, ShardMetrics, trim_heap
 from actors.parking import ParkedPolls
 from actors.placement import this_node_name
@@ -51,8 +51,7 @@ from rayq.core.codec.model import SubqueueState, long_poll_s
 from rayq.core.control.replicas import role_of
 from rayq.core.control.shipping import value_of
 from rayq.core.storage.store import KeyDepth, ShardStats, open_store
-from rayq.core.storage.waiters import OutcomeWaiters, outcome_value
-from rayq.errors import Overloaded, QueueDisabled, RayqError, StoreError, TaskError
+from rayq.errors import Overloaded, QueueDisabled, RayqError, StoreError
 
 log = logging.getLogger("rayq.shard")
 MAX_PENDING_CALLS = 10_000
@@ -61,10 +60,8 @@ REVIEW_INTERVAL_S = 1.0  # how often fair dispatch re-marks noisy keys (O(keys) 
 PURGE_ROWS = 2_000     # rows (and spill entries) per background removal transaction
 PURGE_PAUSE_S = 0.01   # between two of them: calls waiting for the store go first
 MAX_WAIT_SLICE_S = 1.0  # long polls re-check at least this often (messages whose visibility lapses)
-OUTCOME_RECHECK_S = 30.0  # outcome waiters re-read the table this often, whatever they were told
-# wait_outcome calls park until a task ends, possibly for hours: they get their own
-# concurrency group (its own event loop and thread) so they never take the slots
-# that puts, receives and deletes need.
+# The outcome desks' reads of task ends get their own concurrency group (its own event
+# loop and thread): they never wait behind puts, receives and deletes.
 OUTCOME_GROUP = "outcomes"
 CONCURRENCY_GROUPS = {OUTCOME_GROUP: 100_000, **LIVENESS_GROUPS}
 
@@ -87,9 +84,7 @@ class ShardActor:
         self._ops: Counter[int] = Counter()
         self._throttled: Counter[int] = Counter()
         self._commits = self._calls = 0
-        self.outcomes = OutcomeWaiters(
-            lambda ids: self._read(self.store.outcomes, ids),
-            OUTCOME_RECHECK_S)
+        self._desk = DeskTeller(index, self.clock)  # where the refs of submits wait (actors/outcomes.py)
         self.metrics = ShardMetrics(index)
         self._channel = ChannelServer(self, CHANNEL_METHODS, f"shard-{index}", path)
         self._handed = Host()  # the connections handed to this shard (door)
@@ -153,7 +148,7 @@ class ShardActor:
         try:
             results, finished, shipment = await self._store.run(
                 self._group, calls, inline=small_group(calls))
-            self.outcomes.notify(finished)
+            self._desk.tell(finished)
             results = self.shipper.ship(results, shipment)  # acked once followers applied it
         except RayqError as err:
             results = [err] * len(calls)
@@ -200,7 +195,8 @@ class ShardActor:
         sender = None if account == ADMIN else (account, self.key_mode,
                                                 self.gate.task_types(account, subqueue),
                                                 self.gate.owns_plain(account, subqueue))
-        ids = await self._write(subqueue, "put", subqueue, batch, sender=sender, signed=caller.auth)
+        ids = await self._write(subqueue, "put", subqueue, batch, sender=sender, account=account,
+                                signed=caller.auth)
         self._ops[subqueue] += len(ids)
         return ids
 
@@ -275,31 +271,18 @@ class ShardActor:
         futures = [self._enqueue(None, name, *args) for name, args in check_end_calls(calls)]
         return list(await asyncio.gather(*(self.shipper.acked(f) for f in futures)))
 
-    # -- task outcomes -------------------------------------------------------------
+    # -- task outcomes and tasks by id ---------------------------------------------
     @ray.method(concurrency_group=OUTCOME_GROUP)
-    async def wait_outcome(self, message_id: str) -> Any:
-        """Wait until a task message ends; return its handler's value or raise TaskError.
+    async def task_ends(self, message_ids: list[str]) -> list:
+        """How each task ended, None while it has not, False when this shard keeps no
+        copy of it (the outcome desks' reads: see ShardStore.task_ends)."""
+        return await self._read(self.store.task_ends, message_ids)
 
-        ``client.submit`` hands this call's ObjectRef to the user. It runs in its
-        own concurrency group, and a shard restart re-runs it against the
-        durable outcomes table, so the ref resolves exactly once.
-        """
-        [found] = await self.outcomes.wait([message_id])
-        return outcome_value(*found)
-
-    @ray.method(concurrency_group=OUTCOME_GROUP)
-    async def wait_outcomes(self, message_ids: list[str]) -> tuple:
-        """``wait_outcome`` of many tasks in one call, made with ``num_returns`` = their
-        number (``client.submit_many``): one return each, in order, all once the last
-        has ended. A task that failed returns a RayTaskError, the value Ray itself
-        stores for a raising task, so ``ray.get`` of that one ref alone raises."""
-        out = []
-        for found in await self.outcomes.wait(message_ids):
-            try:
-                out.append(outcome_value(*found))
-            except TaskError as err:
-                out.append(RayTaskError("wait_outcome", "", err))
-        return tuple(out) if len(out) > 1 else out[0]
+    @signed(SHARD_OPS["tasks"])
+    async def tasks(self, task_ids: list[str], *, caller: Caller) -> list:
+        """The caller's account's tasks submitted under ``task_ids`` (ShardStore.tasks)."""
+        await self._remember(caller.auth)
+        return await self._read(self.store.tasks, caller.account, task_ids)
 
     @signed(SHARD_OPS["clear"])
     async def clear(self, subqueue: int, *, caller: Caller) -> int:
@@ -376,7 +359,7 @@ class ShardActor:
                 continue
             try:
                 finished = await self._read(self._purge_step)
-                self.outcomes.notify(finished)
+                self._desk.tell(finished)
             except Exception:  # keep going: the marks persist, the next step retries
                 log.exception("shard %d background removal failed", self.index)
 

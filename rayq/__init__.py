@@ -23,12 +23,13 @@ from rayq.core.codec.model import Outgoing, Received
 from rayq.core.fairness.policy import FairnessReport
 from rayq.core.flood.detection import Flooder
 from rayq.core.fairness.rules import SuspensionRule
+from rayq.core.codec.task_ids import TaskInfo, TaskState
 from rayq.core.codec.tasks import TaskFunction, task
 from rayq.errors import (AuthError, ConfigError, DataDirExposed, InvalidMessage, KeyExposed,
-                         MessageTooLarge, NoEvents, NotEnoughReplicas, Overloaded, QueueDisabled,
-                         QueueExists, QueueNotFound, QuotaExceeded, RayqError, ReceiptInvalid,
-                         ReplicaBehind, RuntimeFailure, StaleEpoch, StoreBug, StoreError, TaskError,
-                         UsageError)
+                         MessageTooLarge, NoEvents, NotEnoughReplicas, OutcomeLost, Overloaded,
+                         QueueDisabled, QueueExists, QueueNotFound, QuotaExceeded, RayqError,
+                         ReceiptInvalid, ReplicaBehind, ResultTimeout, RuntimeFailure, StaleEpoch,
+                         StoreBug, StoreError, TaskError, TaskNotFound, UsageError)
 
 # Names that need Ray live in modules loaded on first use, so that importing
 # rayq.core (or rayq.config, rayq.errors) never loads Ray or the actors.
@@ -41,12 +42,14 @@ __all__ = [
     "start", "connect", "shutdown", "serve_sqs", "Client", "Queue", "QueueStats", "QueueMetadata",
     "KeyStats", "Report",
     "Config", "ConsumerConfig", "FairnessConfig", "FloodConfig", "ScalingConfig", "StoreConfig",
-    "Outgoing", "Received", "task", "TaskFunction", "FairnessReport", "SuspensionRule",
+    "Outgoing", "Received", "task", "TaskFunction", "TaskInfo", "TaskState", "FairnessReport",
+    "SuspensionRule",
     "Flooder",
     "AuthError", "ConfigError", "DataDirExposed", "InvalidMessage", "KeyExposed", "MessageTooLarge",
     "NoEvents", "Overloaded",
     "QueueDisabled", "QueueExists", "QueueNotFound", "QuotaExceeded", "RayqError", "ReceiptInvalid",
-    "RuntimeFailure", "StoreBug", "StoreError", "TaskError", "UsageError",
+    "RuntimeFailure", "StoreBug", "StoreError", "TaskError", "TaskNotFound", "OutcomeLost",
+    "ResultTimeout", "UsageError",
     "StaleEpoch", "ReplicaBehind", "NotEnoughReplicas",
 ]
 

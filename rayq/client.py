@@ -27,14 +27,88 @@ from rayq.core.flood.detection import Flooder
 from rayq.core.control.control_places import drained
 from rayq.core.control.registry import check_queue_ref
 from rayq.core.fairness.rules import SuspensionRule
+from rayq.core.codec.task_ids import TaskInfo, check_task_id, checked_task_ids, new_task_id
+from rayq.core.storage.outcomes import FoundTask
 from rayq.core.codec.tasks import TallyRow, TaskFunction, encode_call
-from rayq.errors import InvalidMessage, RuntimeFailure
+from rayq.errors import InvalidMessage, ResultTimeout, RuntimeFailure, TaskNotFound
 from rayq.queue import Queue
 from rayq.remote import call, named
 from rayq.sending import MAX_BATCH
 from rayq.transport import Transport
 
 DRAIN_POLL_S = 0.5  # how often client.drain asks what the node still holds
+REMEMBERED_REFS = 100_000  # refs whose task id a client tells (the latest ones)
+
+
+class TaskBook:
+    """Refs and ids of one client's tasks. A ref is the return of a ``wait`` call on the
+    task's shard's outcome desk (``actors/outcomes.py``), which outlives the shard's
+    leader changes. A task is found from its id alone by asking every shard for the
+    caller's account's id (a task id names no shard: the caller may have chosen it)."""
+
+    def __init__(self, transport):
+        self.transport = transport
+        self._desks: dict[int, Any] = {}
+        self._ids: dict[bytes, str] = {}  # ref's object id -> task id, oldest first
+
+    def desk(self, shard: int):
+        """Shard ``shard``'s outcome desk, started if it does not run yet."""
+        desk = self._desks.get(shard)
+        if desk is None:
+            from actors.outcomes import outcome_desk
+            desk = self._desks[shard] = outcome_desk(shard)
+        return desk
+
+    def refs(self, placed: Sequence[tuple[str, int]]) -> list[ray.ObjectRef]:
+        """One ObjectRef per task, in order: one ``wait`` call per shard's desk with a
+        return per task (a Ray call costs ~0.7 ms of CPU here; one per task was most of
+        a tiny task's cost). The refs of one call resolve together, once its last task
+        has ended; ``submit`` makes one call of its own, so its ref waits for no other."""
+        by_shard: dict[int, list[int]] = {}
+        for at, (_, shard) in enumerate(placed):
+            by_shard.setdefault(shard, []).append(at)
+        refs: list = [None] * len(placed)
+        for shard, ats in by_shard.items():
+            ids = [placed[at][0] for at in ats]
+            got = self.desk(shard).wait.options(num_returns=len(ids)).remote(ids)
+            for at, ref in zip(ats, [got] if len(ids) == 1 else got):
+                refs[at] = ref
+        return refs
+
+    def remember(self, refs: list[ray.ObjectRef], task_ids: list[str]) -> None:
+        ids = self._ids
+        for ref, task_id in zip(refs, task_ids):
+            ids[ref.binary()] = task_id
+        for _ in range(len(ids) - REMEMBERED_REFS):
+            del ids[next(iter(ids))]
+
+    def task_id(self, ref: Any) -> str:
+        found = self._ids.get(ref.binary()) if isinstance(ref, ray.ObjectRef) else None
+        if found is None:
+            raise TaskNotFound(f"{ref!r} is not the ref of a task this client submitted "
+                               f"(it tells the ids of its latest {REMEMBERED_REFS})")
+        return found
+
+    def find(self, task_id: str) -> tuple[int, FoundTask]:
+        """(shard index, the task) of this account's task ``task_id``. Raises TaskNotFound."""
+        check_task_id(task_id)
+        transport = self.transport
+        asked = [transport.request(SHARD_OPS["tasks"], shard, [task_id])
+                 for shard in transport.shards]
+        ray.wait(asked, num_returns=len(asked))  # every answer in, before any error is raised
+        for index, ref in enumerate(asked):
+            [found] = call(lambda ref=ref: ref)
+            if found is not None:
+                return index, found
+        raise TaskNotFound(f"no task {task_id!r} of account {transport.account!r}: never "
+                           f"submitted, or its outcome was kept its time and is gone")
+
+    def result(self, shard: int, message_id: str, timeout_s: float | None) -> Any:
+        """The value of the task ``message_id`` on ``shard`` (its TaskError raised)."""
+        try:
+            return call(lambda: self.desk(shard).wait.remote([message_id]), timeout_s=timeout_s)
+        except ray.exceptions.GetTimeoutError as err:
+            raise ResultTimeout(f"the task has not ended after {timeout_s}s") from err
 
 
 class Client:
@@ -48,6 +122,7 @@ class Client:
         self.transport = transport or Transport(manager, shards, config, signer)
         self.config = config
         self._registered: dict[str, tuple] = {}  # type -> (spec, pickled handler) sent
+        self._tasks = TaskBook(self.transport)
 
     # -- accounts ------------------------------------------------------------
     @property
@@ -137,27 +212,36 @@ class Client:
         self._registered[fn.spec.type] = (fn, handler)
 
     def submit(self, fn: TaskFunction, *args: Any, tenant: str | None = None, delay_s: float = 0,
-               **kwargs: Any) -> ray.ObjectRef:
+               task_id: str | None = None, **kwargs: Any) -> ray.ObjectRef:
         """Enqueue a call of a ``@rayq.task`` durably; returns a ``ray.ObjectRef``.
 
         ``ray.get`` on it gives the handler's return value, or raises an error
         that is a :class:`rayq.TaskError` carrying the handler's exception type
-        and message (also when the task ended in the dead-letter queue).
+        and message (also when the task ended in the dead-letter queue). The ref
+        resolves through the runtime's failovers and leader moves.
         Arguments and the result must be msgpack-able values. ``tenant`` defaults to
         this client's account (a signed client submits only as its own account).
+        ``task_id``: the task's id (default: a random one; ``task_id(ref)`` tells it).
+        A task submitted again under its id while its outcome is kept is the same
+        task: the new ref is to it, and nothing runs again.
         """
-        [ref] = self.submit_many(fn, [args], tenant=tenant, delay_s=delay_s, kwargs=kwargs)
+        [ref] = self.submit_many(fn, [args], tenant=tenant, delay_s=delay_s, kwargs=kwargs,
+                                 task_ids=None if task_id is None else [task_id])
         return ref
 
     def submit_many(self, fn: TaskFunction, args_list: Sequence[Sequence[Any]], *,
                     tenant: str | None = None, delay_s: float = 0,
-                    kwargs: dict[str, Any] | None = None) -> list[ray.ObjectRef]:
+                    kwargs: dict[str, Any] | None = None,
+                    task_ids: Sequence[str] | None = None) -> list[ray.ObjectRef]:
         """Enqueue many calls of a ``@rayq.task`` in one durable put (up to 1000); one
         ``ray.ObjectRef`` per call, in order (see :meth:`submit`). ``kwargs`` go to every
-        call."""
+        call; ``task_ids``, if given, one id per call."""
         self.register(fn)
         if not isinstance(args_list, (list, tuple)) or not 1 <= len(args_list) <= MAX_BATCH:
             raise InvalidMessage(f"submit_many takes a list of 1 to {MAX_BATCH} argument tuples")
+        chosen = task_ids is not None
+        ids = checked_task_ids(task_ids, len(args_list)) if chosen \
+            else [new_task_id() for _ in args_list]
         spec = fn.spec
         # Task queues are the default account's: named so from every account.
         producer = self.transport.producer(ADMIN + QUEUE_SEP + spec.queue)
@@ -165,29 +249,40 @@ class Client:
         if not all(isinstance(args, (list, tuple)) for args in args_list):
             raise InvalidMessage("submit_many takes a list of argument tuples")
         entries = [(attrs, encode_call(spec.type, tuple(args), kwargs or {},
-                                       self.config.store.max_message_bytes))
-                   for args in args_list]
-        return self._outcome_refs(producer.put(entries))
-
-    def _outcome_refs(self, placed: list[tuple[str, int]]) -> list[ray.ObjectRef]:
-        """One ObjectRef per task, in order: one ``wait_outcomes`` call per shard with a
-        return per task (a Ray call costs ~0.7 ms of CPU here; one per task was most of
-        a tiny task's cost). The refs of one call resolve together, once its last task
-        has ended; ``submit`` makes one call of its own, so its ref waits for no other."""
-        by_shard: dict[int, list[int]] = {}
-        for at, (_, shard) in enumerate(placed):
-            by_shard.setdefault(shard, []).append(at)
-        refs: list = [None] * len(placed)
-        for shard, ats in by_shard.items():
-            ids = [placed[at][0] for at in ats]
-            handle = self.transport.shards[shard]
-            if len(ids) == 1:
-                got = [handle.wait_outcome.remote(ids[0])]
-            else:
-                got = handle.wait_outcomes.options(num_returns=len(ids)).remote(ids)
-            for at, ref in zip(ats, got):
-                refs[at] = ref
+                                       self.config.store.max_message_bytes), task_id)
+                   for args, task_id in zip(args_list, ids)]
+        placed = producer.put_spread(entries) if chosen else producer.put(entries)
+        refs = self._tasks.refs(placed)
+        self._tasks.remember(refs, ids)
         return refs
+
+    # -- tasks by id --------------------------------------------------------------
+    def task_id(self, ref: ray.ObjectRef) -> str:
+        """The id of the task ``ref`` waits on (a ref this process's client got from
+        ``submit``, ``submit_many`` or ``ref``; the latest REMEMBERED_REFS of them).
+        Raises TaskNotFound for any other ref."""
+        return self._tasks.task_id(ref)
+
+    def task(self, task_id: str) -> TaskInfo:
+        """What task ``task_id`` of this client's account is doing: type, tenant, state
+        (queued, running, succeeded, failed, cancelled), deliveries and times. Raises
+        TaskNotFound for an id this account has no task under (or whose outcome expired)."""
+        return self._tasks.find(task_id)[1].info
+
+    def result(self, task_id: str, timeout_s: float | None = None) -> Any:
+        """Task ``task_id``'s value, waiting up to ``timeout_s`` (None: until it ends).
+        Raises its TaskError when it failed, ResultTimeout when the time ran out first,
+        TaskNotFound as :meth:`task` does."""
+        shard, found = self._tasks.find(task_id)
+        return self._tasks.result(shard, found.message_id, timeout_s)
+
+    def ref(self, task_id: str) -> ray.ObjectRef:
+        """A new ``ray.ObjectRef`` of task ``task_id`` (as ``submit`` returned), from any
+        process with this account's credentials. Raises TaskNotFound as :meth:`task` does."""
+        shard, found = self._tasks.find(task_id)
+        [ref] = self._tasks.refs([(found.message_id, shard)])
+        self._tasks.remember([ref], [task_id])
+        return ref
 
     # -- fairness ----------------------------------------------------------------
     def _coordinator(self, method: str, *args: Any) -> Any:

@@ -128,6 +128,21 @@ class NoEvents(UsageError):
     """
 
 
+class TaskNotFound(UsageError):
+    """Raised when a task id names no task of the caller's account: never submitted by
+    it, or its outcome was kept its time (``outcome_ttl_s``) and is gone."""
+
+
+class OutcomeLost(RuntimeFailure):
+    """Raised when ``ray.get`` waits on a task of which no copy is left: neither the task
+    nor its outcome is stored on any copy of its shard."""
+
+
+class ResultTimeout(RuntimeFailure, TimeoutError):
+    """Raised when ``client.result(task_id, timeout_s)`` waited ``timeout_s`` and the task
+    has not ended; the task goes on."""
+
+
 class TaskError(RayqError):
     """Raised when ``ray.get`` waits on a submitted task whose handler raised.
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import zlib
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rayq.batching import ThreadBatcher
@@ -127,6 +128,22 @@ class Producer:
             return self._put_now(entries, self._thread_lane())
         return self._coalescer.call(entries)
 
+    def put_spread(self, entries: list[tuple]) -> list[Placed]:
+        """:meth:`put` of tasks under ids their submitter chose, apart from other sends:
+        each to the open subqueue its id picks (the same one while the queue's subqueues
+        stay as they are), one put per subqueue. Puts of one id meet in one store, which
+        stores such a task once."""
+        by_spread: dict[str, list[int]] = {}
+        for at, entry in enumerate(entries):
+            by_spread.setdefault(entry[2], []).append(at)
+        placed: list = [None] * len(entries)
+        for ats in _merged_by_target(self._transport, self.name, by_spread):
+            got = self._transport.run(self._putting([entries[at] for at in ats],
+                                                    spread=entries[ats[0]][2]))
+            for at, one in zip(ats, got):
+                placed[at] = one
+        return placed
+
     def _thread_lane(self) -> int:
         """This thread's lane: the first thread to send a large batch gets 0, the next 1..."""
         lane = getattr(self._lane, "index", None)
@@ -142,11 +159,11 @@ class Producer:
     def _put_now(self, entries: list[Entry], lane: int = 0) -> list[Placed]:
         return self._transport.run(self._putting(entries, lane))
 
-    def _putting(self, entries: list[Entry], lane: int = 0) -> Steps:
+    def _putting(self, entries: list[Entry], lane: int = 0, spread: str | None = None) -> Steps:
         """One put call of ``entries``, encoded into one buffer (however many senders
         share it), to the queue's put subqueue as last routed (``lane`` > 0: that many
-        open subqueues further on); routed anew and sent again while the shard says that
-        subqueue was retired."""
+        open subqueues further on; ``spread``: the open subqueue it picks); routed anew
+        and sent again while the shard says that subqueue was retired."""
         batch = encode_put(entries)
         for attempt in range(PUT_ATTEMPTS):
             queue, _, target = yield from self._transport.route_steps(self.name,
@@ -155,7 +172,8 @@ class Producer:
                 if attempt:
                     raise QueueDisabled(f"queue {self.name!r} is disabled: it refuses new messages")
                 continue
-            target = lane_target(queue, target, lane)
+            target = lane_target(queue, target, lane) if spread is None \
+                else spread_target(queue, target, spread)
             index = queue.subqueue(target).shard
             try:
                 ids = yield Request(SHARD_OPS["put"], self._transport.shards[index],
@@ -166,13 +184,33 @@ class Producer:
         raise QueueDisabled(f"queue {self.name!r} accepts no messages")
 
 
+def _merged_by_target(transport: Link, name: str, by_spread: dict[str, list[int]]) -> list:
+    """The entry positions of ``by_spread`` merged per open subqueue their spread keys pick
+    (as routed now), each list in order."""
+    queue, _, target = transport.run(transport.route_steps(name))
+    merged: dict[int, list[int]] = {}
+    for spread, ats in by_spread.items():
+        merged.setdefault(spread_target(queue, target, spread), []).extend(ats)
+    return [sorted(ats) for ats in merged.values()]
+
+
+def _open_subqueues(queue: Any) -> list[int]:
+    return [s.id for s in queue.subqueues if s.state is SubqueueState.ALL and not s.dedicated]
+
+
+def spread_target(queue: Any, target: int, spread: str) -> int:
+    """The open subqueue ``spread`` picks (a stable hash of it over the queue's open
+    subqueues); ``target`` when none is open."""
+    open_ = _open_subqueues(queue)
+    return open_[zlib.crc32(spread.encode()) % len(open_)] if open_ else target
+
+
 def lane_target(queue: Any, target: int, lane: int) -> int:
     """The subqueue ``lane`` puts to: ``lane`` open subqueues after ``target`` (the put
     subqueue as routed), round the queue's subqueues that take puts."""
     if not lane:
         return target
-    open_ = [s.id for s in queue.subqueues
-             if s.state is SubqueueState.ALL and not s.dedicated]
+    open_ = _open_subqueues(queue)
     if target not in open_:
         return target
     return open_[(open_.index(target) + lane) % len(open_)]

@@ -19,7 +19,7 @@ def tasks(*ids, tenant="acme", delay_s=0.0):
     """A put buffer of one task per id."""
     made = [dataclasses.replace(message(b"call", tenant=tenant, delay_s=delay_s), task=True)
             for _ in ids]
-    return encode_put([(attrs_of(m), m.body) for m in made], list(ids))
+    return encode_put([(attrs_of(m), m.body, task_id) for m, task_id in zip(made, ids)])
 
 
 def test_a_task_put_again_under_its_id_is_the_same_task_and_stored_once(store):
@@ -91,18 +91,28 @@ def test_an_id_is_forgotten_with_its_outcome_and_may_then_be_used_again(make_sto
     assert second != first and store.count(0) == 1
 
 
-@pytest.mark.parametrize("task_id", ["", "x" * 257, "a\nb", 7, None])
+@pytest.mark.parametrize("task_id", ["", "x" * 257, "a\nb", 7, b"t1"])
 def test_a_malformed_task_id_is_refused_and_nothing_is_stored(store, task_id):
     with pytest.raises(InvalidMessage):
         store.tasks("acme", [task_id])
     m = dataclasses.replace(message(b"call"), task=True)
     with pytest.raises(InvalidMessage):
-        store.put_batch(0, encode_put([(attrs_of(m), m.body)], [task_id]), account="acme")
+        store.put_batch(0, encode_put([(attrs_of(m), m.body, task_id)]), account="acme")
     assert store.count(0) == 0
 
 
 def test_only_tasks_carry_ids(store):
     m = message(b"plain")
     with pytest.raises(InvalidMessage):
-        store.put_batch(0, encode_put([(attrs_of(m), m.body)], ["t1"]), account="acme")
+        store.put_batch(0, encode_put([(attrs_of(m), m.body, "t1")]), account="acme")
     assert store.count(0) == 0
+
+
+def test_task_ends_tell_a_pending_task_from_one_the_store_does_not_keep(store):
+    [mid] = store.put_batch(0, tasks("t1"), account="acme")
+    other = mid.split("-")[0] + "-ffff-00"
+    assert store.task_ends([mid, other, "elsewhere-1-00", mid.split("-")[0] + "-zz"]) \
+        == [None, False, False, False]
+    [got] = store.receive(0, 1, 30)
+    store.finish(got.receipt, encode_result(3, "report"))
+    assert store.task_ends([mid])[0][1] == encode_result(3, "report")

@@ -22,9 +22,10 @@ WHOSE_FAULT = [
     ("QueueNotFound", "you"), ("QueueExists", "you"), ("ConfigError", "you"),
     ("InvalidMessage", "you"), ("MessageTooLarge", "you"), ("ReceiptInvalid", "you"),
     ("AuthError", "you"), ("NoEvents", "you"), ("DataDirExposed", "you"), ("KeyExposed", "you"),
-    ("QuotaExceeded", "you"),
+    ("QuotaExceeded", "you"), ("TaskNotFound", "you"),
     ("QueueDisabled", "it"), ("Overloaded", "it"), ("StoreError", "it"), ("StoreBug", "it"),
     ("StaleEpoch", "it"), ("ReplicaBehind", "it"), ("NotEnoughReplicas", "it"),
+    ("OutcomeLost", "it"), ("ResultTimeout", "it"),
 ]
 
 

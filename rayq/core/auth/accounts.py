@@ -34,11 +34,11 @@ from typing import Any
 
 from rayq.core.auth.operations import Operation
 from rayq.core.kit.kv import KV
-from rayq.core.codec.model import DLQ_SUFFIX, check_name, fairness_key, pack, unpack
+from rayq.core.codec.model import DEFAULT_ACCOUNT, DLQ_SUFFIX, check_name, fairness_key, pack, unpack
 from rayq.core.codec.frames import Signature  # the value lives in codec: frames carry it
 from rayq.errors import AuthError, InvalidMessage, Overloaded
 
-ADMIN = "default"
+ADMIN = DEFAULT_ACCOUNT  # the account that administers the runtime
 ACCOUNT_ROWS = (b"acct:", b"acct;")  # the meta table's range of account rows
 SECRET_BYTES = 32
 MAX_SKEW_S = 900.0

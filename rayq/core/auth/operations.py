@@ -212,6 +212,7 @@ OPERATIONS: Mapping[str, Operation] = MappingProxyType({op.name: op for op in (
     _entry("shard", "counts", "subqueues", _S, subqueues=("subqueues",)),
     _entry("shard", "visibility_counts", "subqueues", _S, subqueues=("subqueues",)),
     _entry("shard", "depths", "subqueues=None", _S, subqueues=("subqueues",)),
+    _entry("shard", "tasks", "task_ids", _A),
     _entry("shard", "stats", "", _ADMIN),
     _entry("shard", "noisy", "", _ADMIN),
     _entry("shard", "flush_events", "", _ADMIN),

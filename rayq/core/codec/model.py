@@ -128,6 +128,9 @@ def message_id(store_hex: str, id_key: bytes, seq: int) -> str:
     return f"{store_hex}-{seq:x}-{tag.hexdigest()}"
 
 
+DEFAULT_ACCOUNT = "default"  # the admin account: every unsigned client acts as it
+
+
 def seq_of(message_id: str) -> int:
     """The seq of a message id this store made (an outcome's: its task's records are
     keyed by seq)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from enum import Enum
 
@@ -61,3 +62,16 @@ def check_task_id(task_id: object) -> str:
         raise InvalidMessage(f"a task id is a printable str of 1 to {MAX_TASK_ID} "
                              f"characters, not {task_id!r}")
     return task_id
+
+
+def new_task_id() -> str:
+    """A random task id (what a task goes by when its submitter chose none)."""
+    return uuid.uuid4().hex
+
+
+def checked_task_ids(task_ids: object, count: int) -> list[str]:
+    """``count`` task ids as given, each checked (:func:`check_task_id`). Raises
+    InvalidMessage."""
+    if not isinstance(task_ids, (list, tuple)) or len(task_ids) != count:
+        raise InvalidMessage(f"task_ids takes one id per call ({count})")
+    return [check_task_id(task_id) for task_id in task_ids]

@@ -49,7 +49,7 @@ class PutBatch(NamedTuple):
     attrs: list[Attrs]
     refs: list[int]
     bodies: list[bytes]
-    task_ids: list[str] | None = None  # one per message: a put of tasks
+    task_ids: list[str | None] | None = None  # a put of tasks: one id (or None) each
 
 
 def attrs_of(m: NewMessage) -> Attrs:
@@ -64,21 +64,21 @@ def attrs_of(m: NewMessage) -> Attrs:
                  None if m.ttl_s is None else to_us(m.ttl_s), bool(m.task))
 
 
-def encode_put(entries: Iterable[tuple[Attrs, bytes]],
-               task_ids: Sequence[str] | None = None) -> bytes:
-    """Pack (attributes, encoded body) pairs into one put buffer; ``task_ids``: one id per
-    entry, for a put of tasks."""
+def encode_put(entries: Iterable[Entry | tuple[Attrs, bytes, str]]) -> bytes:
+    """Pack (attributes, encoded body) pairs into one put buffer; a task's entry may add
+    its id as a third element."""
     table: dict[Attrs, int] = {}
-    refs, bodies = [], []
-    for attrs, body in entries:
+    refs, bodies, task_ids = [], [], []
+    for attrs, body, *task_id in entries:
         index = table.get(attrs)
         if index is None:
             index = table[attrs] = len(table)
         refs.append(index)
         bodies.append(body)
+        task_ids.append(task_id[0] if task_id else None)
     parts = [PUT_VERSION, list(table), refs, bodies]
-    if task_ids is not None:
-        parts.append(list(task_ids))
+    if any(task_id is not None for task_id in task_ids):
+        parts.append(task_ids)
     return msgpack.packb(parts, use_bin_type=True)
 
 
@@ -112,15 +112,17 @@ def decode_put(data: Any, *, max_message_bytes: int, max_delay_s: float,
     return PutBatch(attrs, refs, bodies, _check_task_ids(task_ids, attrs, refs))
 
 
-def _check_task_ids(given: list, attrs: list[Attrs], refs: list[int]) -> list[str] | None:
-    """The put's task ids (one per message, each of a task), or None when it has none."""
+def _check_task_ids(given: list, attrs: list[Attrs], refs: list[int]) -> list | None:
+    """The put's task ids (one per message, None for a message without), or None when it
+    has none. Only tasks carry ids."""
     if not given:
         return None
     if len(given) != 1 or not isinstance(given[0], list) or len(given[0]) != len(refs):
         raise InvalidMessage("malformed put batch: one task id per message")
-    if not all(attrs[ref].task for ref in refs):
+    ids = given[0]
+    if any(task_id is not None and not attrs[ref].task for ref, task_id in zip(refs, ids)):
         raise InvalidMessage("only tasks carry task ids")
-    return [check_task_id(task_id) for task_id in given[0]]
+    return [None if task_id is None else check_task_id(task_id) for task_id in ids]
 
 
 def _check_attrs(raw: Any, max_delay_s: float, max_ttl_s: float) -> Attrs:

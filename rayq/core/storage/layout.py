@@ -28,7 +28,7 @@ Tables (LMDB named sub-databases; :data:`TABLES` names them in the order
 - ``tasks``: seq -> a task's record (:class:`TaskRecord`): its expiry, enqueue time,
   names and id, and once it ended, when, after how many deliveries and when it first
   started. Both are written with the task's row and dropped with its outcome
-  (:mod:`rayq.core.storage.task_index`).
+  (:mod:`rayq.core.storage.outcomes`).
 
 A row value has a fixed header, then the body as sent:
 
@@ -375,3 +375,38 @@ def replica_state(epoch: int, seq: int) -> bytes:
 def read_replica_state(value: bytes | None) -> tuple[int, int]:
     """(epoch, last applied sequence); (0, 0) for a store that never was a replica."""
     return _REPLICA.unpack(value) if value else (0, 0)
+
+
+# -- tasks by id ---------------------------------------------------------------------------
+_ID_SEP = b"\x00"  # names and ids are printable: NUL never occurs in them
+_TASK_RECORD = struct.Struct(">QQQIQ")  # expires, enqueued, ended µs, attempts, first received µs
+
+
+class TaskRecord(NamedTuple):
+    """A task's entry in ``tasks``; the µs fields are 0 until they happened."""
+
+    expires_us: int
+    enqueued_us: int
+    ended_us: int
+    attempts: int
+    first_received_us: int
+    account: str
+    task_id: str
+    tenant: str
+    type: str
+
+    def pack(self) -> bytes:
+        names = (self.account, self.task_id, self.tenant, self.type)
+        return _TASK_RECORD.pack(*self[:5]) + _ID_SEP.join(n.encode() for n in names)
+
+    @classmethod
+    def unpack(cls, value: bytes) -> "TaskRecord":
+        names = value[_TASK_RECORD.size:].decode().split("\x00")
+        return cls(*_TASK_RECORD.unpack_from(value), *names)
+
+
+def task_id_key(account: str, task_id: str) -> bytes:
+    return account.encode() + _ID_SEP + task_id.encode()
+
+
+task_seq_key = _U64.pack  # seq -> a ``tasks`` key (and a ``task_ids`` value)

@@ -21,7 +21,7 @@ from rayq.core.codec.model import (US, Ending, StoredMessage, at_s, SubqueueStat
                                    parse_receipt,
                                    receipt_text)
 from rayq.core.kit.kv import Txn
-from rayq.core.storage import layout as rows, task_index
+from rayq.core.storage import layout as rows
 from rayq.core.storage.cache import MessageCache
 from rayq.core.storage.dispatch import Event, FairDispatch, Rehid, Released, Sent, Took
 from rayq.core.storage.layout import CountKind, TenantCount
@@ -428,5 +428,18 @@ class Ledger:
         expires = self.now_us + self.outcome_ttl_us
         self.txn.put("outcomes", key, rows.outcome_value(expires, ending, payload))
         self.txn.put("outcome_expiry", rows.outcome_expiry_key(expires, message_id), b"")
-        task_index.ended(self, seq, value)
+        self._stamp_task(seq, value)
         self.outcomes.append(Outcome(message_id, ending, payload))
+
+    def _stamp_task(self, seq: int, value: bytes | None) -> None:
+        """Stamp the record of task ``seq`` with its end, now, and (given its row's last
+        value) its deliveries and first start."""
+        found = self.txn.get("tasks", rows.task_seq_key(seq))
+        if found is None:
+            return  # a task stored without an id
+        record = rows.TaskRecord.unpack(found)
+        if value is not None:
+            meta = rows.meta(value)
+            record = record._replace(attempts=meta.dequeue_count,
+                                     first_received_us=meta.first_received_us)
+        self.txn.put("tasks", rows.task_seq_key(seq), record._replace(ended_us=self.now_us).pack())

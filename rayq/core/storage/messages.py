@@ -13,13 +13,12 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from rayq.core.codec.model import (US, Ending, StoredMessage, SubqueueState, check_count,
+from rayq.core.codec.model import (DEFAULT_ACCOUNT, US, Ending, StoredMessage, SubqueueState, check_count,
                                    check_seconds, check_subqueue, receipt_text, to_us)
 from rayq.core.codec.wire import Attrs, decode_put, encode_delivered
-from rayq.core.auth.accounts import ADMIN
-from rayq.core.storage import layout as rows, task_index
+from rayq.core.storage import layout as rows
 from rayq.core.storage.ledger import Enqueued, Env, Ledger
-from rayq.core.storage.outcomes import collect_outcomes, dead_letter_row
+from rayq.core.storage.outcomes import collect_outcomes, dead_letter_row, existing, index_task
 from rayq.core.storage.picking import Skip, pick
 from rayq.core.storage.spill import diverted, spill_one
 from rayq.errors import InvalidMessage, QueueDisabled, ReceiptInvalid
@@ -49,7 +48,7 @@ class _Group:
 
 
 def put(w: Ledger, env: Env, subqueue: int, batch: bytes,
-        sender: tuple | None = None, account: str = ADMIN) -> list[str]:
+        sender: tuple | None = None, account: str = DEFAULT_ACCOUNT) -> list[str]:
     """Store a put buffer (:mod:`rayq.core.codec.wire`); returns the message ids in order.
     A task with an id ``account`` submitted before, whose outcome is still kept, is not
     stored again: its id is the first task's (:mod:`rayq.core.storage.task_index`).
@@ -76,7 +75,7 @@ def put(w: Ledger, env: Env, subqueue: int, batch: bytes,
                                   decoded.task_ids or itertools.repeat(None)):
         group = groups[ref]
         if task_id is not None:
-            before = task_index.existing(w.txn, account, task_id)
+            before = existing(w.txn, account, task_id)
             if before is not None:  # submitted again: the same task, nothing stored
                 seqs.append(before)
                 continue
@@ -93,7 +92,7 @@ def put(w: Ledger, env: Env, subqueue: int, batch: bytes,
             row_items.append((row_key, value))
             expiry_items.append((rows.expiry_key(group.expires_us, seq), row_key))
         if task_id is not None:
-            task_index.index(w, seq, task_index.TaskRecord(
+            index_task(w, seq, rows.TaskRecord(
                 group.expires_us, w.now_us, 0, 0, 0, account, task_id, group.attrs.tenant,
                 group.attrs.type))
         group.seqs.append(seq)

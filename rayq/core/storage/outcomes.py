@@ -1,19 +1,38 @@
-"""How task messages end: each task's outcome is recorded durably, once.
+"""How task messages end, and tasks by id.
 
-The ``outcomes`` table maps a message id to its ending and payload, with its own
-expiry index; ``wait_outcome`` (the ObjectRef of ``client.submit``) reads it.
-:meth:`Ledger.record <rayq.core.storage.ledger.Ledger.record>` writes an outcome;
-these are the operations around it.
+Each task's outcome is recorded durably, once: the ``outcomes`` table maps a message id
+to its ending and payload, with its own expiry index; the outcome desks (the ObjectRefs
+of ``client.submit``) read it. :meth:`Ledger.record
+<rayq.core.storage.ledger.Ledger.record>` writes an outcome; these are the operations
+around it.
+
+Every task message carries an id of its submitter's choosing (a client draws a random
+one when the caller chose none). The put that stores the task writes two entries
+beside its row (tables in :mod:`rayq.core.storage.layout`):
+
+- ``task_ids``: (account, task id) -> the task's seq. A second put of the same id by
+  the same account finds it and stores nothing: it returns the first task's message id
+  (idempotent submit), for as long as the task's outcome is kept.
+- ``tasks``: seq -> :class:`~rayq.core.storage.layout.TaskRecord`: what a lookup shows
+  of a task whose row has gone (ended, or spilled by flood isolation), and the way to
+  its row while it has one (its expiry entry, keyed by expiry and seq, gives the row's
+  current key).
+
+The transaction that records a task's outcome stamps its record with when it ended, its
+deliveries and when it first started; the one that drops the outcome drops both entries.
+Accounts see their own ids only: the key starts with the account's name.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import NamedTuple
 
-from rayq.core.codec.model import Ending, check_subqueue, seq_of
+from rayq.core.codec.model import US, Ending, at_s, check_subqueue, seq_of
+from rayq.core.codec.task_ids import TaskInfo, TaskState, task_state
 from rayq.core.kit.kv import Txn
-from rayq.core.storage import layout as rows, task_index
+from rayq.core.storage import layout as rows
 from rayq.core.storage.ledger import Env, Ledger
 from rayq.errors import InvalidMessage
 
@@ -57,7 +76,7 @@ def collect_outcomes(w: Ledger, limit: int) -> int:
         value = w.txn.get("outcomes", rows.outcome_of_expiry(key))
         if value is not None and rows.outcome_expires_with(value, key):
             w.txn.delete("outcomes", rows.outcome_of_expiry(key))
-            task_index.forget(w.txn, seq_of(rows.outcome_of_expiry(key).decode()))
+            forget(w.txn, seq_of(rows.outcome_of_expiry(key).decode()))
     return len(entries)
 
 
@@ -65,3 +84,111 @@ def read_outcomes(txn: Txn, message_ids: Sequence[str]) -> list[tuple[Ending, by
     """How each task ended, or None while it has not (or its outcome expired)."""
     values = [txn.get("outcomes", rows.outcome_key(mid)) for mid in message_ids]
     return [None if value is None else rows.parse_outcome(value) for value in values]
+
+
+# -- tasks by id ---------------------------------------------------------------------------
+def existing(txn: Txn, account: str, task_id: str) -> int | None:
+    """The seq of the task ``account`` submitted as ``task_id``, if it is still kept."""
+    found = txn.get("task_ids", rows.task_id_key(account, task_id))
+    return None if found is None else rows.unpack_u64(found)
+
+
+def forget(txn: Txn, seq: int) -> None:
+    """Drop both entries of task ``seq`` (its outcome expired)."""
+    key = rows.task_seq_key(seq)
+    found = txn.get("tasks", key)
+    if found is None:
+        return
+    record = rows.TaskRecord.unpack(found)
+    txn.delete("tasks", key)
+    id_entry = rows.task_id_key(record.account, record.task_id)
+    if txn.get("task_ids", id_entry) == key:
+        txn.delete("task_ids", id_entry)
+
+
+def ends(txn: Txn, message_ids: Sequence[str], store_hex: str) -> list[tuple | None | bool]:
+    """How each task ended: its (ending, payload); None while it has not; False when this
+    store keeps neither the task nor an outcome (its only copies are lost, or it is not
+    a task of this store)."""
+    out: list[tuple | None | bool] = []
+    for mid in message_ids:
+        value = txn.get("outcomes", rows.outcome_key(mid))
+        if value is not None:
+            out.append(rows.parse_outcome(value))
+        else:
+            out.append(None if _kept(txn, mid, store_hex) else False)
+    return out
+
+
+def _kept(txn: Txn, message_id: str, store_hex: str) -> bool:
+    """Whether this store keeps a record of the task ``message_id`` names."""
+    if not message_id.startswith(store_hex + "-"):
+        return False
+    try:
+        seq = seq_of(message_id)
+    except (IndexError, ValueError):
+        return False
+    return 0 <= seq < 2**64 and txn.get("tasks", rows.task_seq_key(seq)) is not None
+
+
+class FoundTask(NamedTuple):
+    """A task a lookup found: its message id (what its outcome is waited for by) and
+    what it is doing."""
+
+    message_id: str
+    info: TaskInfo
+
+
+def look_up(txn: Txn, account: str, task_ids: Sequence[str], now_us: int,
+            message_id) -> list[FoundTask | None]:
+    """Each task ``account`` submitted under these ids, or None for one this store does
+    not keep. ``message_id(seq)`` names a task's message."""
+    out = []
+    for task_id in task_ids:
+        seq = existing(txn, account, task_id)
+        found = txn.get("tasks", rows.task_seq_key(seq)) if seq is not None else None
+        if found is None:
+            out.append(None)
+            continue
+        mid = message_id(seq)
+        out.append(FoundTask(mid, _info(txn, rows.TaskRecord.unpack(found), seq, mid, now_us)))
+    return out
+
+
+def _info(txn: Txn, record: rows.TaskRecord, seq: int, mid: str, now_us: int) -> TaskInfo:
+    outcome = txn.get("outcomes", rows.outcome_key(mid))
+    if outcome is not None:
+        ending, payload = rows.parse_outcome(outcome)
+        state = task_state(ending, payload, running=False)
+        return _made(record, state, record.attempts, record.first_received_us,
+                     record.ended_us)
+    attempts, first_us, running = _row_now(txn, record, seq, now_us)
+    return _made(record, task_state(None, b"", running), attempts, first_us, 0)
+
+
+def _row_now(txn: Txn, record: rows.TaskRecord, seq: int, now_us: int) -> tuple[int, int, bool]:
+    """(deliveries, first received µs, whether it runs now) of a task with no outcome,
+    read from its row; a row not found (spilled: waiting to be swept back) is queued."""
+    row_key = txn.get("expiry", rows.expiry_key(record.expires_us, seq))
+    value = txn.get("rows", row_key) if row_key is not None else None
+    if value is None:
+        return 0, 0, False
+    meta = rows.meta(value)
+    sq, kid, visible_us, _ = rows.parse_row_key(row_key)
+    hidden_until = txn.get("inflight", rows.inflight_key(sq, kid, seq))
+    if hidden_until is not None:
+        visible_us = rows.unpack_u64(hidden_until)
+    running = meta.dequeue_count > 0 and visible_us > now_us
+    return meta.dequeue_count, meta.first_received_us, running
+
+
+def _made(record: rows.TaskRecord, state: TaskState, attempts: int, first_us: int,
+          ended_us: int) -> TaskInfo:
+    return TaskInfo(record.task_id, record.type, record.tenant, state, attempts,
+                    record.enqueued_us / US, at_s(first_us), at_s(ended_us))
+
+
+def index_task(w: Ledger, seq: int, record: rows.TaskRecord) -> None:
+    """Write a new task's two entries (in the put that stores its row)."""
+    w.txn.put("task_ids", rows.task_id_key(record.account, record.task_id), rows.task_seq_key(seq))
+    w.txn.put("tasks", rows.task_seq_key(seq), record.pack())

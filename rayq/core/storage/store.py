@@ -16,17 +16,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rayq.config import StoreConfig
-from rayq.core.codec.model import (US, Ending, NewMessage, StoredMessage, SubqueueState,
+from rayq.core.codec.model import (DEFAULT_ACCOUNT, US, Ending, NewMessage, StoredMessage, SubqueueState,
                                    check_count, check_name, check_subqueue, message_id, to_us)
-from rayq.core.auth.accounts import ADMIN
 from rayq.core.codec.task_ids import check_task_id
 from rayq.core.codec.wire import decode_delivered, encode_messages
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.kv import KV, LmdbKV, Txn
 from rayq.core.kit.windows import WindowedSums
 from rayq.core.storage import layout as rows
-from rayq.core.storage import messages, outcomes, purge, spill, task_index
-from rayq.core.storage.task_index import FoundTask
+from rayq.core.storage import messages, outcomes, purge, spill
+from rayq.core.storage.outcomes import FoundTask
 from rayq.core.storage.cache import CacheStats, MessageCache, PressureMonitor, psutil_probe
 from rayq.core.storage.dispatch import DispatchPolicy, FairDispatch, NoisyChange, NoisyKey
 from rayq.core.storage.layout import TenantCount
@@ -231,7 +230,7 @@ class ShardStore:
             raise InvalidMessage("put takes a list of NewMessage values")
         return self.put_batch(subqueue, encode_messages(messages))
 
-    def put_batch(self, subqueue: int, batch: bytes, account: str = ADMIN) -> list[str]:
+    def put_batch(self, subqueue: int, batch: bytes, account: str = DEFAULT_ACCOUNT) -> list[str]:
         """Store a put buffer (:mod:`rayq.core.codec.wire`) durably; returns the ids in order.
         ``account``: the sender, whose task ids the put's tasks go by."""
         return self._call("put", subqueue, batch, account=account)
@@ -275,6 +274,14 @@ class ShardStore:
                 raise InvalidMessage(f"not a message id: {asked!r:.80}")
         return self.kv.read(lambda txn: outcomes.read_outcomes(txn, message_ids))
 
+    def task_ends(self, message_ids: Sequence[str]) -> list[tuple[Ending, bytes] | None | bool]:
+        """:meth:`outcomes` of tasks submitted with ids, told apart from tasks this store
+        does not keep at all (False: see :func:`outcomes.ends`)."""
+        for asked in message_ids:
+            if not isinstance(asked, str) or not 0 < len(asked) <= 64:
+                raise InvalidMessage(f"not a message id: {asked!r:.80}")
+        return self.kv.read(lambda txn: outcomes.ends(txn, message_ids, self.index.store_hex))
+
     def tasks(self, account: str, task_ids: Sequence[str]) -> list[FoundTask | None]:
         """The tasks ``account`` submitted under ``task_ids``, each with its message id and
         what it is doing, read in one transaction; None for each this store does not keep."""
@@ -282,7 +289,7 @@ class ShardStore:
             check_task_id(asked)
         now_us = to_us(self.clock.now())
         return self.kv.read(
-            lambda txn: task_index.look_up(txn, account, task_ids, now_us, self.message_id))
+            lambda txn: outcomes.look_up(txn, account, task_ids, now_us, self.message_id))
 
     def take_enqueued(self) -> tuple[Callable[[int], str], list[Enqueued]]:
         """(message id of a seq, the groups of messages put since the last call), when

@@ -1,9 +1,11 @@
-"""Calls waiting for task outcomes (``wait_outcome``, ``wait_outcomes``: the ObjectRefs of
-``client.submit``), on the shard's outcome loop, and what each resolves to.
+"""Calls waiting for task outcomes (the ObjectRefs of ``client.submit``) on an outcome
+desk (``actors/outcomes.py``), which its shard tells of every end it records, and what
+each resolves to.
 
-A waiter registers before it reads the outcomes table, so an end recorded between
-the read and the wait still wakes it. Ends are recorded on the store thread and
-handed to the waiters' own loop.
+A waiter registers before it looks, so an end told between the look and the wait still
+wakes it. The first look is at the ends told lately (no call to the shard); the shard's
+table is read only when a wait outlasts ``recheck_s`` without news, which covers ends
+told while the desk was restarting, or by a leader that died right after its commit.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from typing import Any
 
 from rayq.core.codec.model import Ending
 from rayq.core.codec.tasks import decode_outcome
-from rayq.errors import TaskError
+from rayq.errors import OutcomeLost, TaskError
 
 Outcome = tuple[Ending, bytes]
+Found = Outcome | bool  # an outcome, or False: no copy of the task is left (never True)
+RECENT_KEPT = 50_000  # ends a desk keeps for waits that register after they were told
 _ENDINGS = {Ending.DEAD: ("DeadLettered", "the task was delivered max_receives times "
                                           "without finishing and is in the dead-letter queue"),
             Ending.EXPIRED: ("Expired", "the task's time to live ran out before it ran"),
@@ -32,28 +36,44 @@ def outcome_value(ending: Ending, payload: bytes) -> Any:
     raise TaskError(*_ENDINGS[ending])
 
 
-class OutcomeWaiters:
-    """``read(ids)`` reads the durable outcomes of ``ids`` (None for each not ended);
-    waiters re-read every ``recheck_s`` whatever they were told."""
+def found_value(found: Found) -> Any:
+    """:func:`outcome_value` of what a wait found; OutcomeLost for a task with no copy left."""
+    if found is False:
+        raise OutcomeLost("no copy of this task or of its outcome is left on its shard")
+    return outcome_value(*found)
 
-    def __init__(self, read: Callable[[list[str]], Awaitable[list[Outcome | None]]],
+
+class OutcomeWaiters:
+    """``read(ids)`` reads the durable outcomes of ``ids`` (None for each not ended,
+    False for one no copy of is left). A wait looks first at the ends it was told of
+    (:meth:`notify`) lately, then reads after each ``recheck_s`` without news."""
+
+    def __init__(self, read: Callable[[list[str]], Awaitable[list[Found | None]]],
                  recheck_s: float):
         self._read, self._recheck_s = read, recheck_s
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future]]] = {}
         self._lock = threading.Lock()
+        self._recent: dict[str, Outcome] = {}  # the latest ends told, oldest first
 
-    async def wait(self, message_ids: list[str]) -> list[Outcome]:
-        """How each task ended, waiting for those that have not: one read for all, then
-        the wake-ups their ends send."""
+    async def wait(self, message_ids: list[str]) -> list[Found]:
+        """How each task ended, waiting for those that have not: a look at the ends told
+        lately, then the wake-ups their ends send, and a read of all after each
+        ``recheck_s`` without news."""
         loop = asyncio.get_running_loop()
-        found: dict[str, Outcome] = {}
+        found: dict[str, Found] = {}
+        first = True
         while len(found) < len(message_ids):
             waiting = {mid: loop.create_future() for mid in message_ids if mid not in found}
             with self._lock:  # register before reading: no wake-up is missed
                 for mid, future in waiting.items():
                     self._waiters.setdefault(mid, []).append((loop, future))
             try:
-                for mid, outcome in zip(waiting, await self._read(list(waiting))):
+                if first:
+                    got = [self._recent.get(mid) for mid in waiting]
+                else:
+                    got = await self._read(list(waiting))
+                first = False
+                for mid, outcome in zip(waiting, got):
                     if outcome is not None:
                         found[mid] = outcome
                 await self._woken(waiting, found)
@@ -72,13 +92,27 @@ class OutcomeWaiters:
             for future in done:
                 found[pending.pop(future)] = future.result()
 
+    def waiting(self, message_id: str) -> int:
+        """How many calls wait for ``message_id`` now."""
+        with self._lock:
+            return len(self._waiters.get(message_id, ()))
+
     def notify(self, finished: list[tuple[str, Ending, bytes]]) -> None:
         """Hand each recorded outcome to the calls waiting for it (on their own loop)."""
+        self._remember(finished)
         for message_id, ending, payload in finished:
             with self._lock:
                 waiters = self._waiters.pop(message_id, [])
             for loop, future in waiters:
                 loop.call_soon_threadsafe(_settle, future, (ending, payload))
+
+    def _remember(self, finished: list[tuple[str, Ending, bytes]]) -> None:
+        """Keep the latest RECENT_KEPT ends told, oldest dropped first (dicts keep order)."""
+        recent = self._recent
+        for message_id, ending, payload in finished:
+            recent[message_id] = (ending, payload)
+        for _ in range(len(recent) - RECENT_KEPT):
+            del recent[next(iter(recent))]
 
     def _forget(self, message_id: str, future: asyncio.Future) -> None:
         with self._lock:

@@ -1,0 +1,112 @@
+"""OutcomeDesk: where the ObjectRefs of ``client.submit`` wait, one desk per shard.
+
+A ref is the return of a desk's ``wait`` call. The desk runs apart from its shard's
+leader, restarts by itself wherever Ray can place it (``max_restarts=-1``), and Ray
+issues a call it had not answered again to the restarted desk (``max_task_retries=-1``:
+the caller's process owns the ref and retries it). So a ref outlives the shard's
+failovers, planned leader moves, drains and its desk's own node.
+
+Every shard leader tells its desk of the ends each commit records (one call per commit,
+not per task); a wait looks at those first, and reads the shard (found again by name
+when its leader moved) only when it outlasts ``RECHECK_S`` without news. Those reads
+of all waits at once ride one call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+from ray.exceptions import RayTaskError
+
+from actors import NAMESPACE, SERVER_ENV, outcome_desk_name
+from actors.kit import LIVENESS, LIVENESS_GROUPS
+from rayq.batching import AsyncBatcher
+from rayq.core.codec.model import Ending
+from rayq.core.kit.batcher import Batcher
+from rayq.core.storage.waiters import OutcomeWaiters, found_value
+from rayq.errors import RayqError
+from rayq.core.kit.clock import Clock
+from rayq.remote import call_async, shard_link, tell
+
+RECHECK_S = 5.0  # a wait with no news reads the shard this often
+MAX_READ_IDS = 10_000  # ids one read of the shard carries
+LOOKUP_EVERY_S = 10.0  # a shard looks its desk up again this often (one started anew)
+
+
+class OutcomeDesk:
+    def __init__(self, index: int):
+        self.index = index
+        self.shard = shard_link(index)
+        reads = Batcher(max_items=MAX_READ_IDS, sized=True, name=f"outcome reads {index}")
+        self._reads = AsyncBatcher(reads, self._read_many)
+        self.waiters = OutcomeWaiters(self._reads.call, RECHECK_S)
+
+    async def wait(self, message_ids: list[str]) -> Any:
+        """Wait until these tasks end: one return each (``num_returns`` = their number),
+        all once the last has ended. A task that failed returns a RayTaskError, the value
+        Ray itself stores for a raising task, so ``ray.get`` of that one ref raises."""
+        found = await self.waiters.wait(message_ids)
+        if len(found) == 1:
+            return found_value(found[0])
+        out = []
+        for one in found:
+            try:
+                out.append(found_value(one))
+            except RayqError as err:
+                out.append(RayTaskError("wait", "", err))
+        return tuple(out)
+
+    @ray.method(max_task_retries=0)  # told again with the next commit's, or read
+    async def ended(self, finished: list[tuple[str, Ending, bytes]]) -> None:
+        """The ends a commit of the shard recorded (the leader tells, never waits)."""
+        self.waiters.notify(finished)
+
+    async def _read_many(self, batches: list[list[str]]) -> list:
+        """One read of the shard for the ids of many waits; their answers in order."""
+        ids = [mid for batch in batches for mid in batch]
+        ends = await call_async(lambda: self.shard.task_ends.remote(ids))
+        out, at = [], 0
+        for batch in batches:
+            out.append(ends[at:at + len(batch)])
+            at += len(batch)
+        return out
+
+    @ray.method(concurrency_group=LIVENESS)
+    async def ping(self) -> int:
+        return self.index
+
+
+OutcomeDeskRemote = ray.remote(concurrency_groups=LIVENESS_GROUPS)(OutcomeDesk)
+
+
+def outcome_desk(index: int):
+    """Shard ``index``'s desk, started if it does not run (by whichever process needs it
+    first): detached, on no CPU, restarted and its calls issued again when it is lost."""
+    return OutcomeDeskRemote.options(
+        name=outcome_desk_name(index), namespace=NAMESPACE, get_if_exists=True,
+        lifetime="detached", num_cpus=0, max_restarts=-1, max_task_retries=-1,
+        max_concurrency=100_000, runtime_env=SERVER_ENV).remote(index)
+
+
+class DeskTeller:
+    """How a shard leader tells its desk of the ends it recorded: a call it does not
+    wait for; the desk is looked up again now and then (one killed and started anew has
+    another handle). Ends told to no desk are found by the desk's reads."""
+
+    def __init__(self, index: int, clock: Clock):
+        self.index, self.clock = index, clock
+        self._desk, self._looked = None, float("-inf")
+
+    def tell(self, finished: list[tuple[str, Ending, bytes]]) -> None:
+        if not finished:
+            return
+        now = self.clock.monotonic()
+        if now - self._looked > LOOKUP_EVERY_S:
+            self._looked = now
+            try:
+                self._desk = ray.get_actor(outcome_desk_name(self.index), namespace=NAMESPACE)
+            except ValueError:
+                self._desk = None  # none started yet: no ref waits on this shard
+        if self._desk is not None:
+            tell(lambda: self._desk.ended.remote(finished))
