@@ -62,15 +62,10 @@ class OutcomeDesk:
         """The ends a commit of the shard recorded (the leader tells, never waits)."""
         self.waiters.notify(finished)
 
-    async def _read_many(self, batches: list[list[str]]) -> list:
-        """One read of the shard for the ids of many waits; their answers in order."""
-        ids = [mid for batch in batches for mid in batch]
-        ends = await call_async(lambda: self.shard.task_ends.remote(ids))
-        out, at = [], 0
-        for batch in batches:
-            out.append(ends[at:at + len(batch)])
-            at += len(batch)
-        return out
+    async def _read_many(self, ids: list[str]) -> list:
+        """One read of the shard for the ids of many waits (the batcher hands each wait
+        its slice of the answers)."""
+        return await call_async(lambda: self.shard.task_ends.remote(ids))
 
     @ray.method(concurrency_group=LIVENESS)
     async def ping(self) -> int:

@@ -69,6 +69,9 @@ def test_every_acknowledged_message_survives_a_data_node_killed_with_its_folder(
         # n2's copies replaced by followers seeded on the other nodes, in sync again
         assert "n2" not in in_sync and len(in_sync) == 2
     assert result["recovered_s"] is not None   # every sender acknowledged again
+    # refs of tasks pending on the lost node's shard resolve, and their ids agree
+    assert 1 in result["task_shards"]
+    assert result["task_values"] == result["task_results"] == [3 * i for i in range(12)]
 
 
 def test_a_paused_leader_is_replaced_and_its_later_writes_are_refused(cluster_run):

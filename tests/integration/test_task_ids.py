@@ -140,3 +140,11 @@ def test_a_new_driver_reads_the_results_of_one_that_exited(client, tmp_path):
                           text=True, timeout=300)
     assert "submitted" in done.stdout, done.stderr[-2000:]
     assert client.result("from-a-driver-that-left", timeout_s=60) == 21
+
+
+def test_a_task_that_ended_before_its_desk_restarted_is_read_from_its_shard(client):
+    assert ray.get(client.submit(add, 5, 5, task_id="before-restart"), timeout=60) == 10
+    shard, _ = client._tasks.find("before-restart")
+    desk = ray.get_actor(outcome_desk_name(shard), namespace=NAMESPACE)
+    ray.kill(desk, no_restart=False)  # it comes back knowing no end: it reads the shard
+    assert client.result("before-restart", timeout_s=60) == 10

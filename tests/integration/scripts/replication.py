@@ -6,7 +6,9 @@ another on the same cluster; prints one JSON line per mode.
 Modes:
 - ``copies``: messages sent are on the follower's disk too, stats show the roles;
 - ``node_kill``: senders run while a data node's raylet is killed and its folder
-  deleted; every acknowledged message is received afterwards;
+  deleted; every acknowledged message is received afterwards, and tasks submitted
+  before the loss (refs pending on every shard) resolve to their values, by ref and
+  by id;
 - ``pause``: a leader is paused (SIGSTOP) until the manager promotes its follower,
   then resumed: its later writes are refused and nothing acknowledged is lost;
 - ``stopped``: a shard's leader and its in-sync follower are both stopped for good, as
@@ -180,8 +182,20 @@ def wait_for_acks(senders, count: int, timeout_s: float = 120) -> None:
     step(f"{len(senders.acked)} of {count} acknowledged at line {sys._getframe(1).f_lineno}")
 
 
+@rayq.task(type="triple")
+def triple(x):
+    return 3 * x
+
+
+TASK_IDS = [f"order-{i}" for i in range(12)]
+
+
 def node_kill(cluster, nodes, data_dir) -> dict:
     client, queue = start(data_dir)
+    # tasks pending on every shard (their ids spread them; no consumer runs yet)
+    client.create_queue("tasks", subqueues=3)
+    refs = [client.submit(triple, i, task_id=task_id) for i, task_id in enumerate(TASK_IDS)]
+    task_shards = sorted({client._tasks.find(task_id)[0] for task_id in TASK_IDS})
     senders = Senders("replicated")
     wait_for_acks(senders, 300)
     before, targets = len(senders.acked), senders.shards()
@@ -201,9 +215,14 @@ def node_kill(cluster, nodes, data_dir) -> dict:
     places = {k: [list(p.replicas), list(p.in_sync), p.epoch]
               for k, p in shard_places().items()}
     received = drain(queue, senders.acked)
+    client.scale_consumers(1)
+    step("consumers started for the pending tasks")
+    values = ray.get(refs, timeout=300)
+    by_id = [client.result(task_id, timeout_s=60) for task_id in TASK_IDS]
     return {"acked_before": before, "acked": len(senders.acked),
             "lost": len(senders.acked - received), "places": places,
-            "recovered_s": recovered_s, "send_errors": senders.errors, "targets": targets}
+            "recovered_s": recovered_s, "send_errors": senders.errors, "targets": targets,
+            "task_shards": task_shards, "task_values": values, "task_results": by_id}
 
 
 def pause(cluster, nodes, data_dir) -> dict:
