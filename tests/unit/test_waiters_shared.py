@@ -79,3 +79,14 @@ def test_a_wait_without_news_reads_the_table_and_takes_what_it_finds():
     assert asyncio.run(waiters.wait(["b", "lost"])) == [(Ending.RESULT, b"2"), False]
     assert table.reads == 1
     assert waiters.waiting("b") == 0
+
+
+def test_the_ends_kept_for_late_waits_are_bounded_in_number_and_bytes(monkeypatch):
+    from rayq.core.storage import waiters as module
+    monkeypatch.setattr(module, "RECENT_KEPT", 3)
+    monkeypatch.setattr(module, "RECENT_KEPT_BYTES", 10)
+    kept = OutcomeWaiters(Table().read, recheck_s=3600)
+    kept.notify([(str(i), Ending.RESULT, b"x") for i in range(5)])
+    assert list(kept._recent) == ["2", "3", "4"]
+    kept.notify([("big", Ending.RESULT, b"y" * 9)])
+    assert list(kept._recent) == ["4", "big"] and kept._recent_bytes == 10

@@ -21,7 +21,10 @@ from rayq.errors import OutcomeLost, TaskError
 
 Outcome = tuple[Ending, bytes]
 Found = Outcome | bool  # an outcome, or False: no copy of the task is left (never True)
-RECENT_KEPT = 50_000  # ends a desk keeps for waits that register after they were told
+# Ends a desk keeps for waits that register after they were told: the latest this many,
+# holding at most this many payload bytes (an older one is read from the shard).
+RECENT_KEPT = 50_000
+RECENT_KEPT_BYTES = 64 << 20
 _ENDINGS = {Ending.DEAD: ("DeadLettered", "the task was delivered max_receives times "
                                           "without finishing and is in the dead-letter queue"),
             Ending.EXPIRED: ("Expired", "the task's time to live ran out before it ran"),
@@ -54,6 +57,7 @@ class OutcomeWaiters:
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future]]] = {}
         self._lock = threading.Lock()
         self._recent: dict[str, Outcome] = {}  # the latest ends told, oldest first
+        self._recent_bytes = 0
 
     async def wait(self, message_ids: list[str]) -> list[Found]:
         """How each task ended, waiting for those that have not: a look at the ends told
@@ -107,12 +111,15 @@ class OutcomeWaiters:
                 loop.call_soon_threadsafe(_settle, future, (ending, payload))
 
     def _remember(self, finished: list[tuple[str, Ending, bytes]]) -> None:
-        """Keep the latest RECENT_KEPT ends told, oldest dropped first (dicts keep order)."""
+        """Keep the latest ends told, within RECENT_KEPT and RECENT_KEPT_BYTES, oldest
+        dropped first (dicts keep their order)."""
         recent = self._recent
         for message_id, ending, payload in finished:
-            recent[message_id] = (ending, payload)
-        for _ in range(len(recent) - RECENT_KEPT):
-            del recent[next(iter(recent))]
+            if message_id not in recent:
+                recent[message_id] = (ending, payload)
+                self._recent_bytes += len(payload)
+        while recent and (len(recent) > RECENT_KEPT or self._recent_bytes > RECENT_KEPT_BYTES):
+            self._recent_bytes -= len(recent.pop(next(iter(recent)))[1])
 
     def _forget(self, message_id: str, future: asyncio.Future) -> None:
         with self._lock:
