@@ -2,7 +2,8 @@
 (docs/consumer-balancing.md).
 
 A consumer runs ``load`` pollers at once, each receiving a task (long poll),
-running its handler on a worker thread and ending it. The load follows the
+running its handler on a worker thread (or, for a type with Ray options, as a Ray
+task it awaits: :mod:`actors.ray_tasks`) and ending it. The load follows the
 hit rate the consumer observes (:mod:`rayq.core.control.balancer`); every count
 and decision is kept by :class:`~rayq.core.control.consumer_state.ConsumerState`,
 and this actor only makes the calls. Consumers never
@@ -27,6 +28,7 @@ from ray import cloudpickle
 
 from actors import COORDINATOR, NAMESPACE, consumer_name
 from actors.metrics import BackgroundFailures
+from actors.ray_tasks import RayTasks
 from rayq.batching import AsyncBatcher
 from rayq.config import Config
 from rayq.core.control.balancer import HostReading, host_pressed
@@ -89,6 +91,7 @@ class ConsumerActor:
         self._threads = ThreadPoolExecutor(max_workers=self.consumer_config.max_load,
                                            thread_name_prefix=f"consumer-{index}")
         self._routes = RouteCache(self.clock)
+        self._ray_tasks = RayTasks(self.clock)  # types with Ray options run as Ray tasks
         self._pollers: dict[int, asyncio.Task] = {}
         self._ends = [_Ends(shard) for shard in self.shards]
         self._room = asyncio.Event()  # set when a held task ends
@@ -177,7 +180,7 @@ class ConsumerActor:
     async def _refresh_handlers(self) -> None:
         version, table = await call_async(
             lambda: self.manager.task_table.remote(self.state.tasks_version))
-        self.state.adopt_handlers(version, table, self._load)
+        self.state.adopt_handlers(version, table, self._load, self._ray_tasks.launcher)
 
     def _load(self, blob: bytes) -> Any:
         """A registered handler, unpickled here; a failure (its module is not installed

@@ -150,3 +150,38 @@ def test_start_after_its_head_was_killed_starts_a_new_head(ray_tmp, tmp_path):
         assert "(started)" in again.stdout and current_cluster(ray_tmp) != dead
     finally:
         assert rayq_cli(ray_tmp, "stop").returncode == 0
+
+
+WORKING_DIR_JOB = textwrap.dedent("""
+    import ray
+    import rayq
+    from helpers import shout  # a sibling module, shipped with the job's working_dir
+
+    def greet(word):
+        return shout(word)
+
+    client = rayq.connect()
+    job_dir = ray.get_runtime_context().runtime_env["working_dir"]  # gcs://_ray_pkg_...zip
+    greet_task = rayq.task(type="greet", num_cpus=0, runtime_env={"working_dir": job_dir})(greet)
+    print("greetings:", ray.get([client.submit(greet_task, w) for w in ("hello", "rayq")]))
+""")
+
+
+def test_a_jobs_type_with_the_jobs_working_dir_runs_its_handler_beside_its_modules(ray_tmp,
+                                                                                  tmp_path):
+    started = rayq_cli(ray_tmp, "start", "--data-dir", str(tmp_path / "data"), "--consumers", "1")
+    assert started.returncode == 0, started.stderr[-3000:]
+    try:
+        url = re.search(r"ray job submit --address (http://127\.0\.0\.1:\d+) ",
+                        started.stdout).group(1)
+        work = tmp_path / "work"
+        work.mkdir()
+        (work / "job.py").write_text(WORKING_DIR_JOB)
+        (work / "helpers.py").write_text("def shout(word):\n    return word.upper() + '!'\n")
+        done = shell(ray_tmp, "-c", SUBMIT, url, str(work), env=printed_exports(started.stdout))
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "status: SUCCEEDED" in done.stdout, done.stdout[-3000:]
+        assert "greetings: ['HELLO!', 'RAYQ!']" in done.stdout
+    finally:
+        stopped = rayq_cli(ray_tmp, "stop")
+    assert stopped.returncode == 0, stopped.stderr[-3000:]

@@ -2,6 +2,7 @@
 
 import pytest
 
+from rayq.core.codec.model import pack
 from rayq.core.kit.kv import LmdbKV
 from rayq.core.codec.tasks import (Outcome, Tally, TaskFunction, TaskRegistry, TaskSpec, UsageReport,
                              decode_call, decode_outcome, encode_call, encode_error,
@@ -75,6 +76,69 @@ def test_the_decorator_keeps_the_function_callable_and_names_its_type():
     assert build.spec == TaskSpec("report", "tasks", concurrency=3)
     with pytest.raises(InvalidMessage):
         task(type="x")(42)
+
+
+RAY_OPTIONS = dict(num_cpus=0.5, num_gpus=1, memory=1 << 30, resources={"special": 1},
+                   runtime_env={"env_vars": {"A": "b"}, "pip": ("requests",),
+                                "working_dir": "/srv/job"})
+
+
+def test_the_ray_options_of_a_spec_round_trip_through_the_registry(tmp_path):
+    kv = LmdbKV(tmp_path / "m")
+    spec = TaskSpec("gpu", "tasks", **RAY_OPTIONS)
+    assert spec.runtime_env["pip"] == ["requests"]  # kept as msgpack gives it back
+    version = TaskRegistry(kv).register(spec, b"pickled")
+    kv.close()
+    again = TaskRegistry(LmdbKV(tmp_path / "m"))
+    assert again.all() == {"gpu": (spec, b"pickled")}
+    assert again.register(spec, b"pickled") == again.version != version
+    assert hash(spec) == hash(TaskSpec("gpu", "tasks", **RAY_OPTIONS))
+
+
+def test_a_stored_spec_from_before_the_ray_options_still_loads(tmp_path):
+    kv = LmdbKV(tmp_path / "m")
+    old = pack({"spec": {"type": "report", "queue": "tasks", "concurrency": None,
+                         "max_receives": 5}, "handler": b"pickled"})
+    kv.transact(lambda txn: txn.put("meta", b"task:report", old))
+    loaded, _ = TaskRegistry(kv).all()["report"]
+    assert loaded == TaskSpec("report", "tasks")
+    assert (loaded.num_cpus, loaded.resources, loaded.runtime_env) == (None, None, None)
+
+
+@pytest.mark.parametrize("fields, error", [
+    (dict(num_cpus=-1), "num_cpus must be a number >= 0"),
+    (dict(num_cpus="2"), "num_cpus must be a number"),
+    (dict(num_gpus=True), "num_gpus must be a number"),
+    (dict(num_gpus=float("inf")), "num_gpus must be a number"),
+    (dict(num_cpus=0.00001), "0 or at least 0.0001"),
+    (dict(memory=1.5), "memory"),
+    (dict(memory=-1), "memory"),
+    (dict(resources=[("special", 1)]), "resources must be a dict"),
+    (dict(resources={"special": -1}), "resource 'special' must be a number >= 0"),
+    (dict(resources={1: 1}), "resource names must be non-empty str"),
+    (dict(resources={"CPU": 1}), "with num_cpus="),
+    (dict(resources={"GPU": 1}), "with num_gpus="),
+    (dict(runtime_env="env.yaml"), "runtime_env must be a dict"),
+    (dict(runtime_env={1: "x"}), "runtime_env must be a dict with str keys"),
+    (dict(runtime_env={"env_vars": {"A": object()}}), "runtime_env must hold msgpack-able"),
+    (dict(runtime_env={"working_dir": "."}), "working_dir must be a URI or an absolute path"),
+    (dict(runtime_env={"working_dir": 3}), "working_dir must be a URI or an absolute path"),
+])
+def test_bad_ray_options_are_refused_with_a_clear_error(fields, error):
+    with pytest.raises(InvalidMessage, match=error):
+        TaskSpec("t", "tasks", **fields)
+    with pytest.raises(InvalidMessage, match=error):
+        task(**fields)(lambda: None)
+
+
+def test_the_decorator_takes_the_ray_options():
+    @task(type="gpu", num_gpus=1, resources={"special": 2}, runtime_env={"env_vars": {"A": "b"}})
+    def train():
+        return 1
+
+    assert train.spec == TaskSpec("gpu", "tasks", num_gpus=1, resources={"special": 2.0},
+                                  runtime_env={"env_vars": {"A": "b"}})
+    assert (train.spec.num_cpus, train.spec.memory) == (None, None)
 
 
 def _report(tenant, outcome, wait_s, usage_s=1.0):

@@ -43,12 +43,24 @@ class DeferralCause(Enum):
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """A registered job type: which queue carries it and how many may run at once."""
+    """A registered job type: which queue carries it, how many may run at once and,
+    when any of ``num_cpus``, ``num_gpus``, ``memory`` (bytes), ``resources`` or
+    ``runtime_env`` is set, what its handler asks of Ray: each call then runs as a
+    Ray task with those options (:mod:`rayq.core.control.ray_tasks`).
+
+    Raises InvalidMessage for a bad field. ``runtime_env`` is kept as msgpack gives
+    it back (tuples become lists), so a spec read back from the registry equals it.
+    """
 
     type: str
     queue: str
     concurrency: int | None = None
     max_receives: int = 5
+    num_cpus: float | None = None
+    num_gpus: float | None = None
+    memory: int | None = None          # bytes
+    resources: dict[str, float] | None = field(default=None, hash=False)
+    runtime_env: dict[str, Any] | None = field(default=None, hash=False)
 
     def __post_init__(self):
         check_name(self.type, "task type")
@@ -56,6 +68,63 @@ class TaskSpec:
         if self.concurrency is not None:
             check_count(self.concurrency, "concurrency", 1, 1_000_000)
         check_count(self.max_receives, "max_receives", 1, 1000)
+        for name in ("num_cpus", "num_gpus"):
+            if getattr(self, name) is not None:
+                check_amount(getattr(self, name), name)
+        if self.memory is not None:
+            check_count(self.memory, "memory (bytes)", 0, 2**63 - 1)
+        if self.resources is not None:
+            object.__setattr__(self, "resources", check_resources(self.resources))
+        if self.runtime_env is not None:
+            object.__setattr__(self, "runtime_env", check_runtime_env(self.runtime_env))
+
+
+# Ray takes these as num_cpus=, num_gpus= and memory=, not in resources=.
+_RESOURCE_KEYWORDS = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": "memory"}
+_FINEST_AMOUNT = 0.0001  # Ray keeps resource amounts to four decimal places
+
+
+def check_amount(value: Any, what: str) -> float:
+    """A Ray resource amount: a finite number >= 0, 0 or at least 0.0001."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not 0 <= value < float("inf")):
+        raise InvalidMessage(f"{what} must be a number >= 0, got {value!r}")
+    if 0 < value < _FINEST_AMOUNT:
+        raise InvalidMessage(f"{what} must be 0 or at least {_FINEST_AMOUNT}, got {value!r}")
+    return value
+
+
+def check_resources(resources: Any) -> dict[str, float]:
+    """Ray custom resources: a dict of resource name -> amount (see check_amount)."""
+    if not isinstance(resources, dict):
+        raise InvalidMessage(f"resources must be a dict of name -> amount, got {resources!r}")
+    for name, amount in resources.items():
+        if not isinstance(name, str) or not name:
+            raise InvalidMessage(f"resource names must be non-empty str, got {name!r}")
+        if name in _RESOURCE_KEYWORDS:
+            raise InvalidMessage(f"ask for {name!r} with {_RESOURCE_KEYWORDS[name]}=, "
+                                 f"not in resources")
+        check_amount(amount, f"resource {name!r}")
+    return {name: float(amount) for name, amount in resources.items()}
+
+
+def check_runtime_env(runtime_env: Any) -> dict[str, Any]:
+    """A Ray runtime environment as a dict of msgpack-able values with str keys,
+    as msgpack gives it back; a ``working_dir`` is a URI or an absolute path (Ray
+    checks the rest when the consumer first launches the type's Ray task)."""
+    if not isinstance(runtime_env, dict) or not all(isinstance(k, str) for k in runtime_env):
+        raise InvalidMessage(f"runtime_env must be a dict with str keys, got {runtime_env!r}")
+    try:
+        env = unpack(pack(runtime_env))
+    except (TypeError, ValueError, OverflowError, InvalidMessage) as err:
+        raise InvalidMessage(f"runtime_env must hold msgpack-able values "
+                             f"({_MSGPACK_TYPES}): {err}") from err
+    working_dir = env.get("working_dir")
+    if working_dir is not None and not (isinstance(working_dir, str) and (
+            "://" in working_dir or os.path.isabs(working_dir))):
+        raise InvalidMessage(f"runtime_env working_dir must be a URI or an absolute path, "
+                             f"got {working_dir!r}")
+    return env
 
 
 def encode_call(type_: str, args: tuple, kwargs: dict, max_bytes: int) -> bytes:
@@ -274,16 +343,27 @@ class TaskFunction:
 
 
 def task(fn=None, *, type: str | None = None, queue: str = "tasks",
-         concurrency: int | None = None, max_receives: int = 5):
+         concurrency: int | None = None, max_receives: int = 5,
+         num_cpus: float | None = None, num_gpus: float | None = None,
+         memory: int | None = None, resources: dict[str, float] | None = None,
+         runtime_env: dict[str, Any] | None = None):
     """Register a function as a job type: ``@rayq.task(type="report")``.
 
     ``type`` defaults to the function's name; ``queue`` is the queue that
     carries it (created on first use with this ``max_receives``);
     ``concurrency`` caps how many run at once cluster-wide; a task that fails
     ``max_receives`` times (or the queue's limit, if lower) ends in ``<queue>-dlq``.
-    Handlers must be importable where consumers run (or defined in ``__main__``).
+
+    With none of ``num_cpus``, ``num_gpus``, ``memory`` (bytes), ``resources`` (custom
+    resource name -> amount) and ``runtime_env`` set, handlers run on the consumers'
+    threads and must be importable where consumers run (or defined in ``__main__``).
+    With any of them set, each call runs as a Ray task with these options, on a node
+    that has the resources, in that runtime environment (``num_cpus`` defaults to 1,
+    Ray's default for a task): see docs/ray-jobs.md, "Where handlers run".
+    Raises InvalidMessage for a bad value.
     """
     def wrap(f):
         return TaskFunction(f, TaskSpec(type or getattr(f, "__name__", ""), queue,
-                                        concurrency, max_receives))
+                                        concurrency, max_receives, num_cpus, num_gpus,
+                                        memory, resources, runtime_env))
     return wrap(fn) if fn is not None else wrap

@@ -21,7 +21,7 @@ from rayq.config import Config
 from rayq.core.codec.model import StoredMessage
 from rayq.core.codec.tasks import DeferralCause, Outcome, TaskSpec, UsageReport
 from rayq.core.control.balancer import BalancerState, is_hit
-from rayq.core.control.consuming import (PlanFollower, Saturation, effective_load,
+from rayq.core.control.consuming import (Launch, PlanFollower, Saturation, effective_load,
                                          excluded_keys, held_back, poll_places, receive_size,
                                          recent_task_s, refreshed_handlers, slots_to_start,
                                          Unloadable)
@@ -157,10 +157,12 @@ class ConsumerState:
         return sorted({spec.queue for spec, *_ in self.handlers.values()})
 
     def adopt_handlers(self, version: int, table: Mapping[str, tuple[TaskSpec, bytes]] | None,
-                       load: Callable[[bytes], Any]) -> None:
-        """The manager's task ``table`` at ``version`` (None: unchanged)."""
+                       load: Callable[[bytes], Any], launch: Launch | None = None) -> None:
+        """The manager's task ``table`` at ``version`` (None: unchanged); handlers are
+        loaded with ``load``, or made Ray task launchers with ``launch``
+        (:func:`~rayq.core.control.consuming.refreshed_handlers`)."""
         if table is not None:
-            self.handlers = refreshed_handlers(self.handlers, table, load)
+            self.handlers = refreshed_handlers(self.handlers, table, load, launch)
             self.tasks_version = version
 
     def adopt_plan(self, plan: ListenPlan | None) -> None:

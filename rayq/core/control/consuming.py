@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Union
 
 from rayq.config import ConsumerConfig
 from rayq.core.fairness.policy import ListenPlan, listen_order
+from rayq.core.control.ray_tasks import ray_options
 from rayq.core.control.registry import QueueInfo
 from rayq.core.kit.retry import backoff_s
 from rayq.core.codec.tasks import DeferralCause, Outcome, TaskSpec, encode_error
@@ -247,21 +248,32 @@ def unrunnable_outcome(type_: str, handler: tuple[TaskSpec, Any, bytes] | None) 
     return encode_error(handler[1].error_type, handler[1].outcome_message(type_))
 
 
+Launch = Callable[[TaskSpec, bytes, dict], Any]  # (spec, pickled handler, Ray options) -> fn
+
+
 def refreshed_handlers(known: Mapping[str, tuple[TaskSpec, Any, bytes]],
                        table: Mapping[str, tuple[TaskSpec, bytes]],
-                       load: Callable[[bytes], Any]) -> dict[str, tuple[TaskSpec, Any, bytes]]:
+                       load: Callable[[bytes], Any],
+                       launch: Launch | None = None) -> dict[str, tuple[TaskSpec, Any, bytes]]:
     """The handler table after the manager's ``table``: a handler whose spec and bytes
     did not change is kept as loaded (or as :class:`Unloadable`: loaded again once its
-    type is registered anew); others are loaded with ``load``, each on its own, so one
-    that fails to load stands as Unloadable and disables no other type."""
+    type is registered anew); others are loaded, each on its own, so one that fails to
+    load stands as Unloadable and disables no other type.
+
+    A type that runs on the consumer's threads is loaded with ``load`` (the pickled
+    handler -> the function); one that runs as a Ray task
+    (:func:`~rayq.core.control.ray_tasks.ray_options`) with ``launch`` (spec, pickled
+    handler, Ray options -> a coroutine function that runs a call as a Ray task, made
+    once here per type and handler version). Without ``launch`` every type is loaded."""
     out = {}
     for type_, (spec, blob) in table.items():
         old = known.get(type_)
         if old is not None and old[0] == spec and old[2] == blob:
             out[type_] = old
             continue
+        options = ray_options(spec) if launch is not None else None
         try:
-            fn = load(blob)
+            fn = load(blob) if options is None else launch(spec, blob, options)
         except Exception as err:  # noqa: BLE001 - any failure to unpickle: that type alone
             fn = Unloadable(type(err).__name__, str(err))
         out[type_] = (spec, fn, blob)
