@@ -15,6 +15,7 @@ extending the message's visibility, so it reappears for someone else.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 from collections.abc import Awaitable
@@ -35,14 +36,14 @@ from rayq.core.control.balancer import HostReading, host_pressed
 from rayq.core.control.consumer_state import ConsumerState, ConsumerStats
 from rayq.core.kit.batcher import Batcher
 from rayq.core.kit.clock import Clock, SystemClock
-from rayq.core.control.consuming import (DeadLetter, decide_end, gives_up, long_poll_group,
+from rayq.core.control.consuming import (DeadLetter, Deferral, decide_end, gives_up, long_poll_group,
                                          pause_after, receive_requests, runnable,
                                          unrunnable_outcome)
 from rayq.core.control.managing import indexes_by_name
 from rayq.core.codec.model import StoredMessage
 from rayq.core.control.registry import QueueInfo
 from rayq.core.control.routes import RouteCache
-from rayq.core.codec.tasks import (DeferralCause, Outcome, TaskSpec, UsageReport, decode_call,
+from rayq.core.codec.tasks import (DeferralCause, TaskSpec, decode_call,
                              encode_result, error_of)
 from rayq.core.codec.wire import decode_delivered
 from rayq.errors import InvalidMessage, RayqError, ReceiptInvalid, RuntimeFailure
@@ -102,22 +103,17 @@ class ConsumerActor:
     async def stats(self) -> ConsumerStats:
         return self.state.stats(self.failures.total)
 
-    async def drain_reports(self) -> list[UsageReport]:
-        """The usage reports of every task finished since the last drain (for the coordinator)."""
-        return self.state.drain_reports()
-
     async def set_fixed_load(self, load: int | None) -> None:
         """Pin the load (no balancing), or None to balance again: for benchmarks."""
         self.state.pin(load)
 
-    async def stop(self, timeout_s: float = 60.0) -> list[UsageReport]:
-        """Stop polling, wait (up to ``timeout_s``) for running handlers to finish, and
-        hand back the reports not drained yet."""
+    async def stop(self, timeout_s: float = 60.0) -> None:
+        """Stop polling and wait (up to ``timeout_s``) for running handlers to finish (their
+        usage reports go to their shards with their ends)."""
         self.state.stop()
         pollers = list(self._pollers.values())
         if pollers:
             await asyncio.wait(pollers, timeout=timeout_s)
-        return await self.drain_reports()
 
     async def ping(self) -> int:
         return self.index
@@ -272,8 +268,7 @@ class ConsumerActor:
             usage_s = self.state.finished(started)
             if spec.concurrency:
                 await call_async(lambda: self.manager.release.remote(m.type, lease))
-        ending = await self._end(held, spec, ok, outcome, retriable)
-        self._report(held, usage_s, ending, started - m.enqueued_at)
+        await self._end(held, spec, ok, outcome, retriable, usage_s, started - m.enqueued_at)
 
     async def _call(self, fn, held: _Held, spec: TaskSpec,
                     lease: str) -> tuple[bool, bytes, bool]:
@@ -317,7 +312,7 @@ class ConsumerActor:
                 return  # lost the task (or its shard): whoever holds it now finishes it
 
     async def _end(self, held: _Held, spec: TaskSpec, ok: bool, outcome: bytes,
-                   retriable: bool = True) -> Outcome:
+                   retriable: bool, usage_s: float, wait_s: float) -> None:
         """Delete a finished task, retry a failed one later, dead-letter a failed last
         try (:func:`rayq.core.control.consuming.decide_end` decides which)."""
         m, queue = held.message, held.queue
@@ -325,12 +320,7 @@ class ConsumerActor:
                          retriable)
         dead_letter = queue.dead_letter_on(queue.subqueue(m.subqueue).shard)
         name, args = end.shard_call(held.receipt, outcome, dead_letter)
-        try:
-            await held.ends.call(name, *args)
-            return end.outcome
-        except ReceiptInvalid:
-            self.state.lost_one()  # it became visible again and someone else took it
-            return end.outcome_if_lost
+        await self._ended(held, name, args, end, usage_s, wait_s)
 
     async def _give_up(self, held: _Held, error: bytes) -> None:
         """Dead-letter a task no handler could run in time, with ``error``
@@ -339,29 +329,29 @@ class ConsumerActor:
         end = DeadLetter()
         name, args = end.shard_call(held.receipt, error,
                                     queue.dead_letter_on(queue.subqueue(m.subqueue).shard))
-        try:
-            await held.ends.call(name, *args)
-        except ReceiptInvalid:
-            self.state.lost_one()
-        self._report(held, 0.0, end.outcome, self.clock.now() - m.enqueued_at)
+        await self._ended(held, name, args, end, 0.0, self.clock.now() - m.enqueued_at)
 
     async def _defer(self, held: _Held, cause: DeferralCause) -> None:
-        """Put a task back unrun; it counts as a deferral of its key, with its cause."""
+        """Put a task back unrun, its delivery not counted; it counts as a deferral of its
+        key, with its cause."""
         self.state.deferred()
-        await self._put_back(held, self.consumer_config.defer_s)
-        waited_s = self.clock.now() - held.message.enqueued_at
-        self._report(held, 0.0, Outcome.DEFERRED, waited_s, cause)
+        await self._ended(held, "defer", (held.receipt, self.consumer_config.defer_s), Deferral,
+                          0.0, self.clock.now() - held.message.enqueued_at, cause)
 
-    async def _put_back(self, held: _Held, delay_s: float) -> None:
-        """Hide a task we will not run for ``delay_s``; the delivery is not counted."""
+    async def _ended(self, held: _Held, name: str, args: tuple, end, usage_s: float,
+                     wait_s: float, cause: DeferralCause | None = None) -> None:
+        """Make a delivery's end call with its usage report, which the shard keeps in the
+        same transaction (the coordinator takes it there: a report outlives this
+        consumer). An end someone else made first keeps the report alone, with the
+        outcome ``end`` has then."""
+        report = self.state.report(held.message, held.queue.name, usage_s, end.outcome, wait_s,
+                                   cause)
         try:
-            await held.ends.call("defer", held.receipt, delay_s)
+            await held.ends.call(name, *args, report.pack())
         except ReceiptInvalid:
-            self.state.lost_one()
-
-    def _report(self, held: _Held, usage_s: float, outcome: Outcome, wait_s: float,
-                cause: DeferralCause | None = None) -> None:
-        self.state.report(held.message, held.queue.name, usage_s, outcome, wait_s, cause)
+            self.state.lost_one()  # it became visible again and someone else took it
+            lost = dataclasses.replace(report, outcome=end.outcome_if_lost)
+            await held.ends.call("record_usage", lost.pack())
 
 
 def read_host() -> HostReading:

@@ -1,6 +1,7 @@
 """FairnessCoordinator: usage in, listen plan out (docs/fairness-coordinator.md).
 
-Every interval it pulls the usage reports consumers buffered, the per-key
+Every interval it takes the usage reports the shards keep with the ends of
+deliveries (consumers send each with its end, so a report outlives its consumer), the per-key
 latency snapshot of the task queues from the shards, evaluates the rules of
 :mod:`rayq.core.fairness.policy` and publishes a :class:`ListenPlan` that consumers
 fetch and apply when they choose which keys to receive from. Booster permits
@@ -15,7 +16,6 @@ import random
 
 import ray
 
-from actors.consumer import named_consumers
 from actors.kit import LIVENESS_GROUPS, ControlActor
 from actors.metrics import CoordinatorMetrics
 from rayq.analytics.eventlog import log_decision, log_report, open_event_log
@@ -29,8 +29,12 @@ from rayq.core.fairness.policy import (Decision, FairnessReport, KeyState, Liste
 from rayq.core.auth.gate import signed
 from rayq.core.kit.history import EventHistory
 from rayq.core.fairness.rules import SuspensionRule, SuspensionRules
-from rayq.core.codec.tasks import Outcome, Tally, TallyRow, UsageReport
+from rayq.core.codec.tasks import Outcome, Tally, TallyRow, UsageReport, unpacked_reports
+from rayq.errors import InvalidMessage
 from rayq.remote import answers, call_all_async, call_async, manager_link
+
+
+USAGE_TAKEN = 10_000  # usage reports taken from a shard per round
 
 
 class FairnessCoordinator(ControlActor):
@@ -112,13 +116,18 @@ class FairnessCoordinator(ControlActor):
         return decision
 
     async def _pull_usage(self) -> None:
-        # a consumer restarting is left out: its reports come next round
-        for batch in await answers((lambda c=c: c.drain_reports.remote())
-                                   for c in named_consumers().values()):
-            self.absorb(batch)
+        """Take the usage reports the shards keep with the ends of deliveries (a shard
+        failing over is left out: its reports come next round)."""
+        for batch in await answers((lambda s=s: s.take_usage.remote(USAGE_TAKEN))
+                                   for s in self.shards):
+            reports, malformed = unpacked_reports(batch)
+            if malformed:
+                self.failures.record("usage reports", InvalidMessage(
+                    f"{malformed} malformed usage reports skipped"))
+            self.absorb(reports)
 
     def absorb(self, reports: list[UsageReport]) -> None:
-        """Take usage reports (pulled, or handed over by a consumer that stops)."""
+        """Count usage reports: fair usage, tallies, metrics and the event log."""
         for r in reports:
             self.usage.add(r.key, r.usage_s, r.outcome is Outcome.DEFERRED, r.finished_at)
             self.tally.add(r)

@@ -469,16 +469,15 @@ STOP_TIMEOUT_S = 30.0
 
 
 async def _stop_consumer(handle) -> None:
-    """Stop a consumer gracefully; its last usage reports go to the coordinator. A
-    consumer that does not answer in time (say, one never placed for want of CPUs) is
-    killed all the same: its tasks come back when their visibility lapses."""
+    """Stop a consumer gracefully: it finishes what it runs (the usage reports of those
+    go to their shards with their ends). A consumer that does not answer in time (say,
+    one never placed for want of CPUs) is killed all the same: its tasks come back when
+    their visibility lapses."""
     try:  # no retry: a consumer that went away will not come back to stop
-        reports = await asyncio.wait_for(
+        await asyncio.wait_for(
             call_async(lambda: handle.stop.remote(STOP_TIMEOUT_S - 5), NO_RETRY), STOP_TIMEOUT_S)
-        coordinator = ray.get_actor(COORDINATOR, namespace=NAMESPACE)
-        await call_async(lambda: coordinator.absorb.remote(reports))
-    except (RayqError, ray.exceptions.RayError, ValueError, asyncio.TimeoutError):
-        pass  # gone, stuck or no coordinator: the reports are lost, the tasks are not
+    except (RayqError, ray.exceptions.RayError, asyncio.TimeoutError):
+        pass  # gone or stuck: its tasks come back all the same
     ray.kill(handle, no_restart=True)
 
 

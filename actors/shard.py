@@ -278,6 +278,11 @@ class ShardActor:
         copy of it (the outcome desks' reads: see ShardStore.task_ends)."""
         return await self._read(self.store.task_ends, message_ids)
 
+    async def take_usage(self, limit: int) -> list[bytes]:
+        """Remove and return up to ``limit`` usage reports of ended deliveries (the fairness
+        coordinator takes them: see ShardStore.take_usage)."""
+        return await self._write(None, "take_usage", limit)
+
     @signed(SHARD_OPS["tasks"])
     async def tasks(self, task_ids: list[str], *, caller: Caller) -> list:
         """The caller's account's tasks submitted under ``task_ids`` (ShardStore.tasks)."""

@@ -121,3 +121,34 @@ def test_a_deferred_message_comes_back_later_without_using_up_a_delivery(store, 
     assert again.dequeue_count == 1 and store.count(DLQ) == 0
     with pytest.raises(ReceiptInvalid):
         store.defer(got.receipt, 1)
+
+
+def test_usage_reports_are_kept_until_taken_oldest_first_and_taken_once(store, clock):
+    store.record_usage(b"first")
+    clock.advance(1)
+    store.record_usage(b"second")
+    assert store.take_usage(1) == [b"first"]
+    assert store.take_usage() == [b"second"]
+    assert store.take_usage() == []
+
+
+@pytest.mark.parametrize("report", [b"", b"x" * 4097, "text"])
+def test_a_malformed_usage_report_is_refused(store, report):
+    with pytest.raises(InvalidMessage):
+        store.record_usage(report)
+    assert store.take_usage() == []
+
+
+@pytest.mark.parametrize("end", ["finish", "retry", "defer"])
+def test_an_end_keeps_its_usage_report_and_a_stale_one_keeps_nothing(store, clock, end):
+    store.put(0, [task()])
+    [first] = store.receive(0, 1, 5)
+    clock.advance(6)
+    [second] = store.receive(0, 1, 5)
+    calls = {"finish": lambda r, u: store.finish(r, b"result", usage=u),
+             "retry": lambda r, u: store.change_visibility(r, 1, usage=u),
+             "defer": lambda r, u: store.defer(r, 1, usage=u)}
+    with pytest.raises(ReceiptInvalid):
+        calls[end](first.receipt, b"stale")
+    calls[end](second.receipt, b"report")
+    assert store.take_usage() == [b"report"]

@@ -148,3 +148,19 @@ def test_a_task_that_ended_before_its_desk_restarted_is_read_from_its_shard(clie
     desk = ray.get_actor(outcome_desk_name(shard), namespace=NAMESPACE)
     ray.kill(desk, no_restart=False)  # it comes back knowing no end: it reads the shard
     assert client.result("before-restart", timeout_s=60) == 10
+
+
+@rayq.task(type="ids_usage")
+def used(x):
+    return x
+
+
+def test_the_usage_of_a_task_outlives_the_consumer_that_ran_it(client):
+    """Its report went to the shard with the task's end: killing every consumer right
+    after loses none (they are started again by the manager afterwards)."""
+    from actors.consumer import named_consumers
+    assert ray.get(client.submit_many(used, [(1,), (2,)]), timeout=60) == [1, 2]
+    for handle in named_consumers().values():
+        ray.kill(handle, no_restart=True)
+    rows = {row.type: row for row in client.task_stats(by="type")}
+    assert rows["ids_usage"].succeeded == 2

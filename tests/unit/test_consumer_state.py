@@ -7,7 +7,7 @@ import pytest
 
 from rayq.config import Config, ConsumerConfig, FairnessConfig
 from rayq.core.codec.model import StoredMessage
-from rayq.core.codec.tasks import DeferralCause, Outcome, TaskSpec
+from rayq.core.codec.tasks import UsageReport, DeferralCause, Outcome, TaskSpec
 from rayq.core.control.balancer import is_hit, target_hit_rate
 from rayq.core.control.consumer_state import ConsumerState
 from rayq.testing import FakeClock, SimulatedLongPolls
@@ -82,14 +82,17 @@ def test_handler_time_and_reports_come_from_the_clock():
     assert s.finished(started) == pytest.approx(0.25) and s.running == 0
     assert s.task_s == pytest.approx(0.25)
     m = StoredMessage("id1", "r", b"", "acme", "report", "report", 2, 90.0, 0)
-    s.report(m, "tasks", 0.25, Outcome.SUCCEEDED, wait_s=10.0)
+    first = s.report(m, "tasks", 0.25, Outcome.SUCCEEDED, wait_s=10.0)
     s.deferred()
-    s.report(m, "tasks", 0.0, Outcome.DEFERRED, wait_s=-1.0, cause=DeferralCause.CONCURRENCY)
-    first, second = s.drain_reports()
+    second = s.report(m, "tasks", 0.0, Outcome.DEFERRED, wait_s=-1.0,
+                      cause=DeferralCause.CONCURRENCY)
     assert (first.usage_s, first.finished_at, first.attempt, first.queue) == (
         0.25, 100.25, 2, "tasks")
     assert (second.wait_s, second.cause) == (0.0, DeferralCause.CONCURRENCY)
-    assert s.drain_reports() == [] and s.stats().deferrals == 1
+    assert s.stats().deferrals == 1
+    # as the shard keeps it with the end, and as the coordinator reads it back
+    assert UsageReport.unpack(first.pack()) == first
+    assert UsageReport.unpack(second.pack()) == second
 
 
 def test_held_back_reads_the_plan_and_the_host():

@@ -165,3 +165,10 @@ def test_tallies_count_outcomes_and_wait_percentiles():
                                                  ([1.0, 2.0, 3.0, 4.0], 100, 4.0)])
 def test_percentile_is_nearest_rank(values, q, expected):
     assert percentile(values, q) == expected
+
+
+@pytest.mark.parametrize("data", [b"", b"\x93\x01\x02\x03", b"not msgpack \xc1"])
+def test_a_malformed_usage_report_is_refused_clearly(data):
+    from rayq.core.codec.tasks import UsageReport
+    with pytest.raises(InvalidMessage):
+        UsageReport.unpack(data)

@@ -197,6 +197,36 @@ class UsageReport:
     queue: str = ""
     cause: DeferralCause | None = None  # why, for a deferral
 
+    def pack(self) -> bytes:
+        """The report as the shard keeps it with the delivery's end (msgpack)."""
+        return pack([self.key, self.tenant, self.type, self.usage_s, self.outcome.value,
+                     self.wait_s, self.finished_at, self.message_id, self.attempt, self.queue,
+                     None if self.cause is None else self.cause.value])
+
+    @classmethod
+    def unpack(cls, data: bytes) -> "UsageReport":
+        """A packed report. Raises InvalidMessage for anything else."""
+        try:
+            (key, tenant, type_, usage_s, outcome, wait_s, finished_at, message_id, attempt,
+             queue, cause) = unpack(data)
+            return cls(key, tenant, type_, float(usage_s), Outcome(outcome), float(wait_s),
+                       float(finished_at), message_id, attempt, queue,
+                       None if cause is None else DeferralCause(cause))
+        except (TypeError, ValueError) as err:
+            raise InvalidMessage(f"not a packed usage report: {err}") from err
+
+
+def unpacked_reports(packed: list[bytes]) -> tuple[list[UsageReport], int]:
+    """The usage reports among ``packed`` and how many were not reports (skipped: one
+    malformed report must not stop the others from being counted)."""
+    out, bad = [], 0
+    for data in packed:
+        try:
+            out.append(UsageReport.unpack(data))
+        except InvalidMessage:
+            bad += 1
+    return out, bad
+
 
 def percentile(sorted_values: list[float], q: float) -> float:
     """The nearest-rank ``q`` percentile (0..100) of sorted values; 0.0 when empty."""

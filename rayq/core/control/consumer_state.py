@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +28,6 @@ from rayq.core.control.registry import QueueInfo
 from rayq.core.fairness.policy import ListenPlan
 from rayq.core.kit.clock import Clock
 
-MAX_REPORTS = 100_000   # reports kept for the coordinator between two drains
 Handler = tuple[TaskSpec, Any, bytes]  # (spec, loaded function, pickled function)
 
 
@@ -88,7 +86,6 @@ class ConsumerState:
         self.claimed = 0   # tasks asked for by receives under way
         self.task_s: float | None = None  # recent mean handler time
         self._rotation = itertools.count()
-        self._reports: deque[UsageReport] = deque(maxlen=MAX_REPORTS)
 
     # -- the load ------------------------------------------------------------------
     @property
@@ -201,18 +198,12 @@ class ConsumerState:
         self.lost += 1
 
     def report(self, m: StoredMessage, queue: str, usage_s: float, outcome: Outcome,
-               wait_s: float, cause: DeferralCause | None = None) -> None:
-        """Record a task's end for the coordinator (and the plan's spent usage)."""
-        self._reports.append(UsageReport(
-            m.key, m.tenant, m.type, usage_s, outcome, max(0.0, wait_s), self.clock.now(),
-            m.id, m.dequeue_count, queue, cause))
+               wait_s: float, cause: DeferralCause | None = None) -> UsageReport:
+        """A delivery's usage report, which goes to its shard with the delivery's end (the
+        coordinator takes it there); its usage is spent from the plan here."""
         self.plan.spend(m.key, usage_s)
-
-    def drain_reports(self) -> list[UsageReport]:
-        """The reports since the last drain, oldest first."""
-        reports = list(self._reports)
-        self._reports.clear()
-        return reports
+        return UsageReport(m.key, m.tenant, m.type, usage_s, outcome, max(0.0, wait_s),
+                           self.clock.now(), m.id, m.dequeue_count, queue, cause)
 
     def stats(self, background_failures: int = 0) -> ConsumerStats:
         return ConsumerStats(self.index, self.balancer.load, self.balancer.hit_rate,

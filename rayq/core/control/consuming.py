@@ -25,7 +25,9 @@ from rayq.core.codec.tasks import DeferralCause, Outcome, TaskSpec, encode_error
 from rayq.errors import InvalidMessage
 
 ShardCall = tuple[str, tuple]  # (shard method, its arguments), as ``end_many`` takes them
-END_CALLS = ("finish", "defer", "change_visibility")  # the shard methods that end a delivery
+# The shard methods that end a delivery, each with its usage report as its last argument;
+# record_usage keeps a report alone (that of an end another consumer made first).
+END_CALLS = ("finish", "defer", "change_visibility", "record_usage")
 
 
 def check_end_calls(calls: Any) -> list[ShardCall]:
@@ -73,6 +75,14 @@ class DeadLetter:
 
     def shard_call(self, receipt: str, result: bytes, dead_letter: int | None) -> ShardCall:
         return "finish", (receipt, result, dead_letter)
+
+
+class Deferral:
+    """A task put back unrun (see :class:`~rayq.core.codec.tasks.DeferralCause`): its
+    report's outcome whoever made the end."""
+
+    outcome: ClassVar[Outcome] = Outcome.DEFERRED
+    outcome_if_lost: ClassVar[Outcome] = Outcome.DEFERRED
 
 
 TaskEnd = Union[Finish, Retry, DeadLetter]

@@ -29,6 +29,9 @@ Tables (LMDB named sub-databases; :data:`TABLES` names them in the order
   names and id, and once it ended, when, after how many deliveries and when it first
   started. Both are written with the task's row and dropped with its outcome
   (:mod:`rayq.core.storage.outcomes`).
+- ``usage``: (recorded at µs, 6 random bytes) -> a usage report of one ended delivery, as
+  its consumer packed it: written with the delivery's end, taken by the fairness
+  coordinator (a report outlives the consumer that ran the task).
 
 A row value has a fixed header, then the body as sent:
 
@@ -48,13 +51,14 @@ stored either.
 
 from __future__ import annotations
 
+import os
 import struct
 from typing import NamedTuple
 
 from rayq.core.codec.model import PREFIX, ROW_KEY, CountKind, Ending, TenantCount
 
 TABLES = ("rows", "expiry", "blobs", "counts", "keys", "meta", "outcomes", "outcome_expiry",
-          "spill", "tcounts", "nonces", "inflight", "task_ids", "tasks")
+          "spill", "tcounts", "nonces", "inflight", "task_ids", "tasks", "usage")
 
 HEAD = struct.Struct(">QQIB8sQHH")
 DEQUEUE = struct.Struct(">I")
@@ -410,3 +414,9 @@ def task_id_key(account: str, task_id: str) -> bytes:
 
 
 task_seq_key = _U64.pack  # seq -> a ``tasks`` key (and a ``task_ids`` value)
+
+
+def usage_key(now_us: int) -> bytes:
+    """A ``usage`` key: its time first (taken oldest first), then random bytes (two
+    reports of one µs)."""
+    return _U64.pack(now_us) + os.urandom(6)

@@ -18,7 +18,8 @@ from rayq.core.codec.model import (DEFAULT_ACCOUNT, US, Ending, StoredMessage, S
 from rayq.core.codec.wire import Attrs, decode_put, encode_delivered
 from rayq.core.storage import layout as rows
 from rayq.core.storage.ledger import Enqueued, Env, Ledger
-from rayq.core.storage.outcomes import collect_outcomes, dead_letter_row, existing, index_task
+from rayq.core.storage.outcomes import (collect_outcomes, dead_letter_row, existing, index_task,
+                                       record_usage)
 from rayq.core.storage.picking import Skip, pick
 from rayq.core.storage.spill import diverted, spill_one
 from rayq.errors import InvalidMessage, QueueDisabled, ReceiptInvalid
@@ -190,21 +191,28 @@ def delete(w: Ledger, env: Env, receipts: Sequence[str]) -> list[str]:
     return invalid
 
 
-def change_visibility(w: Ledger, env: Env, receipt: str, timeout_s: float) -> str:
-    """Hide a received message for ``timeout_s`` from now; returns its new receipt."""
-    return _hide(w, env, receipt, timeout_s, undeliver=False)
+def change_visibility(w: Ledger, env: Env, receipt: str, timeout_s: float,
+                      usage: bytes | None = None) -> str:
+    """Hide a received message for ``timeout_s`` from now; returns its new receipt.
+    ``usage``: the report of the delivery this ends (a task to retry), kept with it."""
+    return _hide(w, env, receipt, timeout_s, undeliver=False, usage=usage)
 
 
-def defer(w: Ledger, env: Env, receipt: str, delay_s: float) -> str:
+def defer(w: Ledger, env: Env, receipt: str, delay_s: float, usage: bytes | None = None) -> str:
     """Put a received message back unrun for ``delay_s``: its delivery does not count
-    toward ``max_receives`` (a consumer declined it, e.g. at a concurrency limit)."""
-    return _hide(w, env, receipt, delay_s, undeliver=True)
+    toward ``max_receives`` (a consumer declined it, e.g. at a concurrency limit).
+    ``usage``: the deferral's report, kept with it."""
+    return _hide(w, env, receipt, delay_s, undeliver=True, usage=usage)
 
 
-def _hide(w: Ledger, env: Env, receipt: str, timeout_s: float, undeliver: bool) -> str:
+def _hide(w: Ledger, env: Env, receipt: str, timeout_s: float, undeliver: bool,
+          usage: bytes | None) -> str:
     check_seconds(timeout_s, "timeout_s", 0, env.config.max_visibility_timeout_s)
     row_key, value = w.resolve(receipt)
-    return w.rehide(row_key, value, w.now_us + to_us(timeout_s), undeliver)
+    new_receipt = w.rehide(row_key, value, w.now_us + to_us(timeout_s), undeliver)
+    if usage is not None:
+        record_usage(w, env, usage)
+    return new_receipt
 
 
 # -- housekeeping ------------------------------------------------------------------------

@@ -26,6 +26,8 @@ OPERATIONS: Mapping[str, Operation] = MappingProxyType({
     "defer": messages.defer,
     "collect_expired": messages.collect_expired,
     "finish": outcomes.finish,
+    "record_usage": outcomes.record_usage,
+    "take_usage": outcomes.take_usage,
     "sweep": spill.sweep,
     "move_matching": spill.move_matching,
     "clear": purge.clear,
@@ -81,6 +83,7 @@ _SMALL: Mapping[str | None, Callable[[tuple], bool]] = MappingProxyType({
     "change_visibility": lambda args: True,
     "defer": lambda args: True,
     "finish": lambda args: True,
+    "record_usage": lambda args: True,
     None: lambda args: True,  # a signed read's nonce alone
 })
 

@@ -29,7 +29,7 @@ import itertools
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from rayq.core.codec.model import US, Ending, at_s, check_subqueue, seq_of
+from rayq.core.codec.model import US, Ending, at_s, check_count, check_subqueue, seq_of
 from rayq.core.codec.task_ids import TaskInfo, TaskState, task_state
 from rayq.core.kit.kv import Txn
 from rayq.core.storage import layout as rows
@@ -37,13 +37,16 @@ from rayq.core.storage.ledger import Env, Ledger
 from rayq.errors import InvalidMessage
 
 MAX_OUTCOME_BYTES = 16 << 20
+MAX_USAGE_BYTES = 4096  # one packed usage report
 
 
 def finish(w: Ledger, env: Env, receipt: str, outcome: bytes,
-           dead_letter: int | None = None) -> None:
+           dead_letter: int | None = None, usage: bytes | None = None) -> None:
     """End a received task: record ``outcome`` and delete the message, or move it
-    to subqueue ``dead_letter`` (a task that failed for the last time).
-    Raises ReceiptInvalid when the receipt is stale: someone else owns it now."""
+    to subqueue ``dead_letter`` (a task that failed for the last time); ``usage``: the
+    delivery's report, kept with its end (:func:`record_usage`).
+    Raises ReceiptInvalid when the receipt is stale: someone else owns it now (nothing
+    is recorded then, the report neither)."""
     if not isinstance(outcome, bytes) or len(outcome) > MAX_OUTCOME_BYTES:
         raise InvalidMessage(f"an outcome is at most {MAX_OUTCOME_BYTES} bytes")
     if dead_letter is not None:
@@ -55,6 +58,8 @@ def finish(w: Ledger, env: Env, receipt: str, outcome: bytes,
     else:
         dead_letter_row(w, row_key, value, dead_letter, record=False)
     w.record(rows.parse_row_key(row_key)[3], Ending.RESULT, outcome, value)
+    if usage is not None:
+        record_usage(w, env, usage)
 
 
 def dead_letter_row(w: Ledger, row_key: bytes, value: bytes, dead_letter: int,
@@ -65,6 +70,23 @@ def dead_letter_row(w: Ledger, row_key: bytes, value: bytes, dead_letter: int,
     w.stats["dead_lettered"] += 1
     if meta.flags & rows.TASK and record:
         w.record(rows.parse_row_key(row_key)[3], Ending.DEAD, value=value)
+
+
+def record_usage(w: Ledger, env: Env, report: bytes) -> None:
+    """Keep a delivery's usage report (opaque bytes, packed by its consumer) until the
+    coordinator takes it; sent with the delivery's end, so it is stored with it."""
+    if not isinstance(report, bytes) or not 0 < len(report) <= MAX_USAGE_BYTES:
+        raise InvalidMessage(f"a usage report is 1 to {MAX_USAGE_BYTES} bytes")
+    w.txn.put("usage", rows.usage_key(w.now_us), report)
+
+
+def take_usage(w: Ledger, env: Env, limit: int) -> list[bytes]:
+    """Remove and return up to ``limit`` usage reports, oldest first."""
+    check_count(limit, "limit", 1, 100_000)
+    taken = list(itertools.islice(w.txn.scan("usage", b""), limit))
+    for key, _ in taken:
+        w.txn.delete("usage", key)
+    return [report for _, report in taken]
 
 
 def collect_outcomes(w: Ledger, limit: int) -> int:

@@ -254,13 +254,23 @@ class ShardStore:
         """Delete the messages of valid receipts; returns the receipts that were invalid."""
         return self._call("delete", receipts)
 
-    def change_visibility(self, receipt: str, timeout_s: float) -> str:
+    def change_visibility(self, receipt: str, timeout_s: float,
+                          usage: bytes | None = None) -> str:
         """Hide a received message for ``timeout_s`` from now; returns its new receipt."""
-        return self._call("change_visibility", receipt, timeout_s)
+        return self._call("change_visibility", receipt, timeout_s, usage)
 
-    def finish(self, receipt: str, outcome: bytes, dead_letter: int | None = None) -> None:
+    def finish(self, receipt: str, outcome: bytes, dead_letter: int | None = None,
+               usage: bytes | None = None) -> None:
         """End a received task message with an outcome (see :func:`outcomes.finish`)."""
-        return self._call("finish", receipt, outcome, dead_letter)
+        return self._call("finish", receipt, outcome, dead_letter, usage)
+
+    def record_usage(self, report: bytes) -> None:
+        """Keep a delivery's usage report for the coordinator (:func:`outcomes.record_usage`)."""
+        return self._call("record_usage", report)
+
+    def take_usage(self, limit: int = 10_000) -> list[bytes]:
+        """Remove and return up to ``limit`` usage reports, oldest first."""
+        return self._call("take_usage", limit)
 
     def outcome(self, message_id: str) -> tuple[Ending, bytes] | None:
         """How a task message ended, or None while it has not (or its outcome expired)."""
@@ -306,9 +316,9 @@ class ShardStore:
         finished, self._finished = self._finished, []
         return finished
 
-    def defer(self, receipt: str, delay_s: float) -> str:
+    def defer(self, receipt: str, delay_s: float, usage: bytes | None = None) -> str:
         """Put a received message back unrun (see :func:`messages.defer`); a new receipt."""
-        return self._call("defer", receipt, delay_s)
+        return self._call("defer", receipt, delay_s, usage)
 
     def clear(self, subqueue: int) -> int:
         """Delete every message of a subqueue, spilled ones too, in one transaction;
