@@ -1,6 +1,10 @@
 """Thin Ray actors around rayq.core. Only rayq/__init__, rayq.client and rayq.cli import this."""
 
-NAMESPACE = "rayq"
+import os
+
+DEFAULT_RUNTIME = "rayq"  # the runtime ``Config.name`` names by default
+RUNTIME_VAR = "RAYQ_RUNTIME"  # in a runtime actor's environment: the runtime it serves
+_serving: list[str] = []  # the runtime this process talks to, once known
 MANAGER = "rayq-manager"
 COORDINATOR = "rayq-coordinator"
 FLOOD_DETECTOR = "rayq-flood-detector"
@@ -11,7 +15,34 @@ FLOOD_DETECTOR = "rayq-flood-detector"
 # visibility on a heartbeat (one that renews late sees its message run twice). At 15 a
 # node busy with other work starves them. They run at the normal priority, as Ray's own
 # job supervisors do (Ray sets this variable for them too).
-SERVER_ENV = {"env_vars": {"RAY_worker_niceness": "0"}}
+
+
+def runtime_namespace(name: str) -> str:
+    """The Ray namespace (and internal KV namespace) of the runtime called ``name``:
+    ``rayq`` for the default one, ``rayq-<name>`` for any other, so that runtimes on one
+    cluster never see each other's actors or records, nor a job's own."""
+    return DEFAULT_RUNTIME if name == DEFAULT_RUNTIME else f"{DEFAULT_RUNTIME}-{name}"
+
+
+def serve(name: str) -> None:
+    """Talk to the runtime called ``name`` from now on (``rayq.start`` and ``rayq.connect``
+    of a driver; one runtime per process at a time)."""
+    _serving[:] = [runtime_namespace(name)]
+
+
+def namespace() -> str:
+    """The namespace of the runtime this process talks to: the one its last start or
+    connect named; in a runtime actor, the one whose actor started it (its environment
+    says so); else the default runtime's."""
+    if not _serving:
+        _serving.append(os.environ.get(RUNTIME_VAR) or DEFAULT_RUNTIME)
+    return _serving[0]
+
+
+def server_env() -> dict:
+    """The runtime environment of a runtime actor: normal priority (see above), and the
+    runtime it serves."""
+    return {"env_vars": {"RAY_worker_niceness": "0", RUNTIME_VAR: namespace()}}
 
 
 def shard_name(index: int) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 
 import ray
 
-from actors import NAMESPACE
+from actors import namespace
 from actors.placement import data_nodes
 from actors.replicas import runtime_options
 from rayq.analytics.service import POLL_S, ReportService, follow
@@ -79,7 +79,7 @@ def _wait_gone(name: str, timeout_s: float = 30.0, clock: Clock = SystemClock())
     deadline = clock.monotonic() + timeout_s
     while clock.monotonic() < deadline:
         try:
-            ray.get_actor(name, namespace=NAMESPACE)
+            ray.get_actor(name, namespace=namespace())
         except ValueError:
             return
         time.sleep(0.2)

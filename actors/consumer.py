@@ -27,7 +27,7 @@ import psutil
 import ray
 from ray import cloudpickle
 
-from actors import COORDINATOR, NAMESPACE, consumer_name
+from actors import COORDINATOR, namespace, consumer_name
 from actors.metrics import BackgroundFailures
 from actors.ray_tasks import RayTasks
 from rayq.batching import AsyncBatcher
@@ -189,7 +189,7 @@ class ConsumerActor:
             raise
 
     async def _refresh_plan(self) -> None:
-        coordinator = ray.get_actor(COORDINATOR, namespace=NAMESPACE)
+        coordinator = ray.get_actor(COORDINATOR, namespace=namespace())
         self.state.adopt_plan(await call_async(
             lambda: coordinator.plan.remote(self.state.plan.version)))
 

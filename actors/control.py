@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import ray
 
-from actors import COORDINATOR, FLOOD_DETECTOR, MANAGER, NAMESPACE, SERVER_ENV
+from actors import COORDINATOR, FLOOD_DETECTOR, MANAGER, namespace, server_env
 from actors.controlstore import (claim, control_follower_name, current_place, drain_marks,
                                  sqs_home_region)
 from actors.coordinator import CoordinatorRemote
@@ -32,7 +32,7 @@ from actors.manager import QueueManager
 from actors.sqs import STATE as SQS_STATE, SqsStateRemote
 from actors.placement import copies_on_disk, data_nodes, pinned
 # a control store's leader is watched as a shard's: the same pings, grace and fencing
-from actors.replicas import (ACTOR_OPTIONS, FENCE_TIMEOUT_S, LEADER_START_S, MAX_FAILED_PINGS,
+from actors.replicas import (actor_options, FENCE_TIMEOUT_S, LEADER_START_S, MAX_FAILED_PINGS,
                              PING_TIMEOUT_S, RECHECK_S, WATCH_INTERVAL_S, answers_ping,
                              kill_named)
 from rayq.config import Config
@@ -68,7 +68,7 @@ def launch_control(store: str, node: DataNode, data_dir: str, config: Config):
                     {"max_concurrency": 1})}[store]
     start_copy = functools.partial(start_copy_on, data_dir=data_dir, config=config)
     return remote.options(name=ACTOR_NAMES[store], max_restarts=-1, max_task_retries=-1,
-                          **{**ACTOR_OPTIONS, **options}, **pinned(node)).remote(
+                          **{**actor_options(), **options}, **pinned(node)).remote(
         *args, start_copy=start_copy)
 
 
@@ -83,9 +83,9 @@ def start_copy_on(name: str, data_dir: str, config: Config) -> None:
 def start_control_follower(node: DataNode, data_dir: str, config: Config):
     """The control follower of ``node`` (started unless it runs)."""
     return ControlFollowerRemote.options(
-        name=control_follower_name(node.name), namespace=NAMESPACE, lifetime="detached",
+        name=control_follower_name(node.name), namespace=namespace(), lifetime="detached",
         get_if_exists=True, max_restarts=-1, max_task_retries=0, num_cpus=0,
-        runtime_env=SERVER_ENV, resources=data_claim(node, config.store.data_resource),
+        runtime_env=server_env(), resources=data_claim(node, config.store.data_resource),
         max_concurrency=100, **pinned(node)).remote(node.name, data_dir, config)
 
 
@@ -190,7 +190,7 @@ class RayFailover:
 
     async def fence(self, node: str, store: str, epoch: int) -> int | None:
         try:
-            handle = ray.get_actor(control_follower_name(node), namespace=NAMESPACE)
+            handle = ray.get_actor(control_follower_name(node), namespace=namespace())
             return (await asyncio.wait_for(call_async(
                 lambda: handle.fence.remote(store, epoch), NO_RETRY), FENCE_TIMEOUT_S))[1]
         except (RayqError, ray.exceptions.RayError, ValueError, asyncio.TimeoutError):
@@ -198,7 +198,7 @@ class RayFailover:
 
     async def replace(self, old: ControlPlace, new: ControlPlace) -> None:
         await kill_named(ACTOR_NAMES[old.store])
-        handle = ray.get_actor(control_follower_name(new.leader), namespace=NAMESPACE)
+        handle = ray.get_actor(control_follower_name(new.leader), namespace=namespace())
         await call_async(lambda: handle.release.remote(old.store))
         launch_control(old.store, self.nodes[new.leader], self.data_dir, self.config)
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import ray
 import ray.experimental.internal_kv as internal_kv
 
-from actors import NAMESPACE
+from actors import namespace
 from actors.shipping import copy_store
 from rayq.core.control.placement import DataNode, still_draining
 from rayq.core.control.control_places import (ALL_STORES, ControlPlace, claim_key,
@@ -36,26 +36,26 @@ def control_follower_name(node: str) -> str:
 
 def current_place(store: str) -> ControlPlace | None:
     """``store``'s place of the highest epoch claimed (None: never placed)."""
-    keys = internal_kv._internal_kv_list(claim_prefix(store), namespace=NAMESPACE)
+    keys = internal_kv._internal_kv_list(claim_prefix(store), namespace=namespace())
     key = newest_key(keys)
     return None if key is None else _place_at(key)
 
 
 def given_up_node(store: str) -> str | None:
     """The node whose leader of ``store`` the newest failover gave up on (None: none)."""
-    keys = sorted(internal_kv._internal_kv_list(claim_prefix(store), namespace=NAMESPACE))
+    keys = sorted(internal_kv._internal_kv_list(claim_prefix(store), namespace=namespace()))
     return given_up(*map(_place_at, keys[-2:])) if len(keys) > 1 else None
 
 
 def _place_at(key: bytes) -> ControlPlace:
-    return decode_place(internal_kv._internal_kv_get(key, namespace=NAMESPACE))
+    return decode_place(internal_kv._internal_kv_get(key, namespace=namespace()))
 
 
 def claim(place: ControlPlace) -> bool:
     """Record ``place`` as its store's place if nobody claimed its epoch yet; whether
     this caller did (the GCS writes a key only if absent: one winner per epoch)."""
     existed = internal_kv._internal_kv_put(claim_key(place), encode_place(place),
-                                           overwrite=False, namespace=NAMESPACE)
+                                           overwrite=False, namespace=namespace())
     return not existed
 
 
@@ -64,13 +64,13 @@ SQS_REGION_KEY = b"rayq/sqs/home-region"  # in Ray's GCS: the SQS endpoint's hom
 
 def sqs_home_region() -> str | None:
     """The home region the SQS endpoint serves (None: never served in this cluster)."""
-    raw = internal_kv._internal_kv_get(SQS_REGION_KEY, namespace=NAMESPACE)
+    raw = internal_kv._internal_kv_get(SQS_REGION_KEY, namespace=namespace())
     return raw.decode() if raw else None
 
 
 def set_sqs_home_region(region: str) -> None:
     internal_kv._internal_kv_put(SQS_REGION_KEY, region.encode(), overwrite=True,
-                                 namespace=NAMESPACE)
+                                 namespace=namespace())
 
 
 DRAINING_KEY = b"rayq/draining"  # in Ray's GCS: the data nodes being drained (JSON list)
@@ -79,13 +79,13 @@ DRAINING_KEY = b"rayq/draining"  # in Ray's GCS: the data nodes being drained (J
 def drain_marks() -> dict[str, str]:
     """The data nodes marked for a drain (``client.drain``), by name: the Ray node id of
     the node that was marked (see :func:`~rayq.core.control.placement.still_draining`)."""
-    raw = internal_kv._internal_kv_get(DRAINING_KEY, namespace=NAMESPACE)
+    raw = internal_kv._internal_kv_get(DRAINING_KEY, namespace=namespace())
     return json.loads(raw) if raw else {}
 
 
 def set_drain_marks(marks: dict[str, str]) -> None:
     internal_kv._internal_kv_put(DRAINING_KEY, json.dumps(marks, sort_keys=True).encode(),
-                                 overwrite=True, namespace=NAMESPACE)
+                                 overwrite=True, namespace=namespace())
 
 
 def draining_nodes(nodes: list[DataNode]) -> frozenset[str]:
@@ -102,11 +102,11 @@ def every_place() -> dict[str, ControlPlace]:
 def forget_place(store: str) -> None:
     """Drop ``store``'s claims: nobody watches it any more (the SQS endpoint stopped). A
     later start rebuilds its place from the copies on the disks."""
-    internal_kv._internal_kv_del(claim_prefix(store), del_by_prefix=True, namespace=NAMESPACE)
+    internal_kv._internal_kv_del(claim_prefix(store), del_by_prefix=True, namespace=namespace())
 
 
 def _copy_of(node: str):
-    return ray.get_actor(control_follower_name(node), namespace=NAMESPACE)
+    return ray.get_actor(control_follower_name(node), namespace=namespace())
 
 
 class RayControlPeers:

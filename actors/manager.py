@@ -13,7 +13,7 @@ import asyncio
 
 import ray
 
-from actors import COORDINATOR, FLOOD_DETECTOR, NAMESPACE, SERVER_ENV, consumer_name
+from actors import COORDINATOR, FLOOD_DETECTOR, namespace, server_env, consumer_name
 from actors.controlstore import drain_marks, every_place, given_up_node, set_drain_marks
 from actors.placement import data_nodes
 from actors.replicas import WATCH_INTERVAL_S, ReplicaKeeper
@@ -459,9 +459,9 @@ class Consumers:
 
 
 def _start_consumer(index: int, config: Config) -> None:
-    ConsumerRemote.options(name=consumer_name(index), namespace=NAMESPACE, lifetime="detached",
+    ConsumerRemote.options(name=consumer_name(index), namespace=namespace(), lifetime="detached",
                            get_if_exists=True, num_cpus=config.consumers.num_cpus,
-                           max_restarts=-1, max_task_retries=-1, runtime_env=SERVER_ENV,
+                           max_restarts=-1, max_task_retries=-1, runtime_env=server_env(),
                            max_concurrency=1000).remote(index, config)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayTaskError
 
-from actors import NAMESPACE, SERVER_ENV, outcome_desk_name
+from actors import namespace, server_env, outcome_desk_name
 from actors.kit import LIVENESS, LIVENESS_GROUPS
 from rayq.batching import AsyncBatcher
 from rayq.core.codec.model import Ending
@@ -79,9 +79,9 @@ def outcome_desk(index: int):
     """Shard ``index``'s desk, started if it does not run (by whichever process needs it
     first): detached, on no CPU, restarted and its calls issued again when it is lost."""
     return OutcomeDeskRemote.options(
-        name=outcome_desk_name(index), namespace=NAMESPACE, get_if_exists=True,
+        name=outcome_desk_name(index), namespace=namespace(), get_if_exists=True,
         lifetime="detached", num_cpus=0, max_restarts=-1, max_task_retries=-1,
-        max_concurrency=100_000, runtime_env=SERVER_ENV).remote(index)
+        max_concurrency=100_000, runtime_env=server_env()).remote(index)
 
 
 class DeskTeller:
@@ -100,7 +100,7 @@ class DeskTeller:
         if now - self._looked > LOOKUP_EVERY_S:
             self._looked = now
             try:
-                self._desk = ray.get_actor(outcome_desk_name(self.index), namespace=NAMESPACE)
+                self._desk = ray.get_actor(outcome_desk_name(self.index), namespace=namespace())
             except ValueError:
                 self._desk = None  # none started yet: no ref waits on this shard
         if self._desk is not None:

@@ -12,7 +12,7 @@ import ray
 import ray.experimental.internal_kv
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from actors import NAMESPACE
+from actors import namespace
 from rayq.config import Config
 from rayq.core.control.placement import (DATA_NODE_LABEL, LOCAL_NODE, DataNode, ShardPlace,
                                          data_nodes_of, node_folder)
@@ -62,10 +62,10 @@ def publish(places: dict[int, ShardPlace]) -> None:
     """Record each shard's replicas, in-sync set and epoch where every client and actor
     can read them (the manager's store keeps them durably)."""
     ray.experimental.internal_kv._internal_kv_put(PLACEMENT_KEY, encode_places(places),
-                                                  overwrite=True, namespace=NAMESPACE)
+                                                  overwrite=True, namespace=namespace())
 
 
 def published_places() -> dict[int, ShardPlace]:
     """Each shard's place as last published ({} before the runtime placed any)."""
     return decode_places(ray.experimental.internal_kv._internal_kv_get(PLACEMENT_KEY,
-                                                                       namespace=NAMESPACE))
+                                                                       namespace=namespace()))

@@ -13,7 +13,7 @@ import os
 
 import ray
 
-from actors import NAMESPACE, SERVER_ENV, shard_name
+from actors import namespace, server_env, shard_name
 from actors.controlstore import draining_nodes
 from actors.follower import FollowerRemote
 from actors.placement import data_nodes, pinned, publish, published_places
@@ -36,8 +36,10 @@ ShardRemote = ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(ShardActor)
 # Runtime actors only coordinate and do I/O: they take no CPU slot from consumers. Those
 # that hold a store copy also ask for a sliver of their node's data resource (data_claim),
 # so that the autoscaler never counts a data node holding copies as idle.
-ACTOR_OPTIONS = dict(namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-                     num_cpus=0, max_concurrency=1000, runtime_env=SERVER_ENV)
+def actor_options() -> dict:
+    """Options of a runtime actor that holds a store copy or leads a control store."""
+    return dict(namespace=namespace(), lifetime="detached", get_if_exists=True, num_cpus=0,
+                max_concurrency=1000, runtime_env=server_env())
 PLACES_KEY = b"places"      # in the manager's meta table: every shard's ShardPlace
 WATCH_INTERVAL_S = 1.0      # how often the manager checks the leaders
 PING_TIMEOUT_S = 1.0        # a leader slower than this to answer a ping missed it
@@ -55,7 +57,7 @@ async def answers_ping(name: str, timeout_s: float) -> bool:
     is not retried by Ray: an actor whose process is gone fails it at once, long before
     Ray's health checks call its node dead."""
     try:
-        handle = ray.get_actor(name, namespace=NAMESPACE)
+        handle = ray.get_actor(name, namespace=namespace())
         await asyncio.wait_for(call_async(
             lambda: handle.ping.options(max_task_retries=0).remote(), NO_RETRY), timeout_s)
         return True
@@ -65,7 +67,7 @@ async def answers_ping(name: str, timeout_s: float) -> bool:
 
 def runtime_options(node: DataNode) -> dict:
     """Actor options: detached, named, no CPU, pinned to ``node``, where its files are."""
-    return {**ACTOR_OPTIONS, **pinned(node)}
+    return {**actor_options(), **pinned(node)}
 
 
 def shard_folder(data_dir: str, node: str, index: int) -> str:
@@ -76,16 +78,16 @@ def start_shard(index: int, node: DataNode, data_dir: str, config: Config):
     """The shard's leader, pinned to ``node``, on that node's folder of the shard."""
     return ShardRemote.options(name=shard_name(index), max_restarts=-1, max_task_retries=-1,
                                resources=data_claim(node, config.store.data_resource),
-                               **ACTOR_OPTIONS, **pinned(node)).remote(
+                               **actor_options(), **pinned(node)).remote(
         index, shard_folder(data_dir, node.name, index), config)
 
 
 def start_follower(index: int, node: DataNode, data_dir: str, config: Config):
     """A follower of shard ``index`` on ``node``: calls are never retried (the leader
     takes a follower that fails out of the in-sync set)."""
-    return FollowerRemote.options(name=follower_name(index, node.name), namespace=NAMESPACE,
+    return FollowerRemote.options(name=follower_name(index, node.name), namespace=namespace(),
                                   lifetime="detached", get_if_exists=True, max_restarts=-1,
-                                  max_task_retries=0, num_cpus=0, runtime_env=SERVER_ENV,
+                                  max_task_retries=0, num_cpus=0, runtime_env=server_env(),
                                   resources=data_claim(node, config.store.data_resource),
                                   **pinned(node)).remote(
         index, shard_folder(data_dir, node.name, index), config.store.initial_map_bytes)
@@ -102,12 +104,12 @@ async def kill_named(name: str) -> None:
     """Kill the runtime actor ``name`` for good (if it runs) and wait until its name
     is free, so an actor of that name can be started anew."""
     try:
-        ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+        ray.kill(ray.get_actor(name, namespace=namespace()), no_restart=True)
     except ValueError:
         return
     for _ in range(int(GONE_TIMEOUT_S / 0.1)):
         try:
-            ray.get_actor(name, namespace=NAMESPACE)
+            ray.get_actor(name, namespace=namespace())
         except ValueError:
             return
         await asyncio.sleep(0.1)
@@ -250,7 +252,7 @@ class ReplicaKeeper:
             await kill_named(follower_name(shard, node.name))  # an out-of-sync one: anew
             follower = start_follower(shard, node, self.data_dir, self.config)
             await asyncio.wait_for(call_async(lambda: follower.state.remote()), SEED_TIMEOUT_S)
-            leader = ray.get_actor(shard_name(shard), namespace=NAMESPACE)
+            leader = ray.get_actor(shard_name(shard), namespace=namespace())
             seq = await asyncio.wait_for(call_async(lambda: leader.seed.remote(node.name),
                                                     NO_RETRY), SEED_TIMEOUT_S)
             log.warning("shard %d: follower on %s seeded at %d, in sync", shard, node.name, seq)

@@ -6,7 +6,7 @@ import time
 
 import ray
 
-from actors import consumer_name, shard_name
+from actors import MANAGER, consumer_name, shard_name
 from actors.control import control_starter
 from actors.controlstore import CONTROL_FOLLOWER_PREFIX, current_place, forget_place
 from actors.kit import shard_handles
@@ -98,6 +98,12 @@ def find_runtime(clock: Clock = SystemClock()) -> dict:
     config = call(lambda: manager.config_value.remote())
     return {"manager": manager, "shards": shard_handles(config, config.store.local_channel),
             "config": config}
+
+
+def runtimes_running() -> list[str]:
+    """The namespaces of the rayq runtimes whose manager runs on this Ray cluster."""
+    return sorted(a["namespace"] for a in ray.util.list_named_actors(all_namespaces=True)
+                  if a["name"] == MANAGER)
 
 
 def stop_runtime(timeout_s: float = 30.0, clock: Clock = SystemClock()) -> None:

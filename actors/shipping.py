@@ -10,7 +10,7 @@ from typing import Any
 
 import ray
 
-from actors import NAMESPACE
+from actors import namespace
 from actors.placement import published_places
 from rayq.config import Config
 from rayq.core.control.placement import ShardPlace
@@ -44,7 +44,7 @@ class RayPeers:
         found = self._followers.get(node)
         if found is None:
             found = self._followers[node] = ray.get_actor(follower_name(self.index, node),
-                                                          namespace=NAMESPACE)
+                                                          namespace=namespace())
         return found
 
     def forget(self, node: str) -> None:
@@ -90,7 +90,7 @@ def copy_store(kv: LmdbKV, folder: str) -> None:
 async def send_copy(index: int, node: str, folder: str, epoch: int, seq: int) -> None:
     """Ship the copy in ``folder`` to shard ``index``'s follower on ``node``, through Ray
     in chunks (no shared disk), and have it open the copy as of ``epoch`` and ``seq``."""
-    follower = ray.get_actor(follower_name(index, node), namespace=NAMESPACE)
+    follower = ray.get_actor(follower_name(index, node), namespace=namespace())
     await call_async(lambda: follower.begin_seed.remote(epoch, seq), NO_RETRY)
     with open(os.path.join(folder, "data.mdb"), "rb") as copy:
         while chunk := copy.read(SEED_CHUNK_BYTES):

@@ -31,7 +31,7 @@ from _report import Timer, join_threads, rate_on_threads, report  # noqa: E402
 from store import raw_lmdb_figures  # noqa: E402
 
 import rayq  # noqa: E402
-from actors import NAMESPACE, shard_name  # noqa: E402
+from actors import namespace, shard_name# noqa: E402
 
 SHALLOW = 1000
 LATENCY_SAMPLES = 300
@@ -120,7 +120,7 @@ def shard_memory(index: int) -> dict:
     the shard reports it) and USS (pages only it maps, read here with psutil; that
     includes the LMDB file pages no other process maps, so it overstates what the
     shard allocated)."""
-    process = ray.get(ray.get_actor(shard_name(index), namespace=NAMESPACE).process.remote())
+    process = ray.get(ray.get_actor(shard_name(index), namespace=namespace()).process.remote())
     uss = psutil.Process(process["pid"]).memory_full_info().uss
     return {**process, "uss_bytes": uss}
 

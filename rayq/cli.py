@@ -22,11 +22,23 @@ console = Console()
 
 NO_RUNTIME = "no rayq runtime is running here; start one with `rayq start`"
 TOKEN_MODE_ENV = "RAY_AUTH_MODE"  # Ray's CLI and job client use ~/.ray/auth_token when "token"
+NAME_ENV = "RAYQ_NAME"  # the runtime the commands start or talk to (Config.name)
 
 
 @click.group()
-def main() -> None:
+@click.option("--name", default=None, envvar=NAME_ENV,
+              help="The runtime to start or talk to (Config.name; default rayq): runtimes of "
+                   "other names on the same Ray cluster are left alone.")
+def main(name: str | None) -> None:
     """rayq: a durable, multi-tenant queue and fair scheduling runtime on Ray."""
+    if name is not None:
+        from actors import serve
+
+        try:
+            serve(rayq.Config(name=name).name)
+        except rayq.ConfigError as err:
+            raise click.ClickException(str(err)) from None
+        os.environ[NAME_ENV] = name  # the configuration rayq start loads takes it too
     # A quiet console: Ray's Python warnings, and what the runtime's actors print, stay
     # in Ray's log files (this process is rayq's own, not a job's).
     os.environ.setdefault("RAYQ_RAY_LOG_LEVEL", "ERROR")
@@ -64,10 +76,12 @@ def start(data_dir: str | None, consumers: int | None, port: int, dashboard: boo
 
     from rayq.core.kit.private import prepare_data_dir
     from rayq.runtime import local
-    from rayq.runtime.session import DEFAULT_DATA_DIR, live_cluster
+    from rayq.runtime.session import default_data_dir, live_cluster
 
+    config = rayq.config.load()
+    data_dir = data_dir or default_data_dir(config)
     try:  # before a Ray head starts: a refused data directory leaves nothing running
-        prepare_data_dir(os.path.abspath(data_dir or DEFAULT_DATA_DIR))
+        prepare_data_dir(os.path.abspath(data_dir))
     except rayq.DataDirExposed as err:
         raise click.ClickException(str(err)) from None
     try:
@@ -81,14 +95,14 @@ def start(data_dir: str | None, consumers: int | None, port: int, dashboard: boo
         except subprocess.CalledProcessError as err:
             raise click.ClickException(f"ray start failed: {(err.stderr or err.stdout).strip()[-2000:]}")
     try:
-        client = rayq.start(data_dir=data_dir, consumers=consumers)
+        client = rayq.start(data_dir=data_dir, config=config, consumers=consumers)
     except (ConnectionError, rayq.RuntimeFailure) as err:
         raise click.ClickException(f"the Ray at {address} does not answer: {err}") from None
     node = ray._private.worker.global_worker.node
     if started:
         local.mark_started(node.get_session_dir_path())
     count = len(client.consumer_stats())
-    where = os.path.abspath(data_dir or ".rayq-data")
+    where = os.path.abspath(data_dir)
     if warm_report:
         from actors.analytics import warm_up
 
@@ -140,10 +154,14 @@ def stop() -> None:
     node = ray._private.worker.global_worker.node
     session_dir, address = node.get_session_dir_path(), node.address
     rayq.shutdown()
+    from actors.runtime import runtimes_running
+
+    others = runtimes_running()
     ray.shutdown()
-    if not local.started_by_rayq(session_dir):
-        console.print(f"rayq runtime stopped; the Ray at {address} was not started by "
-                      "`rayq start` and keeps running")
+    if not local.started_by_rayq(session_dir) or others:
+        why = (f"other rayq runtimes use it ({', '.join(others)})" if others
+               else "it was not started by `rayq start`")
+        console.print(f"rayq runtime stopped; the Ray at {address} keeps running: {why}")
         return
     stopped = local.stop_session(session_dir, address)
     killed = f", {stopped.killed} killed as they did not exit" if stopped.killed else ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI
@@ -193,8 +194,15 @@ class Config:
     consumers: ConsumerConfig = field(default_factory=ConsumerConfig)
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
     analytics: AnalyticsConfig = field(default_factory=AnalyticsConfig)
+    # The runtime's name: runtimes of other names on the same Ray cluster (staging beside
+    # production) never see each other's actors, queues or records. Letters, digits,
+    # '_', '-', '.'; its data lives in a folder of its own by default.
+    name: str = "rayq"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _RUNTIME_NAME.fullmatch(self.name):
+            raise ConfigError("name must be 1 to 64 letters, digits, '_', '-' or '.', "
+                              f"got {self.name!r}")
         if self.fairness.key not in FAIRNESS_KEYS:
             raise ConfigError(f"fairness.key must be one of {sorted(FAIRNESS_KEYS)}")
         shards = self.store.shards
@@ -250,15 +258,20 @@ def _check_fair_dispatch(fairness: "FairnessConfig") -> None:
 
 
 FAIRNESS_KEYS = frozenset({"type", "tenant", "tenant_type"})
+_RUNTIME_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _SECTIONS = {"store": StoreConfig, "fairness": FairnessConfig, "flood": FloodConfig,
              "consumers": ConsumerConfig, "scaling": ScalingConfig,
              "analytics": AnalyticsConfig}
 
 
 def from_dict(data: dict[str, Any]) -> Config:
-    """Build a :class:`Config` from nested mappings (e.g. a parsed TOML file)."""
-    sections = {}
+    """Build a :class:`Config` from nested mappings (e.g. a parsed TOML file; the runtime's
+    ``name`` at the top)."""
+    sections: dict[str, Any] = {}
     for name, values in data.items():
+        if name == "name":
+            sections["name"] = values
+            continue
         cls = _SECTIONS.get(name)
         if cls is None or not isinstance(values, dict):
             raise ConfigError(f"unknown configuration section {name!r}")
@@ -272,9 +285,16 @@ def from_dict(data: dict[str, Any]) -> Config:
 
 def load(path: str | os.PathLike | None = None, env: dict[str, str] | None = None) -> Config:
     """Read a TOML file (``path`` or ``$RAYQ_CONFIG``) once; defaults when neither is set.
-    Raises ConfigError when the file is not valid TOML or holds unknown settings."""
+    ``$RAYQ_NAME`` names the runtime over the file's ``name``. Raises ConfigError when the
+    file is not valid TOML or holds unknown settings."""
     env = os.environ if env is None else env
-    path = path or env.get("RAYQ_CONFIG")
+    config = _load_file(path or env.get("RAYQ_CONFIG"))
+    if env.get("RAYQ_NAME"):
+        config = dataclasses.replace(config, name=env["RAYQ_NAME"])
+    return config
+
+
+def _load_file(path: str | os.PathLike | None) -> Config:
     if not path:
         return Config()
     with open(Path(path), "rb") as fh:

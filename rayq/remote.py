@@ -21,7 +21,7 @@ from typing import Any
 
 import ray
 
-from actors import MANAGER, NAMESPACE, shard_name
+from actors import MANAGER, namespace, shard_name
 from rayq.channel import BetweenPlaces, ChannelLost, ShardLink, actor_lost
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.retry import RetrySchedule
@@ -174,7 +174,7 @@ def _again_or_raise(err: BaseException, schedule: RetrySchedule, started: float,
 def actor_names() -> list[str]:
     """The names of the runtime's actors that run now (namespace ``rayq``), sorted."""
     return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                  if a.get("namespace") == NAMESPACE)
+                  if a.get("namespace") == namespace())
 
 
 def running(names: Iterable[str]) -> dict[str, Any]:
@@ -183,7 +183,7 @@ def running(names: Iterable[str]) -> dict[str, Any]:
     out = {}
     for name in names:
         try:
-            out[name] = ray.get_actor(name, namespace=NAMESPACE)
+            out[name] = ray.get_actor(name, namespace=namespace())
         except ValueError:
             pass
     return out
@@ -202,7 +202,7 @@ def _issue(make: Callable[[], Any]) -> list:
 def named(name: str):
     """A runtime actor by name. Raises RuntimeFailure when it is not running."""
     try:
-        return ray.get_actor(name, namespace=NAMESPACE)
+        return ray.get_actor(name, namespace=namespace())
     except ValueError as err:
         raise RuntimeFailure(f"the runtime actor {name!r} is not running") from err
 
@@ -219,7 +219,7 @@ def manager_handle() -> ShardLink:
     """A link to the manager that finds it again once it moved (its control store
     failed over to another node: docs/replication.md). Raises ValueError while no
     manager runs."""
-    return ShardLink(ray.get_actor(MANAGER, namespace=NAMESPACE), False, _find_manager)
+    return ShardLink(ray.get_actor(MANAGER, namespace=namespace()), False, _find_manager)
 
 
 def manager_link() -> ShardLink:

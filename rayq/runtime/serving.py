@@ -9,7 +9,7 @@ import os
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from actors import NAMESPACE, SERVER_ENV
+from actors import namespace, server_env
 from actors.control import control_starter
 from actors.controlstore import forget_place, set_sqs_home_region
 from actors.placement import data_nodes
@@ -23,8 +23,9 @@ from rayq.remote import NO_RETRY, call
 from rayq.sqs.names import HOME_REGION, valid_region
 
 # Endpoint actors only parse, verify and forward: no CPU slot taken from consumers.
-_OPTIONS = dict(namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
-                max_restarts=-1, runtime_env=SERVER_ENV)
+def _options() -> dict:
+    return dict(namespace=namespace(), lifetime="detached", get_if_exists=True, num_cpus=0,
+                max_restarts=-1, runtime_env=server_env())
 
 
 def serve_sqs(host: str = "127.0.0.1", port: int = 9324, replicas: int = 1, *,
@@ -59,7 +60,7 @@ def serve_sqs(host: str = "127.0.0.1", port: int = 9324, replicas: int = 1, *,
         for i in range(replicas):
             endpoints.append(SqsEndpointRemote.options(
                 name=replica_name(n * replicas + i), scheduling_strategy=strategy,
-                max_concurrency=1000, **_OPTIONS).remote(
+                max_concurrency=1000, **_options()).remote(
                     host, port, found["manager"], found["shards"], config, tls=tls,
                     home_region=home_region))
     try:
@@ -93,10 +94,10 @@ def stop_sqs() -> None:
     runtime keeps running. Idempotent."""
     forget_place(SQS_STORE)  # nobody restarts the state: it stops on purpose
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-             if a.get("namespace") == NAMESPACE and a["name"].startswith(replica_name(""))]
+             if a.get("namespace") == namespace() and a["name"].startswith(replica_name(""))]
     for name in names:
         try:
-            ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+            ray.kill(ray.get_actor(name, namespace=namespace()), no_restart=True)
         except ValueError:
             pass  # gone meanwhile
     try:  # and the connections replicas handed to shards (rayq.handoff)

@@ -10,6 +10,7 @@ import sys
 
 import ray
 
+from actors import DEFAULT_RUNTIME, serve
 from actors.runtime import ensure_runtime, find_runtime, stop_runtime
 from rayq import config as config_module
 from rayq.client import Client
@@ -21,6 +22,13 @@ from rayq.remote import call
 from rayq.transport import Transports
 
 DEFAULT_DATA_DIR = ".rayq-data"
+
+
+def default_data_dir(config: Config) -> str:
+    """Where a runtime keeps its data unless told: a folder of its own per name."""
+    if config.name == DEFAULT_RUNTIME:
+        return DEFAULT_DATA_DIR
+    return f"{DEFAULT_DATA_DIR}-{config.name}"
 LOOPBACK = "127.0.0.1"
 DASHBOARD_ENV = "RAYQ_DASHBOARD"  # "0" starts the embedded Ray without its dashboard
 # Ray's own switch for a one-machine Ray (its default on macOS and Windows): node
@@ -150,19 +158,22 @@ def start(data_dir: str | os.PathLike | None = None, config: Config | None = Non
     or ``ray start`` / ``rayq start`` left one on this machine. That embedded Ray
     listens on 127.0.0.1 only and runs the Ray dashboard (also on 127.0.0.1)
     unless ``dashboard=False`` or ``$RAYQ_DASHBOARD=0``. Data lives in
-    ``data_dir`` (default ``./.rayq-data``), created mode 0700; a data directory other
-    users may read raises DataDirExposed. If a runtime already runs, it is reused with
-    its own configuration.
+    ``data_dir`` (default ``./.rayq-data``, or ``./.rayq-data-<name>`` for a runtime named
+    by ``Config.name``), created mode 0700; a data directory other users may read raises
+    DataDirExposed. If a runtime of this name already runs, it is reused with its own
+    configuration. Runtimes of other names on the same cluster are left alone; this
+    process talks to this one from now on.
     """
     config = config or config_module.load()
+    serve(config.name)
     if consumers is not None:
         config = config_module.with_consumers(config, consumers)
     _init_ray(os.environ.get("RAY_ADDRESS"), _dashboard_wanted(dashboard))
     try:  # a running runtime is reused with its own configuration and data directory
         found = find_runtime()
     except RuntimeFailure:
-        ensure_runtime(prepare_data_dir(os.path.abspath(data_dir or DEFAULT_DATA_DIR)), config,
-                       consumers)
+        ensure_runtime(prepare_data_dir(os.path.abspath(data_dir or default_data_dir(config))),
+                       config, consumers)
         found = find_runtime()
     else:
         if consumers is not None:
@@ -170,8 +181,11 @@ def start(data_dir: str | os.PathLike | None = None, config: Config | None = Non
     return Client(found["manager"], found["shards"], found["config"])
 
 
-def connect(address: str = "auto", account: str | None = None, key: str | None = None) -> Client:
-    """Attach to a running runtime (also from inside Ray tasks and actors).
+def connect(address: str = "auto", account: str | None = None, key: str | None = None,
+            name: str | None = None) -> Client:
+    """Attach to a running runtime (also from inside Ray tasks and actors): the one called
+    ``name`` (``Config.name``; default: the one this process talks to already, else the
+    default runtime), which this process talks to from now on.
 
     With ``account`` and ``key`` every request is signed (HMAC-SHA256) and the
     client sees and touches only that account's queues and messages; the
@@ -185,6 +199,8 @@ def connect(address: str = "auto", account: str | None = None, key: str | None =
     if (account is None) != (key is None):
         raise AuthError("connect takes both account= and key=, or neither")
     signer = Signer(account, key) if account is not None else None
+    if name is not None:
+        serve(Config(name=name).name)  # checked as a configuration's name is
     _init_ray(address)
     found = find_runtime()
     transport = CONNECTED.get(address, account, key, found, signer)
@@ -196,7 +212,8 @@ def connect(address: str = "auto", account: str | None = None, key: str | None =
 
 
 def shutdown() -> None:
-    """Stop the runtime's actors; the data stays. Idempotent."""
+    """Stop the actors of the runtime this process talks to (its namespace's only: a
+    job's own actors, and other runtimes, are left alone); the data stays. Idempotent."""
     if not ray.is_initialized():
         return
     stop_runtime()

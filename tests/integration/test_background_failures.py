@@ -9,7 +9,7 @@ import pytest
 import ray
 
 import rayq
-from actors import COORDINATOR, FLOOD_DETECTOR, MANAGER, NAMESPACE, shard_name
+from actors import COORDINATOR, FLOOD_DETECTOR, MANAGER, namespace, shard_name
 from actors.metrics import BackgroundFailures
 from rayq.config import Config, ConsumerConfig, FairnessConfig, FloodConfig, ScalingConfig, StoreConfig
 from tests.integration.conftest import start_runtime, wait_until
@@ -48,11 +48,11 @@ def test_every_actor_reports_its_background_failures(ray_session, tmp_path_facto
     assert ray.get(client.submit(ping, "before"), timeout=60) == "before"
     assert [s.background_failures for s in client.stats()] == [0, 0]
     assert all(s.background_failures == 0 for s in client.consumer_stats())
-    ray.kill(ray.get_actor(shard_name(1), namespace=NAMESPACE), no_restart=True)
+    ray.kill(ray.get_actor(shard_name(1), namespace=namespace()), no_restart=True)
 
-    manager = ray.get_actor(MANAGER, namespace=NAMESPACE)
-    coordinator = ray.get_actor(COORDINATOR, namespace=NAMESPACE)
-    detector = ray.get_actor(FLOOD_DETECTOR, namespace=NAMESPACE)
+    manager = ray.get_actor(MANAGER, namespace=namespace())
+    coordinator = ray.get_actor(COORDINATOR, namespace=namespace())
+    detector = ray.get_actor(FLOOD_DETECTOR, namespace=namespace())
     wait_until(lambda: ray.get(manager.info.remote())["background_failures"].get("scaling", 0) >= 2,
                what="the manager to count failed scaling rounds")
     wait_until(lambda: ray.get(coordinator.background_failures.remote()).get("evaluation", 0) >= 2,

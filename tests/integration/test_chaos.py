@@ -11,7 +11,7 @@ import pytest
 import ray
 
 import rayq
-from actors import COORDINATOR, FLOOD_DETECTOR, NAMESPACE, consumer_name, shard_name
+from actors import COORDINATOR, FLOOD_DETECTOR, namespace, consumer_name, shard_name
 from rayq.config import Config, ConsumerConfig, FairnessConfig, FloodConfig
 from tests.integration.conftest import start_runtime
 
@@ -40,7 +40,7 @@ def chaos(stop: threading.Event, killed: list, seed: int = 7) -> None:
     while not stop.is_set():
         name = rng.choice(VICTIMS)
         try:
-            ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=False)
+            ray.kill(ray.get_actor(name, namespace=namespace()), no_restart=False)
             killed.append(name)
         except ValueError:
             pass  # restarting right now
@@ -113,7 +113,7 @@ def outcome(ray_session, tmp_path_factory):
     receiver.join(timeout=120)
     running = [t.name for t in workers + [receiver, killer] if t.is_alive()]
     recovered = ray.get(client.submit(square, 12), timeout=60)
-    alive = [ray.get(ray.get_actor(n, namespace=NAMESPACE).ping.remote(), timeout=60) for n in VICTIMS]
+    alive = [ray.get(ray.get_actor(n, namespace=namespace()).ping.remote(), timeout=60) for n in VICTIMS]
     yield {"acked": acked, "received": received, "results": results, "killed": killed,
            "recovered": recovered, "alive": alive, "errors": errors, "running": running,
            "retried": retried}

@@ -13,7 +13,7 @@ import ray
 
 import rayq
 from rayq.config import Config, ConsumerConfig, FairnessConfig
-from actors import COORDINATOR, NAMESPACE
+from actors import COORDINATOR, namespace
 from tests.integration.conftest import start_runtime, wait_until
 from tests.integration.probe import probe, record_span
 
@@ -182,7 +182,7 @@ def test_suspended_keys_are_not_dispatched_and_their_rule_history_stays(ray_sess
     probe("fair")
     rule = client.suspend("trickle-a", reason="maintenance", by="ops")
     assert rule.active and client.fairness().suspended[-1].reason == "maintenance"
-    coordinator = ray.get_actor(COORDINATOR, namespace=NAMESPACE)
+    coordinator = ray.get_actor(COORDINATOR, namespace=namespace())
     before = ray.get(coordinator.plan.remote(None)).version  # may predate the suspension
     wait_until(lambda: all((s.plan_version or -1) > before for s in client.consumer_stats()),
                what="every consumer following a plan made after the suspension")

@@ -7,7 +7,7 @@ import pytest
 import ray
 
 import rayq
-from actors import NAMESPACE, shard_name
+from actors import namespace, shard_name
 from rayq.config import Config, ConsumerConfig, FloodConfig
 from tests.integration.conftest import start_runtime, wait_until
 from tests.integration.flooding import Receiver, send
@@ -32,7 +32,7 @@ def flooding(client, queue: str) -> set[str]:
 
 def counted_enqueues(tenant: str) -> float:
     """What the shards count in the look-back for ``tenant``, summed."""
-    shards = [ray.get_actor(shard_name(i), namespace=NAMESPACE)
+    shards = [ray.get_actor(shard_name(i), namespace=namespace())
               for i in range(Config().store.shards)]
     return sum(sum(series) for counts in ray.get([s.enqueue_counts.remote() for s in shards])
                for (_, _, who), series in counts.items() if who == tenant)

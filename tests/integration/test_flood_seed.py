@@ -10,7 +10,7 @@ import pytest
 import ray
 
 import rayq
-from actors import FLOOD_DETECTOR, NAMESPACE
+from actors import FLOOD_DETECTOR, namespace
 from rayq.config import Config, ConsumerConfig, FloodConfig
 from tests.integration.conftest import start_runtime
 from tests.integration.flooding import Receiver, send
@@ -98,7 +98,7 @@ def test_clear_during_a_flood_leaves_nothing_and_nothing_comes_back(client):
     q.clear()
     assert q.count() == 0 and rayq.connect().queue("cleared").count() == 0
     wait_for(lambda: "big" not in flooding(client, "cleared"), "the flooder to leave")
-    detector = ray.get_actor(FLOOD_DETECTOR, namespace=NAMESPACE)
+    detector = ray.get_actor(FLOOD_DETECTOR, namespace=namespace())
     for _ in range(3):  # several more detection runs, each sweeping what is spilled
         ray.get(detector.detect_once.remote())
         assert q.count() == 0 and q.peek(10) == [] and q.receive(10) == []

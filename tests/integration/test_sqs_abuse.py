@@ -110,10 +110,10 @@ def test_an_unknown_account_is_refused_before_its_body_is_sent(endpoint):
 
 
 def replica_stats():
-    from actors import NAMESPACE
+    from actors import namespace
     from actors.sqs import replica_name
 
-    return ray.get(ray.get_actor(replica_name(0), namespace=NAMESPACE).stats.remote())
+    return ray.get(ray.get_actor(replica_name(0), namespace=namespace()).stats.remote())
 
 
 @contextlib.contextmanager

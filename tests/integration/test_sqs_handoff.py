@@ -8,7 +8,7 @@ import ray
 from botocore.exceptions import BotoCoreError
 
 import rayq
-from actors import NAMESPACE
+from actors import namespace
 from actors.sqs import STATE, replica_name
 from rayq.config import with_consumers
 from rayq.remote import actor_names
@@ -43,7 +43,7 @@ def kill_replicas() -> None:
     replicas = [n for n in actor_names() if n.startswith(replica_name("")) and n != STATE]
     assert replicas
     for name in replicas:
-        ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+        ray.kill(ray.get_actor(name, namespace=namespace()), no_restart=True)
 
 
 def test_a_moved_connection_is_answered_by_its_shard_after_every_replica_is_killed(key):

@@ -6,7 +6,7 @@ import json
 
 import ray
 
-from actors import NAMESPACE
+from actors import namespace
 from actors.sqs import STATE
 from rayq.sqs.moves import new_handle
 
@@ -145,7 +145,7 @@ def test_a_task_goes_on_after_its_state_actor_is_killed(endpoint):
     client.start_message_move_task(SourceArn=source_arn, DestinationArn=arn_of(
         client, destination), MaxNumberOfMessagesPerSecond=3)
     eventually(lambda: latest(client, source_arn)["ApproximateNumberOfMessagesMoved"] >= 3)
-    ray.kill(ray.get_actor(STATE, namespace=NAMESPACE), no_restart=False)
+    ray.kill(ray.get_actor(STATE, namespace=namespace()), no_restart=False)
     task = ended(client, source_arn)
     assert task["Status"] == "COMPLETED"
     in_destination = drained(client, destination)

@@ -10,7 +10,7 @@ import pytest
 import ray
 from botocore.exceptions import BotoCoreError, ClientError
 
-from actors import NAMESPACE
+from actors import namespace
 from actors.sqs import replica_name
 from rayq.remote import actor_names
 
@@ -33,7 +33,7 @@ def pid_of(actor) -> int:
 def kill_and_await_restart(names: list[str]) -> None:
     """Kill the named runtime actors for real (Ray restarts them) and wait until each runs
     in a new process."""
-    actors = {name: ray.get_actor(name, namespace=NAMESPACE) for name in names}
+    actors = {name: ray.get_actor(name, namespace=namespace()) for name in names}
     before = {name: pid_of(actor) for name, actor in actors.items()}
     for actor in actors.values():
         ray.kill(actor, no_restart=False)

@@ -11,7 +11,7 @@ import pytest
 import ray
 
 import rayq
-from actors import NAMESPACE, outcome_desk_name, shard_name
+from actors import namespace, outcome_desk_name, shard_name
 from rayq.config import Config, ConsumerConfig
 from tests.integration.conftest import start_runtime, wait_until
 from tests.integration.probe import enter, leave, probe
@@ -121,14 +121,14 @@ def test_refs_resolve_when_their_desk_and_their_shard_leader_are_killed(client):
     for index in range(client.config.store.shards):
         for name in (outcome_desk_name(index), shard_name(index)):
             try:
-                ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=False)
+                ray.kill(ray.get_actor(name, namespace=namespace()), no_restart=False)
             except ValueError:
                 pass  # no ref waits on this shard: its desk never started
     assert ray.get(refs, timeout=120) == [0, 1, 2, 3]
 
 
 def test_a_new_driver_reads_the_results_of_one_that_exited(client, tmp_path):
-    script = textwrap.dedent(f"""
+    script = textwrap.dedent("""
         import ray, rayq
         from tests.integration.test_task_ids import add
         client = rayq.connect(address="auto")
@@ -145,7 +145,7 @@ def test_a_new_driver_reads_the_results_of_one_that_exited(client, tmp_path):
 def test_a_task_that_ended_before_its_desk_restarted_is_read_from_its_shard(client):
     assert ray.get(client.submit(add, 5, 5, task_id="before-restart"), timeout=60) == 10
     shard, _ = client._tasks.find("before-restart")
-    desk = ray.get_actor(outcome_desk_name(shard), namespace=NAMESPACE)
+    desk = ray.get_actor(outcome_desk_name(shard), namespace=namespace())
     ray.kill(desk, no_restart=False)  # it comes back knowing no end: it reads the shard
     assert client.result("before-restart", timeout_s=60) == 10
 

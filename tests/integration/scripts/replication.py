@@ -40,7 +40,7 @@ from ray.cluster_utils import Cluster
 import rayq
 from actors.runtime import find_runtime
 from rayq.client import Client
-from actors import NAMESPACE, shard_name
+from actors import namespace, shard_name
 from actors.shipping import follower_name
 from rayq.config import Config, ConsumerConfig, ScalingConfig, StoreConfig
 from rayq.core.codec.model import NewMessage, encode_body
@@ -230,7 +230,7 @@ def pause(cluster, nodes, data_dir) -> dict:
     acked = set(queue.send_batch([rayq.Outgoing(i) for i in range(100)]))
     places = shard_places()
     shard = next(k for k, p in places.items() if p.leader != "n1")  # not the control node's
-    old = ray.get_actor(shard_name(shard), namespace=NAMESPACE)
+    old = ray.get_actor(shard_name(shard), namespace=namespace())
     route = queue._transport.route(queue.name)
     [sq] = [s.id for s in route.queue.subqueues if s.shard == shard]
     batch = encode_messages([NewMessage(encode_body("late", 1 << 20), "t", "k", "k")])
@@ -268,7 +268,7 @@ def stopped(cluster, nodes, data_dir) -> dict:
     acked = set(queue.send_batch([rayq.Outgoing(i) for i in range(200)]))
     before = shard_places()[0]
     for name in (shard_name(0), follower_name(0, before.in_sync[1])):
-        ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+        ray.kill(ray.get_actor(name, namespace=namespace()), no_restart=True)
     led_again = wait_for(lambda: shard_places()[0].epoch > before.epoch, 120)
     acked |= set(queue.send_batch([rayq.Outgoing(i) for i in range(200, 300)]))
     received = drain(queue, acked)
