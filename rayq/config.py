@@ -22,6 +22,11 @@ from typing import Any
 from rayq.errors import ConfigError
 
 DAY_S = 24 * 3600
+MAX_CONSUMERS = 1000  # consumer actors of a kind (regular, boosters) a runtime runs at most
+
+
+def _is_count(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and 0 <= value <= MAX_CONSUMERS
 
 
 @dataclass(frozen=True)
@@ -129,9 +134,20 @@ class FloodConfig:
 
 @dataclass(frozen=True)
 class ConsumerConfig:
-    """Hit-rate self-balancing consumers (docs/consumer-balancing.md)."""
+    """Hit-rate self-balancing consumers (docs/consumer-balancing.md), and how many run
+    (docs/autoscaling.md#consumers-follow-the-backlog).
 
-    count: int = 2
+    With ``min_count`` and ``max_count`` both None the runtime runs ``count`` consumer
+    actors, fixed. Setting either makes the count follow the task backlog between
+    the two (``--autoscale=max,min`` in Celery, a KEDA ScaledObject's replica counts);
+    the bound left None is ``count``, moved to stay on its side of the other
+    (``min_count=0`` alone: 0 to ``count``; ``min_count=5`` alone: 5 to 5).
+    """
+
+    count: int = 2                     # consumer actors when fixed; the bound left unset
+    min_count: int | None = None       # fewest consumer actors (0: none while no task waits)
+    max_count: int | None = None       # most consumer actors, however long the backlog
+    scale_down_idle_s: float = 60.0    # the backlog empty this long: down to min_count
     min_load: int = 1
     max_load: int = 8
     min_target: float = 0.2
@@ -152,6 +168,32 @@ class ConsumerConfig:
     num_cpus: float = 0.5              # Ray CPUs reserved per consumer actor
     max_host_memory_percent: float = 95.0  # a consumer whose host is over this backs off
     max_host_cpu_percent: float = 100.0    # the same for CPU (100: never)
+
+    def __post_init__(self) -> None:
+        for name in ("count", "min_count", "max_count"):
+            value = getattr(self, name)
+            if value is not None and not _is_count(value):
+                raise ConfigError(f"consumers.{name} must be an int within "
+                                  f"[0, {MAX_CONSUMERS}], got {value!r}")
+        if None not in (self.min_count, self.max_count) and self.min_count > self.max_count:
+            raise ConfigError("consumers need min_count <= max_count, got "
+                              f"{self.min_count} > {self.max_count}")
+        if not self.scale_down_idle_s >= 0:
+            raise ConfigError("consumers.scale_down_idle_s must be at least 0")
+
+    @property
+    def autoscaled(self) -> bool:
+        """Whether the count follows the task backlog (a bound is set) or is fixed."""
+        return self.min_count is not None or self.max_count is not None
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        """(fewest, most) consumer actors: ``count`` stands in for a bound left None,
+        kept on its side of the other one; (``count``, ``count``) when fixed."""
+        high = self.max_count if self.max_count is not None else max(self.count,
+                                                                     self.min_count or 0)
+        low = self.min_count if self.min_count is not None else min(self.count, high)
+        return low, high
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Subqueue scaling decisions (docs/autoscaling.md), a pure function of observed load.
+"""Scaling decisions (docs/autoscaling.md), pure functions of observed load: a queue's
+subqueues, and the consumer actors.
 
 Scale up when a subqueue that takes puts is busy or throttled. Scale down per
 subqueue, as the source text does: a subqueue is *quiet* when it is seldom throttled
@@ -7,15 +8,19 @@ subqueue takes, or under ``idle_ops_per_s``). Once every open subqueue has been
 quiet for ``idle_s`` and the others have room for its load, the quietest is
 retired to ``NO_PUT``; a retired subqueue is dropped when it has drained. A
 queue that grew under a burst so narrows again under moderate steady load.
+
+Consumer actors follow the task backlog (:func:`wanted_consumers`): up at once to
+one consumer per ``max_load`` tasks waiting or running, at most ``max_count``; down
+to ``min_count`` once the backlog has been empty for ``scale_down_idle_s``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from rayq.config import ScalingConfig
+from rayq.config import ConsumerConfig, ScalingConfig
 from rayq.core.codec.model import SubqueueState
 from rayq.core.control.placement import least_loaded_shard
 
@@ -142,3 +147,97 @@ class QuietTracker:
         """These must be quiet for ``idle_s`` again (one of their queue just retired)."""
         for sq in subqueues:
             self._since.pop(sq, None)
+
+
+# -- consumer actors (docs/autoscaling.md#consumers-follow-the-backlog) ------------------
+@dataclass(frozen=True)
+class ConsumerRule:
+    """How many consumer actors run for a task backlog.
+
+    ``min_count``/``max_count``: the bounds (actors); ``max_load``: tasks one consumer
+    runs at once at most; ``idle_s``: seconds the backlog stays empty before the count
+    goes down; ``autoscaled``: False when the count is fixed (no bound configured).
+    """
+
+    min_count: int
+    max_count: int
+    max_load: int
+    idle_s: float
+    autoscaled: bool = True
+
+    @classmethod
+    def of(cls, config: ConsumerConfig) -> ConsumerRule:
+        return cls(*config.bounds, config.max_load, config.scale_down_idle_s, config.autoscaled)
+
+
+@dataclass(frozen=True)
+class ConsumerScale:
+    """The consumer actors wanted (``wanted``, regular ones: boosters come on top);
+    ``pinned`` when ``scale_consumers(n)`` set the count and the rule leaves it
+    alone; ``busy_at``: when the task backlog was last seen non-empty (seconds, on the
+    clock ``now`` comes from)."""
+
+    wanted: int
+    busy_at: float
+    pinned: bool = False
+
+
+def consumers_for(backlog: int, rule: ConsumerRule) -> int:
+    """Consumers that run ``backlog`` tasks at ``max_load`` each (rounded up), within
+    the rule's bounds."""
+    return min(max(-(-backlog // rule.max_load), rule.min_count), rule.max_count)
+
+
+def wanted_consumers(backlog: int, current: int, *, busy_at: float, now: float,
+                     rule: ConsumerRule) -> int:
+    """The consumer count for ``backlog`` tasks (waiting, delayed or in flight) with
+    ``current`` consumers wanted so far: up at once to what the backlog needs, at most
+    ``max_count``; down to ``min_count`` only when the backlog is empty and has been
+    since ``busy_at`` for ``idle_s`` (``busy_at``, ``now``: seconds, one clock). A
+    ``current`` outside the bounds comes inside at once.
+
+    Down only when empty: the backlog counts the tasks in flight, so a consumer
+    stopped then cuts no task short (a stop waits for a consumer's tasks a while,
+    not for ever)."""
+    need = consumers_for(backlog, rule)
+    held = min(max(current, rule.min_count), rule.max_count)
+    if need >= held or (backlog == 0 and now - busy_at >= rule.idle_s):
+        return need
+    return held
+
+
+def next_scale(scale: ConsumerScale, backlog: int, now: float,
+               rule: ConsumerRule) -> ConsumerScale:
+    """One round: ``scale`` after seeing ``backlog`` tasks at ``now`` (seconds). A
+    pinned count, or a fixed one, stays; when the backlog was last busy is kept
+    all the same, for when the rule takes over again."""
+    wanted = scale.wanted
+    if rule.autoscaled and not scale.pinned:
+        wanted = wanted_consumers(backlog, wanted, busy_at=scale.busy_at, now=now, rule=rule)
+    return ConsumerScale(wanted, now if backlog else scale.busy_at, scale.pinned)
+
+
+def chosen_scale(scale: ConsumerScale, count: int | None) -> ConsumerScale:
+    """``scale_consumers(count)``: a count is wanted from now on, pinned; None hands
+    the count back to the rule (a fixed configuration keeps the count it has)."""
+    if count is None:
+        return replace(scale, pinned=False)
+    return replace(scale, wanted=count, pinned=True)
+
+
+def restored_scale(wanted: int | None, pinned: bool, *, rule: ConsumerRule,
+                   now: float) -> ConsumerScale:
+    """The scale a manager starts from: the persisted ``wanted`` and ``pinned``; never
+    persisted, ``min_count``: a fixed count (both bounds are ``count``), or the fewest
+    when following the backlog (work that waits brings more at the first round).
+    Busy at ``now``: a manager that took over waits ``idle_s`` before it lowers a
+    count it inherited."""
+    return ConsumerScale(rule.min_count if wanted is None else wanted, now, pinned)
+
+
+def task_backlog(queues: Iterable[QueueInfo | None], counts: Mapping[int, int]) -> int:
+    """Tasks in the task ``queues`` (None: a queue gone meanwhile), from per-subqueue
+    ``counts`` of every message stored: waiting, delayed (a retry's back-off too) and
+    in flight."""
+    return sum(counts.get(sq.id, 0) for queue in queues if queue is not None
+               for sq in queue.subqueues)
