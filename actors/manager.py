@@ -3,7 +3,8 @@
 Clients ask it where to put and where to receive; the data path goes straight
 to the shards. A background loop reads subqueue counts and load from the
 shards and applies the scaling policy of :mod:`rayq.core.control.scaling`, and keeps
-the wanted number of consumer actors alive. It also holds the cluster-wide
+the wanted number of consumer actors alive (following the task backlog when
+``ConsumerConfig`` sets bounds). It also holds the cluster-wide
 concurrency leases of limited job types.
 """
 
@@ -21,7 +22,7 @@ from rayq.core.control.control_places import control_left_on
 from rayq.core.control.placement import ShardPlace, marked_to_drain, unmarked
 from actors.consumer import ConsumerRemote, named_consumers
 from actors.kit import ControlActor
-from rayq.config import Config
+from rayq.config import MAX_CONSUMERS, Config
 from rayq.core.auth.accounts import Accounts, Place, queue_ref, resolve_ref, split_ref
 from rayq.core.auth.operations import MANAGER_OPS
 from rayq.core.kit.clock import Clock
@@ -37,12 +38,13 @@ from rayq.core.codec.model import SubqueueState, check_count
 from rayq.core.control.registry import (QueueInfo, QueueMetadata, QueueRegistry,
                                         check_queue_ref, flood_watched, metadata_of, put_states,
                                         put_target, receive_order)
-from rayq.core.control.scaling import OpRates, QuietTracker, decide, loads_of
+from rayq.core.control.scaling import (ConsumerRule, ConsumerScale, OpRates, QuietTracker,
+                                       chosen_scale, decide, loads_of, next_scale,
+                                       restored_scale, task_backlog)
 from rayq.core.codec.tasks import TaskRegistry, TaskSpec
 from rayq.errors import InvalidMessage, RayqError
 from rayq.remote import NO_RETRY, call_all_async, call_async, running
 
-MAX_CONSUMERS = 1000
 FORGET_TIMEOUT_S = 10.0
 
 
@@ -56,7 +58,7 @@ class QueueManager(ControlActor):
         self.accounts = Accounts(self.kv)
         self.quotas = Quotas(self.kv)
         self.leases = ConcurrencyLeases()
-        self._consumers = Consumers(self.kv, config)
+        self._consumers = Consumers(self.kv, config, self.clock)
         self._counts: dict[int, int] = {}
         # The last count as read (routing() nudges _counts) and when it began (wall
         # clock): what quota rooms publish.
@@ -324,7 +326,10 @@ class QueueManager(ControlActor):
     # -- consumers -----------------------------------------------------------------
     @signed(MANAGER_OPS["scale_consumers"])
     async def scale_consumers(self, count: int | None = None) -> int:
-        """Run ``count`` consumer actors (None: the persisted or configured count)."""
+        """Run ``count`` consumer actors from now on, pinned: the backlog rule leaves
+        the count alone, across restarts. None hands the count back to the rule
+        (a fixed configuration keeps the persisted or configured count). Returns the
+        count wanted now."""
         return await self._consumers.scale(count)
 
     def consumer_count(self) -> int:
@@ -420,42 +425,71 @@ class QueueManager(ControlActor):
         """One round of the scaling loop (a shard restarting: the next round catches up)."""
         await self._purge(self.registry.pending_purges())  # after a crash mid-clear
         await self.scale_once()
-        await self._consumers.scale(None)  # replace consumers killed for good
+        backlog = task_backlog(map(self.registry.find, self.tasks.queues()), self._counts)
+        await self._consumers.follow(backlog)  # also replaces consumers killed for good
 
 
 class Consumers:
-    """The consumer actors: how many are wanted (persisted) and keeping them alive."""
+    """The consumer actors: how many are wanted (persisted with whether
+    ``scale_consumers`` pinned it), the backlog rule, and keeping them alive."""
 
-    def __init__(self, kv: LmdbKV, config: Config):
-        self.kv, self.config = kv, config
-        raw = kv.read(lambda txn: txn.get("meta", b"consumers"))
-        self.wanted = int(raw) if raw is not None else config.consumers.count
+    def __init__(self, kv: LmdbKV, config: Config, clock: Clock):
+        self.kv, self.config, self.clock = kv, config, clock
+        self.rule = ConsumerRule.of(config.consumers)
+        raw, pin = kv.read(lambda txn: (txn.get("meta", b"consumers"),
+                                        txn.get("meta", b"consumers_pinned")))
+        self.state = restored_scale(int(raw) if raw is not None else None, pin == b"1",
+                                    rule=self.rule, now=clock.monotonic())
         self.boost = 0
         self._lock = asyncio.Lock()
+
+    @property
+    def wanted(self) -> int:
+        return self.state.wanted
 
     async def set_boost(self, extra: int) -> int:
         check_count(extra, "boost", 0, MAX_CONSUMERS)
         if extra != self.boost:
             self.boost = extra
-            await self.scale(None)
-            _request_capacity(self.wanted + self.boost, self.config.consumers.num_cpus)
+            async with self._lock:
+                await self._apply(self.state, ask=True)
         return self.boost
 
     async def scale(self, count: int | None) -> int:
+        """``scale_consumers(count)``: see :func:`rayq.core.control.scaling.chosen_scale`."""
+        if count is not None:
+            check_count(count, "consumers", 0, MAX_CONSUMERS)
         async with self._lock:  # one reconciliation at a time
-            if count is not None:
-                check_count(count, "consumers", 0, MAX_CONSUMERS)
-                self.kv.transact(lambda txn: txn.put("meta", b"consumers", str(count).encode()))
-                self.wanted = count
-            running = named_consumers()
-            start, stop = consumers_to_change(self.wanted + self.boost, running)
-            for index in start:
-                _start_consumer(index, self.config)
-            # Graceful: a consumer stops polling and finishes what it runs before it goes.
-            await asyncio.gather(*(_stop_consumer(running[i]) for i in stop))
-            if count is not None:
-                _request_capacity(self.wanted + self.boost, self.config.consumers.num_cpus)
+            await self._apply(chosen_scale(self.state, count), ask=count is not None)
             return self.wanted
+
+    async def follow(self, backlog: int) -> None:
+        """One round of the backlog rule for ``backlog`` tasks (a pinned or fixed count
+        stays, and its consumers are kept alive)."""
+        async with self._lock:
+            state = next_scale(self.state, backlog, self.clock.monotonic(), self.rule)
+            await self._apply(state, ask=state.wanted != self.wanted)
+
+    async def _apply(self, state: ConsumerScale, ask: bool) -> None:
+        """Make ``state`` the wanted one (persisted when its count or pin changed), ask
+        the autoscaler for room for it when ``ask``, and start and stop consumers to
+        match."""
+        if (state.wanted, state.pinned) != (self.state.wanted, self.state.pinned):
+            self.kv.transact(lambda txn: _put_scale(txn, state))
+        self.state = state
+        if ask:  # before any start: a node takes a while to come
+            _request_capacity(self.wanted + self.boost, self.config.consumers.num_cpus)
+        running = named_consumers()
+        start, stop = consumers_to_change(self.wanted + self.boost, running)
+        for index in start:
+            _start_consumer(index, self.config)
+        # Graceful: a consumer stops polling and finishes what it runs before it goes.
+        await asyncio.gather(*(_stop_consumer(running[i]) for i in stop))
+
+
+def _put_scale(txn, state: ConsumerScale) -> None:
+    txn.put("meta", b"consumers", str(state.wanted).encode())
+    txn.put("meta", b"consumers_pinned", b"1" if state.pinned else b"0")
 
 
 def _start_consumer(index: int, config: Config) -> None:
@@ -482,7 +516,9 @@ async def _stop_consumer(handle) -> None:
 
 
 def _request_capacity(consumers: int, num_cpus: float) -> None:
-    """Ask the cluster autoscaler for room for every consumer (a no-op without one)."""
+    """Ask the cluster autoscaler for room for ``consumers`` consumer actors, replacing
+    the previous request (fewer bundles withdraw room; a no-op without an autoscaler:
+    the request only sits in the GCS)."""
     from ray.autoscaler.sdk import request_resources
 
     if num_cpus > 0:
