@@ -21,7 +21,10 @@ from ray.exceptions import RayTaskError
 
 from actors import namespace, server_env, outcome_desk_name
 from actors.kit import LIVENESS, LIVENESS_GROUPS
+from actors.placement import data_nodes
 from rayq.batching import AsyncBatcher
+from rayq.config import Config
+from rayq.core.control.placement import data_claim
 from rayq.core.codec.model import Ending
 from rayq.core.kit.batcher import Batcher
 from rayq.core.storage.waiters import OutcomeWaiters, found_value
@@ -75,13 +78,17 @@ class OutcomeDesk:
 OutcomeDeskRemote = ray.remote(concurrency_groups=LIVENESS_GROUPS)(OutcomeDesk)
 
 
-def outcome_desk(index: int):
+def outcome_desk(index: int, config: Config):
     """Shard ``index``'s desk, started if it does not run (by whichever process needs it
-    first): detached, on no CPU, restarted and its calls issued again when it is lost."""
+    first): detached, on no CPU, restarted and its calls issued again when it is lost.
+    On a cluster of named data nodes it claims a sliver of the data resource, as store
+    copies do: it runs on a data node, never on a worker the autoscaler would otherwise
+    find idle and remove (not pinned to one: it restarts on another)."""
+    claim = data_claim(data_nodes(config)[0], config.store.data_resource)
     return OutcomeDeskRemote.options(
         name=outcome_desk_name(index), namespace=namespace(), get_if_exists=True,
-        lifetime="detached", num_cpus=0, max_restarts=-1, max_task_retries=-1,
-        max_concurrency=100_000, runtime_env=server_env()).remote(index)
+        lifetime="detached", num_cpus=0, resources=claim, max_restarts=-1,
+        max_task_retries=-1, max_concurrency=100_000, runtime_env=server_env()).remote(index)
 
 
 class DeskTeller:

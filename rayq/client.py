@@ -17,7 +17,7 @@ from ray import cloudpickle
 from actors import COORDINATOR, FLOOD_DETECTOR
 
 from rayq.analytics.report import Report
-from rayq.config import Config
+from rayq.config import MAX_CONSUMERS, Config
 from rayq.core.auth.accounts import ADMIN, QUEUE_SEP, Signer
 from rayq.core.auth.operations import COORDINATOR_OPS, FLOOD_OPS, MANAGER_OPS, SHARD_OPS
 from rayq.core.auth.quotas import Quota
@@ -56,7 +56,7 @@ class TaskBook:
         desk = self._desks.get(shard)
         if desk is None:
             from actors.outcomes import outcome_desk
-            desk = self._desks[shard] = outcome_desk(shard)
+            desk = self._desks[shard] = outcome_desk(shard, self.transport.config)
         return desk
 
     def refs(self, placed: Sequence[tuple[str, int]]) -> list[ray.ObjectRef]:
@@ -356,10 +356,13 @@ class Client:
         """Data node ``node`` takes copies again (a drain called off)."""
         self._manager("undrain", node)
 
-    def scale_consumers(self, count: int) -> int:
-        """Run ``count`` consumer actors from now on (kept across restarts); returns it.
-        On a cluster with an autoscaler, room for them is requested too."""
-        check_count(count, "consumers", 0, 1000)
+    def scale_consumers(self, count: int | None) -> int:
+        """Run ``count`` consumer actors from now on, pinned: kept across restarts, and
+        left alone by the backlog rule of ``ConsumerConfig(min_count=, max_count=)``;
+        None hands the count back to the configuration (docs/autoscaling.md). Returns the
+        count wanted now. On a cluster with an autoscaler, room for them is requested too."""
+        if count is not None:
+            check_count(count, "consumers", 0, MAX_CONSUMERS)
         return self._manager("scale_consumers", count)
 
     def consumer_stats(self) -> list:

@@ -50,5 +50,5 @@ def test_scale_consumers_pins_a_count_until_it_is_handed_back_to_the_rule(client
     wait_until(lambda: len(client.consumer_stats()) == 1, timeout_s=120, what="one consumer")
     time.sleep(3 * IDLE_S)  # several rounds of an empty backlog: a pinned count stays
     assert len(client.consumer_stats()) == 1
-    assert client._manager("scale_consumers", None) == 1  # handed back: the rule lowers it
+    assert client.scale_consumers(None) == 1  # handed back: the rule lowers it
     wait_until(lambda: no_consumers(client), timeout_s=180, what="the consumers to stop")
