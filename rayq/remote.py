@@ -120,15 +120,6 @@ async def answers(make_refs: Iterable[Callable[[], Any]]) -> list:
     return [r for r in results if not isinstance(r, BaseException)]
 
 
-def tell(make_ref: Callable[[], Any]) -> None:
-    """Issue the call ``make_ref`` makes and wait for nothing: news a peer may miss (its
-    next read finds what it missed). A call that meets a restarting actor is dropped."""
-    try:
-        make_ref()
-    except _restarting():
-        pass
-
-
 def _restarting() -> tuple[type[BaseException], ...]:
     """What a call meets while its actor restarts, or while a shard's leader moves
     (its node is gone, a replaced leader refuses, or too few copies are in sync for a
