@@ -6,10 +6,10 @@ issues a call it had not answered again to the restarted desk (``max_task_retrie
 the caller's process owns the ref and retries it). So a ref outlives the shard's
 failovers, planned leader moves, drains and its desk's own node.
 
-Every shard leader tells its desk of the ends each commit records (one call per commit,
-not per task); a wait looks at those first, and reads the shard (found again by name
-when its leader moved) only when it outlasts ``RECHECK_S`` without news. Those reads
-of all waits at once ride one call.
+Every shard leader tells its desk of the ends its commits record (:class:`DeskTeller`:
+one call at a time, at most one every ``TELL_GAP_S`` under load); a wait looks at those
+first, and reads the shard (found again by name when its leader moved) only when it
+outlasts ``RECHECK_S`` without news. Those reads of all waits at once ride one call.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class OutcomeDesk:
                 out.append(RayTaskError("wait", "", err))
         return tuple(out)
 
-    @ray.method(max_task_retries=0)  # told again with the next commit's, or read
+    @ray.method(max_task_retries=0)  # an end told to no one is read after RECHECK_S
     async def ended(self, finished: list[tuple[str, Ending, bytes]]) -> None:
         """The ends a commit of the shard recorded (the leader tells, never waits)."""
         self.waiters.notify(finished)
