@@ -280,7 +280,11 @@ class ShardActor:
 
     async def take_usage(self, limit: int) -> list[bytes]:
         """Remove and return up to ``limit`` usage reports of ended deliveries (the fairness
-        coordinator takes them: see ShardStore.take_usage)."""
+        coordinator takes them: see ShardStore.take_usage). Looked for first with a read:
+        taking is a group commit (fsync'd, and shipped to followers), which an idle
+        shard would otherwise make on every coordinator round for nothing."""
+        if not await self._read(self.store.usage_waiting):
+            return []
         return await self._write(None, "take_usage", limit)
 
     @signed(SHARD_OPS["tasks"])

@@ -152,3 +152,11 @@ def test_an_end_keeps_its_usage_report_and_a_stale_one_keeps_nothing(store, cloc
         calls[end](first.receipt, b"stale")
     calls[end](second.receipt, b"report")
     assert store.take_usage() == [b"report"]
+
+
+def test_waiting_usage_is_seen_without_taking_it(store):
+    assert not store.usage_waiting()
+    store.record_usage(b"report")
+    assert store.usage_waiting() and store.usage_waiting()
+    store.take_usage()
+    assert not store.usage_waiting()

@@ -279,18 +279,18 @@ class ShardStore:
 
     def outcomes(self, message_ids: Sequence[str]) -> list[tuple[Ending, bytes] | None]:
         """:meth:`outcome` of each id, read in one transaction."""
-        for asked in message_ids:
-            if not isinstance(asked, str) or not 0 < len(asked) <= 64:
-                raise InvalidMessage(f"not a message id: {asked!r:.80}")
+        _check_message_ids(message_ids)
         return self.kv.read(lambda txn: outcomes.read_outcomes(txn, message_ids))
 
     def task_ends(self, message_ids: Sequence[str]) -> list[tuple[Ending, bytes] | None | bool]:
         """:meth:`outcomes` of tasks submitted with ids, told apart from tasks this store
         does not keep at all (False: see :func:`outcomes.ends`)."""
-        for asked in message_ids:
-            if not isinstance(asked, str) or not 0 < len(asked) <= 64:
-                raise InvalidMessage(f"not a message id: {asked!r:.80}")
+        _check_message_ids(message_ids)
         return self.kv.read(lambda txn: outcomes.ends(txn, message_ids, self.index.store_hex))
+
+    def usage_waiting(self) -> bool:
+        """Whether any usage report waits to be taken (a read: nothing is written)."""
+        return self.kv.read(lambda txn: next(txn.scan_keys("usage", b""), None) is not None)
 
     def tasks(self, account: str, task_ids: Sequence[str]) -> list[FoundTask | None]:
         """The tasks ``account`` submitted under ``task_ids``, each with its message id and
@@ -502,6 +502,12 @@ class ShardStore:
 
     def close(self) -> None:
         self.kv.close()
+
+
+def _check_message_ids(message_ids: Sequence[str]) -> None:
+    for asked in message_ids:
+        if not isinstance(asked, str) or not 0 < len(asked) <= 64:
+            raise InvalidMessage(f"not a message id: {asked!r:.80}")
 
 
 def open_store(path, *, config: StoreConfig = StoreConfig(), clock: Clock | None = None,
