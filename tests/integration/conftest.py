@@ -2,8 +2,11 @@
 
 import contextlib
 import itertools
+import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -86,6 +89,21 @@ def _kill_started_under(temp_dir: str) -> None:
         with contextlib.suppress(psutil.Error):
             proc.kill()
     psutil.wait_procs(list(mine), timeout=10)
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_script(name: str, *args: str, timeout_s: float = 600.0
+               ) -> tuple[list[dict], subprocess.CompletedProcess]:
+    """Run ``tests/integration/scripts/<name>`` in a process of its own (its own simulated
+    cluster: the test run's Ray is untouched); the JSON lines it printed, and the process."""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "integration", "scripts",
+                                                        name), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, env=env)
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")], done
 
 
 def start_runtime(tmp_path_factory, config: rayq.Config | None = None, name: str = "rayq"):

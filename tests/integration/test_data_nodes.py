@@ -1,25 +1,14 @@
 """Shards spread over data nodes and keep their files in their node's folder
 (ray.cluster_utils.Cluster, in its own process so the test run's Ray is untouched)."""
 
-import json
-import os
-import subprocess
-import sys
-
 from rayq.core.control.placement import DATA_CLAIM
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.integration.conftest import run_script
 
 
 def test_shards_spread_over_the_data_nodes_each_in_its_own_folder_and_claim_their_node():
-    script = os.path.join(ROOT, "tests", "integration", "scripts", "data_nodes.py")
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    env.pop("RAY_ADDRESS", None)
-    done = subprocess.run([sys.executable, script], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env=env)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    lines, done = run_script("data_nodes.py")
     assert done.returncode == 0 and lines, done.stderr[-3000:]
-    result = json.loads(lines[-1])
+    result = lines[-1]
     assert sorted(set(result["shards"].values())) == ["n1", "n2"]
     for shard, node in result["shards"].items():
         assert f"shard-{shard}" in result["folders"][node]

@@ -3,26 +3,19 @@
 Every scenario runs on one cluster, one after another: ``grow`` first, on two data
 nodes, adds the third the others run on; ``node_kill`` removes one, so it comes last."""
 
-import json
-import os
 import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.integration.conftest import run_script
+
 SCENARIOS = ("grow", "copies", "restart", "pause", "stopped", "control_loss", "control_pause",
              "drain", "nemesis", "node_kill")
 
 
 def scenarios(*modes: str) -> tuple[dict, subprocess.CompletedProcess]:
     """Run ``modes`` in one process; their results by mode, and the process."""
-    script = os.path.join(ROOT, "tests", "integration", "scripts", "replication.py")
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    env.pop("RAY_ADDRESS", None)
-    done = subprocess.run([sys.executable, script, *modes], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600 * len(modes), env=env)
-    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    lines, done = run_script("replication.py", *modes, timeout_s=600 * len(modes))
     return {line["mode"]: line["result"] for line in lines}, done
 
 

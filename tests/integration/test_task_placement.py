@@ -3,9 +3,7 @@
 consumers' threads; a handler's error stays its own; a type no node can take fails."""
 
 import importlib
-import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -14,9 +12,8 @@ import ray
 import rayq
 from rayq.config import Config, ConsumerConfig
 
-from .conftest import start_runtime, wait_until
+from .conftest import run_script, start_runtime, wait_until
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Two consumers hold one of the session's two CPUs: one is left for a Ray task's default 1.
 CONFIG = Config(consumers=ConsumerConfig(count=2, visibility_timeout_s=2.0, poll_wait_s=0.5,
                                          retry_backoff_s=0.1, adjust_interval_s=0.2,
@@ -121,12 +118,7 @@ def test_a_handler_whose_module_is_only_in_the_types_working_dir_runs_there(clie
 
 def test_a_type_with_a_custom_resource_runs_on_the_node_that_has_it():
     # its own simulated cluster, in its own process (the test run's Ray is untouched)
-    script = os.path.join(ROOT, "tests", "integration", "scripts", "task_placement.py")
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    env.pop("RAY_ADDRESS", None)
-    done = subprocess.run([sys.executable, script], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env=env)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    lines, done = run_script("task_placement.py")
     assert done.returncode == 0 and lines, done.stderr[-3000:]
-    result = json.loads(lines[-1])
+    result = lines[-1]
     assert result["ran_on"] == [result["special_node"]] * 3
