@@ -138,9 +138,22 @@ def test_a_drained_node_holds_nothing_and_its_removal_fails_nothing_over(cluster
                               "control": {"leads": 0, "copies": 0}}
     assert all(node not in replicas for replicas, _ in result["drained_shards"].values())
     assert all(node not in in_sync for in_sync, _ in result["drained_control"].values())
-    assert result["after_shards"] == result["drained_shards"]  # no failover at the removal
-    assert result["after_control"] == result["drained_control"]
+    # No failover at the removal: every leader and copy stays where it was. (An epoch may
+    # still move: on a loaded machine a follower slower than the shipping timeout leaves
+    # the in-sync set and rejoins, which keeps every copy in place.)
+    assert copies(result["after_shards"]) == copies(result["drained_shards"])
+    assert leaders(result["after_control"]) == leaders(result["drained_control"])
     assert result["lost"] == 0 and result["acked"] > 400
+
+
+def copies(shards: dict) -> dict:
+    """Each shard's replicas, leader first."""
+    return {shard: replicas for shard, (replicas, _) in shards.items()}
+
+
+def leaders(stores: dict) -> dict:
+    """Each control store's leader."""
+    return {store: in_sync[0] for store, (in_sync, _) in stores.items()}
 
 
 def test_a_paused_manager_is_replaced_and_changes_nothing_once_resumed(cluster_run):
