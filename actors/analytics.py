@@ -12,9 +12,9 @@ from collections.abc import Callable, Mapping
 
 import ray
 
-from actors import namespace
-from actors.placement import data_nodes
-from actors.replicas import runtime_options
+from rayq.names import namespace
+from actors.data_nodes import data_nodes
+from actors.replication.keeper import runtime_options
 from rayq.analytics.service import POLL_S, ReportService, follow
 from rayq.config import Config
 from rayq.core.kit.clock import Clock, SystemClock

@@ -4,8 +4,8 @@
 A consumer runs ``load`` pollers at once, each receiving a task (long poll),
 running its handler on a worker thread (or, for a type with Ray options, as a Ray
 task it awaits: :mod:`actors.ray_tasks`) and ending it. The load follows the
-hit rate the consumer observes (:mod:`rayq.core.control.balancer`); every count
-and decision is kept by :class:`~rayq.core.control.consumer_state.ConsumerState`,
+hit rate the consumer observes (:mod:`rayq.core.consumers.balancer`); every count
+and decision is kept by :class:`~rayq.core.consumers.state.ConsumerState`,
 and this actor only makes the calls. Consumers never
 talk to each other. Delivery is at-least-once: a message is deleted only
 after its handler returned, and a consumer that dies mid-handler stops
@@ -27,24 +27,23 @@ import psutil
 import ray
 from ray import cloudpickle
 
-from actors import COORDINATOR, namespace, consumer_name
+from rayq.names import COORDINATOR, namespace, consumer_name
 from actors.metrics import BackgroundFailures
 from actors.ray_tasks import RayTasks
 from rayq.batching import AsyncBatcher
 from rayq.config import Config
-from rayq.core.control.balancer import HostReading, host_pressed
-from rayq.core.control.consumer_state import ConsumerState, ConsumerStats
+from rayq.core.consumers.balancer import HostReading, host_pressed
+from rayq.core.consumers.state import ConsumerState, ConsumerStats
 from rayq.core.kit.batcher import Batcher
 from rayq.core.kit.clock import Clock, SystemClock
-from rayq.core.control.consuming import (DeadLetter, Deferral, decide_end, gives_up, long_poll_group,
-                                         pause_after, receive_requests, runnable,
-                                         unrunnable_outcome)
+from rayq.core.consumers.decisions import (DeadLetter, Deferral, decide_end, gives_up,
+                                           long_poll_group, pause_after, receive_requests, runnable,
+                                           unrunnable_outcome)
 from rayq.core.control.managing import indexes_by_name
 from rayq.core.codec.model import StoredMessage
 from rayq.core.control.registry import QueueInfo
 from rayq.core.control.routes import RouteCache
-from rayq.core.codec.tasks import (DeferralCause, TaskSpec, decode_call,
-                             encode_result, error_of)
+from rayq.core.codec.tasks import DeferralCause, TaskSpec, decode_call, encode_result, error_of
 from rayq.core.codec.wire import decode_delivered
 from rayq.errors import InvalidMessage, RayqError, ReceiptInvalid, RuntimeFailure
 from rayq.remote import (IN_RUNTIME, NO_RETRY, actor_names, call_async, manager_link, running,
@@ -314,7 +313,7 @@ class ConsumerActor:
     async def _end(self, held: _Held, spec: TaskSpec, ok: bool, outcome: bytes,
                    retriable: bool, usage_s: float, wait_s: float) -> None:
         """Delete a finished task, retry a failed one later, dead-letter a failed last
-        try (:func:`rayq.core.control.consuming.decide_end` decides which)."""
+        try (:func:`rayq.core.consumers.decisions.decide_end` decides which)."""
         m, queue = held.message, held.queue
         end = decide_end(ok, m.dequeue_count, spec, queue.max_receives, self.consumer_config,
                          retriable)
@@ -324,7 +323,7 @@ class ConsumerActor:
 
     async def _give_up(self, held: _Held, error: bytes) -> None:
         """Dead-letter a task no handler could run in time, with ``error``
-        (:func:`~rayq.core.control.consuming.unrunnable_outcome`)."""
+        (:func:`~rayq.core.consumers.decisions.unrunnable_outcome`)."""
         m, queue = held.message, held.queue
         end = DeadLetter()
         name, args = end.shard_call(held.receipt, error,

@@ -21,33 +21,31 @@ from concurrent.futures import ThreadPoolExecutor
 
 import ray
 
-from actors import COORDINATOR, FLOOD_DETECTOR, MANAGER, namespace, server_env
+from rayq.names import COORDINATOR, FLOOD_DETECTOR, MANAGER, SQS_STATE, namespace, server_env
 from actors.controlstore import (claim, control_follower_name, current_place, drain_marks,
-                                 sqs_home_region)
+                                 registered_launcher)
 from actors.coordinator import CoordinatorRemote
 from actors.flood import FloodRemote
 
-from actors.kit import CONTROL_MAP_BYTES, LIVENESS_GROUPS
+from actors.base import CONTROL_MAP_BYTES, LIVENESS_GROUPS
 from actors.manager import QueueManager
-from actors.sqs import STATE as SQS_STATE, SqsStateRemote
-from actors.placement import copies_on_disk, data_nodes, pinned
+from actors.data_nodes import copies_on_disk, data_nodes, pinned
 # a control store's leader is watched as a shard's: the same pings, grace and fencing
-from actors.replicas import (actor_options, FENCE_TIMEOUT_S, LEADER_START_S, MAX_FAILED_PINGS,
-                             PING_TIMEOUT_S, RECHECK_S, WATCH_INTERVAL_S, answers_ping,
-                             kill_named)
+from actors.replication.keeper import (actor_options, FENCE_TIMEOUT_S, LEADER_START_S, MAX_FAILED_PINGS,
+                             PING_TIMEOUT_S, RECHECK_S, WATCH_INTERVAL_S, answers_ping, kill_named)
 from rayq.config import Config
-from rayq.core.control.control_places import (ALL_STORES, CONTROL_STORES, SQS_STORE,
-                                              ControlPlace, hands_over, starting_places)
-from rayq.core.control.placement import (LOCAL_NODE, DataNode, data_claim, default_replicas,
-                                         node_folder, still_draining)
+from rayq.core.control.control_places import (ALL_STORES, CONTROL_STORES, SQS_STORE, ControlPlace,
+                                              hands_over, starting_places)
+from rayq.core.control.placement import (DataNode, data_claim, default_replicas, node_folder,
+                                         still_draining)
+from rayq.core.replication.shard_places import LOCAL_NODE
 from rayq.core.control.control_store import Copies, LeaderWatch, fail_over, watch_round
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.kv import WriteSet
 from rayq.core.kit.private import FILE_MODE
-from rayq.core.storage.replica import Replica, check_epoch, clear_for_seed, open_copy
+from rayq.core.replication.replica import Replica, check_epoch, clear_for_seed, open_copy
 from rayq.errors import RayqError, RuntimeFailure
 from rayq.remote import NO_RETRY, call, call_async
-from rayq.sqs.names import HOME_REGION
 
 log = logging.getLogger("rayq.control")
 ManagerRemote = ray.remote(concurrency_groups=LIVENESS_GROUPS)(QueueManager)
@@ -59,13 +57,11 @@ def launch_control(store: str, node: DataNode, data_dir: str, config: Config):
     """Start ``store``'s control actor on ``node``, on that node's copy (unless it runs
     already); restarted by Ray on the same node while the node lives."""
     home = node_folder(data_dir, node.name)
-    remote, args, options = {
-        "manager": (ManagerRemote, (home, config, None, data_dir), {}),
-        "coordinator": (CoordinatorRemote, (home, config, None), {}),
-        "flood": (FloodRemote, (home, config, None), {}),
-        # one call at a time, as the SQS state has always been served
-        SQS_STORE: (SqsStateRemote, (home, config, sqs_home_region() or HOME_REGION, None),
-                    {"max_concurrency": 1})}[store]
+    own = {"manager": (ManagerRemote, (home, config, None, data_dir), {}),
+           "coordinator": (CoordinatorRemote, (home, config, None), {}),
+           "flood": (FloodRemote, (home, config, None), {})}
+    remote, args, options = own[store] if store in own else \
+        registered_launcher(store)(home, config)
     start_copy = functools.partial(start_copy_on, data_dir=data_dir, config=config)
     return remote.options(name=ACTOR_NAMES[store], max_restarts=-1, max_task_retries=-1,
                           **{**actor_options(), **options}, **pinned(node)).remote(

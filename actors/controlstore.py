@@ -8,6 +8,7 @@ one per data node, ``rayq-control-<node>``).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -16,13 +17,15 @@ from collections.abc import Callable
 import ray
 import ray.experimental.internal_kv as internal_kv
 
-from actors import namespace
-from actors.shipping import copy_store
+from rayq.config import Config
+from rayq.names import namespace
+from actors.replication.leader import copy_store
 from rayq.core.control.placement import DataNode, still_draining
 from rayq.core.control.control_places import (ALL_STORES, ControlPlace, claim_key,
                                               claim_prefix, decode_place, encode_place,
                                               given_up, newest_key)
 from rayq.core.kit.kv import LmdbKV, WriteSet
+from rayq.errors import RuntimeFailure
 from rayq.remote import NO_RETRY, call
 
 CONTROL_FOLLOWER_PREFIX = "rayq-control-"
@@ -59,18 +62,25 @@ def claim(place: ControlPlace) -> bool:
     return not existed
 
 
-SQS_REGION_KEY = b"rayq/sqs/home-region"  # in Ray's GCS: the SQS endpoint's home region
+LAUNCHER_KEY = b"rayq/launcher/"  # in Ray's GCS: per store served from above, its launcher
 
 
-def sqs_home_region() -> str | None:
-    """The home region the SQS endpoint serves (None: never served in this cluster)."""
-    raw = internal_kv._internal_kv_get(SQS_REGION_KEY, namespace=namespace())
-    return raw.decode() if raw else None
+def register_launcher(store: str, launcher: str) -> None:
+    """Have the control plane start ``store``'s actor with ``launcher`` (``module:function``,
+    called as ``function(home, config)`` for its Ray class, arguments and options): the
+    layer above the actors (the SQS service) registers the control store it serves,
+    so the control plane can start it anywhere without importing that layer."""
+    internal_kv._internal_kv_put(LAUNCHER_KEY + store.encode(), launcher.encode(),
+                                 overwrite=True, namespace=namespace())
 
 
-def set_sqs_home_region(region: str) -> None:
-    internal_kv._internal_kv_put(SQS_REGION_KEY, region.encode(), overwrite=True,
-                                 namespace=namespace())
+def registered_launcher(store: str) -> Callable[[str, Config], tuple]:
+    """The launcher registered for ``store``; RuntimeFailure when none is."""
+    raw = internal_kv._internal_kv_get(LAUNCHER_KEY + store.encode(), namespace=namespace())
+    if not raw:
+        raise RuntimeFailure(f"no launcher is registered for control store {store!r}")
+    module, _, function = raw.decode().partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 DRAINING_KEY = b"rayq/draining"  # in Ray's GCS: the data nodes being drained (JSON list)

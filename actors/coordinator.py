@@ -16,20 +16,21 @@ import random
 
 import ray
 
-from actors.kit import LIVENESS_GROUPS, ControlActor
+from actors.base import LIVENESS_GROUPS, ControlActor
 from actors.metrics import CoordinatorMetrics
 from rayq.analytics.eventlog import log_decision, log_report, open_event_log
 from rayq.config import Config
 from rayq.core.auth.operations import COORDINATOR_OPS
 from rayq.core.kit.clock import Clock
 from rayq.core.fairness.coordinating import (booster_consumers, fairness_report, intervening_since,
-                                    is_intervening, pending_keys)
+                                             is_intervening, pending_keys)
 from rayq.core.fairness.policy import (Decision, FairnessReport, KeyState, ListenPlan, UsageWindows,
-                                decision_event, evaluate, listen_order)
+                                       decision_event, evaluate, listen_order)
 from rayq.core.auth.gate import signed
 from rayq.core.kit.history import EventHistory
 from rayq.core.fairness.rules import SuspensionRule, SuspensionRules
-from rayq.core.codec.tasks import Outcome, Tally, TallyRow, UsageReport, unpacked_reports
+from rayq.core.codec.tasks import Outcome, UsageReport, unpacked_reports
+from rayq.core.fairness.tallies import Tally, TallyRow
 from rayq.errors import InvalidMessage
 from rayq.remote import answers, call_all_async, call_async, manager_link
 

@@ -23,7 +23,7 @@ import json
 
 import ray
 
-from actors.kit import LIVENESS_GROUPS, ControlActor
+from actors.base import LIVENESS_GROUPS, ControlActor
 from actors.metrics import FloodMetrics
 from rayq.analytics.eventlog import open_event_log
 from rayq.config import Config

@@ -14,14 +14,15 @@ import asyncio
 
 import ray
 
-from actors import COORDINATOR, FLOOD_DETECTOR, namespace, server_env, consumer_name
+from rayq.names import COORDINATOR, FLOOD_DETECTOR, namespace, server_env, consumer_name
 from actors.controlstore import drain_marks, every_place, given_up_node, set_drain_marks
-from actors.placement import data_nodes
-from actors.replicas import WATCH_INTERVAL_S, ReplicaKeeper
+from actors.data_nodes import data_nodes
+from actors.replication.keeper import WATCH_INTERVAL_S, ReplicaKeeper
 from rayq.core.control.control_places import control_left_on
-from rayq.core.control.placement import ShardPlace, marked_to_drain, unmarked
+from rayq.core.control.placement import marked_to_drain, unmarked
+from rayq.core.replication.shard_places import ShardPlace
 from actors.consumer import ConsumerRemote, named_consumers
-from actors.kit import ControlActor
+from actors.base import ControlActor
 from rayq.config import MAX_CONSUMERS, Config
 from rayq.core.auth.accounts import Accounts, Place, queue_ref, resolve_ref, split_ref
 from rayq.core.auth.operations import MANAGER_OPS
@@ -31,17 +32,18 @@ from rayq.core.kit.kv import LmdbKV
 from rayq.core.fairness.leases import ConcurrencyLeases
 from rayq.core.auth.quotas import Quota, Quotas, check_queue_quota, quota_of
 from rayq.core.control.managing import (check_may_create, check_task_spec, check_visible,
-                                concurrency_limits, consumers_to_change, ids_by_shard,
-                                is_registration, owned_queues, rooms_of, shard_depths,
-                                visible_names)
+                                        concurrency_limits, consumers_to_change, ids_by_shard,
+                                        is_registration, owned_queues, rooms_of, shard_depths,
+                                        visible_names)
 from rayq.core.codec.model import SubqueueState, check_count
-from rayq.core.control.registry import (QueueInfo, QueueMetadata, QueueRegistry,
-                                        check_queue_ref, flood_watched, metadata_of, put_states,
-                                        put_target, receive_order)
+from rayq.core.control.registry import (QueueInfo, QueueMetadata, QueueRegistry, check_queue_ref,
+                                        flood_watched, metadata_of, put_states, put_target,
+                                        receive_order)
 from rayq.core.control.scaling import (ConsumerRule, ConsumerScale, OpRates, QuietTracker,
-                                       chosen_scale, decide, loads_of, next_scale,
-                                       restored_scale, task_backlog)
-from rayq.core.codec.tasks import TaskRegistry, TaskSpec
+                                       chosen_scale, decide, loads_of, next_scale, restored_scale,
+                                       task_backlog)
+from rayq.core.codec.tasks import TaskSpec
+from rayq.core.control.registry import TaskRegistry
 from rayq.errors import InvalidMessage, RayqError
 from rayq.remote import NO_RETRY, call_all_async, call_async, running
 

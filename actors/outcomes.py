@@ -20,9 +20,9 @@ from typing import Any
 import ray
 from ray.exceptions import RayTaskError
 
-from actors import namespace, server_env, outcome_desk_name
-from actors.kit import LIVENESS, LIVENESS_GROUPS
-from actors.placement import data_nodes
+from rayq.names import namespace, server_env, outcome_desk_name
+from actors.base import LIVENESS, LIVENESS_GROUPS
+from actors.data_nodes import data_nodes
 from rayq.batching import AsyncBatcher
 from rayq.config import Config
 from rayq.core.control.placement import data_claim

@@ -17,19 +17,20 @@ import asyncio
 import logging
 import os
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
 import ray
 
 from actors.channel import ChannelServer
-from actors.kit import LIVENESS, LIVENESS_GROUPS, manager_directory
+from actors.base import LIVENESS, LIVENESS_GROUPS, manager_directory
 from rayq.core.auth import nonces
 from actors.outcomes import DeskTeller
 from actors.metrics import BackgroundFailures, ShardMetrics, trim_heap
 from actors.parking import ParkedPolls
-from actors.placement import this_node_name
-from actors.shipping import replication_of
+from actors.data_nodes import this_node_name
+from actors.replication.leader import replication_of
 from actors.storethread import StoreThread
 from rayq.analytics.eventlog import open_event_log
 from rayq.batching import AsyncBatcher
@@ -42,15 +43,15 @@ from rayq.core.kit.batcher import Batcher
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.storage.dispatch import DispatchPolicy, NoisyKey
 from rayq.core.storage.operations import small_group
-from rayq.core.control.consuming import check_end_calls
-from rayq.core.auth.gate import (Caller, Gate, check_reads_own, of_subqueues, per_queue,
-                                 queues_on, signed)
+from rayq.core.consumers.decisions import check_end_calls
+from rayq.core.auth.gate import (Caller, Gate, check_reads_own, of_subqueues, per_queue, queues_on,
+                                 signed)
 from rayq.core.codec.wire import delivered_count, join_delivered
 from rayq.core.flood.isolation import serving_order
-from rayq.core.codec.model import SubqueueState, long_poll_s
-from rayq.core.control.replicas import role_of
-from rayq.core.control.shipping import value_of
-from rayq.core.storage.store import KeyDepth, ShardStats, open_store
+from rayq.core.codec.model import KeyDepth, SubqueueState, long_poll_s
+from rayq.core.replication.shard_places import role_of
+from rayq.core.replication.shipping import value_of
+from rayq.core.storage.store import StoreStats, open_store
 from rayq.errors import Overloaded, QueueDisabled, RayqError, StoreError
 
 log = logging.getLogger("rayq.shard")
@@ -64,6 +65,24 @@ MAX_WAIT_SLICE_S = 1.0  # long polls re-check at least this often (messages whos
 # loop and thread): they never wait behind puts, receives and deletes.
 OUTCOME_GROUP = "outcomes"
 CONCURRENCY_GROUPS = {OUTCOME_GROUP: 100_000, **LIVENESS_GROUPS}
+
+
+@dataclass(frozen=True)
+class ShardStats:
+    """A shard's store counters plus its group-commit and per-subqueue load counters.
+    ``queues``: messages on this shard per queue, every account's, by unambiguous name
+    (``acme/orders``; the default account's plain)."""
+
+    index: int
+    store: StoreStats
+    commits: int
+    calls_committed: int
+    ops: dict[int, int]
+    throttled: dict[int, int]
+    queues: dict[str, int] = field(default_factory=dict)
+    background_failures: int = 0  # failed housekeeping rounds since the shard started
+    node: str = ""  # the data node it runs on ("": the embedded runtime's only node)
+    role: str = "leader"
 
 
 class ShardActor:
@@ -109,7 +128,7 @@ class ShardActor:
 
     async def seed(self, node: str) -> int:
         """Seed a follower on ``node`` (the manager started it there); see
-        :meth:`actors.shipping.Replication.seed`."""
+        :meth:`actors.replication.leader.Replication.seed`."""
         return await self.replication.seed(node, self._read)
 
     # -- group commit ------------------------------------------------------

@@ -6,7 +6,7 @@ Both serve the same handler: read the body, make one call to a Ray actor (as
 the endpoint calls a shard), answer with a little JSON. Requests come from
 ``--threads`` keep-alive HTTP sessions. Ray Serve routes each request through
 its proxy actor to a replica; the aiohttp actor answers on the socket itself.
-The endpoint (actors/sqs.py) uses whichever is faster here.
+The endpoint (rayq/sqs/service.py) uses whichever is faster here.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _report import rate_on_threads, report  # noqa: E402
 
 import rayq  # noqa: E402
-from actors.runtime import find_runtime  # noqa: E402
+from actors.lifecycle import find_runtime  # noqa: E402
 
 BODY = "x" * 100
 QUEUE = "bench-producers"

@@ -31,7 +31,7 @@ from _report import Timer, join_threads, rate_on_threads, report  # noqa: E402
 from store import raw_lmdb_figures  # noqa: E402
 
 import rayq  # noqa: E402
-from actors import namespace, shard_name# noqa: E402
+from rayq.names import namespace, shard_name  # noqa: E402
 
 SHALLOW = 1000
 LATENCY_SAMPLES = 300

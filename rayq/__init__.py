@@ -24,7 +24,7 @@ from rayq.core.fairness.policy import FairnessReport
 from rayq.core.flood.detection import Flooder
 from rayq.core.fairness.rules import SuspensionRule
 from rayq.core.codec.task_ids import TaskInfo, TaskState
-from rayq.core.codec.tasks import TaskFunction, task
+from rayq.tasks import TaskFunction, task
 from rayq.errors import (AuthError, ConfigError, DataDirExposed, InvalidMessage, KeyExposed,
                          MessageTooLarge, NoEvents, NotEnoughReplicas, OutcomeLost, Overloaded,
                          QueueDisabled, QueueExists, QueueNotFound, QuotaExceeded, RayqError,

@@ -32,7 +32,7 @@ NAME_ENV = "RAYQ_NAME"  # the runtime the commands start or talk to (Config.name
 def main(name: str | None) -> None:
     """rayq: a durable, multi-tenant queue and fair scheduling runtime on Ray."""
     if name is not None:
-        from actors import serve
+        from rayq.names import serve
 
         try:
             serve(rayq.Config(name=name).name)
@@ -154,7 +154,7 @@ def stop() -> None:
     node = ray._private.worker.global_worker.node
     session_dir, address = node.get_session_dir_path(), node.address
     rayq.shutdown()
-    from actors.runtime import runtimes_running
+    from actors.lifecycle import runtimes_running
 
     others = runtimes_running()
     ray.shutdown()

@@ -14,7 +14,7 @@ from typing import Any
 import ray
 from ray import cloudpickle
 
-from actors import COORDINATOR, FLOOD_DETECTOR
+from rayq.names import COORDINATOR, FLOOD_DETECTOR
 
 from rayq.analytics.report import Report
 from rayq.config import MAX_CONSUMERS, Config
@@ -29,7 +29,9 @@ from rayq.core.control.registry import check_queue_ref
 from rayq.core.fairness.rules import SuspensionRule
 from rayq.core.codec.task_ids import TaskInfo, check_task_id, checked_task_ids, new_task_id
 from rayq.core.storage.outcomes import FoundTask
-from rayq.core.codec.tasks import TallyRow, TaskFunction, encode_call
+from rayq.core.codec.tasks import encode_call
+from rayq.core.fairness.tallies import TallyRow
+from rayq.tasks import TaskFunction
 from rayq.errors import InvalidMessage, ResultTimeout, RuntimeFailure, TaskNotFound
 from rayq.queue import Queue
 from rayq.remote import call, named

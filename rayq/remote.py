@@ -21,7 +21,7 @@ from typing import Any
 
 import ray
 
-from actors import MANAGER, namespace, shard_name
+from rayq.names import MANAGER, namespace, shard_name
 from rayq.channel import BetweenPlaces, ChannelLost, ShardLink, actor_lost
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.retry import RetrySchedule

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from rayq.config import Config, ConsumerConfig, StoreConfig
-from rayq.core.control.balancer import BalancerState
-from rayq.core.control.consumer_state import ConsumerState
+from rayq.core.consumers.balancer import BalancerState
+from rayq.core.consumers.state import ConsumerState
 from rayq.core.storage.cache import MemoryReading
 from rayq.core.kit.clock import FakeClock
 from rayq.core.kit.kv import DATABASES, OnCommit, Write, apply_writes
@@ -228,7 +228,7 @@ class SimulatedConsumers:
 
 
 class SimulatedLongPolls:
-    """Consumers (each a :class:`~rayq.core.control.consumer_state.ConsumerState`)
+    """Consumers (each a :class:`~rayq.core.consumers.state.ConsumerState`)
     long-polling one queue on a fake clock, event by event.
 
     Tasks arrive at random (a Poisson stream of ``rate_per_s``) and each runs

@@ -78,12 +78,12 @@ MUTATIONS = (
              "(state.noisy_since is not None,", "(state.noisy_since is None,"),
     Mutation("purge removes other queues' spilled messages", "rayq.core.storage.purge",
              "remove_spilled", "spill_source(value) in sources", "spill_source(value) not in sources"),
-    Mutation("follower copy opened without fsync", "rayq.core.storage.replica", "open_copy",
+    Mutation("follower copy opened without fsync", "rayq.core.replication.replica", "open_copy",
              "LmdbKV(path, map_size=map_bytes)", "LmdbKV(path, map_size=map_bytes, durable=False)"),
     # -- the rest of the core
     Mutation("usage-victim comparison flipped", "rayq.core.fairness.policy", "evaluate",
              "if s > config.band", "if s < config.band"),
-    Mutation("balancer moves load the wrong way", "rayq.core.control.balancer", "next_load",
+    Mutation("balancer moves load the wrong way", "rayq.core.consumers.balancer", "next_load",
              "        return min(load + 1, config.max_load)\n    if hit_rate < target:\n"
              "        return max(load - 1, config.min_load)",
              "        return max(load - 1, config.min_load)\n    if hit_rate < target:\n"
@@ -111,10 +111,10 @@ MUTATIONS = (
              "rayq.core.control.routes", "RouteCache.put",
              "mine.state is SubqueueState.ALL", "mine.state is not SubqueueState.ALL"),
     Mutation("seeded follower in sync before it holds every acknowledged write set",
-             "rayq.core.control.shipping", "Shipper._send",
+             "rayq.core.replication.shipping", "Shipper._send",
              "self._counted_at[node] = self.log.committed", "self._counted_at[node] = applied"),
     Mutation("failover fences the followers with the current epoch",
-             "rayq.core.control.replicas", "fail_over", "place.epoch + 1", "place.epoch"),
+             "rayq.core.replication.shard_places", "fail_over", "place.epoch + 1", "place.epoch"),
     Mutation("a control copy that applied nothing promoted", "rayq.core.control.control_places",
              "promoted", "if applied.get(n, 0) > 0]", "if n in applied]", tests=CONTROL_TESTS),
     Mutation("a control leader refuses for good once a copy was fenced",

@@ -9,12 +9,12 @@ import os
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from actors import namespace, server_env
+from rayq.names import namespace, server_env
 from actors.control import control_starter
-from actors.controlstore import forget_place, set_sqs_home_region
-from actors.placement import data_nodes
-from actors.runtime import find_runtime
-from actors.sqs import SqsEndpointRemote, replica_name
+from actors.controlstore import forget_place, register_launcher
+from actors.data_nodes import data_nodes
+from actors.lifecycle import find_runtime
+from rayq.sqs.service import SqsEndpointRemote, replica_name, set_sqs_home_region
 from rayq.core.control.control_places import SQS_STORE
 from rayq.core.codec.model import check_count
 from rayq.core.kit.private import check_private_key
@@ -52,6 +52,7 @@ def serve_sqs(host: str = "127.0.0.1", port: int = 9324, replicas: int = 1, *,
     data_dir = ray.get(found["manager"].info.remote())["data_root"]  # unsigned: the runtime's own
     # the state's store is a control store: placed, kept on copies, failed over by itself
     set_sqs_home_region(home_region)
+    register_launcher(SQS_STORE, "rayq.sqs.service:launch_state")
     state = control_starter(data_nodes(config), data_dir, config, (SQS_STORE,))(SQS_STORE)
     ray.get(state.ping.remote())
     endpoints = []

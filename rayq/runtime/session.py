@@ -10,8 +10,8 @@ import sys
 
 import ray
 
-from actors import DEFAULT_RUNTIME, serve
-from actors.runtime import ensure_runtime, find_runtime, stop_runtime
+from rayq.names import DEFAULT_RUNTIME, serve
+from actors.lifecycle import ensure_runtime, find_runtime, stop_runtime
 from rayq import config as config_module
 from rayq.client import Client
 from rayq.config import Config

@@ -3,7 +3,7 @@
 import pytest
 
 from rayq.config import StoreConfig
-from rayq.core.storage.store import KeyDepth
+from rayq.core.codec.model import KeyDepth
 from rayq.errors import InvalidMessage, ReceiptInvalid, StoreError
 from rayq.core.codec.wire import decode_delivered
 from tests.contract.helpers import batch, message, starved_of_memory, values

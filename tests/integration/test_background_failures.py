@@ -9,7 +9,7 @@ import pytest
 import ray
 
 import rayq
-from actors import COORDINATOR, FLOOD_DETECTOR, MANAGER, namespace, shard_name
+from rayq.names import COORDINATOR, FLOOD_DETECTOR, MANAGER, namespace, shard_name
 from actors.metrics import BackgroundFailures
 from rayq.config import Config, ConsumerConfig, FairnessConfig, FloodConfig, ScalingConfig, StoreConfig
 from tests.integration.conftest import start_runtime, wait_until

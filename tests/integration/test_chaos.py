@@ -11,7 +11,7 @@ import pytest
 import ray
 
 import rayq
-from actors import COORDINATOR, FLOOD_DETECTOR, namespace, consumer_name, shard_name
+from rayq.names import COORDINATOR, FLOOD_DETECTOR, namespace, consumer_name, shard_name
 from rayq.config import Config, ConsumerConfig, FairnessConfig, FloodConfig
 from tests.integration.conftest import start_runtime
 

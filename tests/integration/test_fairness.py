@@ -13,7 +13,7 @@ import ray
 
 import rayq
 from rayq.config import Config, ConsumerConfig, FairnessConfig
-from actors import COORDINATOR, namespace
+from rayq.names import COORDINATOR, namespace
 from tests.integration.conftest import start_runtime, wait_until
 from tests.integration.probe import probe, record_span
 

@@ -10,7 +10,7 @@ import pytest
 
 import rayq
 from rayq.config import Config, ConsumerConfig, FloodConfig
-from rayq.core.codec.tasks import percentile
+from rayq.core.fairness.tallies import percentile
 from tests.integration.conftest import start_runtime
 
 FLOOD = FloodConfig(window_s=1.0, windows=10, interval_s=0.5, depth_threshold=200,

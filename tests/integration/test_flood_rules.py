@@ -7,7 +7,7 @@ import pytest
 import ray
 
 import rayq
-from actors import namespace, shard_name
+from rayq.names import namespace, shard_name
 from rayq.config import Config, ConsumerConfig, FloodConfig
 from tests.integration.conftest import start_runtime, wait_until
 from tests.integration.flooding import Receiver, send

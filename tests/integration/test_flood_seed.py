@@ -10,7 +10,7 @@ import pytest
 import ray
 
 import rayq
-from actors import FLOOD_DETECTOR, namespace
+from rayq.names import FLOOD_DETECTOR, namespace
 from rayq.config import Config, ConsumerConfig, FloodConfig
 from tests.integration.conftest import start_runtime
 from tests.integration.flooding import Receiver, send

@@ -59,7 +59,7 @@ def test_everything_under_a_fresh_data_directory_is_the_owners_alone(ray_session
 
 def seeding_copy(data_dir) -> None:
     """The copy a leader makes to seed a follower, of shard 0's store, under umask 022."""
-    from actors.shipping import copy_store
+    from actors.replication.leader import copy_store
     from rayq.core.kit.kv import LmdbKV
 
     old = os.umask(0o022)

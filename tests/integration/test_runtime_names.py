@@ -10,7 +10,7 @@ import pytest
 import ray
 
 import rayq
-from actors import namespace
+from rayq.names import namespace
 from tests.integration.conftest import start_runtime, with_consumers
 from rayq.remote import actor_names
 

@@ -110,8 +110,8 @@ def test_an_unknown_account_is_refused_before_its_body_is_sent(endpoint):
 
 
 def replica_stats():
-    from actors import namespace
-    from actors.sqs import replica_name
+    from rayq.names import namespace
+    from rayq.sqs.service import replica_name
 
     return ray.get(ray.get_actor(replica_name(0), namespace=namespace()).stats.remote())
 

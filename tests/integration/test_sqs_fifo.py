@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from actors import sqs as state_actor
+from rayq.sqs import service as state_actor
 from rayq.sqs.fifo import WINDOW_S
 
 from .conftest import boto3_sqs, sqs_endpoint

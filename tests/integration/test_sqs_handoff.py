@@ -8,8 +8,8 @@ import ray
 from botocore.exceptions import BotoCoreError
 
 import rayq
-from actors import namespace
-from actors.sqs import STATE, replica_name
+from rayq.names import namespace
+from rayq.sqs.service import STATE, replica_name
 from rayq.config import with_consumers
 from rayq.remote import actor_names
 from rayq.runtime.local import free_port

@@ -6,8 +6,8 @@ import json
 
 import ray
 
-from actors import namespace
-from actors.sqs import STATE
+from rayq.names import namespace
+from rayq.sqs.service import STATE
 from rayq.sqs.moves import new_handle
 
 from .test_sqs import endpoint, eventually, new_queue, refused, sqs  # noqa: F401 (fixture)

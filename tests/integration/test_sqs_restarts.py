@@ -10,8 +10,8 @@ import pytest
 import ray
 from botocore.exceptions import BotoCoreError, ClientError
 
-from actors import namespace
-from actors.sqs import replica_name
+from rayq.names import namespace
+from rayq.sqs.service import replica_name
 from rayq.remote import actor_names
 
 from .conftest import boto3_sqs, sqs_endpoint

@@ -11,7 +11,7 @@ import pytest
 import ray
 
 import rayq
-from actors import namespace, outcome_desk_name, shard_name
+from rayq.names import namespace, outcome_desk_name, shard_name
 from rayq.config import Config, ConsumerConfig
 from tests.integration.conftest import start_runtime, wait_until
 from tests.integration.probe import enter, leave, probe

@@ -46,12 +46,12 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from rayq.core.control.control_places import CONTROL_STORES, ControlPlace, starting_places
-from rayq.core.control.control_store import (ControlReplication, Copies, LeaderWatch,
-                                             fail_over, watch_round)
+from rayq.core.control.control_store import (ControlReplication, Copies, LeaderWatch, fail_over,
+                                             watch_round)
 from rayq.core.kit.clock import FakeClock
 from rayq.core.kit.kv import DATABASES, Txn
 from rayq.core.storage.layout import REPLICA_KEY, read_replica_state
-from rayq.core.storage.replica import Replica, check_epoch
+from rayq.core.replication.replica import Replica, check_epoch
 from rayq.errors import RayqError
 from rayq.testing import MemoryKV
 

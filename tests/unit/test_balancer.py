@@ -3,7 +3,7 @@
 import pytest
 
 from rayq.config import ConsumerConfig
-from rayq.core.control.balancer import BalancerState, next_load, smoothed, target_hit_rate
+from rayq.core.consumers.balancer import BalancerState, next_load, smoothed, target_hit_rate
 from rayq.testing import SimulatedConsumers
 
 CONFIG = ConsumerConfig(min_load=1, max_load=8, min_target=0.2, max_target=0.9, smoothing=0.3)

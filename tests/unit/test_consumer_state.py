@@ -1,4 +1,4 @@
-"""A consumer's bookkeeping (rayq.core.control.consumer_state) on a fake clock, and its
+"""A consumer's bookkeeping (rayq.core.consumers.state) on a fake clock, and its
 balancer over long polls (docs/consumer-balancing.md) with simulated consumers."""
 
 import dataclasses
@@ -8,8 +8,8 @@ import pytest
 from rayq.config import Config, ConsumerConfig, FairnessConfig
 from rayq.core.codec.model import StoredMessage
 from rayq.core.codec.tasks import UsageReport, DeferralCause, Outcome, TaskSpec
-from rayq.core.control.balancer import is_hit, target_hit_rate
-from rayq.core.control.consumer_state import ConsumerState
+from rayq.core.consumers.balancer import is_hit, target_hit_rate
+from rayq.core.consumers.state import ConsumerState
 from rayq.testing import FakeClock, SimulatedLongPolls
 
 CONFIG = ConsumerConfig(min_load=1, max_load=8, min_target=0.2, max_target=0.9,

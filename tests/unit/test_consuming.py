@@ -1,4 +1,4 @@
-"""A consumer's decisions (rayq.core.control.consuming) on tables of cases and a fake clock."""
+"""A consumer's decisions (rayq.core.consumers.decisions) on tables of cases and a fake clock."""
 
 import dataclasses
 import random
@@ -6,12 +6,12 @@ import random
 import pytest
 
 from rayq.config import ConsumerConfig
-from rayq.core.control.consuming import (DeadLetter, Finish, PlanFollower, Retry, Saturation,
-                                 check_end_calls, decide_end, effective_load, excluded_keys,
-                                 held_back, is_last_try, long_poll_group, pause_after,
-                                 poll_places, receive_requests, receive_size, recent_task_s,
-                                 refreshed_handlers, runnable, slots_to_start, Unloadable,
-                                 unrunnable_outcome)
+from rayq.core.consumers.decisions import (DeadLetter, Finish, PlanFollower, Retry, Saturation,
+                                           check_end_calls, decide_end, effective_load,
+                                           excluded_keys, held_back, is_last_try, long_poll_group,
+                                           pause_after, poll_places, receive_requests, receive_size,
+                                           recent_task_s, refreshed_handlers, runnable,
+                                           slots_to_start, Unloadable, unrunnable_outcome)
 from rayq.core.fairness.policy import Decision, ListenPlan
 from rayq.core.codec.model import Ending
 from rayq.core.codec.tasks import DeferralCause, Outcome, TaskSpec, decode_outcome
@@ -296,5 +296,5 @@ def test_the_recent_task_time_starts_at_the_first_and_moves_a_fifth_of_the_way()
     (DeferralCause.HOST_PRESSURE, 10_000.0, False),
 ])
 def test_only_a_task_nobody_can_run_is_given_up_and_only_after_its_grace(cause, age_s, gives):
-    from rayq.core.control.consuming import gives_up
+    from rayq.core.consumers.decisions import gives_up
     assert gives_up(cause, 1000.0, 1000.0 + age_s, 600.0) is gives

@@ -7,13 +7,14 @@ import os
 
 import pytest
 
-from rayq.core.control.control_places import (ControlPlace, best_copies, given_up, promoted,
-                                              recovered, seed_target, starting_place, trusted)
+from rayq.core.control.control_places import (ControlPlace, given_up, promoted, recovered,
+                                              seed_target, starting_place, trusted)
+from rayq.core.replication.shard_places import best_copies
 from rayq.core.control.control_store import ControlReplication, LeaderWatch, fail_over
-from rayq.core.control.placement import ShardPlace
-from rayq.core.control.replicas import trusted_shard
+from rayq.core.replication.shard_places import ShardPlace
+from rayq.core.replication.shard_places import trusted_shard
 from rayq.core.kit.kv import LmdbKV
-from rayq.core.storage.replica import Replica
+from rayq.core.replication.replica import Replica
 from rayq.errors import StaleEpoch
 
 
@@ -256,7 +257,7 @@ def test_a_control_store_rebuilt_from_disks_is_led_by_the_fullest_copy():
 
 
 def test_shards_rebuilt_from_disks_are_led_by_the_fullest_copy_under_a_higher_epoch():
-    from rayq.core.control.replicas import recovered_shards
+    from rayq.core.replication.shard_places import recovered_shards
 
     held = {"n1": {"shard-0": (3, 40), "shard-1": (2, 9)},
             "n2": {"shard-0": (3, 40), "shard-1": (3, 12), "manager": (5, 7)},
@@ -269,7 +270,7 @@ def test_shards_rebuilt_from_disks_are_led_by_the_fullest_copy_under_a_higher_ep
 
 
 def test_a_seed_moves_a_copy_that_applied_more_aside_and_never_deletes_it(tmp_path):
-    from rayq.core.storage.replica import clear_for_seed, open_copy
+    from rayq.core.replication.replica import clear_for_seed, open_copy
 
     fuller = open_copy(str(tmp_path / "shard-0"), 1 << 20)
     fuller.apply(3, 1, [(("meta", b"acked", b"yes"),)] * 9)  # nine write sets applied

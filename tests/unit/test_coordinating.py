@@ -6,10 +6,10 @@ import random
 import pytest
 
 from rayq.core.fairness.coordinating import (booster_consumers, fairness_report, intervening_since,
-                                    pending_keys)
+                                             pending_keys)
 from rayq.core.fairness.policy import Decision, KeyState
 from rayq.core.kit.retry import RetrySchedule, backoff_s
-from rayq.core.storage.store import KeyDepth
+from rayq.core.codec.model import KeyDepth
 from rayq.testing import FakeClock
 
 

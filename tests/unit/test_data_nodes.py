@@ -2,11 +2,10 @@
 
 import pytest
 
-from rayq.core.control.placement import (DATA_CLAIM, DATA_NODE_LABEL, LOCAL_NODE, DataNode,
-                                         ShardPlace, data_claim, data_nodes_of,
-                                         default_replicas, least_loaded_shard,
-                                         new_follower_node, node_folder, plan_shards,
-                                         shard_indexes, spread)
+from rayq.core.control.placement import (DATA_CLAIM, DATA_NODE_LABEL, DataNode, data_claim,
+                                         data_nodes_of, default_replicas, least_loaded_shard,
+                                         node_folder, plan_shards, shard_indexes, spread)
+from rayq.core.replication.shard_places import LOCAL_NODE, ShardPlace, new_follower_node
 from rayq.errors import RuntimeFailure
 
 

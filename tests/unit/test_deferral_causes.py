@@ -7,9 +7,10 @@ import pytest
 
 from rayq.analytics.eventlog import EventLog, log_report, read_events
 from rayq.config import ConsumerConfig
-from rayq.core.control.balancer import HostReading, host_pressed
+from rayq.core.consumers.balancer import HostReading, host_pressed
 from rayq.core.fairness.policy import UsageWindows
-from rayq.core.codec.tasks import DeferralCause, Outcome, Tally, UsageReport
+from rayq.core.codec.tasks import DeferralCause, Outcome, UsageReport
+from rayq.core.fairness.tallies import Tally
 
 
 def deferral(cause, tenant="acme", type_="pdf"):

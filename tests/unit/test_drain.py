@@ -6,8 +6,8 @@ import pytest
 
 from rayq.core.control.control_places import (ControlPlace, control_left_on, drained, hands_over,
                                               leaving_copies, seed_target)
-from rayq.core.control.placement import ShardPlace
-from rayq.core.control.replicas import drain_seeds, drain_step, drop_follower, left_on
+from rayq.core.replication.shard_places import ShardPlace
+from rayq.core.replication.shard_places import drain_seeds, drain_step, drop_follower, left_on
 
 NODES = ["n1", "n2", "n3"]
 

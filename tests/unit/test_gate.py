@@ -6,9 +6,8 @@ import asyncio
 import pytest
 
 from rayq.core.auth import gate as gate_module
-from rayq.core.auth.gate import (Gate, Vouched, check_reads_own, of_subqueues, per_queue,
-                                  queues_on)
-from rayq.core.storage.store import KeyDepth
+from rayq.core.auth.gate import Gate, Vouched, check_reads_own, of_subqueues, per_queue, queues_on
+from rayq.core.codec.model import KeyDepth
 from rayq.core.auth.accounts import ADMIN, Accounts, Place, Signer
 from rayq.core.auth.operations import FLOOD_OPS, MANAGER_OPS, SHARD_OPS
 from rayq.errors import AuthError

@@ -1,7 +1,7 @@
 """Metric labels stay bounded whatever the number of keys."""
 
 from rayq.core.kit.metrics import OTHER, failure_text, per_key, top_keys
-from rayq.core.storage.store import KeyDepth
+from rayq.core.codec.model import KeyDepth
 
 
 def test_only_the_largest_keys_keep_their_own_label():

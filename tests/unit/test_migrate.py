@@ -5,7 +5,7 @@ from rayq.config import StoreConfig
 from rayq.core.codec.model import NewMessage, decode_body, encode_body
 from rayq.core.kit.kv import DATABASES, LmdbKV, Write
 from rayq.core.storage import layout as rows
-from rayq.core.storage.replica import Replica
+from rayq.core.replication.replica import Replica
 from rayq.core.storage.store import ShardStore
 from rayq.testing import FakeClock, plenty_of_memory
 

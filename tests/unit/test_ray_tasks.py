@@ -6,10 +6,10 @@ import asyncio
 import pytest
 
 from rayq.core.codec.tasks import TaskSpec
-from rayq.core.control.consuming import Unloadable, refreshed_handlers
-from rayq.core.control.ray_tasks import (DEFAULT_NUM_CPUS, NodeShapes, call_to_end,
-                                         fits_a_node, handler_error, live_node_resources,
-                                         ray_options, resource_demand, runs_as_ray_task)
+from rayq.core.consumers.decisions import Unloadable, refreshed_handlers
+from rayq.core.control.ray_tasks import (DEFAULT_NUM_CPUS, NodeShapes, call_to_end, fits_a_node,
+                                         handler_error, live_node_resources, ray_options,
+                                         resource_demand, runs_as_ray_task)
 from rayq.errors import RuntimeFailure
 
 

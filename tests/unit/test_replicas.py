@@ -6,14 +6,15 @@ import pathlib
 
 import pytest
 
-from rayq.core.control.placement import ShardPlace
-from rayq.core.control.replicas import (ShipLog, acked_through, check_in_sync,
-                                        decode_places, drop_replica, encode_places, fail_over,
-                                        leader_lost, leader_move, newest, promote, rejoin, role_of, shrink,
-                                        seed_target, seeds_wanted, with_followers, watched,
-                                        count_missed, lost_leaders, missing)
+from rayq.core.replication.shard_places import ShardPlace
+from rayq.core.replication.shard_places import (ShipLog, acked_through, check_in_sync,
+                                                decode_places, drop_replica, encode_places,
+                                                fail_over, leader_lost, leader_move, newest,
+                                                promote, rejoin, role_of, shrink, seed_target,
+                                                seeds_wanted, with_followers, watched, count_missed,
+                                                lost_leaders, missing)
 from rayq.core.kit.kv import LmdbKV, Write
-from rayq.core.storage.replica import Replica, check_epoch, fresh_count, open_copy
+from rayq.core.replication.replica import Replica, check_epoch, fresh_count, open_copy
 from rayq.core.storage.layout import read_replica_state, replica_state
 from rayq.errors import NotEnoughReplicas, ReplicaBehind, StaleEpoch
 
@@ -271,7 +272,7 @@ def test_copies_default_to_the_data_nodes_up_to_two():
 
 
 def test_a_shard_keeps_one_copy_unplaced_on_the_embedded_node_or_when_asked():
-    from rayq.core.control.replicas import one_copy, reusable
+    from rayq.core.replication.shard_places import one_copy, reusable
 
     assert one_copy(None, None) and one_copy(ShardPlace(0, ("",), ("",)), None)
     assert one_copy(THREE, 1) and not one_copy(THREE, None) and not one_copy(THREE, 2)
@@ -313,7 +314,7 @@ def test_a_planned_move_promotes_the_preferred_follower_only_if_it_applied_as_mu
 
 
 def test_a_leader_just_started_misses_no_ping_until_it_answers_or_its_grace_ends():
-    from rayq.core.control.replicas import pings_counted
+    from rayq.core.replication.shard_places import pings_counted
     starting = {1: 100.0, 2: 100.0}
     counted, still = pings_counted({0: False, 1: False, 2: True}, starting, now=50.0)
     assert counted == {0: False, 1: True, 2: True} and still == {1: 100.0}  # 2 answered
@@ -383,7 +384,7 @@ def test_a_followers_copy_is_fsynced_on_every_commit(tmp_path):
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The actors that hold followers' copies: a shard's follower, a data node's control copies.
-FOLLOWER_CLASSES = [("actors/follower.py", "FollowerActor"), ("actors/control.py", "ControlFollower")]
+FOLLOWER_CLASSES = [("actors/replication/follower.py", "FollowerActor"), ("actors/control.py", "ControlFollower")]
 
 
 def store_openings(path: str, name: str) -> list[ast.Call]:

@@ -6,11 +6,11 @@ import asyncio
 
 import pytest
 
-from rayq.core.control.placement import ShardPlace
-from rayq.core.control.replicas import rejoin, shrink
-from rayq.core.control.shipping import Shipper, acknowledged
+from rayq.core.replication.shard_places import ShardPlace
+from rayq.core.replication.shard_places import rejoin, shrink
+from rayq.core.replication.shipping import Shipper, acknowledged
 from rayq.core.kit.kv import LmdbKV, Write
-from rayq.core.storage.replica import Replica
+from rayq.core.replication.replica import Replica
 from rayq.errors import NotEnoughReplicas, RuntimeFailure, StaleEpoch
 
 

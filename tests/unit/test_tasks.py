@@ -4,9 +4,11 @@ import pytest
 
 from rayq.core.codec.model import pack
 from rayq.core.kit.kv import LmdbKV
-from rayq.core.codec.tasks import (Outcome, Tally, TaskFunction, TaskRegistry, TaskSpec, UsageReport,
-                             decode_call, decode_outcome, encode_call, encode_error,
-                             encode_result, percentile, task)
+from rayq.core.codec.tasks import (Outcome, TaskSpec, UsageReport, decode_call, decode_outcome,
+                                   encode_call, encode_error, encode_result)
+from rayq.core.control.registry import TaskRegistry
+from rayq.core.fairness.tallies import Tally, percentile
+from rayq.tasks import TaskFunction, task
 from rayq.errors import InvalidMessage, MessageTooLarge, TaskError
 
 

@@ -35,7 +35,7 @@ from typing import Any
 from rayq.core.auth.operations import Operation
 from rayq.core.kit.kv import KV
 from rayq.core.codec.model import DEFAULT_ACCOUNT, DLQ_SUFFIX, check_name, fairness_key, pack, unpack
-from rayq.core.codec.frames import Signature  # the value lives in codec: frames carry it
+from rayq.core.codec.model import Signature
 from rayq.errors import AuthError, InvalidMessage, Overloaded
 
 ADMIN = DEFAULT_ACCOUNT  # the account that administers the runtime

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import pickle
 import struct
-from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
+from rayq.core.codec.model import Signature
 from rayq.errors import InvalidMessage
 
 HEADER = struct.Struct(">I")
@@ -32,19 +32,6 @@ HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 256 << 20
 OK, FAILED = 0, 1
 _ERROR_EXT = 1
-
-
-@dataclass(frozen=True)
-class Signature:
-    """What travels with a signed request besides its arguments (:mod:`rayq.core.auth`
-    makes and checks it; frames carry it)."""
-
-    account: str
-    queue: str
-    operation: str
-    timestamp: float
-    nonce: str
-    mac: str
 
 
 class FrameError(ValueError):

@@ -171,6 +171,37 @@ def fairness_key(tenant: str, type_: str, mode: str) -> str:
 
 
 @dataclass(frozen=True)
+class Signature:
+    """What travels with a signed request besides its arguments (:mod:`rayq.core.auth`
+    makes and checks it; frames carry it)."""
+
+    account: str
+    queue: str
+    operation: str
+    timestamp: float
+    nonce: str
+    mac: str
+
+
+@dataclass(frozen=True)
+class KeyDepth:
+    """Depth and latency of one fairness key in one subqueue.
+
+    latency_s: how long the oldest visible message has been visible (0 when none is).
+    oldest_enqueued_at: when that message (or, with none visible, the next) was enqueued.
+    oldest_age_s: the age of the oldest visible message since its enqueue (0 when none
+    is visible): a redelivery, a retry's back-off or a deferral does not reset it.
+    """
+
+    subqueue: int
+    key: str
+    count: int
+    latency_s: float
+    oldest_enqueued_at: float | None
+    oldest_age_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class Outgoing:
     """One message of a ``send_batch``: the body plus its attributes (``tenant`` None:
     the sending client's account)."""

@@ -1,3 +1,5 @@
-"""The control plane: the queue registry and placement (``registry``), subqueue scaling
-(``scaling``), clients' cached routes (``routes``), the manager's rules (``managing``),
-and what a consumer decides (``consuming``, with the hit-rate ``balancer``)."""
+"""The control plane: the queue and task registries and placement (``registry``,
+``placement``), subqueue and consumer scaling (``scaling``), clients' cached routes
+(``routes``), the manager's rules (``managing``), where handlers run as Ray tasks
+(``ray_tasks``), and the control stores kept replicated (``control_places``,
+``control_store``)."""

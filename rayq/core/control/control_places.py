@@ -17,6 +17,8 @@ import json
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+from rayq.core.replication.shard_places import best_copies
+
 # The control stores, by the folder each keeps in its node's folder: the runtime's own,
 # and the SQS endpoint's (placed while the endpoint is served).
 CONTROL_STORES = ("manager", "coordinator", "flood")
@@ -167,21 +169,6 @@ def leaving_copies(place: ControlPlace, alive: Sequence[str], copies: int,
     kept = [n for n in place.in_sync if n not in draining]
     enough = len(kept) >= min(copies, len(staying))
     return [n for n in place.followers if n not in alive or (enough and n in draining)]
-
-
-def best_copies(in_sync: Sequence[str], held: Mapping[str, tuple[int, int] | None]
-                ) -> tuple[str, ...]:
-    """Of a store's in-sync copies (a shard's or a control store's), those a starting
-    runtime may trust, in their order: the copies that applied the most write sets
-    among those found on disk (``held``: (epoch, sequence) per node, None where a
-    node's folder holds no copy). A node back with an empty or older folder under a
-    known name is left out: it becomes a copy to seed, never the leader whose copy
-    would overwrite a fuller one. All of ``in_sync`` when none is found on disk."""
-    found = {n: held[n][1] for n in in_sync if held.get(n) is not None}
-    if not found:
-        return tuple(in_sync)
-    most = max(found.values())
-    return tuple(n for n in in_sync if found.get(n) == most)
 
 
 def trusted(place: ControlPlace, held: Mapping[str, tuple[int, int] | None]) -> ControlPlace:

@@ -18,10 +18,10 @@ from typing import Protocol, TypeVar
 
 from rayq.core.control.control_places import (ControlPlace, joined, leaving_copies, promoted,
                                               seed_target, without)
-from rayq.core.control.replicas import count_missed, fence_reachable, missing, pings_counted
+from rayq.core.replication.shard_places import count_missed, fence_reachable, missing, pings_counted
 from rayq.core.kit.kv import LmdbKV, Txn, WriteSet, apply_writes
 from rayq.core.storage.layout import REPLICA_KEY, read_replica_state, replica_state
-from rayq.core.storage.replica import Replica
+from rayq.core.replication.replica import Replica
 from rayq.errors import ReplicaBehind, StaleEpoch
 
 log = logging.getLogger("rayq.control")

@@ -13,10 +13,10 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from rayq.core.replication.shard_places import LOCAL_NODE, ShardPlace
 from rayq.errors import InvalidMessage, RuntimeFailure
 
 DATA_NODE_LABEL = "rayq-data-node"
-LOCAL_NODE = ""  # the name of the embedded runtime's only data node
 # The share of the data resource each actor holding a store copy asks for: enough for
 # Ray to count the resource as in use (it counts to 1/10 000), small enough that a
 # node offering one unit holds a thousand copies before a pinned actor could not fit.
@@ -29,30 +29,6 @@ class DataNode:
 
     name: str
     node_id: str
-
-
-@dataclass(frozen=True)
-class ShardPlace:
-    """Where one shard lives: its replicas' nodes, the leader first, and the epoch
-    under which the manager last changed them. ``in_sync`` are the replicas the
-    leader waits for before it acknowledges a write (the leader among them)."""
-
-    shard: int
-    replicas: tuple[str, ...]
-    in_sync: tuple[str, ...]
-    epoch: int = 1
-
-    @property
-    def leader(self) -> str:
-        return self.replicas[0]
-
-    @property
-    def followers(self) -> tuple[str, ...]:
-        return self.replicas[1:]
-
-    @property
-    def under_replicated(self) -> bool:
-        return len(self.in_sync) < len(self.replicas) or len(set(self.replicas)) < len(self.replicas)
 
 
 def data_nodes_of(nodes: Sequence[Mapping], resource: str | None) -> list[DataNode]:
@@ -160,14 +136,6 @@ def least_loaded_shard(shard_depths: Mapping[int, int],
     taken_nodes = {leaders.get(s, s) for s in avoid}
     return min(shard_depths, key=lambda shard: (leaders.get(shard, shard) in taken_nodes,
                                                 shard in avoid, shard_depths[shard], shard))
-
-
-def new_follower_node(place: ShardPlace, nodes: Sequence[str],
-                      followers_per_node: Mapping[str, int]) -> str | None:
-    """A data node to seed a new follower of ``place`` on: one holding no replica of
-    it, the fewest followers first. None when every node already holds one."""
-    free = [n for n in sorted(nodes) if n not in place.replicas]
-    return min(free, key=lambda n: (followers_per_node.get(n, 0), n)) if free else None
 
 
 def plan_shards(nodes: list[DataNode], on_disk: dict[str, list[int]], shards: int) -> dict[int, str]:

@@ -7,6 +7,7 @@ counts it reads from shards.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -14,6 +15,7 @@ from dataclasses import dataclass, replace
 from rayq.core.auth.accounts import ACCOUNT_NAME, ADMIN, QUEUE_SEP, queue_ref
 from rayq.core.kit.clock import Clock
 from rayq.core.kit.kv import KV
+from rayq.core.codec.tasks import TaskSpec
 from rayq.core.codec.model import DLQ_SUFFIX, SubqueueState, check_count, pack, unpack
 from rayq.core.control.placement import least_loaded_shard
 from rayq.errors import InvalidMessage, QueueDisabled, QueueExists, QueueNotFound
@@ -413,3 +415,46 @@ def flood_watched(queues: Iterable[QueueInfo]) -> dict[str, QueueInfo]:
     queues, nor ordered ones (one account's, and isolating part of a group elsewhere
     would break its order)."""
     return {q.ref: q for q in queues if not (q.is_dlq or q.ordered)}
+
+
+class TaskRegistry:
+    """Registered job types and their handlers, persisted so a restarted runtime
+    finds them again. Handlers are kept as the opaque bytes the client sent;
+    only consumers turn them back into functions."""
+
+    def __init__(self, kv):
+        self.kv = kv
+        self._tasks: dict[str, tuple[TaskSpec, bytes]] = kv.read(self._load)
+        # Consumers compare versions for equality only; a random start keeps a
+        # restarted registry from reusing a version a consumer still holds.
+        self.version = int.from_bytes(os.urandom(4), "big")
+
+    @staticmethod
+    def _load(txn) -> dict[str, tuple[TaskSpec, bytes]]:
+        out = {}
+        for key, value in txn.scan("meta", b"task:", b"task;"):
+            record = unpack(value)
+            out[key[5:].decode()] = (TaskSpec(**record["spec"]), record["handler"])
+        return out
+
+    def register(self, spec: TaskSpec, handler: bytes) -> int:
+        """Add or replace a job type's handler; returns the registry's new version."""
+        if not isinstance(spec, TaskSpec) or not isinstance(handler, bytes) or not handler:
+            raise InvalidMessage("register takes a TaskSpec and the pickled handler")
+        if self._tasks.get(spec.type) == (spec, handler):
+            return self.version
+        record = pack({"spec": vars(spec), "handler": handler})
+        self.kv.transact(lambda txn: txn.put("meta", b"task:" + spec.type.encode(), record))
+        self._tasks[spec.type] = (spec, handler)
+        self.version += 1
+        return self.version
+
+    def get(self, type_: str) -> TaskSpec | None:
+        found = self._tasks.get(type_)
+        return found[0] if found else None
+
+    def all(self) -> dict[str, tuple[TaskSpec, bytes]]:
+        return dict(self._tasks)
+
+    def queues(self) -> list[str]:
+        return sorted({spec.queue for spec, _ in self._tasks.values()})

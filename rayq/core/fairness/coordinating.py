@@ -10,7 +10,7 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from rayq.core.fairness.policy import Decision, FairnessReport, KeyState, listen_order
-from rayq.core.storage.store import KeyDepth
+from rayq.core.codec.model import KeyDepth
 
 
 def pending_keys(depths: Iterable[KeyDepth], subqueues: Collection[int],

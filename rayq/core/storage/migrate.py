@@ -12,7 +12,7 @@ An older row does not know when it was first received: one never received gets 0
 (a receive sets it), one received before gets its enqueue time, the earliest its
 first receive can have been, so it reads the same everywhere from then on.
 
-A follower (:mod:`rayq.core.storage.replica`) holds the leader's rows as they were
+A follower (:mod:`rayq.core.replication.replica`) holds the leader's rows as they were
 when it was seeded; a leader migrates its own rows when it opens, but ships only the
 writes made after that, headed by the shard's scalars (``row_format`` among them).
 :func:`migrate_before` brings the follower's rows to that format in the same

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rayq.config import StoreConfig
-from rayq.core.codec.model import (DEFAULT_ACCOUNT, US, Ending, NewMessage, StoredMessage, SubqueueState,
-                                   check_count, check_name, check_subqueue, message_id, to_us)
+from rayq.core.codec.model import (DEFAULT_ACCOUNT, US, Ending, KeyDepth, NewMessage, StoredMessage,
+                                   SubqueueState, check_count, check_name, check_subqueue,
+                                   message_id, to_us)
 from rayq.core.codec.task_ids import check_task_id
 from rayq.core.codec.wire import decode_delivered, encode_messages
 from rayq.core.kit.clock import Clock, SystemClock
@@ -38,24 +39,6 @@ from rayq.errors import InvalidMessage, RayqError, StoreBug, StoreError
 
 
 @dataclass(frozen=True)
-class KeyDepth:
-    """Depth and latency of one fairness key in one subqueue.
-
-    latency_s: how long the oldest visible message has been visible (0 when none is).
-    oldest_enqueued_at: when that message (or, with none visible, the next) was enqueued.
-    oldest_age_s: the age of the oldest visible message since its enqueue (0 when none
-    is visible): a redelivery, a retry's back-off or a deferral does not reset it.
-    """
-
-    subqueue: int
-    key: str
-    count: int
-    latency_s: float
-    oldest_enqueued_at: float | None
-    oldest_age_s: float = 0.0
-
-
-@dataclass(frozen=True)
 class StoreStats:
     """Counters of one shard since it was opened, plus its current depth."""
 
@@ -72,24 +55,6 @@ class StoreStats:
     cache: CacheStats
     map_size_bytes: int
     used_bytes: int
-
-
-@dataclass(frozen=True)
-class ShardStats:
-    """A shard's store counters plus its group-commit and per-subqueue load counters.
-    ``queues``: messages on this shard per queue, every account's, by unambiguous name
-    (``acme/orders``; the default account's plain)."""
-
-    index: int
-    store: StoreStats
-    commits: int
-    calls_committed: int
-    ops: dict[int, int]
-    throttled: dict[int, int]
-    queues: dict[str, int] = field(default_factory=dict)
-    background_failures: int = 0  # failed housekeeping rounds since the shard started
-    node: str = ""  # the data node it runs on ("": the embedded runtime's only node)
-    role: str = "leader"
 
 
 class ShardStore:

@@ -38,10 +38,10 @@ import ray
 from ray.cluster_utils import Cluster
 
 import rayq
-from actors.runtime import find_runtime
+from actors.lifecycle import find_runtime
 from rayq.client import Client
-from actors import namespace, shard_name
-from actors.shipping import follower_name
+from rayq.names import namespace, shard_name
+from actors.replication.leader import follower_name
 from rayq.config import Config, ConsumerConfig, ScalingConfig, StoreConfig
 from rayq.core.codec.model import NewMessage, encode_body
 from rayq.core.codec.wire import encode_messages

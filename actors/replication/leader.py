@@ -1,6 +1,6 @@
 """The leader's side of replication in a shard actor (docs/replication.md): its write
 sets collected and stamped, its calls to its followers and to the manager for
-:class:`rayq.core.control.shipping.Shipper`, and seeding a new follower."""
+:class:`rayq.core.replication.shipping.Shipper`, and seeding a new follower."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from typing import Any
 
 import ray
 
-from actors import namespace
-from actors.placement import published_places
+from rayq.names import namespace
+from actors.data_nodes import published_places
 from rayq.config import Config
-from rayq.core.control.placement import ShardPlace
-from rayq.core.control.replicas import one_copy
-from rayq.core.control.shipping import OneCopy as _OneCopyShipper, Shipper
+from rayq.core.replication.shard_places import ShardPlace
+from rayq.core.replication.shard_places import one_copy
+from rayq.core.replication.shipping import OneCopy as _OneCopyShipper, Shipper
 from rayq.errors import RuntimeFailure
 from rayq.core.kit.kv import LmdbKV, Write, WriteSet
 from rayq.core.kit.private import FILE_MODE, make_private_dir

@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 
-from actors.kit import shard_handles
+from actors.base import shard_handles
 from rayq.client import Client
 from rayq.config import Config
 from rayq.core.auth.accounts import Signer

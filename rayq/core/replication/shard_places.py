@@ -14,12 +14,11 @@ import json
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rayq.core.control.control_places import best_copies
-from rayq.core.control.placement import LOCAL_NODE, ShardPlace, new_follower_node
 from rayq.core.kit.kv import WriteSet
-from rayq.core.storage.replica import check_epoch
+from rayq.core.replication.replica import check_epoch
 from rayq.errors import NotEnoughReplicas
 
 log = logging.getLogger("rayq.replicas")
@@ -476,3 +475,53 @@ def left_on(places: Mapping[int, ShardPlace], node: str) -> dict[str, int]:
     """What a node still holds of the shards: how many it leads, how many copies."""
     return {"leads": sum(p.leader == node for p in places.values()),
             "copies": sum(node in p.replicas for p in places.values())}
+
+
+def best_copies(in_sync: Sequence[str], held: Mapping[str, tuple[int, int] | None]
+                ) -> tuple[str, ...]:
+    """Of a store's in-sync copies (a shard's or a control store's), those a starting
+    runtime may trust, in their order: the copies that applied the most write sets
+    among those found on disk (``held``: (epoch, sequence) per node, None where a
+    node's folder holds no copy). A node back with an empty or older folder under a
+    known name is left out: it becomes a copy to seed, never the leader whose copy
+    would overwrite a fuller one. All of ``in_sync`` when none is found on disk."""
+    found = {n: held[n][1] for n in in_sync if held.get(n) is not None}
+    if not found:
+        return tuple(in_sync)
+    most = max(found.values())
+    return tuple(n for n in in_sync if found.get(n) == most)
+
+
+LOCAL_NODE = ""  # the name of the embedded runtime's only data node
+
+
+@dataclass(frozen=True)
+class ShardPlace:
+    """Where one shard lives: its replicas' nodes, the leader first, and the epoch
+    under which the manager last changed them. ``in_sync`` are the replicas the
+    leader waits for before it acknowledges a write (the leader among them)."""
+
+    shard: int
+    replicas: tuple[str, ...]
+    in_sync: tuple[str, ...]
+    epoch: int = 1
+
+    @property
+    def leader(self) -> str:
+        return self.replicas[0]
+
+    @property
+    def followers(self) -> tuple[str, ...]:
+        return self.replicas[1:]
+
+    @property
+    def under_replicated(self) -> bool:
+        return len(self.in_sync) < len(self.replicas) or len(set(self.replicas)) < len(self.replicas)
+
+
+def new_follower_node(place: ShardPlace, nodes: Sequence[str],
+                      followers_per_node: Mapping[str, int]) -> str | None:
+    """A data node to seed a new follower of ``place`` on: one holding no replica of
+    it, the fewest followers first. None when every node already holds one."""
+    free = [n for n in sorted(nodes) if n not in place.replicas]
+    return min(free, key=lambda n: (followers_per_node.get(n, 0), n)) if free else None

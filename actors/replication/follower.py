@@ -4,7 +4,7 @@ It holds an LMDB environment laid out as a leader's, at
 ``<data_dir>/<node>/shard-<i>``, so the manager promotes it by opening a ShardActor
 on that folder. The leader's write sets arrive in order: one caller, one call at a
 time (``max_concurrency=1``), and sequence numbers checked by
-:class:`rayq.core.storage.replica.Replica`.
+:class:`rayq.core.replication.replica.Replica`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import ray
 
 from rayq.core.kit.kv import WriteSet
 from rayq.core.kit.private import FILE_MODE
-from rayq.core.storage.replica import check_epoch, clear_for_seed, open_copy
+from rayq.core.replication.replica import check_epoch, clear_for_seed, open_copy
 
 class FollowerActor:
     def __init__(self, index: int, path: str, map_bytes: int = 256 << 20):

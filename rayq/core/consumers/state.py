@@ -19,11 +19,11 @@ from typing import Any
 from rayq.config import Config
 from rayq.core.codec.model import StoredMessage
 from rayq.core.codec.tasks import DeferralCause, Outcome, TaskSpec, UsageReport
-from rayq.core.control.balancer import BalancerState, is_hit
-from rayq.core.control.consuming import (Launch, PlanFollower, Saturation, effective_load,
-                                         excluded_keys, held_back, poll_places, receive_size,
-                                         recent_task_s, refreshed_handlers, slots_to_start,
-                                         Unloadable)
+from rayq.core.consumers.balancer import BalancerState, is_hit
+from rayq.core.consumers.decisions import (Launch, PlanFollower, Saturation, effective_load,
+                                           excluded_keys, held_back, poll_places, receive_size,
+                                           recent_task_s, refreshed_handlers, slots_to_start,
+                                           Unloadable)
 from rayq.core.control.registry import QueueInfo
 from rayq.core.fairness.policy import ListenPlan
 from rayq.core.kit.clock import Clock
@@ -157,7 +157,7 @@ class ConsumerState:
                        load: Callable[[bytes], Any], launch: Launch | None = None) -> None:
         """The manager's task ``table`` at ``version`` (None: unchanged); handlers are
         loaded with ``load``, or made Ray task launchers with ``launch``
-        (:func:`~rayq.core.control.consuming.refreshed_handlers`)."""
+        (:func:`~rayq.core.consumers.decisions.refreshed_handlers`)."""
         if table is not None:
             self.handlers = refreshed_handlers(self.handlers, table, load, launch)
             self.tasks_version = version

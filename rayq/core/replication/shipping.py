@@ -3,7 +3,7 @@ in-sync followers, acknowledge once they all applied it (docs/replication.md).
 
 Group commits are pipelined: the next one commits on the leader while the previous
 one ships, and acknowledgements are released in sequence order
-(:class:`rayq.core.control.replicas.ShipLog`). One sender per follower keeps its
+(:class:`rayq.core.replication.shard_places.ShipLog`). One sender per follower keeps its
 calls in order, sending everything committed since its last call at once (the
 follower applies that in one transaction). A follower that fails or does not
 answer within ``follower_timeout_s`` is taken out of the in-sync set by the
@@ -20,8 +20,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rayq.core.control.placement import ShardPlace
-from rayq.core.control.replicas import ShipLog, check_in_sync
+from rayq.core.replication.shard_places import ShardPlace
+from rayq.core.replication.shard_places import ShipLog, check_in_sync
 from rayq.core.kit.kv import WriteSet
 from rayq.errors import NotEnoughReplicas, RayqError, RuntimeFailure, StaleEpoch
 

@@ -16,11 +16,12 @@ import ray
 
 from actors.controlstore import RayControlPeers, draining_nodes
 from actors.metrics import BackgroundFailures
-from actors.placement import data_nodes
+from actors.data_nodes import data_nodes
 from rayq.config import Config
 from rayq.core.auth.gate import Directory, Gate, durable_gate
 from rayq.core.control.control_store import ControlReplication
-from rayq.core.control.placement import LOCAL_NODE, DataNode, default_replicas, node_with_id
+from rayq.core.control.placement import DataNode, default_replicas, node_with_id
+from rayq.core.replication.shard_places import LOCAL_NODE
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.kv import LmdbKV
 from rayq.remote import call_async, manager_handle, shard_link
@@ -30,7 +31,7 @@ COPIES_INTERVAL_S = 5.0       # how often a control actor checks its store's cop
                               # one is also noticed by the next write that fails)
 # A leader's ping is answered on a thread of its own (a concurrency group): a leader busy
 # with a long write still answers, so only a process that is gone or stopped misses pings
-# and is failed over (actors.replicas.answers_ping).
+# and is failed over (actors.replication.keeper.answers_ping).
 LIVENESS = "liveness"
 LIVENESS_GROUPS = {LIVENESS: 1}
 

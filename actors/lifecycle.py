@@ -6,19 +6,19 @@ import time
 
 import ray
 
-from actors import MANAGER, consumer_name, shard_name
+from rayq.names import MANAGER, consumer_name, shard_name
 from actors.control import control_starter
 from actors.controlstore import CONTROL_FOLLOWER_PREFIX, current_place, forget_place
-from actors.kit import shard_handles
-from actors.placement import (copies_on_disk, data_nodes, publish, published_places)
-from actors.replicas import start_followers, start_shard
-from actors.shipping import FOLLOWER_PREFIX
+from actors.base import shard_handles
+from actors.data_nodes import copies_on_disk, data_nodes, publish, published_places
+from actors.replication.keeper import start_followers, start_shard
+from actors.replication.leader import FOLLOWER_PREFIX
 from rayq.config import Config
 from rayq.core.control.control_places import SQS_STORE
-from rayq.core.control.placement import (LOCAL_NODE, DataNode, ShardPlace, default_replicas,
-                                         plan_shards, shard_indexes)
-from rayq.core.control.replicas import (recovered_shards, reusable, trusted_shard,
-                                        with_followers)
+from rayq.core.control.placement import DataNode, default_replicas, plan_shards, shard_indexes
+from rayq.core.replication.shard_places import LOCAL_NODE, ShardPlace
+from rayq.core.replication.shard_places import (recovered_shards, reusable, trusted_shard,
+                                                with_followers)
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.errors import RuntimeFailure
 from rayq.remote import NO_RETRY, actor_names, call, manager_handle, running

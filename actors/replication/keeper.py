@@ -1,7 +1,7 @@
 """Starting a shard's replicas, and the manager's keeping of them: the in-sync sets,
 durably and under epochs, and failover (docs/replication.md).
 
-The decisions are :mod:`rayq.core.control.replicas`'; this module asks Ray which
+The decisions are :mod:`rayq.core.replication.shard_places`'; this module asks Ray which
 nodes are alive, pings leaders, fences followers and starts or stops actors.
 """
 
@@ -13,19 +13,20 @@ import os
 
 import ray
 
-from actors import namespace, server_env, shard_name
+from rayq.names import namespace, server_env, shard_name
 from actors.controlstore import draining_nodes
-from actors.follower import FollowerRemote
-from actors.placement import data_nodes, pinned, publish, published_places
+from actors.replication.follower import FollowerRemote
+from actors.data_nodes import data_nodes, pinned, publish, published_places
 from actors.shard import CONCURRENCY_GROUPS, ShardActor
-from actors.shipping import follower_name
+from actors.replication.leader import follower_name
 from rayq.config import Config
-from rayq.core.control.placement import (LOCAL_NODE, DataNode, ShardPlace, data_claim,
-                                         default_replicas, node_folder)
-from rayq.core.control.replicas import (check_epoch, count_missed, decode_places, drain_seeds,
-                                        drain_step, drop_follower, encode_places, fail_over,
-                                        leader_move, left_on, lost_leaders, missing, newest,
-                                        pings_counted, rejoin, seeds_wanted, shrink, watched)
+from rayq.core.control.placement import DataNode, data_claim, default_replicas, node_folder
+from rayq.core.replication.shard_places import LOCAL_NODE, ShardPlace
+from rayq.core.replication.shard_places import (check_epoch, count_missed, decode_places,
+                                                drain_seeds, drain_step, drop_follower,
+                                                encode_places, fail_over, leader_move, left_on,
+                                                lost_leaders, missing, newest, pings_counted,
+                                                rejoin, seeds_wanted, shrink, watched)
 from rayq.core.kit.clock import Clock
 from rayq.core.kit.kv import LmdbKV
 from rayq.errors import RayqError
@@ -265,7 +266,7 @@ class ReplicaKeeper:
     async def _fail_over(self, place: ShardPlace, nodes: list[DataNode],
                          prefer: str | None = None) -> None:
         """Replace ``place``'s leader by the in-sync follower that applied most
-        (``prefer`` if it applied as much): see :func:`rayq.core.control.replicas.fail_over`."""
+        (``prefer`` if it applied as much): see :func:`rayq.core.replication.shard_places.fail_over`."""
         await fail_over(place, [n.name for n in nodes], RayFailover(self, nodes), prefer)
 
     def lead(self, place: ShardPlace, node: DataNode) -> None:
@@ -278,7 +279,7 @@ class ReplicaKeeper:
 
 
 class RayFailover:
-    """A shard's failover through Ray (:class:`rayq.core.control.replicas.FailoverPeers`):
+    """A shard's failover through Ray (:class:`rayq.core.replication.shard_places.FailoverPeers`):
     followers fenced by name, the old leader and the promoted follower's actor killed,
     the new leader started by ``keeper``."""
 

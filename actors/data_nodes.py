@@ -12,12 +12,12 @@ import ray
 import ray.experimental.internal_kv
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from actors import namespace
+from rayq.names import namespace
 from rayq.config import Config
-from rayq.core.control.placement import (DATA_NODE_LABEL, LOCAL_NODE, DataNode, ShardPlace,
-                                         data_nodes_of, node_folder)
+from rayq.core.control.placement import DATA_NODE_LABEL, DataNode, data_nodes_of, node_folder
+from rayq.core.replication.shard_places import LOCAL_NODE, ShardPlace
 from rayq.core.control.control_places import copy_folders
-from rayq.core.control.replicas import decode_places, encode_places
+from rayq.core.replication.shard_places import decode_places, encode_places
 from rayq.core.kit.kv import peek
 from rayq.core.storage.layout import REPLICA_KEY, read_replica_state
 

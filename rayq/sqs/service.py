@@ -33,11 +33,12 @@ from functools import partial
 from concurrent.futures import ThreadPoolExecutor
 
 import ray
+import ray.experimental.internal_kv as internal_kv
 from aiohttp import web
 
-from actors.kit import (COPIES_INTERVAL_S, LIVENESS, LIVENESS_GROUPS, keep_copies, open_kv,
+from actors.base import (COPIES_INTERVAL_S, LIVENESS, LIVENESS_GROUPS, keep_copies, open_kv,
                         replicated_store)
-from actors.movers import Movers
+from rayq.sqs.movers import Movers
 from rayq.channel import host_id
 from rayq.client import Client
 from rayq.config import Config
@@ -48,6 +49,7 @@ from rayq.core.kit.renewed import MISSING, Renewed
 from rayq.core.codec.model import pack, unpack
 from rayq.errors import RayqError
 from rayq.handoff import Doors, Served
+from rayq.names import SQS_STATE, namespace
 from rayq.remote import NO_RETRY, call, call_async, named
 from rayq.sqs.admission import (BodyBudget, EndpointStats, Forwards, Shares, Unverified,
                                  announced_size, off_loop)
@@ -63,7 +65,7 @@ from rayq.sqs.sigv4 import (EMPTY_SHA256, MAX_SKEW_S, Caller, Claim, SignedReque
                             claim, signed_payload_hash, verify, verify_claim)
 
 log = logging.getLogger("rayq.sqs")
-STATE = "rayq-sqs-state"
+STATE = SQS_STATE
 KEYS_MAX_AGE_S = 2.0      # a replaced key is refused here at most this long after rotation
 KEYS_MIN_REFRESH_S = 1.0  # unknown keys refetch at most this often (forgeries cannot flood)
 SETTINGS_TTL_S = 2.0      # another replica's SetQueueAttributes shows here within this
@@ -82,6 +84,27 @@ BODY_TIMEOUT_S = 10.0     # a body must arrive within this of its headers
 MAX_CONNECTIONS = 1024    # open connections per replica; more are closed at once
 KEEPALIVE_S = 15.0        # an idle keep-alive connection is closed after this
 
+
+SQS_REGION_KEY = b"rayq/sqs/home-region"  # in Ray's GCS: the SQS endpoint's home region
+
+
+def sqs_home_region() -> str | None:
+    """The home region the SQS endpoint serves (None: never served in this cluster)."""
+    raw = internal_kv._internal_kv_get(SQS_REGION_KEY, namespace=namespace())
+    return raw.decode() if raw else None
+
+
+def set_sqs_home_region(region: str) -> None:
+    internal_kv._internal_kv_put(SQS_REGION_KEY, region.encode(), overwrite=True,
+                                 namespace=namespace())
+
+
+def launch_state(home: str, config: Config) -> tuple:
+    """The SQS state actor as the control plane starts it on a data node's copy in
+    ``home`` (registered by ``serve_sqs``): its Ray class, arguments and options (one call
+    at a time, as the SQS state has always been served)."""
+    return SqsStateRemote, (home, config, sqs_home_region() or HOME_REGION, None), \
+        {"max_concurrency": 1}
 
 def replica_name(index: int | str) -> str:
     return f"rayq-sqs-{index}"

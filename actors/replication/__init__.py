@@ -1,0 +1,1 @@
+"""actors.replication."""

@@ -1,0 +1,55 @@
+"""``@rayq.task``: a function registered as a job type, which ``client.submit`` runs on
+the runtime's consumers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rayq.core.codec.tasks import TaskSpec
+from rayq.errors import InvalidMessage
+
+
+class TaskFunction:
+    """A function registered as a job type by :func:`task`. Calling it runs it here;
+    ``client.submit(fn, ...)`` runs it on the runtime's consumers."""
+
+    def __init__(self, fn, spec: TaskSpec):
+        if not callable(fn):
+            raise InvalidMessage(f"@rayq.task decorates a function, not {fn!r}")
+        self.fn, self.spec = fn, spec
+        self.__name__ = getattr(fn, "__name__", spec.type)
+        self.__doc__ = getattr(fn, "__doc__", None)
+        self.__wrapped__ = fn
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<rayq task {self.spec.type!r} on queue {self.spec.queue!r}>"
+
+
+def task(fn=None, *, type: str | None = None, queue: str = "tasks",
+         concurrency: int | None = None, max_receives: int = 5,
+         num_cpus: float | None = None, num_gpus: float | None = None,
+         memory: int | None = None, resources: dict[str, float] | None = None,
+         runtime_env: dict[str, Any] | None = None):
+    """Register a function as a job type: ``@rayq.task(type="report")``.
+
+    ``type`` defaults to the function's name; ``queue`` is the queue that
+    carries it (created on first use with this ``max_receives``);
+    ``concurrency`` caps how many run at once cluster-wide; a task that fails
+    ``max_receives`` times (or the queue's limit, if lower) ends in ``<queue>-dlq``.
+
+    With none of ``num_cpus``, ``num_gpus``, ``memory`` (bytes), ``resources`` (custom
+    resource name -> amount) and ``runtime_env`` set, handlers run on the consumers'
+    threads and must be importable where consumers run (or defined in ``__main__``).
+    With any of them set, each call runs as a Ray task with these options, on a node
+    that has the resources, in that runtime environment (``num_cpus`` defaults to 1,
+    Ray's default for a task): see docs/ray-jobs.md, "Where handlers run".
+    Raises InvalidMessage for a bad value.
+    """
+    def wrap(f):
+        return TaskFunction(f, TaskSpec(type or getattr(f, "__name__", ""), queue,
+                                        concurrency, max_receives, num_cpus, num_gpus,
+                                        memory, resources, runtime_env))
+    return wrap(fn) if fn is not None else wrap
