@@ -22,7 +22,7 @@ WHOSE_FAULT = [
     ("QueueNotFound", "you"), ("QueueExists", "you"), ("ConfigError", "you"),
     ("InvalidMessage", "you"), ("MessageTooLarge", "you"), ("ReceiptInvalid", "you"),
     ("AuthError", "you"), ("NoEvents", "you"), ("DataDirExposed", "you"), ("KeyExposed", "you"),
-    ("QuotaExceeded", "you"), ("TaskNotFound", "you"),
+    ("QuotaExceeded", "you"), ("TaskNotFound", "you"), ("UnknownLayout", "you"),
     ("QueueDisabled", "it"), ("Overloaded", "it"), ("StoreError", "it"), ("StoreBug", "it"),
     ("StaleEpoch", "it"), ("ReplicaBehind", "it"), ("NotEnoughReplicas", "it"),
     ("OutcomeLost", "it"), ("ResultTimeout", "it"),

@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rayq.core.storage import layout as rows
-from rayq.core.storage.migrate import from_v1, from_v2
 from rayq.core.codec.model import (ROW_KEY, US, Ending, Receipt, Received, StoredMessage, check_count,
                              check_name, check_seconds, decode_body, encode_body, fairness_key,
                              to_us)
@@ -149,44 +148,6 @@ def test_the_first_receive_sets_the_first_receive_time_and_later_receives_keep_i
                                  rows.first_received(meta, now_us))
         times.append(rows.meta(value).first_received_us)
     assert times == [10, 10, 10] and rows.meta(value).dequeue_count == 3
-
-
-def _v2_row(enqueued_us: int, expires_us: int, dequeues: int, flags: int, nonce: bytes,
-            tenant: bytes, type_: bytes, body: bytes) -> bytes:
-    """A row as format 2 laid it out, byte by byte: no first receive time."""
-    return (enqueued_us.to_bytes(8, "big") + expires_us.to_bytes(8, "big")
-            + dequeues.to_bytes(4, "big") + bytes([flags]) + nonce
-            + len(tenant).to_bytes(2, "big") + len(type_).to_bytes(2, "big")
-            + tenant + type_ + body)
-
-
-@pytest.mark.parametrize("dequeues, nonce, first_us", [
-    (0, rows.NO_NONCE, 0),  # never received: a receive will set it
-    (2, b"nonce123", 5),    # received before: its enqueue time, the earliest it can be
-])
-def test_a_format_2_row_migrates_with_every_field_kept(dequeues, nonce, first_us):
-    value = from_v2(_v2_row(5, 9, dequeues, rows.TASK, nonce, "acmé".encode(), b"report",
-                            b"\x00body"))
-    meta = rows.meta(value)
-    assert (meta.enqueued_us, meta.expires_us, meta.dequeue_count, meta.task, meta.nonce,
-            meta.first_received_us, meta.tenant, meta.type, value[meta.body_at:]) == (
-        5, 9, dequeues, True, nonce, first_us, "acmé", "report", b"\x00body")
-
-
-@pytest.mark.parametrize("v1, inline", [
-    (("id-1", "acme", "report", 1, 2, 0, b"", b"\x00body", None, True), True),
-    (("id-2", "acme", "report", 1, 2, 3, b"nonce123", None, (b"blob-id-14byte", 5000, 17)), False),
-])
-def test_a_format_1_row_migrates_with_every_field_kept(v1, inline):
-    value = from_v1(msgpack.packb(v1, use_bin_type=True))
-    meta = rows.meta(value)
-    assert (meta.tenant, meta.type, meta.enqueued_us, meta.expires_us, meta.dequeue_count,
-            meta.first_received_us) == ("acme", "report", 1, 2, v1[5], 1 if v1[5] else 0)
-    assert meta.nonce == (v1[6] or rows.NO_NONCE) and meta.task == (len(v1) > 9 and v1[9])
-    if inline:
-        assert value[meta.body_at:] == v1[7]
-    else:
-        assert rows.blob_ref(value, meta.body_at) == v1[8]
 
 
 def test_received_decodes_the_body_of_a_stored_message():

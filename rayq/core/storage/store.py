@@ -33,9 +33,8 @@ from rayq.core.storage.layout import TenantCount
 from rayq.core.storage.ledger import (STAT_NAMES, Enqueued, Env, Ledger, SenderCheck, ShardIndex,
                                       head_of, locked_until)
 from rayq.core.storage.messages import MAX_BATCH
-from rayq.core.storage.migrate import migrate_rows
 from rayq.core.storage.operations import OPERATIONS, run_isolated
-from rayq.errors import InvalidMessage, RayqError, StoreBug, StoreError
+from rayq.errors import InvalidMessage, RayqError, StoreBug, StoreError, UnknownLayout
 
 
 @dataclass(frozen=True)
@@ -103,7 +102,7 @@ class ShardStore:
         if id_key is None:  # made once: ids stay the same across restarts
             id_key = os.urandom(16)
             txn.put("meta", rows.ID_KEY, id_key)
-        migrate_rows(txn)
+        check_row_format(txn)
         return ShardIndex(txn, store_id, id_key)
 
     @property
@@ -469,6 +468,18 @@ class ShardStore:
         self.kv.close()
 
 
+def check_row_format(txn: Txn) -> None:
+    """Open a store only in the row layout of :mod:`rayq.core.storage.layout`: a new,
+    empty store is marked with it; one marked with another format, or holding rows
+    without a mark, raises UnknownLayout (and is left as it was)."""
+    found = txn.get("meta", rows.ROW_FORMAT)
+    if found is None and next(txn.scan_keys("rows", b""), None) is None:
+        txn.put("meta", rows.ROW_FORMAT, rows.ROW_FORMAT_NOW)
+    elif found != rows.ROW_FORMAT_NOW:
+        raise UnknownLayout(f"this store's rows are in format {found!r}; this rayq reads "
+                            f"format {rows.ROW_FORMAT_NOW!r} only")
+
+
 def _check_message_ids(message_ids: Sequence[str]) -> None:
     for asked in message_ids:
         if not isinstance(asked, str) or not 0 < len(asked) <= 64:
@@ -480,5 +491,9 @@ def open_store(path, *, config: StoreConfig = StoreConfig(), clock: Clock | None
                check_senders: SenderCheck | None = None) -> ShardStore:
     """Open (or create) the LMDB-backed store of one shard at ``path``."""
     kv = LmdbKV(path, map_size=config.initial_map_bytes, durable=config.durable)
-    return ShardStore(kv, config=config, clock=clock, memory_probe=memory_probe, dispatch=dispatch,
-                      check_senders=check_senders)
+    try:
+        return ShardStore(kv, config=config, clock=clock, memory_probe=memory_probe,
+                          dispatch=dispatch, check_senders=check_senders)
+    except BaseException:
+        kv.close()  # refused (UnknownLayout) or failed: the environment is not left open
+        raise
