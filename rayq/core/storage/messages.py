@@ -13,8 +13,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from rayq.core.codec.model import (DEFAULT_ACCOUNT, US, Ending, StoredMessage, SubqueueState, check_count,
-                                   check_seconds, check_subqueue, receipt_text, to_us)
+from rayq.core.codec.model import (DEFAULT_ACCOUNT, MAX_BATCH, US, Ending, StoredMessage,
+                                   SubqueueState, check_count, check_seconds, check_subqueue,
+                                   receipt_text, to_us)
 from rayq.core.codec.wire import Attrs, decode_put, encode_delivered
 from rayq.core.storage import layout
 from rayq.core.storage.ledger import Enqueued, Env, Ledger
@@ -23,8 +24,6 @@ from rayq.core.storage.outcomes import (collect_outcomes, dead_letter_row, exist
 from rayq.core.storage.picking import Skip, pick
 from rayq.core.storage.spill import diverted, spill_one
 from rayq.errors import InvalidMessage, QueueDisabled, ReceiptInvalid
-
-MAX_BATCH = 1000
 
 
 # -- put ---------------------------------------------------------------------------------

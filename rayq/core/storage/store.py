@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rayq.config import StoreConfig
-from rayq.core.codec.model import (DEFAULT_ACCOUNT, US, Ending, KeyDepth, NewMessage, StoredMessage,
+from rayq.core.codec.model import (DEFAULT_ACCOUNT, MAX_BATCH, US, Ending, KeyDepth, NewMessage, StoredMessage,
                                    SubqueueState, check_count, check_name, check_subqueue,
                                    message_id, to_us)
 from rayq.core.codec.task_ids import check_task_id
@@ -32,7 +32,6 @@ from rayq.core.storage.dispatch import DispatchPolicy, FairDispatch, NoisyChange
 from rayq.core.storage.layout import TenantCount
 from rayq.core.storage.ledger import (STAT_NAMES, Enqueued, Env, Ledger, SenderCheck, ShardIndex,
                                       head_of, locked_until)
-from rayq.core.storage.messages import MAX_BATCH
 from rayq.core.storage.operations import OPERATIONS, run_isolated
 from rayq.errors import InvalidMessage, RayqError, StoreBug, StoreError, UnknownLayout
 
