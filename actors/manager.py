@@ -200,9 +200,6 @@ class QueueManager(ControlActor):
             await self._apply_put_states(queue)
         return queue
 
-    def get_queue(self, ref: str) -> QueueInfo:
-        return self.registry.get(ref)
-
     @signed(MANAGER_OPS["list_queues"])
     async def list_queues(self, *, caller: Caller) -> list[str]:
         """The caller's queues by plain name; for the admin every account's queues, its

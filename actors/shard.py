@@ -260,8 +260,9 @@ class ShardActor:
             await self._park(subqueues, min(remaining, MAX_WAIT_SLICE_S))
 
     def _serving_order(self, subqueues: list[int]) -> list[int]:
-        """``subqueues`` in the order this receive tries them: a flooder's dedicated one
-        first on its turns (docs/flood-detection.md)."""
+        """The order this receive tries ``subqueues`` in: theirs, but on every
+        ``FloodConfig.dedicated_turn_every``-th receive that finds a flooder's dedicated
+        subqueue behind live ones, that one first (docs/flood-detection.md)."""
         if len(subqueues) < 2 or self._dedicated.isdisjoint(subqueues):
             return subqueues
         self._dedicated_turns += 1

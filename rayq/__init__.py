@@ -29,7 +29,8 @@ from rayq.errors import (AuthError, ConfigError, DataDirExposed, InvalidMessage,
                          MessageTooLarge, NoEvents, NotEnoughReplicas, OutcomeLost, Overloaded,
                          QueueDisabled, QueueExists, QueueNotFound, QuotaExceeded, RayqError,
                          ReceiptInvalid, ReplicaBehind, ResultTimeout, RuntimeFailure, StaleEpoch,
-                         StoreBug, StoreError, TaskError, TaskNotFound, UsageError)
+                         StoreBug, StoreError, TaskError, TaskNotFound, UnknownLayout,
+                         UsageError)
 
 # Names that need Ray live in modules loaded on first use, so that importing
 # rayq.core (or rayq.config, rayq.errors) never loads Ray or the actors.
@@ -49,7 +50,7 @@ __all__ = [
     "NoEvents", "Overloaded",
     "QueueDisabled", "QueueExists", "QueueNotFound", "QuotaExceeded", "RayqError", "ReceiptInvalid",
     "RuntimeFailure", "StoreBug", "StoreError", "TaskError", "TaskNotFound", "OutcomeLost",
-    "ResultTimeout", "UsageError",
+    "ResultTimeout", "UnknownLayout", "UsageError",
     "StaleEpoch", "ReplicaBehind", "NotEnoughReplicas",
 ]
 

@@ -21,7 +21,7 @@ from rayq.config import MAX_CONSUMERS, Config
 from rayq.core.auth.accounts import ADMIN, QUEUE_SEP, Signer
 from rayq.core.auth.operations import COORDINATOR_OPS, FLOOD_OPS, MANAGER_OPS, SHARD_OPS
 from rayq.core.auth.quotas import Quota
-from rayq.core.codec.model import check_count
+from rayq.core.codec.model import MAX_BATCH, check_count
 from rayq.core.fairness.policy import FairnessReport
 from rayq.core.flood.detection import Flooder
 from rayq.core.control.control_places import drained
@@ -35,7 +35,6 @@ from rayq.tasks import TaskFunction
 from rayq.errors import InvalidMessage, ResultTimeout, RuntimeFailure, TaskNotFound
 from rayq.queue import Queue
 from rayq.remote import call, named
-from rayq.sending import MAX_BATCH
 from rayq.transport import Transport
 
 DRAIN_POLL_S = 0.5  # how often client.drain asks what the node still holds

@@ -72,6 +72,12 @@ class KeyExposed(UsageError):
     other users, or belongs to another user: whoever reads it can pose as the endpoint."""
 
 
+class UnknownLayout(UsageError):
+    """Raised when a shard's store on disk was written in a row layout this rayq does not
+    read (its ``row_format`` record is another, or its rows carry none): open it with the
+    rayq that wrote it. Nothing is changed on disk."""
+
+
 class QuotaExceeded(UsageError):
     """Raised when an account would pass a quota the admin set on it (``Client.set_quota``):
     a queue past its queue quota, or a put past its message or byte quota. Deleting

@@ -20,13 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 from rayq.core.auth.accounts import ADMIN
 from rayq.core.auth.operations import MANAGER_OPS, SHARD_OPS
-from rayq.core.codec.model import (DLQ_SUFFIX, Outgoing, Received, check_count, check_seconds,
-                                   receipt_subqueue)
+from rayq.core.codec.model import (DLQ_SUFFIX, MAX_BATCH, Outgoing, Received, check_count,
+                                   check_seconds, receipt_subqueue)
 from rayq.core.codec.wire import decode_received
 from rayq.core.control.registry import QueueInfo, QueueMetadata
 from rayq.errors import InvalidMessage, QueueDisabled, RayqError, ReceiptInvalid
 from rayq.remote import call_all
-from rayq.sending import MAX_BATCH
 from rayq.steps import Request, Steps
 from rayq.transport import Transport
 

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rayq.batching import ThreadBatcher
 from rayq.core.auth.operations import SHARD_OPS
-from rayq.core.codec.model import (SubqueueState, check_name, check_seconds, encode_body,
-                                   fairness_key, to_us)
+from rayq.core.codec.model import (MAX_BATCH, SubqueueState, check_name, check_seconds,
+                                   encode_body, fairness_key, to_us)
 from rayq.core.codec.wire import Attrs, Entry, encode_put
 from rayq.core.kit.batcher import Batcher
 from rayq.errors import QueueDisabled
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 
     from rayq.config import Config
 
-MAX_BATCH = 1000       # messages one send_batch or submit_many takes (and one put carries)
 PUT_ATTEMPTS = 3       # routes tried when subqueues are retired under the sender
 # A batch this large is a put of its own: coalescing adds nothing to it, and threads
 # sending such batches each keep a lane of the queue's open subqueues, so that their

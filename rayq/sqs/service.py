@@ -45,7 +45,7 @@ from rayq.config import Config
 from rayq.core.auth.accounts import Signer
 from rayq.core.control.control_places import SQS_STORE
 from rayq.core.kit.clock import Clock, SystemClock
-from rayq.core.kit.renewed import MISSING, Renewed
+from rayq.core.kit.renewed import MISSING, Refreshed, Renewed
 from rayq.core.codec.model import pack, unpack
 from rayq.errors import RayqError
 from rayq.handoff import Doors, Served
@@ -277,36 +277,31 @@ class AccountSigner(Signer):
 class Keys:
     """A copy of every account's keys from the manager, refreshed when older than
     KEYS_MAX_AGE_S, or (at most every KEYS_MIN_REFRESH_S) when a request names an account
-    or key the copy lacks."""
+    or key the copy lacks (:class:`~rayq.core.kit.renewed.Refreshed`)."""
 
     def __init__(self, manager, clock: Clock):
         self._manager, self.clock = manager, clock
         self.table: dict[str, list[str]] = {}
         self._by_id: dict[str, tuple[str, str]] = {}   # access key id -> (account, key)
-        self._fetched_at = float("-inf")
+        self._copy = Refreshed(self._fetch, None, clock, max_age_s=KEYS_MAX_AGE_S,
+                               min_gap_s=KEYS_MIN_REFRESH_S)
 
-    async def fresh(self, force: bool = False) -> bool:
-        """Refetch if due; returns whether it did. ``force`` (a request our copy refused)
-        refetches once KEYS_MIN_REFRESH_S passed since the last fetch, waiting for that
-        if need be: a key made or rotated just after a fetch still works at once."""
-        age, fetched_at = self.clock.monotonic() - self._fetched_at, self._fetched_at
-        if force and age < KEYS_MIN_REFRESH_S:
-            await asyncio.sleep(KEYS_MIN_REFRESH_S - age)
-            if self._fetched_at != fetched_at:
-                return True  # another request's refetch ran meanwhile: try that copy
-            age = self.clock.monotonic() - self._fetched_at
-        if age < (KEYS_MIN_REFRESH_S if force else KEYS_MAX_AGE_S):
-            return False
+    async def _fetch(self) -> None:
         table, _ = await call_async(lambda: self._manager.directory.remote())
         if table != self.table:  # an HMAC per key: only when a key was made or rotated
             self._by_id = {access_key_id(account, key): (account, key)
                            for account, keys in table.items() for key in keys}
             self.table = table
-        self._fetched_at = self.clock.monotonic()
-        return True
+
+    async def fresh(self, force: bool = False) -> bool:
+        """Refetch if due; returns whether a fetch ended meanwhile (this call's or one it
+        shared). ``force`` (a request our copy refused) refetches once KEYS_MIN_REFRESH_S
+        passed since the last fetch, waiting for that if need be: a key made or rotated
+        just after a fetch still works at once."""
+        return await self._copy.fresh(force)
 
     def forget(self) -> None:
-        self._fetched_at = float("-inf")
+        self._copy.forget()
 
     def get(self, account_or_key_id: str) -> list[str]:
         """The keys of an account, or the one key of an AKIA access key id."""

@@ -1,5 +1,6 @@
 """HMAC-SHA256 signing: forged, expired, replayed, misdirected and rotated requests."""
 
+import asyncio
 import dataclasses
 
 import pytest
@@ -244,10 +245,10 @@ def test_the_gate_limits_types_only_on_another_owners_task_queue():
     from rayq.core.auth.gate import Gate
 
     async def fetch():
-        return {}, {}
-    gate = Gate(fetch)
-    gate._places = {1: Place("jobs", "default", 0, True, frozenset({"report"})),
+        return {}, {1: Place("jobs", "default", 0, True, frozenset({"report"})),
                     2: Place("acme/orders", "acme", 0)}
+    gate = Gate(fetch)
+    asyncio.run(gate.places())
     assert gate.task_types("acme", 1) == {"report"}
     assert gate.task_types("default", 1) is None and gate.task_types("acme", 2) is None
 

@@ -3,7 +3,7 @@
 import pytest
 
 from rayq.config import StoreConfig
-from rayq.core.storage import layout as rows
+from rayq.core.storage import layout
 from rayq.core.storage.cache import ENTRY_OVERHEAD_BYTES, MemoryReading, MessageCache, PressureMonitor
 from rayq.core.codec.model import NewMessage, decode_body, encode_body
 from rayq.testing import FakeClock, memory_store
@@ -185,5 +185,5 @@ def test_received_deleted_and_expired_messages_leave_the_cache():
     store.collect_expired()
     stats = store.stats().cache
     assert (stats.entries, stats.hits) == (1, 1)
-    row = rows.HEAD.size + len(b"acme" + b"report") + len(encode_body(2, 100))  # header, names, body
+    row = layout.HEAD.size + len(b"acme" + b"report") + len(encode_body(2, 100))  # header, names, body
     assert stats.bytes == ENTRY_OVERHEAD_BYTES + 24 + row

@@ -8,7 +8,7 @@ import pytest
 import rayq
 from rayq import errors
 from rayq.config import Config, ConsumerConfig, FairnessConfig, StoreConfig, from_dict, load
-from rayq.core.storage import layout as rows
+from rayq.core.storage import layout
 from rayq.core.kit.kv import LmdbKV
 from rayq.core.codec.model import NewMessage, encode_body
 from rayq.core.storage.store import ShardStore
@@ -22,7 +22,7 @@ WHOSE_FAULT = [
     ("QueueNotFound", "you"), ("QueueExists", "you"), ("ConfigError", "you"),
     ("InvalidMessage", "you"), ("MessageTooLarge", "you"), ("ReceiptInvalid", "you"),
     ("AuthError", "you"), ("NoEvents", "you"), ("DataDirExposed", "you"), ("KeyExposed", "you"),
-    ("QuotaExceeded", "you"), ("TaskNotFound", "you"),
+    ("QuotaExceeded", "you"), ("TaskNotFound", "you"), ("UnknownLayout", "you"),
     ("QueueDisabled", "it"), ("Overloaded", "it"), ("StoreError", "it"), ("StoreBug", "it"),
     ("StaleEpoch", "it"), ("ReplicaBehind", "it"), ("NotEnoughReplicas", "it"),
     ("OutcomeLost", "it"), ("ResultTimeout", "it"),
@@ -136,7 +136,7 @@ def buggy_receive(monkeypatch):
     """Make the receive path fail the way a bug would: a TypeError deep inside."""
     def broken(*args, **kwargs):
         raise TypeError("a bug in the row codec")
-    monkeypatch.setattr(rows, "redelivered", broken)
+    monkeypatch.setattr(layout, "redelivered", broken)
     return monkeypatch
 
 
@@ -146,7 +146,7 @@ def test_a_store_bug_surfaces_as_a_runtime_failure_with_its_cause(store, monkeyp
 
     def broken(*args, **kwargs):
         raise error("a bug in the row codec")
-    monkeypatch.setattr(rows, "redelivered", broken)
+    monkeypatch.setattr(layout, "redelivered", broken)
     with pytest.raises(StoreBug) as raised:
         store.receive(0, 10, 30)
     assert isinstance(raised.value, RuntimeFailure) and not isinstance(raised.value, UsageError)

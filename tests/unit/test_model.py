@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rayq.core.storage import layout as rows
-from rayq.core.storage.migrate import from_v1, from_v2
+from rayq.core.storage import layout
 from rayq.core.codec.model import (ROW_KEY, US, Ending, Receipt, Received, StoredMessage, check_count,
                              check_name, check_seconds, decode_body, encode_body, fairness_key,
                              to_us)
@@ -129,64 +128,26 @@ def test_text_that_is_not_a_receipt_is_refused(text):
 
 # -- rows --------------------------------------------------------------------------------
 def test_a_row_keeps_its_header_names_and_body_and_a_redelivery_changes_only_three_fields():
-    value = rows.prefix(1, 2, rows.TASK, "acmé".encode(), b"report") + b"\x00body"
-    meta = rows.meta(value)
+    value = layout.prefix(1, 2, layout.TASK, "acmé".encode(), b"report") + b"\x00body"
+    meta = layout.meta(value)
     assert (meta.enqueued_us, meta.expires_us, meta.dequeue_count, meta.task, meta.nonce,
             meta.first_received_us, meta.tenant, meta.type, value[meta.body_at:]) == (
-        1, 2, 0, True, rows.NO_NONCE, 0, "acmé", "report", b"\x00body")
-    again = rows.redelivered(value, 3, b"nonce123", 7)
-    assert rows.meta(again) == meta._replace(dequeue_count=3, nonce=b"nonce123",
+        1, 2, 0, True, layout.NO_NONCE, 0, "acmé", "report", b"\x00body")
+    again = layout.redelivered(value, 3, b"nonce123", 7)
+    assert layout.meta(again) == meta._replace(dequeue_count=3, nonce=b"nonce123",
                                              first_received_us=7)
-    assert rows.nonce_of(again) == b"nonce123" and again[meta.body_at:] == b"\x00body"
+    assert layout.nonce_of(again) == b"nonce123" and again[meta.body_at:] == b"\x00body"
 
 
 def test_the_first_receive_sets_the_first_receive_time_and_later_receives_keep_it():
-    value = rows.prefix(1, 2, 0, b"acme", b"report") + b"body"
+    value = layout.prefix(1, 2, 0, b"acme", b"report") + b"body"
     times = []
     for now_us in (10, 20, 30):  # three receives, as the shard makes them
-        meta = rows.meta(value)
-        value = rows.redelivered(value, meta.dequeue_count + 1, b"nonce123",
-                                 rows.first_received(meta, now_us))
-        times.append(rows.meta(value).first_received_us)
-    assert times == [10, 10, 10] and rows.meta(value).dequeue_count == 3
-
-
-def _v2_row(enqueued_us: int, expires_us: int, dequeues: int, flags: int, nonce: bytes,
-            tenant: bytes, type_: bytes, body: bytes) -> bytes:
-    """A row as format 2 laid it out, byte by byte: no first receive time."""
-    return (enqueued_us.to_bytes(8, "big") + expires_us.to_bytes(8, "big")
-            + dequeues.to_bytes(4, "big") + bytes([flags]) + nonce
-            + len(tenant).to_bytes(2, "big") + len(type_).to_bytes(2, "big")
-            + tenant + type_ + body)
-
-
-@pytest.mark.parametrize("dequeues, nonce, first_us", [
-    (0, rows.NO_NONCE, 0),  # never received: a receive will set it
-    (2, b"nonce123", 5),    # received before: its enqueue time, the earliest it can be
-])
-def test_a_format_2_row_migrates_with_every_field_kept(dequeues, nonce, first_us):
-    value = from_v2(_v2_row(5, 9, dequeues, rows.TASK, nonce, "acmé".encode(), b"report",
-                            b"\x00body"))
-    meta = rows.meta(value)
-    assert (meta.enqueued_us, meta.expires_us, meta.dequeue_count, meta.task, meta.nonce,
-            meta.first_received_us, meta.tenant, meta.type, value[meta.body_at:]) == (
-        5, 9, dequeues, True, nonce, first_us, "acmé", "report", b"\x00body")
-
-
-@pytest.mark.parametrize("v1, inline", [
-    (("id-1", "acme", "report", 1, 2, 0, b"", b"\x00body", None, True), True),
-    (("id-2", "acme", "report", 1, 2, 3, b"nonce123", None, (b"blob-id-14byte", 5000, 17)), False),
-])
-def test_a_format_1_row_migrates_with_every_field_kept(v1, inline):
-    value = from_v1(msgpack.packb(v1, use_bin_type=True))
-    meta = rows.meta(value)
-    assert (meta.tenant, meta.type, meta.enqueued_us, meta.expires_us, meta.dequeue_count,
-            meta.first_received_us) == ("acme", "report", 1, 2, v1[5], 1 if v1[5] else 0)
-    assert meta.nonce == (v1[6] or rows.NO_NONCE) and meta.task == (len(v1) > 9 and v1[9])
-    if inline:
-        assert value[meta.body_at:] == v1[7]
-    else:
-        assert rows.blob_ref(value, meta.body_at) == v1[8]
+        meta = layout.meta(value)
+        value = layout.redelivered(value, meta.dequeue_count + 1, b"nonce123",
+                                 layout.first_received(meta, now_us))
+        times.append(layout.meta(value).first_received_us)
+    assert times == [10, 10, 10] and layout.meta(value).dequeue_count == 3
 
 
 def test_received_decodes_the_body_of_a_stored_message():
@@ -260,45 +221,45 @@ def test_a_tenant_count_key_reads_back_as_the_count_it_names_and_sorts_by_kind_f
 
     live = TenantCount(CountKind.LIVE, 7, "report", "acmé")
     spilled = live._replace(kind=CountKind.SPILLED)
-    assert rows.parse_tenant_count_key(rows.tenant_count_key(live)) == live
-    assert rows.parse_tenant_count_key(rows.tenant_count_key(spilled)).kind is CountKind.SPILLED
-    assert rows.tenant_count_key(live) < rows.tenant_count_key(spilled)
+    assert layout.parse_tenant_count_key(layout.tenant_count_key(live)) == live
+    assert layout.parse_tenant_count_key(layout.tenant_count_key(spilled)).kind is CountKind.SPILLED
+    assert layout.tenant_count_key(live) < layout.tenant_count_key(spilled)
     assert live == ("L", 7, "report", "acmé")  # policy reads counts as plain data
 
 
 def test_a_spill_entry_keeps_its_source_key_visibility_and_row():
-    stored = rows.spill_value(3, 9, 123_456, b"row value")
-    assert rows.parse_spilled(stored) == rows.Spilled(3, 9, 123_456, b"row value")
-    assert rows.spill_source(stored) == 3
-    start, stop = rows.spill_range(5)
-    assert start <= rows.spill_key(5, 0) < rows.spill_key(5, 2 ** 63) < stop
-    assert rows.spill_seq(rows.spill_key(5, 42)) == 42
+    stored = layout.spill_value(3, 9, 123_456, b"row value")
+    assert layout.parse_spilled(stored) == layout.Spilled(3, 9, 123_456, b"row value")
+    assert layout.spill_source(stored) == 3
+    start, stop = layout.spill_range(5)
+    assert start <= layout.spill_key(5, 0) < layout.spill_key(5, 2 ** 63) < stop
+    assert layout.spill_seq(layout.spill_key(5, 42)) == 42
 
 
 def test_an_outcome_reads_back_and_matches_only_its_own_expiry_entry():
-    value = rows.outcome_value(1_000, Ending.RESULT, b"payload")
-    assert rows.parse_outcome(value) == (Ending.RESULT, b"payload")
-    assert rows.outcome_expires_with(value, rows.outcome_expiry_key(1_000, "m-1"))
-    assert not rows.outcome_expires_with(value, rows.outcome_expiry_key(999, "m-1"))
-    assert rows.outcome_of_expiry(rows.outcome_expiry_key(1_000, "m-1")) == rows.outcome_key("m-1")
-    assert rows.outcome_expiry_key(1_000, "z") < rows.outcome_expiry_stop(1_000) \
-        <= rows.outcome_expiry_key(1_001, "a")
+    value = layout.outcome_value(1_000, Ending.RESULT, b"payload")
+    assert layout.parse_outcome(value) == (Ending.RESULT, b"payload")
+    assert layout.outcome_expires_with(value, layout.outcome_expiry_key(1_000, "m-1"))
+    assert not layout.outcome_expires_with(value, layout.outcome_expiry_key(999, "m-1"))
+    assert layout.outcome_of_expiry(layout.outcome_expiry_key(1_000, "m-1")) == layout.outcome_key("m-1")
+    assert layout.outcome_expiry_key(1_000, "z") < layout.outcome_expiry_stop(1_000) \
+        <= layout.outcome_expiry_key(1_001, "a")
 
 
 def test_meta_records_of_a_kind_fall_in_its_range_and_give_back_their_number():
-    start, stop = rows.meta_range(rows.STATE)
+    start, stop = layout.meta_range(layout.STATE)
     for sq in (0, 1, 2 ** 32):
-        key = rows.meta_key(rows.STATE, sq)
-        assert start <= key < stop and rows.meta_tail_int(rows.STATE, key) == sq
-    assert not start <= rows.meta_key(rows.PURGE, 1) < stop
+        key = layout.meta_key(layout.STATE, sq)
+        assert start <= key < stop and layout.meta_tail_int(layout.STATE, key) == sq
+    assert not start <= layout.meta_key(layout.PURGE, 1) < stop
 
 
 def test_row_keys_of_a_pair_fall_in_its_range_and_hidden_rows_after_visible_ones():
-    start, stop = rows.key_range(2, 5)
-    visible, hidden = rows.row_key(2, 5, 100, 9), rows.row_key(2, 5, 201, 1)
-    assert start <= visible < rows.hidden_from(2, 5, 200) <= hidden < stop
-    assert rows.parse_row_key(hidden) == (2, 5, 201, 1) and rows.pair_of(hidden) == (2, 5)
-    assert rows.subqueue_range(2)[0] <= start and stop <= rows.subqueue_range(2)[1]
+    start, stop = layout.key_range(2, 5)
+    visible, hidden = layout.row_key(2, 5, 100, 9), layout.row_key(2, 5, 201, 1)
+    assert start <= visible < layout.hidden_from(2, 5, 200) <= hidden < stop
+    assert layout.parse_row_key(hidden) == (2, 5, 201, 1) and layout.pair_of(hidden) == (2, 5)
+    assert layout.subqueue_range(2)[0] <= start and stop <= layout.subqueue_range(2)[1]
 
 
 @pytest.mark.parametrize("asked, parks", [(None, 0.0), (0, 0.0), (1.5, 1.5), (20, 20.0),

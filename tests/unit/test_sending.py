@@ -11,12 +11,12 @@ import pytest
 
 from rayq import batching
 from rayq.config import Config
-from rayq.core.codec.model import SubqueueState, decode_body, fairness_key
+from rayq.core.codec.model import MAX_BATCH, SubqueueState, decode_body, fairness_key
 from rayq.core.codec.wire import decode_put
 from rayq.core.control.registry import QueueInfo, SubqueueInfo
 from rayq.core.control.routes import Route
 from rayq.errors import InvalidMessage, MessageTooLarge, QueueDisabled
-from rayq.sending import MAX_BATCH, OWN_PUT_MESSAGES, PUT_ATTEMPTS, Producer, lane_target
+from rayq.sending import OWN_PUT_MESSAGES, PUT_ATTEMPTS, Producer, lane_target
 from rayq.steps import drive
 
 ALL, NO_PUT = SubqueueState.ALL, SubqueueState.NO_PUT

@@ -28,7 +28,6 @@ taken as signed, with no HMAC and no nonce; every other check still runs.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -43,6 +42,7 @@ from rayq.core.auth.quotas import PutTally
 from rayq.core.codec.wire import put_count
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.kv import KV
+from rayq.core.kit.renewed import Refreshed
 from rayq.errors import AuthError, QuotaExceeded
 
 MAX_AGE_S = 30.0
@@ -56,41 +56,33 @@ class Gate:
                  seen: Sequence[int] = (), journal: Callable[[bytes], None] | None = None,
                  clock: Clock | None = None, shard: int | None = None):
         """``shard``: the index of the shard this gate guards (SUBQUEUES operations)."""
-        self._fetch = fetch
         self.shard = shard
         self.clock = clock or SystemClock()
         self._journal = journal
-        self._keys: dict[str, list[str]] = {}
-        self._places: dict[int, Place] = {}
-        self._fetched_at = float("-inf")
-        self._generation = 0  # bumped by forget(): a fetch begun before is not trusted
+        self._directory: Refreshed[Directory] = Refreshed(
+            fetch, ({}, {}), self.clock, max_age_s=MAX_AGE_S, min_gap_s=MIN_REFRESH_S)
         self.tally = PutTally()  # puts admitted against quotas
-        self._lock = asyncio.Lock()
         self.verifier = Verifier(lambda account: self._keys.get(account, ()), skew_s)
         self.verifier.preload(seen, self.clock.now())
 
+    @property
+    def _keys(self) -> dict[str, list[str]]:
+        return self._directory.value[0]
+
+    @property
+    def _places(self) -> dict[int, Place]:
+        return self._directory.value[1]
+
     def forget(self) -> None:
-        """Drop the copy: the next signed request fetches the directory anew."""
-        self._generation += 1
-        self._keys, self._fetched_at = {}, float("-inf")
+        """The directory changed: the next signed request fetches it anew (and a fetch
+        under way now is not trusted)."""
+        self._directory.forget()
 
     async def _refresh(self, force: bool = False) -> None:
         """Fetch the directory if the copy is old (or ``force``). Callers that come at
         once share one fetch; forced fetches are MIN_REFRESH_S apart (the wait holds
-        no lock)."""
-        asked = self.clock.monotonic()
-        if not force and asked - self._fetched_at < MAX_AGE_S:
-            return
-        wait = self._fetched_at + MIN_REFRESH_S - asked
-        if wait > 0:
-            await asyncio.sleep(wait)
-        async with self._lock:
-            while self._fetched_at < asked:
-                generation = self._generation
-                keys, places = await self._fetch()
-                if generation == self._generation:  # not forgotten meanwhile
-                    self._keys, self._places = keys, places
-                    self._fetched_at = self.clock.monotonic()
+        no lock): :class:`~rayq.core.kit.renewed.Refreshed`."""
+        await self._directory.fresh(force)
 
     async def places(self) -> dict[int, Place]:
         """Where every subqueue belongs (a copy at most MAX_AGE_S old)."""

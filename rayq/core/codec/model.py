@@ -138,6 +138,7 @@ def seq_of(message_id: str) -> int:
 
 
 MAX_WAIT_S = 20.0  # the longest a receive parks, as SQS's WaitTimeSeconds
+MAX_BATCH = 1000   # messages one put, receive or delete carries (one send_batch, one submit_many)
 
 
 def long_poll_s(wait_s: Any) -> float:

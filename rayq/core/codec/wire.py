@@ -20,14 +20,13 @@ from typing import Any, NamedTuple
 import msgpack
 
 from rayq.core.codec.task_ids import check_task_id
-from rayq.core.codec.model import (NewMessage, Received, StoredMessage, US, at_s, check_key,
-                             check_name, check_seconds, decode_body, to_us)
+from rayq.core.codec.model import (MAX_BATCH, NewMessage, Received, StoredMessage, US, at_s,
+                                   check_key, check_name, check_seconds, decode_body, to_us)
 
 Entry = tuple["Attrs", bytes]  # one message on its way: attributes and encoded body
 from rayq.errors import InvalidMessage, MessageTooLarge
 
 PUT_VERSION = 1
-MAX_BATCH = 1000
 _LIMITS = dict(max_str_len=16 << 20, max_bin_len=(16 << 20) + 1, max_array_len=1 << 20,
                max_map_len=0, max_ext_len=0)
 

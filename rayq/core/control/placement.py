@@ -120,13 +120,6 @@ def spread(shards: Sequence[int], nodes: Sequence[str], replicas: int,
     return places
 
 
-def leader_counts(places: Mapping[int, ShardPlace]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for place in places.values():
-        counts[place.leader] = counts.get(place.leader, 0) + 1
-    return counts
-
-
 def least_loaded_shard(shard_depths: Mapping[int, int],
                        avoid: Sequence[int] = (), leaders: Mapping[int, str] | None = None) -> int:
     """The shard a new subqueue goes to: the fewest messages (lowest index on ties),

@@ -231,9 +231,6 @@ class QueueRegistry:
     def all(self) -> list[QueueInfo]:
         return list(self._queues.values())
 
-    def owner_of(self, sq: int) -> QueueInfo | None:
-        return next((q for q in self._queues.values() if q.subqueue(sq)), None)
-
     # -- changes ---------------------------------------------------------------
     def create(self, name: str, *, subqueues: int, max_receives: int | None,
                shard_depths: Mapping[int, int], owner: str = ADMIN,

@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from rayq.core.kit.kv import KV, LmdbKV, WriteSet, apply_writes, peek
 from rayq.core.kit.private import make_private_dir
 from rayq.core.storage.layout import REPLICA_KEY, read_replica_state, replica_state
-from rayq.core.storage.migrate import migrate_before
 from rayq.errors import ReplicaBehind, StaleEpoch
 
 log = logging.getLogger("rayq.replica")
@@ -56,7 +55,6 @@ class Replica:
 
             def write(txn) -> None:
                 for writes in write_sets[len(write_sets) - fresh:]:
-                    migrate_before(txn, writes)  # a leader that just moved to a new row format
                     apply_writes(txn, writes)
                 txn.put("meta", REPLICA_KEY, replica_state(epoch, last))
             self.kv.transact(write)

@@ -6,6 +6,6 @@ index; ``operations`` names every write operation: ``messages`` (put, receive,
 receipts, expiry), ``picking`` (which rows a receive takes), ``spill``, ``outcomes``
 and ``purge``, each a function over a ledger. ``dispatch`` orders a subqueue's
 fairness keys; ``cache`` is the memory-pressure-aware message cache; ``waiters`` parks
-calls on task outcomes; and ``migrate`` opens stores written by older layouts.
+calls on task outcomes.
 Storage imports no auth, fairness, control or flood module: the policy it needs
 comes in as arguments (a sender check, flooders' diverts)."""

@@ -125,10 +125,6 @@ def enqueued_us(value: bytes) -> int:
     return _U64.unpack(value[:8])[0]
 
 
-def flags_of(value: bytes) -> int:
-    return value[20]
-
-
 def redelivered(value: bytes, dequeue_count: int, nonce: bytes, first_received_us: int) -> bytes:
     """The same row with a new dequeue count, nonce and first receive time (µs, 0: never
     received); the body is copied, not read."""

@@ -21,7 +21,7 @@ from rayq.core.codec.model import (US, Ending, StoredMessage, at_s, SubqueueStat
                                    parse_receipt,
                                    receipt_text)
 from rayq.core.kit.kv import Txn
-from rayq.core.storage import layout as rows
+from rayq.core.storage import layout
 from rayq.core.storage.cache import MessageCache
 from rayq.core.storage.dispatch import Event, FairDispatch, Rehid, Released, Sent, Took
 from rayq.core.storage.layout import CountKind, TenantCount
@@ -71,16 +71,16 @@ class Env:
 
 def first_row_at(txn: Txn, sq: int, kid: int) -> tuple[int, int] | None:
     """(visible_at µs, seq) of the first row of (subqueue, key), one seek; None without rows."""
-    for row_key in txn.scan_keys("rows", *rows.key_range(sq, kid)):
-        return rows.parse_row_key(row_key)[2:]
+    for row_key in txn.scan_keys("rows", *layout.key_range(sq, kid)):
+        return layout.parse_row_key(row_key)[2:]
     return None
 
 
 def locked_until(txn: Txn, sq: int, kid: int, now_us: int) -> int | None:
     """When the last in-flight row of (ordered subqueue, key) shows again (µs), if any
     is still in flight at ``now_us``: until then the key delivers nothing."""
-    entries = txn.scan("inflight", *rows.inflight_range(sq, kid))
-    until = max((rows.unpack_u64(value) for _, value in entries), default=0)
+    entries = txn.scan("inflight", *layout.inflight_range(sq, kid))
+    until = max((layout.unpack_u64(value) for _, value in entries), default=0)
     return until if until > now_us else None
 
 
@@ -101,8 +101,8 @@ class ShardIndex:
 
     def __init__(self, txn: Txn, store_id: bytes, id_key: bytes):
         self.store_id, self.store_hex, self.id_key = store_id, store_id.hex(), id_key
-        raw = txn.get("meta", rows.SEQ)
-        self.seq = rows.unpack_u64(raw) if raw else 0
+        raw = txn.get("meta", layout.SEQ)
+        self.seq = layout.unpack_u64(raw) if raw else 0
         self.key_ids: dict[str, int] = {}
         self.key_names: dict[int, str] = {}
         self.counts: dict[tuple[int, int], int] = {}
@@ -110,21 +110,21 @@ class ShardIndex:
         self.states: dict[int, SubqueueState] = {}
         self.tenant_counts: dict[TenantCount, int] = {}
         self.spilled: dict[int, int] = defaultdict(int)  # per subqueue
-        for key, kid in txn.scan("keys", *rows.KEY_NAMES):
-            self.remember_key(rows.parse_key_name(key), rows.unpack_u64(kid))
-        for key, value in txn.scan("meta", *rows.meta_range(rows.STATE)):
-            self.states[rows.meta_tail_int(rows.STATE, key)] = SubqueueState(value.decode())
+        for key, kid in txn.scan("keys", *layout.KEY_NAMES):
+            self.remember_key(layout.parse_key_name(key), layout.unpack_u64(kid))
+        for key, value in txn.scan("meta", *layout.meta_range(layout.STATE)):
+            self.states[layout.meta_tail_int(layout.STATE, key)] = SubqueueState(value.decode())
         for key, value in txn.scan("counts", b""):
-            sq, kid = rows.parse_count_key(key)
-            self.counts[(sq, kid)] = rows.unpack_count(value)
+            sq, kid = layout.parse_count_key(key)
+            self.counts[(sq, kid)] = layout.unpack_count(value)
             self.sq_keys[sq].add(kid)
         for key, value in txn.scan("tcounts", b""):
-            self._add_tenant_count(rows.parse_tenant_count_key(key), rows.unpack_count(value))
+            self._add_tenant_count(layout.parse_tenant_count_key(key), layout.unpack_count(value))
         # subqueues whose keys deliver one at a time, in seq order (FIFO message groups)
-        self.ordered: set[int] = {rows.meta_tail_int(rows.ORDERED, key) for key, _ in
-                                  txn.scan("meta", *rows.meta_range(rows.ORDERED))}
-        self.purging: set[int] = {rows.meta_tail_int(rows.PURGE, key) for key, _ in
-                                  txn.scan("meta", *rows.meta_range(rows.PURGE))}
+        self.ordered: set[int] = {layout.meta_tail_int(layout.ORDERED, key) for key, _ in
+                                  txn.scan("meta", *layout.meta_range(layout.ORDERED))}
+        self.purging: set[int] = {layout.meta_tail_int(layout.PURGE, key) for key, _ in
+                                  txn.scan("meta", *layout.meta_range(layout.PURGE))}
 
     def remember_key(self, name: str, kid: int) -> None:
         self.key_ids[name], self.key_names[kid] = kid, name
@@ -211,18 +211,18 @@ class Ledger:
             if delta:
                 count = counts.get((sq, kid), 0) + delta
                 if count:
-                    txn.put("counts", rows.count_key(sq, kid), rows.pack_count(count))
+                    txn.put("counts", layout.count_key(sq, kid), layout.pack_count(count))
                 else:
-                    txn.delete("counts", rows.count_key(sq, kid))
+                    txn.delete("counts", layout.count_key(sq, kid))
         for name, delta in self.tenant_deltas.items():
             if delta:
                 count = self.index.tenant_counts.get(name, 0) + delta
                 if count:
-                    txn.put("tcounts", rows.tenant_count_key(name), rows.pack_count(count))
+                    txn.put("tcounts", layout.tenant_count_key(name), layout.pack_count(count))
                 else:
-                    txn.delete("tcounts", rows.tenant_count_key(name))
+                    txn.delete("tcounts", layout.tenant_count_key(name))
         if self.seq != self.index.seq:  # an empty receive writes nothing: no fsync at all
-            txn.put("meta", rows.SEQ, rows.pack_u64(self.seq))
+            txn.put("meta", layout.SEQ, layout.pack_u64(self.seq))
         for sq, kid in self.heads:
             self.new_heads[(sq, kid)] = head_of(txn, self.index, sq, kid, self.now_us)
 
@@ -239,10 +239,10 @@ class Ledger:
                 return new_kid
         if not create:
             return None
-        raw = self.txn.get("meta", rows.NEXT_KID)
-        kid = rows.unpack_u64(raw) if raw else 1
-        self.txn.put("meta", rows.NEXT_KID, rows.pack_u64(kid + 1))
-        self.txn.put("keys", rows.key_name_key(name), rows.pack_u64(kid))
+        raw = self.txn.get("meta", layout.NEXT_KID)
+        kid = layout.unpack_u64(raw) if raw else 1
+        self.txn.put("meta", layout.NEXT_KID, layout.pack_u64(kid + 1))
+        self.txn.put("keys", layout.key_name_key(name), layout.pack_u64(kid))
         self.new_keys.append((name, kid))
         return kid
 
@@ -285,35 +285,35 @@ class Ledger:
         self.txn.putmulti("expiry", expiry)
         self.cached.extend(items)
 
-    def insert(self, row_key: bytes, value: bytes, meta: rows.RowMeta) -> None:
+    def insert(self, row_key: bytes, value: bytes, meta: layout.RowMeta) -> None:
         """Write a row into the live queue with its expiry entry and counts."""
-        sq, kid, _, seq = rows.parse_row_key(row_key)
+        sq, kid, _, seq = layout.parse_row_key(row_key)
         self.txn.put("rows", row_key, value)
-        self.txn.put("expiry", rows.expiry_key(meta.expires_us, seq), row_key)
+        self.txn.put("expiry", layout.expiry_key(meta.expires_us, seq), row_key)
         self.count(sq, kid, meta.type, meta.tenant, +1)
         self.joined(sq, kid)
 
     def take_rows(self, found: list[tuple[bytes, bytes]], visible_us: int,
-                  nonces: bytes) -> list[tuple[bytes, bytes, rows.RowMeta, int, int, int]]:
+                  nonces: bytes) -> list[tuple[bytes, bytes, layout.RowMeta, int, int, int]]:
         """Hide the rows found: a new nonce, one more delivery, visible again at
         ``visible_us``. Returns (new key, nonce, header, subqueue, key id, seq) of each,
         in order."""
         out, moved, expiry = [], [], []
         ordered, now_us = self.index.ordered, self.now_us
         for i, (row_key, value) in enumerate(found):
-            sq, kid, _, seq = rows.parse_row_key(row_key)
-            meta = rows.meta(value)
+            sq, kid, _, seq = layout.parse_row_key(row_key)
+            meta = layout.meta(value)
             nonce = nonces[8 * i:8 * i + 8]
-            new_value = rows.redelivered(value, meta.dequeue_count + 1, nonce,
-                                         rows.first_received(meta, now_us))
+            new_value = layout.redelivered(value, meta.dequeue_count + 1, nonce,
+                                         layout.first_received(meta, now_us))
             if sq in ordered:  # keeps its place; the in-flight entry hides it
                 new_key = row_key
-                self.txn.put("inflight", rows.inflight_key(sq, kid, seq), rows.pack_u64(visible_us))
+                self.txn.put("inflight", layout.inflight_key(sq, kid, seq), layout.pack_u64(visible_us))
             else:
-                new_key = rows.row_key(sq, kid, visible_us, seq)
+                new_key = layout.row_key(sq, kid, visible_us, seq)
             self.txn.delete("rows", row_key)
             moved.append((new_key, new_value))
-            expiry.append((rows.expiry_key(meta.expires_us, seq), new_key))
+            expiry.append((layout.expiry_key(meta.expires_us, seq), new_key))
             self.uncached.append(row_key)
             self.heads.add((sq, kid))
             self.flights.append(Took(row_key, new_key, sq, kid, visible_us))
@@ -323,18 +323,18 @@ class Ledger:
         self.txn.putmulti("expiry", expiry)
         return out
 
-    def remove(self, row_key: bytes, value: bytes, ending: Ending | None = None) -> rows.RowMeta:
+    def remove(self, row_key: bytes, value: bytes, ending: Ending | None = None) -> layout.RowMeta:
         """Delete a row for good; a task message ends with ``ending`` (None: the caller
         records its outcome)."""
-        sq, kid, _, seq = rows.parse_row_key(row_key)
-        meta = rows.meta(value)
-        if meta.flags & rows.TASK and ending is not None:
+        sq, kid, _, seq = layout.parse_row_key(row_key)
+        meta = layout.meta(value)
+        if meta.flags & layout.TASK and ending is not None:
             self.record(seq, ending, value=value)
         self.txn.delete("rows", row_key)
-        self.txn.delete("expiry", rows.expiry_key(meta.expires_us, seq))
+        self.txn.delete("expiry", layout.expiry_key(meta.expires_us, seq))
         if sq in self.index.ordered:
-            self.txn.delete("inflight", rows.inflight_key(sq, kid, seq))
-        if meta.flags & rows.BLOB:
+            self.txn.delete("inflight", layout.inflight_key(sq, kid, seq))
+        if meta.flags & layout.BLOB:
             self.drop_blob(value, meta)
         self.count(sq, kid, meta.type, meta.tenant, -1)
         self.uncached.append(row_key)
@@ -346,21 +346,21 @@ class Ledger:
         """Rewrite a row under another key (its value as given), with its expiry entry."""
         self.txn.delete("rows", row_key)
         self.txn.put("rows", new_key, value)
-        self.txn.put("expiry", rows.expiry_key(rows.expires_us(value),
-                                               rows.parse_row_key(row_key)[3]), new_key)
+        self.txn.put("expiry", layout.expiry_key(layout.expires_us(value),
+                                               layout.parse_row_key(row_key)[3]), new_key)
         self.uncached.append(row_key)
-        self.heads.add(rows.pair_of(row_key))
-        self.heads.add(rows.pair_of(new_key))
+        self.heads.add(layout.pair_of(row_key))
+        self.heads.add(layout.pair_of(new_key))
 
     def move_to(self, row_key: bytes, value: bytes, target: int, visible_us: int,
-                used: bool) -> rows.RowMeta:
+                used: bool) -> layout.RowMeta:
         """Move a row to subqueue ``target``, keeping its key and seq. ``used``: its
         delivery ended (dead-lettered) rather than handed back unused."""
-        sq, kid, _, seq = rows.parse_row_key(row_key)
-        meta = rows.meta(value)
+        sq, kid, _, seq = layout.parse_row_key(row_key)
+        meta = layout.meta(value)
         if sq in self.index.ordered:
-            self.txn.delete("inflight", rows.inflight_key(sq, kid, seq))
-        self._move(row_key, value, rows.row_key(target, kid, visible_us, seq))
+            self.txn.delete("inflight", layout.inflight_key(sq, kid, seq))
+        self._move(row_key, value, layout.row_key(target, kid, visible_us, seq))
         self.count(sq, kid, meta.type, meta.tenant, -1)
         self.count(target, kid, meta.type, meta.tenant, +1)
         self._touched[target].add(kid)
@@ -370,17 +370,17 @@ class Ledger:
     def rehide(self, row_key: bytes, value: bytes, visible_us: int, undeliver: bool) -> str:
         """Hide a received row until ``visible_us`` under a new nonce; returns its new
         receipt. ``undeliver``: its delivery does not count (handed back unrun)."""
-        sq, kid, _, seq = rows.parse_row_key(row_key)
-        meta = rows.meta(value)
+        sq, kid, _, seq = layout.parse_row_key(row_key)
+        meta = layout.meta(value)
         dequeues = max(0, meta.dequeue_count - 1) if undeliver else meta.dequeue_count
         nonce = os.urandom(8)  # a row back at no receives was never received
-        new_value = rows.redelivered(value, dequeues, nonce,
+        new_value = layout.redelivered(value, dequeues, nonce,
                                      meta.first_received_us if dequeues else 0)
         if sq in self.index.ordered:  # keeps its place; the in-flight entry hides it
             new_key = row_key
-            self.txn.put("inflight", rows.inflight_key(sq, kid, seq), rows.pack_u64(visible_us))
+            self.txn.put("inflight", layout.inflight_key(sq, kid, seq), layout.pack_u64(visible_us))
         else:
-            new_key = rows.row_key(sq, kid, visible_us, seq)
+            new_key = layout.row_key(sq, kid, visible_us, seq)
         self._move(row_key, new_value, new_key)
         self.flights.append(Released(row_key, used=False) if undeliver
                             else Rehid(row_key, new_key, visible_us))
@@ -390,29 +390,29 @@ class Ledger:
         """(row key, value) of the row a receipt holds; 8 bytes compared, nothing decoded."""
         row_key, nonce = parse_receipt(receipt)
         value = self.txn.get("rows", row_key)
-        if value is None or rows.nonce_of(value) != nonce or nonce == rows.NO_NONCE:
+        if value is None or layout.nonce_of(value) != nonce or nonce == layout.NO_NONCE:
             raise ReceiptInvalid(_STALE)
         return row_key, value
 
     # -- bodies and outcomes -----------------------------------------------------------
-    def body_of(self, value: bytes, meta: rows.RowMeta | None = None) -> bytes:
-        meta = meta or rows.meta(value)
-        if not meta.flags & rows.BLOB:
+    def body_of(self, value: bytes, meta: layout.RowMeta | None = None) -> bytes:
+        meta = meta or layout.meta(value)
+        if not meta.flags & layout.BLOB:
             return value[meta.body_at:]
-        blob, size, chunks = rows.blob_ref(value, meta.body_at)
-        parts = [self.txn.get("blobs", rows.blob_chunk_key(blob, i)) for i in range(chunks)]
+        blob, size, chunks = layout.blob_ref(value, meta.body_at)
+        parts = [self.txn.get("blobs", layout.blob_chunk_key(blob, i)) for i in range(chunks)]
         if any(p is None for p in parts) or sum(map(len, parts)) != size:
             raise StoreError(f"blob of message {blob.hex()} is incomplete")
         return b"".join(parts)
 
-    def drop_blob(self, value: bytes, meta: rows.RowMeta) -> None:
-        blob, _, chunks = rows.blob_ref(value, meta.body_at)
+    def drop_blob(self, value: bytes, meta: layout.RowMeta) -> None:
+        blob, _, chunks = layout.blob_ref(value, meta.body_at)
         for i in range(chunks):
-            self.txn.delete("blobs", rows.blob_chunk_key(blob, i))
+            self.txn.delete("blobs", layout.blob_chunk_key(blob, i))
 
     def stored(self, row_key: bytes, value: bytes, receipt: str | None) -> StoredMessage:
-        sq, kid, _, seq = rows.parse_row_key(row_key)
-        meta = rows.meta(value)
+        sq, kid, _, seq = layout.parse_row_key(row_key)
+        meta = layout.meta(value)
         return StoredMessage(self.message_id(seq), receipt, self.body_of(value, meta),
                              meta.tenant, meta.type, self.key_name(kid), meta.dequeue_count,
                              meta.enqueued_us / US, sq, at_s(meta.first_received_us))
@@ -422,24 +422,24 @@ class Ledger:
         """The outcome of task ``seq``, kept ``outcome_ttl_us``; a task ends once.
         ``value``: its row's last value (its deliveries and first start go on its record)."""
         message_id = self.message_id(seq)
-        key = rows.outcome_key(message_id)
+        key = layout.outcome_key(message_id)
         if self.txn.get("outcomes", key) is not None:
             return  # deleting its dead letter later changes nothing
         expires = self.now_us + self.outcome_ttl_us
-        self.txn.put("outcomes", key, rows.outcome_value(expires, ending, payload))
-        self.txn.put("outcome_expiry", rows.outcome_expiry_key(expires, message_id), b"")
+        self.txn.put("outcomes", key, layout.outcome_value(expires, ending, payload))
+        self.txn.put("outcome_expiry", layout.outcome_expiry_key(expires, message_id), b"")
         self._stamp_task(seq, value)
         self.outcomes.append(Outcome(message_id, ending, payload))
 
     def _stamp_task(self, seq: int, value: bytes | None) -> None:
         """Stamp the record of task ``seq`` with its end, now, and (given its row's last
         value) its deliveries and first start."""
-        found = self.txn.get("tasks", rows.task_seq_key(seq))
+        found = self.txn.get("tasks", layout.task_seq_key(seq))
         if found is None:
             return  # a task stored without an id
-        record = rows.TaskRecord.unpack(found)
+        record = layout.TaskRecord.unpack(found)
         if value is not None:
-            meta = rows.meta(value)
+            meta = layout.meta(value)
             record = record._replace(attempts=meta.dequeue_count,
                                      first_received_us=meta.first_received_us)
-        self.txn.put("tasks", rows.task_seq_key(seq), record._replace(ended_us=self.now_us).pack())
+        self.txn.put("tasks", layout.task_seq_key(seq), record._replace(ended_us=self.now_us).pack())

@@ -13,18 +13,17 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from rayq.core.codec.model import (DEFAULT_ACCOUNT, US, Ending, StoredMessage, SubqueueState, check_count,
-                                   check_seconds, check_subqueue, receipt_text, to_us)
+from rayq.core.codec.model import (DEFAULT_ACCOUNT, MAX_BATCH, US, Ending, StoredMessage,
+                                   SubqueueState, check_count, check_seconds, check_subqueue,
+                                   receipt_text, to_us)
 from rayq.core.codec.wire import Attrs, decode_put, encode_delivered
-from rayq.core.storage import layout as rows
+from rayq.core.storage import layout
 from rayq.core.storage.ledger import Enqueued, Env, Ledger
 from rayq.core.storage.outcomes import (collect_outcomes, dead_letter_row, existing, index_task,
                                        record_usage)
 from rayq.core.storage.picking import Skip, pick
 from rayq.core.storage.spill import diverted, spill_one
 from rayq.errors import InvalidMessage, QueueDisabled, ReceiptInvalid
-
-MAX_BATCH = 1000
 
 
 # -- put ---------------------------------------------------------------------------------
@@ -38,12 +37,12 @@ class _Group:
     def __init__(self, w: Ledger, env: Env, sq: int, attrs: Attrs):
         now_us = w.now_us
         ttl_us = to_us(env.config.default_ttl_s) if attrs.ttl_us is None else attrs.ttl_us
-        flags = rows.TASK if attrs.task else 0
+        flags = layout.TASK if attrs.task else 0
         tenant, type_ = attrs.tenant.encode(), attrs.type.encode()
         self.attrs, self.kid = attrs, w.key_id(attrs.key, create=True)
         self.visible_us, self.expires_us = now_us + attrs.delay_us, now_us + ttl_us
-        self.prefix = rows.prefix(now_us, self.expires_us, flags, tenant, type_)
-        self.blob_prefix = rows.prefix(now_us, self.expires_us, flags | rows.BLOB, tenant, type_)
+        self.prefix = layout.prefix(now_us, self.expires_us, flags, tenant, type_)
+        self.blob_prefix = layout.prefix(now_us, self.expires_us, flags | layout.BLOB, tenant, type_)
         self.flooder = diverted(env, sq, attrs.type, attrs.tenant)
         self.seqs: list[int] = []
 
@@ -89,11 +88,11 @@ def put(w: Ledger, env: Env, subqueue: int, batch: bytes,
             spill_one(w, subqueue, group.kid, group.visible_us, group.attrs.type,
                       group.attrs.tenant, group.flooder, seq, value)
         else:
-            row_key = rows.row_key(subqueue, group.kid, group.visible_us, seq)
+            row_key = layout.row_key(subqueue, group.kid, group.visible_us, seq)
             row_items.append((row_key, value))
-            expiry_items.append((rows.expiry_key(group.expires_us, seq), row_key))
+            expiry_items.append((layout.expiry_key(group.expires_us, seq), row_key))
         if task_id is not None:
-            index_task(w, seq, rows.TaskRecord(
+            index_task(w, seq, layout.TaskRecord(
                 group.expires_us, w.now_us, 0, 0, 0, account, task_id, group.attrs.tenant,
                 group.attrs.type))
         group.seqs.append(seq)
@@ -120,12 +119,12 @@ def _settle_group(w: Ledger, sq: int, group: _Group) -> None:
 
 
 def _write_blob(w: Ledger, env: Env, seq: int, body: bytes) -> bytes:
-    blob = rows.blob_id(w.index.store_id, seq)
+    blob = layout.blob_id(w.index.store_id, seq)
     size = env.config.blob_chunk_bytes
     chunks = range(0, len(body), size)
     for i, offset in enumerate(chunks):
-        w.txn.put("blobs", rows.blob_chunk_key(blob, i), body[offset:offset + size])
-    return rows.blob_ref_value(blob, len(body), len(chunks))
+        w.txn.put("blobs", layout.blob_chunk_key(blob, i), body[offset:offset + size])
+    return layout.blob_ref_value(blob, len(body), len(chunks))
 
 
 # -- receive -----------------------------------------------------------------------------
@@ -170,7 +169,7 @@ def _deliver(w: Ledger, env: Env, found: list[tuple[bytes, bytes]], hide_us: int
         cache.take(row_key)  # a hit: this read came from memory, not LMDB
         out.append([w.message_id(seq), receipt_text(new_key, nonce), w.body_of(value, meta),
                     meta.tenant, meta.type, w.key_name(kid), meta.dequeue_count + 1,
-                    meta.enqueued_us, sq, rows.first_received(meta, w.now_us)])
+                    meta.enqueued_us, sq, layout.first_received(meta, w.now_us)])
     return out
 
 
@@ -219,7 +218,7 @@ def _hide(w: Ledger, env: Env, receipt: str, timeout_s: float, undeliver: bool,
 def collect_expired(w: Ledger, env: Env, limit: int) -> int:
     """Delete up to ``limit`` expired messages and as many expired outcomes."""
     check_count(limit, "limit", 1, 10_000_000)
-    entries = list(itertools.islice(w.txn.scan("expiry", b"", rows.expiry_stop(w.now_us)),
+    entries = list(itertools.islice(w.txn.scan("expiry", b"", layout.expiry_stop(w.now_us)),
                                     limit))
     for expiry_key, row_key in entries:
         value = w.txn.get("rows", row_key)

@@ -32,7 +32,7 @@ from typing import NamedTuple
 from rayq.core.codec.model import US, Ending, at_s, check_count, check_subqueue, seq_of
 from rayq.core.codec.task_ids import TaskInfo, TaskState, task_state
 from rayq.core.kit.kv import Txn
-from rayq.core.storage import layout as rows
+from rayq.core.storage import layout
 from rayq.core.storage.ledger import Env, Ledger
 from rayq.errors import InvalidMessage
 
@@ -57,7 +57,7 @@ def finish(w: Ledger, env: Env, receipt: str, outcome: bytes,
         w.stats["deletes"] += 1
     else:
         dead_letter_row(w, row_key, value, dead_letter, record=False)
-    w.record(rows.parse_row_key(row_key)[3], Ending.RESULT, outcome, value)
+    w.record(layout.parse_row_key(row_key)[3], Ending.RESULT, outcome, value)
     if usage is not None:
         record_usage(w, env, usage)
 
@@ -68,8 +68,8 @@ def dead_letter_row(w: Ledger, row_key: bytes, value: bytes, dead_letter: int,
     ``record`` is off (its outcome is recorded by the caller)."""
     meta = w.move_to(row_key, value, dead_letter, w.now_us, used=True)
     w.stats["dead_lettered"] += 1
-    if meta.flags & rows.TASK and record:
-        w.record(rows.parse_row_key(row_key)[3], Ending.DEAD, value=value)
+    if meta.flags & layout.TASK and record:
+        w.record(layout.parse_row_key(row_key)[3], Ending.DEAD, value=value)
 
 
 def record_usage(w: Ledger, env: Env, report: bytes) -> None:
@@ -77,7 +77,7 @@ def record_usage(w: Ledger, env: Env, report: bytes) -> None:
     coordinator takes it; sent with the delivery's end, so it is stored with it."""
     if not isinstance(report, bytes) or not 0 < len(report) <= MAX_USAGE_BYTES:
         raise InvalidMessage(f"a usage report is 1 to {MAX_USAGE_BYTES} bytes")
-    w.txn.put("usage", rows.usage_key(w.now_us), report)
+    w.txn.put("usage", layout.usage_key(w.now_us), report)
 
 
 def take_usage(w: Ledger, env: Env, limit: int) -> list[bytes]:
@@ -91,39 +91,39 @@ def take_usage(w: Ledger, env: Env, limit: int) -> list[bytes]:
 
 def collect_outcomes(w: Ledger, limit: int) -> int:
     """Drop up to ``limit`` outcomes past their time; returns how many entries went."""
-    stop = rows.outcome_expiry_stop(w.now_us)
+    stop = layout.outcome_expiry_stop(w.now_us)
     entries = list(itertools.islice(w.txn.scan_keys("outcome_expiry", b"", stop), limit))
     for key in entries:
         w.txn.delete("outcome_expiry", key)
-        value = w.txn.get("outcomes", rows.outcome_of_expiry(key))
-        if value is not None and rows.outcome_expires_with(value, key):
-            w.txn.delete("outcomes", rows.outcome_of_expiry(key))
-            forget(w.txn, seq_of(rows.outcome_of_expiry(key).decode()))
+        value = w.txn.get("outcomes", layout.outcome_of_expiry(key))
+        if value is not None and layout.outcome_expires_with(value, key):
+            w.txn.delete("outcomes", layout.outcome_of_expiry(key))
+            forget(w.txn, seq_of(layout.outcome_of_expiry(key).decode()))
     return len(entries)
 
 
 def read_outcomes(txn: Txn, message_ids: Sequence[str]) -> list[tuple[Ending, bytes] | None]:
     """How each task ended, or None while it has not (or its outcome expired)."""
-    values = [txn.get("outcomes", rows.outcome_key(mid)) for mid in message_ids]
-    return [None if value is None else rows.parse_outcome(value) for value in values]
+    values = [txn.get("outcomes", layout.outcome_key(mid)) for mid in message_ids]
+    return [None if value is None else layout.parse_outcome(value) for value in values]
 
 
 # -- tasks by id ---------------------------------------------------------------------------
 def existing(txn: Txn, account: str, task_id: str) -> int | None:
     """The seq of the task ``account`` submitted as ``task_id``, if it is still kept."""
-    found = txn.get("task_ids", rows.task_id_key(account, task_id))
-    return None if found is None else rows.unpack_u64(found)
+    found = txn.get("task_ids", layout.task_id_key(account, task_id))
+    return None if found is None else layout.unpack_u64(found)
 
 
 def forget(txn: Txn, seq: int) -> None:
     """Drop both entries of task ``seq`` (its outcome expired)."""
-    key = rows.task_seq_key(seq)
+    key = layout.task_seq_key(seq)
     found = txn.get("tasks", key)
     if found is None:
         return
-    record = rows.TaskRecord.unpack(found)
+    record = layout.TaskRecord.unpack(found)
     txn.delete("tasks", key)
-    id_entry = rows.task_id_key(record.account, record.task_id)
+    id_entry = layout.task_id_key(record.account, record.task_id)
     if txn.get("task_ids", id_entry) == key:
         txn.delete("task_ids", id_entry)
 
@@ -134,9 +134,9 @@ def ends(txn: Txn, message_ids: Sequence[str], store_hex: str) -> list[tuple | N
     a task of this store)."""
     out: list[tuple | None | bool] = []
     for mid in message_ids:
-        value = txn.get("outcomes", rows.outcome_key(mid))
+        value = txn.get("outcomes", layout.outcome_key(mid))
         if value is not None:
-            out.append(rows.parse_outcome(value))
+            out.append(layout.parse_outcome(value))
         else:
             out.append(None if _kept(txn, mid, store_hex) else False)
     return out
@@ -150,7 +150,7 @@ def _kept(txn: Txn, message_id: str, store_hex: str) -> bool:
         seq = seq_of(message_id)
     except (IndexError, ValueError):
         return False
-    return 0 <= seq < 2**64 and txn.get("tasks", rows.task_seq_key(seq)) is not None
+    return 0 <= seq < 2**64 and txn.get("tasks", layout.task_seq_key(seq)) is not None
 
 
 class FoundTask(NamedTuple):
@@ -168,19 +168,19 @@ def look_up(txn: Txn, account: str, task_ids: Sequence[str], now_us: int,
     out = []
     for task_id in task_ids:
         seq = existing(txn, account, task_id)
-        found = txn.get("tasks", rows.task_seq_key(seq)) if seq is not None else None
+        found = txn.get("tasks", layout.task_seq_key(seq)) if seq is not None else None
         if found is None:
             out.append(None)
             continue
         mid = message_id(seq)
-        out.append(FoundTask(mid, _info(txn, rows.TaskRecord.unpack(found), seq, mid, now_us)))
+        out.append(FoundTask(mid, _info(txn, layout.TaskRecord.unpack(found), seq, mid, now_us)))
     return out
 
 
-def _info(txn: Txn, record: rows.TaskRecord, seq: int, mid: str, now_us: int) -> TaskInfo:
-    outcome = txn.get("outcomes", rows.outcome_key(mid))
+def _info(txn: Txn, record: layout.TaskRecord, seq: int, mid: str, now_us: int) -> TaskInfo:
+    outcome = txn.get("outcomes", layout.outcome_key(mid))
     if outcome is not None:
-        ending, payload = rows.parse_outcome(outcome)
+        ending, payload = layout.parse_outcome(outcome)
         state = task_state(ending, payload, running=False)
         return _made(record, state, record.attempts, record.first_received_us,
                      record.ended_us)
@@ -188,29 +188,29 @@ def _info(txn: Txn, record: rows.TaskRecord, seq: int, mid: str, now_us: int) ->
     return _made(record, task_state(None, b"", running), attempts, first_us, 0)
 
 
-def _row_now(txn: Txn, record: rows.TaskRecord, seq: int, now_us: int) -> tuple[int, int, bool]:
+def _row_now(txn: Txn, record: layout.TaskRecord, seq: int, now_us: int) -> tuple[int, int, bool]:
     """(deliveries, first received µs, whether it runs now) of a task with no outcome,
     read from its row; a row not found (spilled: waiting to be swept back) is queued."""
-    row_key = txn.get("expiry", rows.expiry_key(record.expires_us, seq))
+    row_key = txn.get("expiry", layout.expiry_key(record.expires_us, seq))
     value = txn.get("rows", row_key) if row_key is not None else None
     if value is None:
         return 0, 0, False
-    meta = rows.meta(value)
-    sq, kid, visible_us, _ = rows.parse_row_key(row_key)
-    hidden_until = txn.get("inflight", rows.inflight_key(sq, kid, seq))
+    meta = layout.meta(value)
+    sq, kid, visible_us, _ = layout.parse_row_key(row_key)
+    hidden_until = txn.get("inflight", layout.inflight_key(sq, kid, seq))
     if hidden_until is not None:
-        visible_us = rows.unpack_u64(hidden_until)
+        visible_us = layout.unpack_u64(hidden_until)
     running = meta.dequeue_count > 0 and visible_us > now_us
     return meta.dequeue_count, meta.first_received_us, running
 
 
-def _made(record: rows.TaskRecord, state: TaskState, attempts: int, first_us: int,
+def _made(record: layout.TaskRecord, state: TaskState, attempts: int, first_us: int,
           ended_us: int) -> TaskInfo:
     return TaskInfo(record.task_id, record.type, record.tenant, state, attempts,
                     record.enqueued_us / US, at_s(first_us), at_s(ended_us))
 
 
-def index_task(w: Ledger, seq: int, record: rows.TaskRecord) -> None:
+def index_task(w: Ledger, seq: int, record: layout.TaskRecord) -> None:
     """Write a new task's two entries (in the put that stores its row)."""
-    w.txn.put("task_ids", rows.task_id_key(record.account, record.task_id), rows.task_seq_key(seq))
-    w.txn.put("tasks", rows.task_seq_key(seq), record.pack())
+    w.txn.put("task_ids", layout.task_id_key(record.account, record.task_id), layout.task_seq_key(seq))
+    w.txn.put("tasks", layout.task_seq_key(seq), record.pack())

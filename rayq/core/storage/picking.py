@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import NamedTuple
 
-from rayq.core.storage import layout as rows
+from rayq.core.storage import layout
 from rayq.core.storage.ledger import Env, Ledger, locked_until
 
 
@@ -87,7 +87,7 @@ def _pick_dispatched(w: Ledger, env: Env, sq: int, n: int, now_us: int,
 
     def push(kid: int, key_rows: "_KeyRows", row) -> None:
         if row is not None:
-            score = dispatch.score(sq, kid, rows.parse_row_key(row[0])[2:],
+            score = dispatch.score(sq, kid, layout.parse_row_key(row[0])[2:],
                                    w.taken(sq, kid) + key_rows.taken)
             heapq.heappush(heap, (score, next(tiebreak), kid, key_rows, row))
 
@@ -126,7 +126,7 @@ class _KeyRows:
         self.w, self.cache, self.now_us, self.max_receives = w, env.cache, now_us, max_receives
         # keys only: a cached row's value comes from memory (docs/shards-and-storage.md),
         # others one get each
-        self.rows = w.txn.scan_keys("rows", *rows.key_range(sq, kid))
+        self.rows = w.txn.scan_keys("rows", *layout.key_range(sq, kid))
         if sq in w.index.ordered and locked_until(w.txn, sq, kid, now_us) is not None:
             self.rows = iter(())
         self.skipped, self.taken, self.budget = skipped, 0, budget
@@ -135,14 +135,14 @@ class _KeyRows:
         w, cache, budget = self.w, self.cache, self.budget
         txn, stats = w.txn, w.stats
         for row_key in self.rows:
-            if rows.parse_row_key(row_key)[2] > self.now_us:
+            if layout.parse_row_key(row_key)[2] > self.now_us:
                 break  # hidden and delayed rows sort after every visible one
             stats["rows_scanned"] += 1
             value = cache.get(row_key) or txn.get("rows", row_key)
-            if rows.expires_us(value) <= self.now_us:
+            if layout.expires_us(value) <= self.now_us:
                 self.skipped.append(Skipped(row_key, value, Skip.EXPIRED))
             elif self.max_receives is not None and \
-                    rows.dequeue_count(value) >= self.max_receives:
+                    layout.dequeue_count(value) >= self.max_receives:
                 self.skipped.append(Skipped(row_key, value, Skip.DEAD))
             else:
                 return row_key, value

@@ -18,7 +18,7 @@ from collections.abc import Collection, Iterable
 
 from rayq.core.codec.model import Ending, SubqueueState, check_subqueue
 from rayq.core.kit.kv import Txn
-from rayq.core.storage import layout as rows
+from rayq.core.storage import layout
 from rayq.core.storage.ledger import Env, Ledger, ShardIndex
 from rayq.core.storage.spill import drop_spilled
 
@@ -28,13 +28,13 @@ _CLEAR_CHUNK = 10_000
 def mark(txn: Txn, subqueues: Iterable[int]) -> None:
     """Mark subqueues for removal and disable them, in the caller's transaction."""
     for sq in subqueues:
-        txn.put("meta", rows.meta_key(rows.PURGE, sq), b"")
-        txn.put("meta", rows.meta_key(rows.STATE, sq), SubqueueState.DISABLED.value.encode())
+        txn.put("meta", layout.meta_key(layout.PURGE, sq), b"")
+        txn.put("meta", layout.meta_key(layout.STATE, sq), SubqueueState.DISABLED.value.encode())
 
 
 def remove_rows(w: Ledger, sq: int, limit: int) -> int:
     """Remove up to ``limit`` rows of subqueue ``sq`` (tasks among them end as Deleted)."""
-    found = list(itertools.islice(w.txn.scan("rows", *rows.subqueue_range(sq)), limit))
+    found = list(itertools.islice(w.txn.scan("rows", *layout.subqueue_range(sq)), limit))
     for row_key, value in found:
         w.remove(row_key, value, Ending.DELETED)
     return len(found)
@@ -45,11 +45,11 @@ def remove_spilled(w: Ledger, sources: Collection[int], limit: int,
     """Remove the spilled messages whose source subqueue is in ``sources``, looking at
     up to ``limit`` spill entries after ``after``. Returns (removed, where to go on
     from, or None when the whole spill table was looked at)."""
-    start = rows.key_after(after) if after else b""
+    start = layout.key_after(after) if after else b""
     entries = list(itertools.islice(w.txn.scan("spill", start), limit))
     removed = 0
     for key, value in entries:
-        if rows.spill_source(value) in sources:
+        if layout.spill_source(value) in sources:
             drop_spilled(w, key, value, Ending.DELETED)
             removed += 1
     return removed, (entries[-1][0] if len(entries) == limit else None)
@@ -62,7 +62,7 @@ def finished(index: ShardIndex, subqueues: Collection[int]) -> list[int]:
 
 def unmark(txn: Txn, subqueues: Iterable[int]) -> None:
     for sq in subqueues:
-        txn.delete("meta", rows.meta_key(rows.PURGE, sq))
+        txn.delete("meta", layout.meta_key(layout.PURGE, sq))
 
 
 def purge_step(w: Ledger, env: Env, done: Collection[int], limit: int,

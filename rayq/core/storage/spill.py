@@ -16,7 +16,7 @@ import itertools
 
 from rayq.core.codec.model import ALL_TENANTS, MAX_SUBQUEUE, Ending, check_count, check_name
 from rayq.core.kit.kv import Txn
-from rayq.core.storage import layout as rows
+from rayq.core.storage import layout
 from rayq.core.storage.ledger import Env, Ledger
 from rayq.errors import InvalidMessage, QueueDisabled
 
@@ -34,8 +34,8 @@ def spill_one(w: Ledger, sq: int, kid: int, visible_us: int, type_: str, tenant:
               flooder: str, seq: int, value: bytes) -> None:
     """Write one new message bound for subqueue ``sq`` to the spill store, under
     flooder (type, ``flooder``)."""
-    spill_kid = w.key_id(rows.spill_name(type_, flooder), create=True)
-    w.txn.put("spill", rows.spill_key(spill_kid, seq), rows.spill_value(sq, kid, visible_us, value))
+    spill_kid = w.key_id(layout.spill_name(type_, flooder), create=True)
+    w.txn.put("spill", layout.spill_key(spill_kid, seq), layout.spill_value(sq, kid, visible_us, value))
     w.count_spilled(sq, type_, tenant, +1)
     w.stats["spilled"] += 1
 
@@ -49,14 +49,14 @@ def sweep(w: Ledger, env: Env, type_: str, tenant: str, target: int, limit: int)
     check_count(target, "target", 0, MAX_SUBQUEUE)
     check_count(limit, "limit", 1, 100_000)
     check_target(w, target)
-    spill_kid = w.key_id(rows.spill_name(type_, tenant), create=False)
+    spill_kid = w.key_id(layout.spill_name(type_, tenant), create=False)
     if spill_kid is None:
         return 0
-    entries = list(itertools.islice(w.txn.scan("spill", *rows.spill_range(spill_kid)), limit))
+    entries = list(itertools.islice(w.txn.scan("spill", *layout.spill_range(spill_kid)), limit))
     moved = 0
     for key, stored in entries:
-        entry = rows.parse_spilled(stored)
-        meta = rows.meta(entry.value)
+        entry = layout.parse_spilled(stored)
+        meta = layout.meta(entry.value)
         if entry.source in w.index.purging:  # cleared: it must never come back
             drop_spilled(w, key, stored, Ending.DELETED)
             continue
@@ -66,7 +66,7 @@ def sweep(w: Ledger, env: Env, type_: str, tenant: str, target: int, limit: int)
             continue
         w.txn.delete("spill", key)
         w.count_spilled(entry.source, meta.type, meta.tenant, -1)
-        w.insert(rows.row_key(target, entry.kid, entry.visible_us, rows.spill_seq(key)),
+        w.insert(layout.row_key(target, entry.kid, entry.visible_us, layout.spill_seq(key)),
                  entry.value, meta)
         moved += 1
     w.stats["swept"] += moved
@@ -83,18 +83,18 @@ def move_matching(w: Ledger, env: Env, source: int, target: int, type_: str, ten
     check_count(source, "source", 0, MAX_SUBQUEUE)
     check_count(target, "target", 0, MAX_SUBQUEUE)
     check_count(limit, "limit", 1, 100_000)
-    if after is not None and (not isinstance(after, bytes) or len(after) != rows.ROW_KEY.size):
+    if after is not None and (not isinstance(after, bytes) or len(after) != layout.ROW_KEY.size):
         raise InvalidMessage("after must be None or a row key that move_matching returned")
     check_target(w, target)
     if source in w.index.purging:  # cleared since the caller looked: nothing to save
         return 0, None
-    start, stop = rows.subqueue_range(source)
-    start = rows.key_after(after) if after else start
+    start, stop = layout.subqueue_range(source)
+    start = layout.key_after(after) if after else start
     found = list(itertools.islice(w.txn.scan("rows", start, stop), limit))
     moved = 0
     for row_key, value in found:
-        visible_us = rows.parse_row_key(row_key)[2]
-        meta = rows.meta(value)
+        visible_us = layout.parse_row_key(row_key)[2]
+        meta = layout.meta(value)
         if visible_us > w.now_us or meta.type != type_ \
                 or tenant not in (meta.tenant, ALL_TENANTS):
             continue
@@ -107,14 +107,14 @@ def move_matching(w: Ledger, env: Env, source: int, target: int, type_: str, ten
 
 def drop_spilled(w: Ledger, key: bytes, stored: bytes, ending: Ending) -> None:
     """Delete one spill entry for good; a task message ends with ``ending``."""
-    entry = rows.parse_spilled(stored)
-    meta = rows.meta(entry.value)
+    entry = layout.parse_spilled(stored)
+    meta = layout.meta(entry.value)
     w.txn.delete("spill", key)
     w.count_spilled(entry.source, meta.type, meta.tenant, -1)
-    if meta.flags & rows.BLOB:
+    if meta.flags & layout.BLOB:
         w.drop_blob(entry.value, meta)
-    if meta.flags & rows.TASK:
-        w.record(rows.spill_seq(key), ending, value=entry.value)
+    if meta.flags & layout.TASK:
+        w.record(layout.spill_seq(key), ending, value=entry.value)
 
 
 def check_target(w: Ledger, target: int) -> None:
@@ -125,7 +125,7 @@ def check_target(w: Ledger, target: int) -> None:
 
 def any_spilled(txn: Txn, key_ids: dict[str, int], type_: str, tenant: str) -> bool:
     """Whether the spill store holds anything under flooder (type, tenant)."""
-    kid = key_ids.get(rows.spill_name(type_, tenant))
+    kid = key_ids.get(layout.spill_name(type_, tenant))
     if kid is None:
         return False
-    return next(iter(txn.scan_keys("spill", *rows.spill_range(kid))), None) is not None
+    return next(iter(txn.scan_keys("spill", *layout.spill_range(kid))), None) is not None

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rayq.config import StoreConfig
-from rayq.core.codec.model import (DEFAULT_ACCOUNT, US, Ending, KeyDepth, NewMessage, StoredMessage,
+from rayq.core.codec.model import (DEFAULT_ACCOUNT, MAX_BATCH, US, Ending, KeyDepth, NewMessage, StoredMessage,
                                    SubqueueState, check_count, check_name, check_subqueue,
                                    message_id, to_us)
 from rayq.core.codec.task_ids import check_task_id
@@ -24,7 +24,7 @@ from rayq.core.codec.wire import decode_delivered, encode_messages
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.kv import KV, LmdbKV, Txn
 from rayq.core.kit.windows import WindowedSums
-from rayq.core.storage import layout as rows
+from rayq.core.storage import layout
 from rayq.core.storage import messages, outcomes, purge, spill
 from rayq.core.storage.outcomes import FoundTask
 from rayq.core.storage.cache import CacheStats, MessageCache, PressureMonitor, psutil_probe
@@ -32,10 +32,8 @@ from rayq.core.storage.dispatch import DispatchPolicy, FairDispatch, NoisyChange
 from rayq.core.storage.layout import TenantCount
 from rayq.core.storage.ledger import (STAT_NAMES, Enqueued, Env, Ledger, SenderCheck, ShardIndex,
                                       head_of, locked_until)
-from rayq.core.storage.messages import MAX_BATCH
-from rayq.core.storage.migrate import migrate_rows
 from rayq.core.storage.operations import OPERATIONS, run_isolated
-from rayq.errors import InvalidMessage, RayqError, StoreBug, StoreError
+from rayq.errors import InvalidMessage, RayqError, StoreBug, StoreError, UnknownLayout
 
 
 @dataclass(frozen=True)
@@ -95,15 +93,15 @@ class ShardStore:
 
     @staticmethod
     def _load(txn: Txn) -> ShardIndex:
-        store_id = txn.get("meta", rows.STORE_ID)
+        store_id = txn.get("meta", layout.STORE_ID)
         if store_id is None:
             store_id = os.urandom(6)
-            txn.put("meta", rows.STORE_ID, store_id)
-        id_key = txn.get("meta", rows.ID_KEY)
+            txn.put("meta", layout.STORE_ID, store_id)
+        id_key = txn.get("meta", layout.ID_KEY)
         if id_key is None:  # made once: ids stay the same across restarts
             id_key = os.urandom(16)
-            txn.put("meta", rows.ID_KEY, id_key)
-        migrate_rows(txn)
+            txn.put("meta", layout.ID_KEY, id_key)
+        check_row_format(txn)
         return ShardIndex(txn, store_id, id_key)
 
     @property
@@ -336,7 +334,7 @@ class ShardStore:
         """Persist a subqueue's state: ``NO_PUT`` refuses puts, ``DISABLED`` everything."""
         check_subqueue(subqueue)
         state = SubqueueState(state)
-        key = rows.meta_key(rows.STATE, subqueue)
+        key = layout.meta_key(layout.STATE, subqueue)
         self.kv.transact(lambda txn: txn.put("meta", key, state.value.encode()))
         self.index.states[subqueue] = state
 
@@ -351,7 +349,7 @@ class ShardStore:
         visibility lapses comes back before the key's later messages. Set it while the
         subqueue holds no messages."""
         check_subqueue(subqueue)
-        key = rows.meta_key(rows.ORDERED, subqueue)
+        key = layout.meta_key(layout.ORDERED, subqueue)
         if ordered:
             self.kv.transact(lambda txn: txn.put("meta", key, b""))
             self.index.ordered.add(subqueue)
@@ -381,12 +379,12 @@ class ShardStore:
             in_flight = delayed = 0
             if subqueue in self.index.ordered:  # received rows stay in place: see inflight
                 in_flight = sum(1 for _, until in txn.scan(
-                    "inflight", *rows.inflight_subqueue_range(subqueue))
-                    if rows.unpack_u64(until) > now_us)
+                    "inflight", *layout.inflight_subqueue_range(subqueue))
+                    if layout.unpack_u64(until) > now_us)
             for kid in self.index.sq_keys.get(subqueue, ()):
-                stop = rows.key_range(subqueue, kid)[1]
-                for _, value in txn.scan("rows", rows.hidden_from(subqueue, kid, now_us), stop):
-                    if rows.dequeue_count(value):
+                stop = layout.key_range(subqueue, kid)[1]
+                for _, value in txn.scan("rows", layout.hidden_from(subqueue, kid, now_us), stop):
+                    if layout.dequeue_count(value):
                         in_flight += 1
                     else:
                         delayed += 1
@@ -436,9 +434,9 @@ class ShardStore:
                 latency, oldest, age = 0.0, None, 0.0
                 # a held group of an ordered subqueue waits for its consumer, not for one
                 held = sq in self.index.ordered and locked_until(txn, sq, kid, now_us)
-                for row_key, value in txn.scan("rows", *rows.key_range(sq, kid)):
-                    visible_us = rows.parse_row_key(row_key)[2]
-                    oldest = rows.enqueued_us(value) / US
+                for row_key, value in txn.scan("rows", *layout.key_range(sq, kid)):
+                    visible_us = layout.parse_row_key(row_key)[2]
+                    oldest = layout.enqueued_us(value) / US
                     if visible_us <= now_us and not held:  # else every row is hidden
                         latency = (now_us - visible_us) / US
                         age = max(latency, now_us / US - oldest)
@@ -469,6 +467,18 @@ class ShardStore:
         self.kv.close()
 
 
+def check_row_format(txn: Txn) -> None:
+    """Open a store only in the row layout of :mod:`rayq.core.storage.layout`: a new,
+    empty store is marked with it; one marked with another format, or holding rows
+    without a mark, raises UnknownLayout (and is left as it was)."""
+    found = txn.get("meta", layout.ROW_FORMAT)
+    if found is None and next(txn.scan_keys("rows", b""), None) is None:
+        txn.put("meta", layout.ROW_FORMAT, layout.ROW_FORMAT_NOW)
+    elif found != layout.ROW_FORMAT_NOW:
+        raise UnknownLayout(f"this store's rows are in format {found!r}; this rayq reads "
+                            f"format {layout.ROW_FORMAT_NOW!r} only")
+
+
 def _check_message_ids(message_ids: Sequence[str]) -> None:
     for asked in message_ids:
         if not isinstance(asked, str) or not 0 < len(asked) <= 64:
@@ -480,5 +490,9 @@ def open_store(path, *, config: StoreConfig = StoreConfig(), clock: Clock | None
                check_senders: SenderCheck | None = None) -> ShardStore:
     """Open (or create) the LMDB-backed store of one shard at ``path``."""
     kv = LmdbKV(path, map_size=config.initial_map_bytes, durable=config.durable)
-    return ShardStore(kv, config=config, clock=clock, memory_probe=memory_probe, dispatch=dispatch,
-                      check_senders=check_senders)
+    try:
+        return ShardStore(kv, config=config, clock=clock, memory_probe=memory_probe,
+                          dispatch=dispatch, check_senders=check_senders)
+    except BaseException:
+        kv.close()  # refused (UnknownLayout) or failed: the environment is not left open
+        raise
