@@ -550,3 +550,11 @@ def _refusal(err: SqsError, query: bool) -> web.Response:
 
 SqsStateRemote = ray.remote(concurrency_groups=LIVENESS_GROUPS)(SqsState)
 SqsEndpointRemote = ray.remote(SqsEndpoint)
+
+# The SQS actors' internal methods: all their public ones. Neither takes a rayq signature
+# (a replica verifies each request's SigV4 itself and calls the state and the shards for
+# it); tests/unit/test_operations.py holds each table to its actor's public methods.
+SQS_STATE_INTERNAL = frozenset({"settings", "save", "fifo_admit", "fifo_record", "fifo_release",
+                                "forward", "record", "move_start", "move_list", "move_cancel",
+                                "ping"})
+SQS_ENDPOINT_INTERNAL = frozenset({"ready", "close", "stats"})
