@@ -25,6 +25,10 @@ ANALYTICS = "rayq-analytics"
 
 
 class AnalyticsActor(ReportService):
+    """It stands apart from the actor kit (:mod:`actors.base`): a threaded actor whose
+    reports block on Spark and whose idle watch is a thread; an async method of the
+    kit's would make Ray run it as an async actor."""
+
     def exit(self) -> None:
         ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 

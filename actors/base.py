@@ -2,8 +2,11 @@
 failures are counted, and, for the control actors (manager, fairness coordinator,
 flood detector), their own LMDB environment, a durable gate and the shard handles.
 
-A control actor subclasses :class:`ControlActor` and keeps to its own work; its signed
-surface is its entries in :mod:`rayq.core.auth.operations` (``@signed`` methods).
+An async runtime actor subclasses :class:`RuntimeActor` (the consumers, the outcome desks,
+the control followers), :class:`GatedActor` when it checks signed calls (the shards), or
+:class:`ControlActor`, and keeps to its own work; its signed surface is its entries in
+:mod:`rayq.core.auth.operations` (``@signed`` methods), beside the table of its internal
+methods (those only the runtime calls).
 """
 
 from __future__ import annotations
@@ -56,42 +59,58 @@ def open_kv(data_dir: str, component: str, map_size: int = CONTROL_MAP_BYTES) ->
 
 
 class RuntimeActor:
-    """A runtime actor: its clock, its background loops (failures logged and counted,
-    :class:`~actors.metrics.BackgroundFailures`) and the calls every runtime actor
-    answers. A subclass sets ``self.gate`` (a :class:`~rayq.core.auth.gate.Gate`)."""
-
-    gate: Gate
+    """An async runtime actor: its clock, its background loops (failures logged and
+    counted, :class:`~actors.metrics.BackgroundFailures`) and the calls every runtime
+    actor answers. ``index``: which of several the actor is (a shard's, a consumer's)."""
 
     def __init__(self, component: str, clock: Clock | None = None, index: int | None = None):
         self.clock = clock or SystemClock()
+        self.index = index
         self.failures = BackgroundFailures(component, index)
         self._loops: list[asyncio.Task] = []
 
-    def run_every(self, interval_s: float, loop: str, step: Callable[[], Awaitable],
-                  first_s: float | None = None) -> None:
+    def _run_every(self, interval_s: float, loop: str, step: Callable[[], Awaitable],
+                   first_s: float | None = None) -> None:
         """Run ``step`` every ``interval_s`` seconds for the actor's life (the first time
         after ``first_s``); a failed round is counted and the next one tries again."""
-        self._loops.append(asyncio.get_running_loop().create_task(
-            self.failures.every(interval_s, loop, step, first_s)))
+        self._start_loop(self.failures.every(interval_s, loop, step, first_s))
+
+    def _run_paced(self, loop: str, step: Callable[[], Awaitable],
+                   pause_s: Callable[[], float]) -> None:
+        """Run ``step`` for the actor's life, each round after a wait of ``pause_s()``
+        seconds (asked before each wait: a loop that hurries while it has work); a failed
+        round is counted and the next one tries again."""
+        self._start_loop(self.failures.paced(loop, step, pause_s))
+
+    def _start_loop(self, loop: Awaitable) -> None:
+        self._loops.append(asyncio.get_running_loop().create_task(loop))
 
     @ray.method(concurrency_group=LIVENESS)
-    async def ping(self) -> bool:
-        """True once the actor is up (the runtime waits for it at start); answered
-        while the actor's own loop is busy (:data:`LIVENESS`)."""
-        return True
-
-    async def forget_keys(self) -> None:
-        """Account keys or task queues changed: verify the next signed request with a
-        fresh copy of the directory."""
-        self.gate.forget()
+    async def ping(self) -> int | bool:
+        """Once the actor is up: its index, or True for an actor without one (the runtime
+        waits for it at start, failover watches it); answered while the actor's own loop
+        is busy (:data:`LIVENESS`)."""
+        return True if self.index is None else self.index
 
     async def background_failures(self) -> dict[str, int]:
         """Failed rounds of each background loop since the actor started."""
         return dict(self.failures.counts)
 
 
-class ControlActor(RuntimeActor):
-    """A control actor: a :class:`RuntimeActor` with its own store (``self.kv``: an LMDB
+class GatedActor(RuntimeActor):
+    """A runtime actor whose signed calls its gate checks. A subclass sets ``self.gate``
+    (a :class:`~rayq.core.auth.gate.Gate`)."""
+
+    gate: Gate
+
+    async def forget_keys(self) -> None:
+        """Account keys or task queues changed: verify the next signed request with a
+        fresh copy of the directory."""
+        self.gate.forget()
+
+
+class ControlActor(GatedActor):
+    """A control actor: a :class:`GatedActor` with its own store (``self.kv``: an LMDB
     environment in its node's folder, kept on the in-sync copies of its place on other
     data nodes, :class:`~actors.controlstore.ControlReplication`), a gate whose seen
     nonces live there, and the shard handles. ``directory``: where its gate fetches
@@ -107,7 +126,7 @@ class ControlActor(RuntimeActor):
         self.kv = replicated_store(component, open_kv(data_dir, component), config, start_copy)
         self.gate = durable_gate(directory, self.kv, self.clock)
         self.shards = shard_handles(config)
-        self.run_every(COPIES_INTERVAL_S, "control copies", self._keep_copies)
+        self._run_every(COPIES_INTERVAL_S, "control copies", self._keep_copies)
 
     async def _keep_copies(self) -> None:
         keep_copies(self.kv, self.config)

@@ -28,14 +28,14 @@ import ray
 from ray import cloudpickle
 
 from rayq.names import COORDINATOR, namespace, consumer_name
-from actors.metrics import BackgroundFailures
+from actors.base import RuntimeActor
 from actors.ray_tasks import RayTasks
 from rayq.batching import AsyncBatcher
 from rayq.config import Config
 from rayq.core.consumers.balancer import HostReading, host_pressed
 from rayq.core.consumers.state import ConsumerState, ConsumerStats
 from rayq.core.kit.batcher import Batcher
-from rayq.core.kit.clock import Clock, SystemClock
+from rayq.core.kit.clock import Clock
 from rayq.core.consumers.decisions import (DeadLetter, Deferral, decide_end, gives_up,
                                            long_poll_group, pause_after, receive_requests, runnable,
                                            unrunnable_outcome)
@@ -80,10 +80,10 @@ class _Held:
     receipt: str
 
 
-class ConsumerActor:
+class ConsumerActor(RuntimeActor):
     def __init__(self, index: int, config: Config, clock: Clock | None = None):
-        self.index, self.config, self.consumer_config = index, config, config.consumers
-        self.clock = clock or SystemClock()
+        super().__init__("consumer", clock, index)
+        self.config, self.consumer_config = config, config.consumers
         self.manager = manager_link()
         self.shards = [shard_link(i, config.store.local_channel)
                        for i in range(config.store.shards)]
@@ -95,8 +95,8 @@ class ConsumerActor:
         self._pollers: dict[int, asyncio.Task] = {}
         self._ends = [_Ends(shard) for shard in self.shards]
         self._room = asyncio.Event()  # set when a held task ends
-        self.failures = BackgroundFailures("consumer", index)
-        self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
+        self._run_every(self.consumer_config.adjust_interval_s, "supervision", self._supervise,
+                        first_s=0.0)
 
     # -- public calls --------------------------------------------------------------
     async def stats(self) -> ConsumerStats:
@@ -115,19 +115,22 @@ class ConsumerActor:
             await asyncio.wait(pollers, timeout=timeout_s)
 
     async def ping(self) -> int:
+        """The consumer's index once it is up. Answered on the consumer's own loop: it
+        declares no liveness group (nothing fails a consumer over on a missed ping)."""
         return self.index
 
     # -- the load ------------------------------------------------------------------
     async def _supervise(self) -> None:
-        """Every adjust interval: refresh handlers, move the load, match pollers to it."""
-        while not self.state.stopping:
-            # a failed refresh keeps the plan and handlers we have
-            await self.failures.guarded("refresh", self._refresh, also=(ValueError,))
-            running = {slot for slot, poller in self._pollers.items() if not poller.done()}
-            pressed = host_pressed(read_host(), self.consumer_config)
-            for slot in self.state.adjust(pressed, running):
-                self._pollers[slot] = asyncio.get_running_loop().create_task(self._poll(slot))
-            await asyncio.sleep(self.consumer_config.adjust_interval_s)
+        """Every adjust interval until the consumer stops: refresh handlers, move the
+        load, match pollers to it."""
+        if self.state.stopping:
+            return
+        # a failed refresh keeps the plan and handlers we have
+        await self.failures.guarded("refresh", self._refresh, also=(ValueError,))
+        running = {slot for slot, poller in self._pollers.items() if not poller.done()}
+        pressed = host_pressed(read_host(), self.consumer_config)
+        for slot in self.state.adjust(pressed, running):
+            self._pollers[slot] = asyncio.get_running_loop().create_task(self._poll(slot))
 
     async def _poll(self, slot: int) -> None:
         """One poller: receive, run, end; it leaves when the load drops below its slot.

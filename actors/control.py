@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,7 +26,7 @@ from actors.controlstore import (claim, control_follower_name, current_place, dr
 from actors.coordinator import CoordinatorRemote
 from actors.flood import FloodRemote
 
-from actors.base import CONTROL_MAP_BYTES, LIVENESS_GROUPS
+from actors.base import CONTROL_MAP_BYTES, LIVENESS_GROUPS, RuntimeActor
 from actors.manager import QueueManager
 from actors.data_nodes import copies_on_disk, data_nodes, pinned
 # a control store's leader is watched as a shard's: the same pings, grace and fencing
@@ -40,14 +39,13 @@ from rayq.core.control.placement import (DataNode, data_claim, default_replicas,
                                          still_draining)
 from rayq.core.replication.shard_places import LOCAL_NODE
 from rayq.core.control.control_store import Copies, LeaderWatch, fail_over, watch_round
-from rayq.core.kit.clock import Clock, SystemClock
+from rayq.core.kit.clock import Clock
 from rayq.core.kit.kv import WriteSet
 from rayq.core.kit.private import FILE_MODE
 from rayq.core.replication.replica import Replica, check_epoch, clear_for_seed, open_copy
 from rayq.errors import RayqError, RuntimeFailure
 from rayq.remote import NO_RETRY, call, call_async
 
-log = logging.getLogger("rayq.control")
 ManagerRemote = ray.remote(concurrency_groups=LIVENESS_GROUPS)(QueueManager)
 ACTOR_NAMES = {"manager": MANAGER, "coordinator": COORDINATOR, "flood": FLOOD_DETECTOR,
                SQS_STORE: SQS_STATE}
@@ -85,14 +83,15 @@ def start_control_follower(node: DataNode, data_dir: str, config: Config):
         max_concurrency=100, **pinned(node)).remote(node.name, data_dir, config)
 
 
-class ControlFollower:
+class ControlFollower(RuntimeActor):
     def __init__(self, node: str, data_dir: str, config: Config, clock: Clock | None = None):
+        super().__init__("control", clock)
         self.node, self.data_dir, self.config = node, data_dir, config
-        self.clock = clock or SystemClock()
         self._copies = Copies(lambda store: open_copy(self._folder(store), CONTROL_MAP_BYTES))
         self._watch = LeaderWatch(node, MAX_FAILED_PINGS, LEADER_START_S,
                                   self.clock.monotonic())
-        self._watching = asyncio.get_running_loop().create_task(self._watch_forever())
+        self._run_paced("control watch", self.watch,
+                        lambda: RECHECK_S if self._watch.missing() else WATCH_INTERVAL_S)
 
     def _folder(self, store: str) -> str:
         return os.path.join(node_folder(self.data_dir, self.node), store)
@@ -133,17 +132,11 @@ class ControlFollower:
         self._copies.release(store)
 
     async def ping(self) -> bool:
+        """True once the follower is up. Answered on its own loop: it declares no liveness
+        group (it is waited for at start, never failed over on a missed ping)."""
         return True
 
     # -- watching the leaders ---------------------------------------------------------------
-    async def _watch_forever(self) -> None:
-        while True:
-            await asyncio.sleep(RECHECK_S if self._watch.missing() else WATCH_INTERVAL_S)
-            try:
-                await self.watch()
-            except Exception as err:  # noqa: BLE001 - a round that failed: the next one
-                log.warning("control watch on %s failed: %r", self.node, err)
-
     async def watch(self) -> None:
         """One round: each store this node holds an in-sync copy of has its leader
         checked; a lost one is replaced (:func:`~rayq.core.control.control_store.watch_round`).

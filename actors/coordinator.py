@@ -56,7 +56,7 @@ class FairnessCoordinator(ControlActor):
         self._version = 0
         self._regular = config.consumers.count
         self._rng = random.Random()
-        self.run_every(self.fairness_config.interval_s, "evaluation", self.evaluate_once)
+        self._run_every(self.fairness_config.interval_s, "evaluation", self.evaluate_once)
 
     # -- consumers and clients -------------------------------------------------------
     def plan(self, known_version: int | None = None) -> ListenPlan | None:

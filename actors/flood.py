@@ -55,7 +55,7 @@ class FloodDetector(ControlActor):
         raw = self.kv.read(lambda txn: txn.get("meta", b"flooders"))
         self.flooders: list[Flooder] = [Flooder(**f) for f in unpack(raw)] if raw else []
         self.manager = manager_link()
-        self.run_every(self.flood_config.interval_s, "detection", self._detect_round)
+        self._run_every(self.flood_config.interval_s, "detection", self._detect_round)
 
     @signed(FLOOD_OPS["flooders_now"])
     async def flooders_now(self) -> list[Flooder]:

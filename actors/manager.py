@@ -69,14 +69,14 @@ class QueueManager(ControlActor):
         self._quiet = QuietTracker(config.scaling)
         self.scaling_events: list[dict] = []
         self._states_told = False  # whether the shards were told every queue's put states
-        self.run_every(config.scaling.interval_s, "scaling", self._scale_round)
+        self._run_every(config.scaling.interval_s, "scaling", self._scale_round)
         # the shards' replicas: in-sync sets and failover (docs/replication.md)
         suspect = given_up_node("manager")
         self.replicas = ReplicaKeeper(self.kv, data_root or data_dir, config, self.clock,
                                       suspect=suspect)
         # after a failover, the shards led where the old manager was are checked at once
-        self.run_every(WATCH_INTERVAL_S, "replicas", self.replicas.watch,
-                       first_s=0.0 if suspect else None)
+        self._run_every(WATCH_INTERVAL_S, "replicas", self.replicas.watch,
+                        first_s=0.0 if suspect else None)
 
     async def shrink_in_sync(self, shard: int, node: str, epoch: int) -> ShardPlace:
         """Take a follower out of ``shard``'s in-sync set, as its leader of ``epoch``

@@ -102,6 +102,14 @@ class BackgroundFailures:
             await self.guarded(loop, step)
             await asyncio.sleep(interval_s)
 
+    async def paced(self, loop: str, step: Callable[[], Awaitable],
+                    pause_s: Callable[[], float]) -> None:
+        """Run ``step`` for ever (see :meth:`guarded`), each time after a wait of
+        ``pause_s()`` seconds."""
+        while True:
+            await asyncio.sleep(pause_s())
+            await self.guarded(loop, step)
+
     async def guarded(self, loop: str, step: Callable[[], Awaitable],
                       also: tuple[type[Exception], ...] = ()) -> None:
         """Run one round of a background loop. A rayq or Ray error (a peer restarting,

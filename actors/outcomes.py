@@ -21,7 +21,7 @@ import ray
 from ray.exceptions import RayTaskError
 
 from rayq.names import namespace, server_env, outcome_desk_name
-from actors.base import LIVENESS, LIVENESS_GROUPS
+from actors.base import LIVENESS_GROUPS, RuntimeActor
 from actors.data_nodes import data_nodes
 from rayq.batching import AsyncBatcher
 from rayq.config import Config
@@ -42,9 +42,12 @@ LOOKUP_EVERY_S = 10.0  # a shard looks its desk up again this often (one started
 TELL_GAP_S = 0.01
 
 
-class OutcomeDesk:
+class OutcomeDesk(RuntimeActor):
+    """A shard's desk, answering the kit's ``ping`` with its index; it runs no background
+    loop (its reads of the shard ride the waits)."""
+
     def __init__(self, index: int):
-        self.index = index
+        super().__init__("outcome desk", index=index)
         self.shard = shard_link(index)
         reads = Batcher(max_items=MAX_READ_IDS, sized=True, name=f"outcome reads {index}")
         self._reads = AsyncBatcher(reads, self._read_many)
@@ -74,10 +77,6 @@ class OutcomeDesk:
         """One read of the shard for the ids of many waits (the batcher hands each wait
         its slice of the answers)."""
         return await call_async(lambda: self.shard.task_ends.remote(ids))
-
-    @ray.method(concurrency_group=LIVENESS)
-    async def ping(self) -> int:
-        return self.index
 
 
 OutcomeDeskRemote = ray.remote(concurrency_groups=LIVENESS_GROUPS)(OutcomeDesk)

@@ -24,10 +24,10 @@ import psutil
 import ray
 
 from actors.channel import ChannelServer
-from actors.base import LIVENESS, LIVENESS_GROUPS, manager_directory
+from actors.base import LIVENESS_GROUPS, GatedActor, manager_directory
 from rayq.core.auth import nonces
 from actors.outcomes import DeskTeller
-from actors.metrics import BackgroundFailures, ShardMetrics, trim_heap
+from actors.metrics import ShardMetrics, trim_heap
 from actors.parking import ParkedPolls
 from actors.data_nodes import this_node_name
 from actors.replication.leader import replication_of
@@ -40,7 +40,7 @@ from rayq.config import Config, shard_store_config
 from rayq.core.auth.accounts import ADMIN, Signature, check_senders
 from rayq.core.auth.operations import SHARD_OPS
 from rayq.core.kit.batcher import Batcher
-from rayq.core.kit.clock import Clock, SystemClock
+from rayq.core.kit.clock import Clock
 from rayq.core.storage.dispatch import DispatchPolicy, NoisyKey
 from rayq.core.storage.operations import small_group
 from rayq.core.consumers.decisions import check_end_calls
@@ -85,11 +85,10 @@ class ShardStats:
     role: str = "leader"
 
 
-class ShardActor:
+class ShardActor(GatedActor):
     def __init__(self, index: int, path: str, config: Config, clock: Clock | None = None):
-        self.index = index
+        super().__init__("shard", clock, index)
         self.node = this_node_name()
-        self.clock = clock or SystemClock()
         self.store = open_store(path, config=shard_store_config(config), clock=self.clock,
                                 dispatch=DispatchPolicy.of(config.fairness),
                                 check_senders=check_senders)
@@ -107,12 +106,9 @@ class ShardActor:
         self.metrics = ShardMetrics(index)
         self._channel = ChannelServer(self, CHANNEL_METHODS, f"shard-{index}", path)
         self._handed = Host()  # the connections handed to this shard (door)
-        self.failures = BackgroundFailures("shard", index)
-        self._housekeeping = self._loop.create_task(
-            self.failures.every(EXPIRY_INTERVAL_S, "housekeeping", self._collect_expired))
-        self._reviewing = self._loop.create_task(
-            self.failures.every(REVIEW_INTERVAL_S, "dispatch review", self._review_dispatch))
-        self._purging = self._loop.create_task(self._purge_forever())
+        self._run_every(EXPIRY_INTERVAL_S, "housekeeping", self._collect_expired)
+        self._run_every(REVIEW_INTERVAL_S, "dispatch review", self._review_dispatch)
+        self._run_paced("background removal", self._purge_some, self._purge_pause_s)
         # enqueues go to the event log, in batches
         self.events = open_event_log(os.path.dirname(path), f"shard-{index}", config.analytics,
                                      self._collect_events)
@@ -335,10 +331,6 @@ class ShardActor:
         await self._remember(caller.auth)  # a signed read is remembered: it never replays
         return await self._read(lambda: {sq: self.store.visibility_counts(sq) for sq in subqueues})
 
-    async def forget_keys(self) -> None:
-        """Account keys changed: verify the next signed request with a fresh copy."""
-        self.gate.forget()
-
     async def set_state(self, subqueue: int, state: str) -> None:
         await self._read(self.store.set_state, subqueue, SubqueueState(state))
 
@@ -378,19 +370,17 @@ class ShardActor:
         for sq in subqueues:
             self._parked.wake(sq, self._parked.waiting(sq))  # they find it disabled at once
 
-    async def _purge_forever(self) -> None:
-        """Bounded transactions, one after another while there is work (interleaved with
-        group commits on the store thread); a restarted shard resumes from its marks."""
-        while True:
-            busy = bool(self.store.purging)
-            await asyncio.sleep(PURGE_PAUSE_S if busy else EXPIRY_INTERVAL_S)
-            if not busy:
-                continue
-            try:
-                finished = await self._read(self._purge_step)
-                self._desk.tell(finished)
-            except Exception:  # keep going: the marks persist, the next step retries
-                log.exception("shard %d background removal failed", self.index)
+    def _purge_pause_s(self) -> float:
+        """Background removal runs bounded transactions one after another while there is
+        work (interleaved with group commits on the store thread), and looks for work
+        every EXPIRY_INTERVAL_S otherwise."""
+        return PURGE_PAUSE_S if self.store.purging else EXPIRY_INTERVAL_S
+
+    async def _purge_some(self) -> None:
+        """One bounded removal transaction, if any is due; a failed one is retried by the
+        next round (the marks persist, and a restarted shard resumes from them)."""
+        if self.store.purging:
+            self._desk.tell(await self._read(self._purge_step))
 
     def _purge_step(self) -> list:
         self.store.purge_some(PURGE_ROWS)
@@ -470,10 +460,6 @@ class ShardActor:
     async def channel(self) -> tuple[str, str]:
         """(host id, socket path) of this shard's local channel (rayq.channel)."""
         return await self._channel.address()
-
-    @ray.method(concurrency_group=LIVENESS)
-    async def ping(self) -> int:
-        return self.index
 
     @signed(SHARD_OPS["noisy"])
     async def noisy(self, *, caller: Caller) -> list[NoisyKey]:

@@ -34,7 +34,9 @@ from rayq.errors import RuntimeFailure
 
 log = logging.getLogger("rayq.channel")
 
-# The calls worth a socket: the ones every message makes. Ray carries the rest.
+# The calls worth a socket: the ones every message makes. Ray carries the rest. Each is
+# signed but end_many, the internal call by which consumers end their tasks
+# (rayq.core.auth.operations.SHARD_INTERNAL): no other internal method goes on a socket.
 CHANNEL_METHODS = frozenset({"put", "receive", "delete", "change_visibility", "end_many"})
 RETRY_CONNECT_S = 5.0  # after a failed connect, use Ray this long before trying again
 _lost_actors = [0]  # how many times a call of this process met a lost or restarting actor

@@ -18,6 +18,11 @@ from rayq.core.kit.private import FILE_MODE
 from rayq.core.replication.replica import check_epoch, clear_for_seed, open_copy
 
 class FollowerActor:
+    """One copy of a shard. It stands apart from the actor kit (:mod:`actors.base`): a
+    threaded actor, one call at a time, with no clock, background loop or ping (the
+    keeper asks its ``state``); an async method of the kit's would make Ray run it as an
+    async actor."""
+
     def __init__(self, index: int, path: str, map_bytes: int = 256 << 20):
         self.index, self.path, self._map_bytes = index, path, map_bytes
         self.replica = open_copy(path, map_bytes)

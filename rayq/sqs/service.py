@@ -116,7 +116,10 @@ class SqsState:
     Forwards are lost when this actor restarts; the handle then needs a new receive.
     Each queue owner keeps its own bounded share (:class:`Forwards`), so one account's changes
     never push out another's. Message move tasks are kept and run here too (:class:`Movers`;
-    without a ``config`` none can start)."""
+    without a ``config`` none can start). It takes the kit's store helpers and liveness
+    group (:mod:`actors.base`) but not :class:`~actors.base.RuntimeActor`: a threaded
+    actor serving one call at a time, which an async method of the kit's would make Ray
+    run as an async actor; its copies are kept on a thread."""
 
     def __init__(self, data_dir: str, config: Config | None = None,
                  home_region: str = HOME_REGION, clock: Clock | None = None,
@@ -320,7 +323,11 @@ class SqsEndpoint:
     """One HTTP replica of the SQS endpoint, serving from its constructor on. After its
     first message request, a plain-HTTP connection moves to its queue's shard when that
     shard is on this host (:mod:`rayq.handoff`). Without a ``host`` it listens nowhere
-    and hands nothing on: a shard runs one so to answer the connections handed to it."""
+    and hands nothing on: a shard runs one so to answer the connections handed to it.
+    It takes its clock as the kit's actors do but stands apart from
+    :class:`~actors.base.RuntimeActor`: it runs no background loop, nothing pings it (its
+    ``ready`` answers once it listens), and a shard runs it as a plain object in its own
+    process."""
 
     def __init__(self, host: str, port: int, manager, shards: list, config: Config,
                  clock: Clock | None = None, tls: tuple[str, str] | None = None,
@@ -538,3 +545,11 @@ def _refusal(err: SqsError, query: bool) -> web.Response:
 
 SqsStateRemote = ray.remote(concurrency_groups=LIVENESS_GROUPS)(SqsState)
 SqsEndpointRemote = ray.remote(SqsEndpoint)
+
+# The SQS actors' internal methods: all their public ones. Neither takes a rayq signature
+# (a replica verifies each request's SigV4 itself and calls the state and the shards for
+# it); tests/unit/test_operations.py holds each table to its actor's public methods.
+SQS_STATE_INTERNAL = frozenset({"settings", "save", "fifo_admit", "fifo_record", "fifo_release",
+                                "forward", "record", "move_start", "move_list", "move_cancel",
+                                "ping"})
+SQS_ENDPOINT_INTERNAL = frozenset({"ready", "close", "stats"})

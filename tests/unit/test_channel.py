@@ -20,9 +20,10 @@ import msgpack
 import pytest
 
 from actors.channel import ChannelServer
-from rayq.channel import (RETRY_CONNECT_S, BetweenPlaces, Channel, ChannelLost, ShardLink,
-                          _channels, host_id)
+from rayq.channel import (CHANNEL_METHODS, RETRY_CONNECT_S, BetweenPlaces, Channel, ChannelLost,
+                          ShardLink, _channels, host_id)
 from rayq.core.auth.accounts import Signature
+from rayq.core.auth.operations import SHARD_INTERNAL
 from rayq.core.codec import frames
 from rayq.core.codec.frames import HEADER, MAX_FRAME_BYTES, encode_request
 from rayq.errors import InvalidMessage, QueueDisabled, ReceiptInvalid, RuntimeFailure
@@ -219,6 +220,29 @@ def test_auth_as_a_keyword_argument_is_refused(served):
         sock.sendall(raw_request([7, "echo", [1], {"auth": "admin"}, None]))
         reply = read_reply(sock)
     assert reply[:2] == [7, 1] and isinstance(pickle.loads(reply[2]), InvalidMessage)
+
+
+def test_a_shards_channel_refuses_each_of_its_internal_methods_but_end_many(loop):
+    ran = []
+
+    def method(name):
+        async def run(self, *args, auth=None):
+            ran.append(name)
+        return run
+    # a target with every internal method of a shard, served as a shard serves its own
+    names = SHARD_INTERNAL | CHANNEL_METHODS
+    surface = type("Surface", (), {name: method(name) for name in names})
+    server = ChannelServer(surface(), CHANNEL_METHODS, "test")
+    channel = Channel(on_loop(loop, server.address())[1])
+    try:
+        for name in sorted(SHARD_INTERNAL - {"end_many"}):
+            with pytest.raises(InvalidMessage, match="not served"):
+                ask(channel, name)
+        ask(channel, "end_many", [])
+    finally:
+        channel.close()
+        on_loop(loop, _close(server))
+    assert ran == ["end_many"]
 
 
 def test_a_failure_of_the_target_itself_raises_runtime_failure(channel):

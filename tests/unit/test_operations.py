@@ -1,5 +1,6 @@
 """The table of signed operations: it covers every signed actor method, a signature
-holds for one operation and one set of arguments only, and arguments bind by name."""
+holds for one operation and one set of arguments only, and arguments bind by name. With
+each actor's table of internal methods it covers every public method of the actor."""
 
 import asyncio
 import inspect
@@ -12,8 +13,10 @@ import pytest
 
 from rayq.core.auth.accounts import ADMIN, Accounts, Place, Signer
 from rayq.core.auth.gate import UNSIGNED, Caller, Gate, signed
-from rayq.core.auth.operations import (COORDINATOR_OPS, MANAGER_OPS, OPERATIONS, SHARD_OPS,
-                                       Scope, parameters)
+from rayq.channel import CHANNEL_METHODS
+from rayq.core.auth.operations import (COORDINATOR_INTERNAL, COORDINATOR_OPS, FLOOD_INTERNAL,
+                                       MANAGER_INTERNAL, MANAGER_OPS, OPERATIONS, SHARD_INTERNAL,
+                                       SHARD_OPS, Scope, of_actor, parameters)
 from rayq.core.codec.model import ROW_KEY, Receipt
 from rayq.errors import AuthError, InvalidMessage
 from rayq.testing import MemoryKV
@@ -53,6 +56,70 @@ def signed_methods() -> dict:
 def test_every_actor_method_taking_auth_is_an_entry_of_the_table(signed_methods):
     expected = {f"{ACTOR_CLASSES[op.actor]}.{op.method}": op.name for op in OPERATIONS.values()}
     assert signed_methods == expected
+
+
+# Each actor's table of internal methods, by its name in the operations table.
+INTERNAL = {"shard": SHARD_INTERNAL, "manager": MANAGER_INTERNAL,
+            "coordinator": COORDINATOR_INTERNAL, "flood": FLOOD_INTERNAL}
+_SQS_TABLES = {"rayq.sqs.service:SqsState": "SQS_STATE_INTERNAL",
+               "rayq.sqs.service:SqsEndpoint": "SQS_ENDPOINT_INTERNAL"}
+
+# In a fresh interpreter, as above: each class's public methods (its own and those it
+# inherits), each with the operation its ``@signed`` carries (None: unsigned), and the
+# SQS actors' internal tables (their module imports ray).
+_PUBLIC = """
+import importlib, inspect, json, sys
+classes, sqs_tables = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+def loaded(path):
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+public = {path: {name: getattr(getattr(fn, "operation", None), "name", None)
+                 for name, fn in inspect.getmembers(loaded(path), inspect.isfunction)
+                 if not name.startswith("_")}
+          for path in [*classes, *sqs_tables]}
+tables = {path: sorted(loaded(path.split(":")[0] + ":" + table))
+          for path, table in sqs_tables.items()}
+print(json.dumps([public, tables]))
+"""
+
+
+@pytest.fixture(scope="module")
+def public_methods() -> tuple[dict, dict]:
+    """(class path -> {public method: its operation's name or None}, SQS class path -> its
+    internal table)."""
+    args = [json.dumps(list(ACTOR_CLASSES.values())), json.dumps(_SQS_TABLES)]
+    out = subprocess.run([sys.executable, "-c", _PUBLIC, *args], capture_output=True,
+                         text=True, check=True, cwd=ROOT)
+    public, tables = json.loads(out.stdout.strip().splitlines()[-1])
+    return public, tables
+
+
+@pytest.mark.parametrize("actor", sorted(ACTOR_CLASSES))
+def test_every_public_method_of_an_actor_is_signed_or_in_its_internal_table(public_methods,
+                                                                            actor):
+    methods = public_methods[0][ACTOR_CLASSES[actor]]
+    signed_here = {name: op for name, op in methods.items() if op is not None}
+    assert signed_here == {method: op.name for method, op in of_actor(actor).items()}
+    assert set(methods) - set(signed_here) == INTERNAL[actor]
+
+
+@pytest.mark.parametrize("path", sorted(_SQS_TABLES))
+def test_every_public_method_of_an_sqs_actor_is_in_its_internal_table(public_methods, path):
+    public, tables = public_methods
+    assert all(op is None for op in public[path].values())
+    assert sorted(public[path]) == tables[path]
+
+
+def test_no_method_is_both_signed_and_internal():
+    for actor, internal in INTERNAL.items():
+        assert not internal & set(of_actor(actor)), actor
+
+
+def test_the_local_channel_serves_no_internal_method_of_a_shard_but_end_many():
+    # end_many is how consumers end every task they ran: a hot call, made by the runtime
+    # only, on a socket only the user running Ray can reach
+    assert CHANNEL_METHODS & SHARD_INTERNAL == {"end_many"}
+    assert CHANNEL_METHODS <= set(SHARD_OPS) | SHARD_INTERNAL
 
 
 def test_the_table_shape():

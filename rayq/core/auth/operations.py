@@ -1,4 +1,5 @@
-"""The signed operations: every runtime call a client may sign, defined once.
+"""The signed operations: every runtime call a client may sign, defined once; and beside
+them each actor's internal methods, the calls only the runtime makes.
 
 Each entry names the actor method, its parameters (with their defaults, as the method
 declares them), what the call touches and who may make it. The client signs the
@@ -264,3 +265,25 @@ SHARD_OPS = MappingProxyType(of_actor("shard"))
 MANAGER_OPS = MappingProxyType(of_actor("manager"))
 COORDINATOR_OPS = MappingProxyType(of_actor("coordinator"))
 FLOOD_OPS = MappingProxyType(of_actor("flood"))
+
+# Each actor's internal methods: public but never signed, called by the runtime alone (its
+# other actors, its start and stop, the tests that drive one round), never by a client.
+# Every public method of an actor is in its signed surface above or in its internal table
+# (tests/unit/test_operations.py holds it), so a new method is classified when it is added.
+# The local channel serves a shard's signed data path and one internal method, end_many:
+# consumers end every task they ran with it (rayq.channel.CHANNEL_METHODS).
+KIT_INTERNAL = frozenset({"ping", "background_failures", "forget_keys"})  # actors.base
+SHARD_INTERNAL = KIT_INTERNAL | frozenset({
+    "defer", "finish", "end_many",                # consumers ending their tasks
+    "task_ends", "take_usage",                    # the outcome desks, the fairness coordinator
+    "seed", "set_state", "set_ordered", "purge",  # the manager
+    "set_diverts", "sweep", "spill_left", "move_matching", "health", "flood_snapshot",
+    "enqueue_counts",                             # the flood detector
+    "door", "close_door", "channel", "process"})  # hosts and processes
+MANAGER_INTERNAL = KIT_INTERNAL | frozenset({
+    "directory", "places", "get_queue", "receive_routing", "task_table", "config_value",
+    "acquire", "renew", "release", "consumer_count", "fairness_inputs", "set_boost",
+    "flood_layout", "add_dedicated", "coalesce", "refresh", "scale_once",
+    "shrink_in_sync", "rejoin_in_sync"})
+COORDINATOR_INTERNAL = KIT_INTERNAL | frozenset({"plan", "absorb", "evaluate_once"})
+FLOOD_INTERNAL = KIT_INTERNAL | frozenset({"detect_once"})
