@@ -281,7 +281,7 @@ SHARD_INTERNAL = KIT_INTERNAL | frozenset({
     "enqueue_counts",                             # the flood detector
     "door", "close_door", "channel", "process"})  # hosts and processes
 MANAGER_INTERNAL = KIT_INTERNAL | frozenset({
-    "directory", "places", "get_queue", "receive_routing", "task_table", "config_value",
+    "directory", "places", "receive_routing", "task_table", "config_value",
     "acquire", "renew", "release", "consumer_count", "fairness_inputs", "set_boost",
     "flood_layout", "add_dedicated", "coalesce", "refresh", "scale_once",
     "shrink_in_sync", "rejoin_in_sync"})
