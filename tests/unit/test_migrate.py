@@ -8,6 +8,8 @@ from rayq.core.storage import layout as rows
 from rayq.core.replication.replica import Replica
 from rayq.core.storage.store import ShardStore
 from rayq.testing import FakeClock, plenty_of_memory
+from rayq.core.storage.writes import ChangeVisibility, Put, Sweep
+from tests.contract.helpers import batch, received
 
 SPILLED_TO = 7  # where the sweep moves the spilled message back
 
@@ -43,11 +45,11 @@ def format_2_shard(path, clock) -> tuple[str, str]:
     """A format-2 shard holding a message received once (returned: its receipt), one never
     received and one spilled; returns (receipt of the received one, its id)."""
     store = open_store(LmdbKV(path), clock)
-    store.put(0, [message("received")])
-    [got] = store.receive(0, 1, 60)
-    store.put(0, [message("waiting")])
+    store.run(Put(0, batch(message("received"))))
+    [got] = received(store, 0, 1, 60)
+    store.run(Put(0, batch(message("waiting"))))
     store.set_diverts({0: [("report", "acme")]})
-    store.put(0, [message("spilled")])
+    store.run(Put(0, batch(message("spilled"))))
     store.close()
     kv = LmdbKV(path)
     downgrade(kv)
@@ -66,10 +68,10 @@ def test_a_format_2_shard_opens_in_the_current_format_with_every_message_kept(tm
     clock.advance(5)
     store = open_store(LmdbKV(tmp_path / "shard"), clock)
     assert store.kv.read(lambda txn: txn.get("meta", rows.ROW_FORMAT)) == rows.ROW_FORMAT_NOW
-    store.change_visibility(receipt, 0)  # a receipt handed out before the upgrade holds
-    assert store.sweep("report", "acme", SPILLED_TO, limit=10) == 1
+    store.run(ChangeVisibility(receipt, 0))  # a receipt handed out before the upgrade holds
+    assert store.run(Sweep("report", "acme", SPILLED_TO, limit=10)) == 1
     clock.advance(5)
-    got = {decode_body(m.body): m for q in (0, SPILLED_TO) for m in store.receive(q, 10, 60)}
+    got = {decode_body(m.body): m for q in (0, SPILLED_TO) for m in received(store, q, 10, 60)}
     assert {body: (m.dequeue_count, m.first_received_at_s) for body, m in got.items()} == {
         "received": (2, 1_000.0),      # first received when unknown: its enqueue time
         "waiting": (1, 1_010.0),       # never received: this receive's time
@@ -85,7 +87,7 @@ def test_the_first_receive_time_of_a_migrated_row_stays_put_over_later_receives(
     times = []
     for _ in range(3):
         clock.advance(60)
-        times.append(sorted(m.first_received_at_s for m in store.receive(0, 10, 30)))
+        times.append(sorted(m.first_received_at_s for m in received(store, 0, 10, 30)))
     assert times == [[1_000.0, 1_060.0]] * 3
     store.close()
 
@@ -104,8 +106,8 @@ def test_a_follower_with_format_2_rows_migrates_them_before_the_leaders_first_wr
     shipped = [tuple(Write("meta", bytes(k), bytes(v))
                      for k, v in leader.kv.read(lambda txn: list(txn.scan("meta", b""))))]
     leader.kv.watch(shipped.append)
-    leader.put(0, [message("after the upgrade")])
-    leader.receive(0, 10, 30)
+    leader.run(Put(0, batch(message("after the upgrade"))))
+    received(leader, 0, 10, 30)
     Replica(follower_kv).apply(1, 1, [tuple(w for ws in shipped for w in ws)])
     assert everything(follower_kv) == everything(leader.kv)
     leader.close()

@@ -1,10 +1,11 @@
 """The shard store: durable queue semantics over an ordered key-value store.
 
-The tables and their bytes are :mod:`rayq.core.storage.layout`'s. Every write is a
-record of :mod:`rayq.core.storage.writes` that runs over a
+The tables and their bytes are :mod:`rayq.core.storage.layout`'s. Writes come in
+through one door, as records of :mod:`rayq.core.storage.writes` that run over a
 :class:`~rayq.core.storage.ledger.Ledger`: :meth:`ShardStore.run` makes one in its own
 write transaction (one commit, one fsync), :meth:`ShardStore.group` many in one
-transaction for group commit; each public write method makes one. Policy (which senders a put may carry, which flooders are diverted) comes
+transaction for group commit. The other public methods read, or set a subqueue's state
+and marks. Policy (which senders a put may carry, which flooders are diverted) comes
 from the caller: ``check_senders`` and :meth:`set_diverts`.
 """
 
@@ -16,11 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rayq.config import StoreConfig
-from rayq.core.codec.model import (DEFAULT_ACCOUNT, US, Ending, KeyDepth, NewMessage, StoredMessage,
-                                   SubqueueState, check_count, check_name, check_subqueue,
-                                   message_id, to_us)
+from rayq.core.codec.model import (US, Ending, KeyDepth, StoredMessage, SubqueueState,
+                                   check_count, check_name, check_subqueue, message_id, to_us)
 from rayq.core.codec.task_ids import check_task_id
-from rayq.core.codec.wire import decode_delivered, encode_messages
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.kv import KV, LmdbKV, Txn
 from rayq.core.kit.windows import WindowedSums
@@ -34,9 +33,7 @@ from rayq.core.storage.ledger import (STAT_NAMES, Enqueued, Env, Ledger, SenderC
                                       head_of, locked_until)
 from rayq.core.storage.messages import MAX_BATCH
 from rayq.core.storage.migrate import migrate_rows
-from rayq.core.storage.writes import (ChangeVisibility, Clear, CollectExpired, Defer, Delete,
-                                      Finish, MoveMatching, Put, PurgeStep, Receive, RecordUsage,
-                                      Sweep, TakeUsage, Write, check_write, run_isolated)
+from rayq.core.storage.writes import PurgeStep, Write, check_write, run_isolated
 from rayq.errors import InvalidMessage, RayqError, StoreBug, StoreError
 
 
@@ -192,55 +189,7 @@ class ShardStore:
             self._stats[name] += n
         self.dispatch.apply(w.flights, w.new_heads, w.now_us)
 
-    # -- public operations (each one transaction) ---------------------------
-    def put(self, subqueue: int, messages: Sequence[NewMessage]) -> list[str]:
-        """Store messages durably; returns their ids in order."""
-        if not isinstance(messages, (list, tuple)):
-            raise InvalidMessage("put takes a list of NewMessage values")
-        return self.put_batch(subqueue, encode_messages(messages))
-
-    def put_batch(self, subqueue: int, batch: bytes, account: str = DEFAULT_ACCOUNT) -> list[str]:
-        """Store a put buffer (:mod:`rayq.core.codec.wire`) durably; returns the ids in order.
-        ``account``: the sender, whose task ids the put's tasks go by."""
-        return self.run(Put(subqueue, batch, account=account))
-
-    def receive(self, subqueue: int, max_messages: int = 1, visibility_timeout_s: float | None = None,
-                *, keys: Sequence[str] | None = None, max_receives: int | None = None,
-                dead_letter: int | None = None,
-                exclude: Sequence[str] | None = None) -> list[StoredMessage]:
-        """Hide and return up to ``max_messages`` visible messages with fresh pop receipts.
-
-        ``keys`` gives a listen order (take from the first key first); without
-        it the oldest visible messages across keys come first, except those of
-        keys in ``exclude``. A message already received ``max_receives`` times
-        moves to subqueue ``dead_letter`` instead of being delivered.
-        """
-        return decode_delivered(self.run(Receive(
-            subqueue, max_messages, visibility_timeout_s, keys=keys,
-            max_receives=max_receives, dead_letter=dead_letter, exclude=exclude)))
-
-    def delete(self, receipts: Sequence[str]) -> list[str]:
-        """Delete the messages of valid receipts; returns the receipts that were invalid."""
-        return self.run(Delete(receipts))
-
-    def change_visibility(self, receipt: str, timeout_s: float,
-                          usage: bytes | None = None) -> str:
-        """Hide a received message for ``timeout_s`` from now; returns its new receipt."""
-        return self.run(ChangeVisibility(receipt, timeout_s, usage))
-
-    def finish(self, receipt: str, outcome: bytes, dead_letter: int | None = None,
-               usage: bytes | None = None) -> None:
-        """End a received task message with an outcome (see :func:`outcomes.finish`)."""
-        return self.run(Finish(receipt, outcome, dead_letter, usage))
-
-    def record_usage(self, report: bytes) -> None:
-        """Keep a delivery's usage report for the coordinator (:func:`outcomes.record_usage`)."""
-        return self.run(RecordUsage(report))
-
-    def take_usage(self, limit: int = 10_000) -> list[bytes]:
-        """Remove and return up to ``limit`` usage reports, oldest first."""
-        return self.run(TakeUsage(limit))
-
+    # -- reads --------------------------------------------------------------
     def outcome(self, message_id: str) -> tuple[Ending, bytes] | None:
         """How a task message ended, or None while it has not (or its outcome expired)."""
         [found] = self.outcomes([message_id])
@@ -285,15 +234,6 @@ class ShardStore:
         finished, self._finished = self._finished, []
         return finished
 
-    def defer(self, receipt: str, delay_s: float, usage: bytes | None = None) -> str:
-        """Put a received message back unrun (see :func:`messages.defer`); a new receipt."""
-        return self.run(Defer(receipt, delay_s, usage))
-
-    def clear(self, subqueue: int) -> int:
-        """Delete every message of a subqueue, spilled ones too, in one transaction;
-        returns how many were deleted. (Queues clear through :meth:`purge`.)"""
-        return self.run(Clear(subqueue))
-
     def purge(self, subqueues: Sequence[int]) -> None:
         """Remove subqueues in the background: from now on they are disabled, count
         nothing and deliver nothing; :meth:`purge_some` removes their rows and spilled
@@ -315,10 +255,6 @@ class ShardStore:
         removed, self._purge_cursor = self.run(PurgeStep(done, limit, self._purge_cursor))
         self.index.purging -= set(done)
         return removed
-
-    def collect_expired(self, limit: int = 10_000) -> int:
-        """Delete up to ``limit`` expired messages; returns how many."""
-        return self.run(CollectExpired(limit))
 
     def peek(self, subqueue: int, max_messages: int = 1, *,
              keys: Sequence[str] | None = None) -> list[StoredMessage]:
@@ -410,18 +346,9 @@ class ShardStore:
             check_subqueue(sq): [(check_name(t, "type"), check_name(w, "tenant"))
                                  for t, w in pairs] for sq, pairs in diverts.items()}
 
-    def sweep(self, type_: str, tenant: str, target: int, limit: int) -> int:
-        """Move up to ``limit`` spilled messages of a flooder into ``target`` (one transaction)."""
-        return self.run(Sweep(type_, tenant, target, limit))
-
     def spill_left(self, type_: str, tenant: str) -> bool:
         """Whether anything is spilled under flooder (type, tenant): one seek."""
         return self.kv.read(lambda txn: spill.any_spilled(txn, self.index.key_ids, type_, tenant))
-
-    def move_matching(self, source: int, target: int, type_: str, tenant: str, limit: int,
-                      after: bytes | None = None) -> tuple[int, bytes | None]:
-        """Move a flooder's visible messages between subqueues, ``limit`` rows a call."""
-        return self.run(MoveMatching(source, target, type_, tenant, limit, after))
 
     def counts(self) -> dict[tuple[int, str], int]:
         """Messages per (subqueue, fairness key), zero entries left out."""
