@@ -45,6 +45,7 @@ from rayq.core.control.registry import QueueInfo
 from rayq.core.control.routes import RouteCache
 from rayq.core.codec.tasks import DeferralCause, TaskSpec, decode_call, encode_result, error_of
 from rayq.core.codec.wire import decode_delivered
+from rayq.core.storage.writes import End, RecordUsage, compact
 from rayq.errors import InvalidMessage, RayqError, ReceiptInvalid, RuntimeFailure
 from rayq.remote import (IN_RUNTIME, NO_RETRY, actor_names, call_async, manager_link, running,
                          shard_link)
@@ -54,7 +55,7 @@ __all__ = ["ConsumerActor", "ConsumerStats", "named_consumers"]
 
 
 class _Ends:
-    """The ends of tasks (finish, defer, retry later) bound for one shard: calls made
+    """The ends of tasks (finish, defer, retry later) bound for one shard: ends made
     while one is in flight ride together in the next (one round trip, one commit)."""
 
     MAX_CALLS = 500
@@ -64,9 +65,9 @@ class _Ends:
         self._batcher = AsyncBatcher(
             calls, lambda batch: call_async(lambda: shard.end_many.remote(batch)))
 
-    def call(self, name: str, *args) -> Awaitable[Any]:
-        """The result of shard call ``name(*args)``, or its error raised."""
-        return self._batcher.call((name, args))
+    def call(self, end: End) -> Awaitable[Any]:
+        """The result of write ``end`` on the shard, or its error raised."""
+        return self._batcher.call(compact(end))
 
 
 @dataclass
@@ -321,39 +322,40 @@ class ConsumerActor(RuntimeActor):
         end = decide_end(ok, m.dequeue_count, spec, queue.max_receives, self.consumer_config,
                          retriable)
         dead_letter = queue.dead_letter_on(queue.subqueue(m.subqueue).shard)
-        name, args = end.shard_call(held.receipt, outcome, dead_letter)
-        await self._ended(held, name, args, end, usage_s, wait_s)
+        await self._ended(held, end, end.write(held.receipt, outcome, dead_letter), usage_s,
+                          wait_s)
 
     async def _give_up(self, held: _Held, error: bytes) -> None:
         """Dead-letter a task no handler could run in time, with ``error``
         (:func:`~rayq.core.consumers.decisions.unrunnable_outcome`)."""
         m, queue = held.message, held.queue
         end = DeadLetter()
-        name, args = end.shard_call(held.receipt, error,
-                                    queue.dead_letter_on(queue.subqueue(m.subqueue).shard))
-        await self._ended(held, name, args, end, 0.0, self.clock.now() - m.enqueued_at)
+        dead_letter = queue.dead_letter_on(queue.subqueue(m.subqueue).shard)
+        await self._ended(held, end, end.write(held.receipt, error, dead_letter), 0.0,
+                          self.clock.now() - m.enqueued_at)
 
     async def _defer(self, held: _Held, cause: DeferralCause) -> None:
         """Put a task back unrun, its delivery not counted; it counts as a deferral of its
         key, with its cause."""
         self.state.deferred()
-        await self._ended(held, "defer", (held.receipt, self.consumer_config.defer_s), Deferral,
-                          0.0, self.clock.now() - held.message.enqueued_at, cause)
+        end = Deferral(self.consumer_config.defer_s)
+        await self._ended(held, end, end.write(held.receipt, b"", None), 0.0,
+                          self.clock.now() - held.message.enqueued_at, cause)
 
-    async def _ended(self, held: _Held, name: str, args: tuple, end, usage_s: float,
-                     wait_s: float, cause: DeferralCause | None = None) -> None:
-        """Make a delivery's end call with its usage report, which the shard keeps in the
-        same transaction (the coordinator takes it there: a report outlives this
+    async def _ended(self, held: _Held, end, write: End, usage_s: float, wait_s: float,
+                     cause: DeferralCause | None = None) -> None:
+        """Make ``end``'s write with the delivery's usage report, which the shard keeps in
+        the same transaction (the coordinator takes it there: a report outlives this
         consumer). An end someone else made first keeps the report alone, with the
         outcome ``end`` has then."""
         report = self.state.report(held.message, held.queue.name, usage_s, end.outcome, wait_s,
                                    cause)
         try:
-            await held.ends.call(name, *args, report.pack())
+            await held.ends.call(dataclasses.replace(write, usage=report.pack()))
         except ReceiptInvalid:
             self.state.lost_one()  # it became visible again and someone else took it
             lost = dataclasses.replace(report, outcome=end.outcome_if_lost)
-            await held.ends.call("record_usage", lost.pack())
+            await held.ends.call(RecordUsage(lost.pack()))
 
 
 def read_host() -> HostReading:

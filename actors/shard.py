@@ -18,7 +18,7 @@ import logging
 import os
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import psutil
 import ray
@@ -42,8 +42,9 @@ from rayq.core.auth.operations import SHARD_OPS
 from rayq.core.kit.batcher import Batcher
 from rayq.core.kit.clock import Clock
 from rayq.core.storage.dispatch import DispatchPolicy, NoisyKey
-from rayq.core.storage.operations import small_group
-from rayq.core.consumers.decisions import check_end_calls
+from rayq.core.storage.writes import (ChangeVisibility, Clear, CollectExpired, Defer, Delete,
+                                      Finish, MoveMatching, Put, Receive, Sweep, TakeUsage, Write,
+                                      decode_ends, small_group)
 from rayq.core.auth.gate import (Caller, Gate, check_reads_own, of_subqueues, per_queue, queues_on,
                                  signed)
 from rayq.core.codec.wire import delivered_count, join_delivered
@@ -85,6 +86,14 @@ class ShardStats:
     role: str = "leader"
 
 
+class _Entry(NamedTuple):
+    """One entry of a group commit: a write with the nonce of the request that signed
+    it (None: unsigned), or a signed read's nonce alone (no write)."""
+
+    op: Write | None
+    nonce: bytes | None
+
+
 class ShardActor(GatedActor):
     def __init__(self, index: int, path: str, config: Config, clock: Clock | None = None):
         super().__init__("shard", clock, index)
@@ -94,7 +103,7 @@ class ShardActor(GatedActor):
                                 check_senders=check_senders)
         self._store = StoreThread(f"shard-{index}")
         self._loop = asyncio.get_running_loop()
-        # group commit of (store call or None for a nonce alone, args, kwargs, nonce key or None)
+        # group commit of writes, each with the nonce of the request it serves (_Entry)
         commits = Batcher(max_pending=MAX_PENDING_CALLS, name=f"shard {index}")
         self._group_commit = AsyncBatcher(commits, self._commit)
         # parked long polls per subqueue, oldest first: a put of n messages wakes n of them
@@ -128,13 +137,12 @@ class ShardActor(GatedActor):
         return await self.replication.seed(node, self._read)
 
     # -- group commit ------------------------------------------------------
-    async def _write(self, subqueue: int | None, name: str | None, *args,
-                     signed: Signature | None = None, **kwargs) -> Any:
-        """Run store call ``name`` in the next group commit, with the nonce of the
-        request that ``signed`` it (None: unsigned, or a later round of a long poll)."""
+    async def _write(self, op: Write | None, signed: Signature | None = None) -> Any:
+        """Make write ``op`` in the next group commit, with the nonce of the request that
+        ``signed`` it (None: unsigned, or a later round of a long poll); no ``op``: the
+        nonce alone."""
         self.shipper.check()  # refused before it is stored: too few copies in sync
-        result = await self.shipper.acked(
-            self._enqueue(subqueue, name, *args, signed=signed, **kwargs))
+        result = await self.shipper.acked(self._enqueue(op, signed))
         if isinstance(result, BaseException):
             raise result
         return result
@@ -142,52 +150,55 @@ class ShardActor(GatedActor):
     async def _remember(self, signed: Signature | None) -> None:
         """Make a signed read's nonce durable (the next group commit) before it answers."""
         if signed is not None:
-            await self._write(None, None, signed=signed)
+            await self._write(None, signed)
 
-    def _enqueue(self, subqueue: int | None, name: str | None, *args,
-                 signed: Signature | None = None, **kwargs) -> asyncio.Future:
-        """Queue one store call for the next group commit; its future holds the result
-        or the RayqError it raised. Raises Overloaded when MAX_PENDING_CALLS wait."""
+    def _enqueue(self, op: Write | None, signed: Signature | None = None) -> asyncio.Future:
+        """Queue one write (or a nonce alone) for the next group commit; its future holds
+        the result or the RayqError it raised. Raises Overloaded when MAX_PENDING_CALLS
+        wait (counted as throttled on the subqueue the write loads)."""
         nonce = nonces.nonce_key(signed) if signed is not None else None
         try:
-            return self._group_commit.submit((name, args, kwargs, nonce))
+            return self._group_commit.submit(_Entry(op, nonce))
         except Overloaded:
+            subqueue = op.loads() if op is not None else None
             if subqueue is not None:
                 self._throttled[subqueue] += 1
             raise
 
-    async def _commit(self, calls: list) -> list:
-        """One group commit of ``calls``: a result per call, the value or the RayqError it
-        raised (a failed transaction fails every call: nothing of it was committed).
-        Wakes the polls parked on the subqueues the puts filled."""
+    async def _commit(self, entries: list[_Entry]) -> list:
+        """One group commit of ``entries``: a result per entry, the value or the RayqError
+        it raised (a failed transaction fails every entry: nothing of it was committed).
+        Wakes the polls parked on the subqueues the writes filled."""
         try:
             results, finished, shipment = await self._store.run(
-                self._group, calls, inline=small_group(calls))
+                self._group, entries, inline=small_group([e.op for e in entries]))
             self._desk.tell(finished)
             results = self.shipper.ship(results, shipment)  # acked once followers applied it
         except RayqError as err:
-            results = [err] * len(calls)
+            results = [err] * len(entries)
         except Exception as err:
-            results = [StoreError(f"shard {self.index} transaction failed: {err!r}")] * len(calls)
+            failed = StoreError(f"shard {self.index} transaction failed: {err!r}")
+            results = [failed] * len(entries)
         self._commits += 1
-        self._calls += len(calls)
-        for (name, args, _, _), result in zip(calls, results):
+        self._calls += len(entries)
+        for entry, result in zip(entries, results):
             value = value_of(result)
-            if name == "put" and not isinstance(value, BaseException):
-                self._parked.wake(args[0], len(value))
+            if entry.op is not None and not isinstance(value, BaseException):
+                for subqueue, polls in entry.op.wakes(value):
+                    self._parked.wake(subqueue, polls)
         return results
 
-    def _group(self, calls: list) -> tuple[list, list, tuple | None]:
-        """One transaction: the store calls, the nonces of the requests they serve, and
+    def _group(self, entries: list[_Entry]) -> tuple[list, list, tuple | None]:
+        """One transaction: the writes, the nonces of the requests they serve, and
         (replicating) the group's sequence number; its write set to ship, if any."""
-        keys = [c[3] for c in calls if c[3] is not None]
+        keys = [e.nonce for e in entries if e.nonce is not None]
 
         def also(txn) -> None:
             if keys:
                 nonces.remember(txn, keys, self.clock.now())
             self.replication.stamp(txn)
-        done = iter(self.store.group([c[:3] for c in calls if c[0] is not None], also))
-        results = [next(done) if c[0] is not None else None for c in calls]
+        done = iter(self.store.group([e.op for e in entries if e.op is not None], also))
+        results = [next(done) if e.op is not None else None for e in entries]
         shipment = self.replication.take()
         return results, self.store.take_finished(), shipment
 
@@ -210,8 +221,7 @@ class ShardActor(GatedActor):
         sender = None if account == ADMIN else (account, self.key_mode,
                                                 self.gate.task_types(account, subqueue),
                                                 self.gate.owns_plain(account, subqueue))
-        ids = await self._write(subqueue, "put", subqueue, batch, sender=sender, account=account,
-                                signed=caller.auth)
+        ids = await self._write(Put(subqueue, batch, sender, account), caller.auth)
         self._ops[subqueue] += len(ids)
         return ids
 
@@ -232,10 +242,10 @@ class ShardActor(GatedActor):
             parts, count, refused = [], 0, None
             for sq in subqueues:  # on until it has max_messages or has tried them all
                 try:
-                    got = await self._write(sq, "receive", sq, max_messages - count,
-                                            visibility_timeout_s, keys=keys, exclude=exclude,
-                                            max_receives=max_receives,
-                                            dead_letter=dead_letter, signed=signed)
+                    got = await self._write(Receive(
+                        sq, max_messages - count, visibility_timeout_s, keys=keys,
+                        exclude=exclude, max_receives=max_receives, dead_letter=dead_letter),
+                        signed)
                 except QueueDisabled as err:  # dropped since the caller routed: the others
                     refused = err             # still serve; raised if none had anything
                     continue
@@ -267,24 +277,26 @@ class ShardActor(GatedActor):
 
     @signed(SHARD_OPS["delete"])
     async def delete(self, receipts: list[str], *, caller: Caller) -> list[str]:
-        return await self._write(None, "delete", receipts, signed=caller.auth)
+        return await self._write(Delete(receipts), caller.auth)
 
     @signed(SHARD_OPS["change_visibility"])
     async def change_visibility(self, receipt: str, timeout_s: float, *, caller: Caller) -> str:
-        return await self._write(None, "change_visibility", receipt, timeout_s, signed=caller.auth)
+        return await self._write(ChangeVisibility(receipt, timeout_s), caller.auth)
 
     async def defer(self, receipt: str, delay_s: float) -> str:
-        return await self._write(None, "defer", receipt, delay_s)
+        return await self._write(Defer(receipt, delay_s))
 
     async def finish(self, receipt: str, outcome: bytes, dead_letter: int | None = None) -> None:
-        """End a received task with its encoded outcome (see ShardStore.finish)."""
-        return await self._write(None, "finish", receipt, outcome, dead_letter)
+        """End a received task with its encoded outcome (see rayq.core.storage.writes.Finish)."""
+        return await self._write(Finish(receipt, outcome, dead_letter))
 
     async def end_many(self, calls: list[tuple[str, tuple]]) -> list:
-        """Many ``finish``/``defer``/``change_visibility`` calls in one round trip (consumers
-        batch the ends of their tasks); each result is the value or the RayqError raised."""
+        """Many ends of deliveries in one round trip (consumers batch the ends of their
+        tasks), in the compact form :func:`rayq.core.storage.writes.decode_ends` reads
+        (InvalidMessage refuses a malformed batch whole); each result is the value or the
+        RayqError raised."""
         self.shipper.check()
-        futures = [self._enqueue(None, name, *args) for name, args in check_end_calls(calls)]
+        futures = [self._enqueue(end) for end in decode_ends(calls)]
         return list(await asyncio.gather(*(self.shipper.acked(f) for f in futures)))
 
     # -- task outcomes and tasks by id ---------------------------------------------
@@ -296,12 +308,12 @@ class ShardActor(GatedActor):
 
     async def take_usage(self, limit: int) -> list[bytes]:
         """Remove and return up to ``limit`` usage reports of ended deliveries (the fairness
-        coordinator takes them: see ShardStore.take_usage). Looked for first with a read:
-        taking is a group commit (fsync'd, and shipped to followers), which an idle
-        shard would otherwise make on every coordinator round for nothing."""
+        coordinator takes them: see rayq.core.storage.writes.TakeUsage). Looked for first
+        with a read: taking is a group commit (fsync'd, and shipped to followers), which an
+        idle shard would otherwise make on every coordinator round for nothing."""
         if not await self._read(self.store.usage_waiting):
             return []
-        return await self._write(None, "take_usage", limit)
+        return await self._write(TakeUsage(limit))
 
     @signed(SHARD_OPS["tasks"])
     async def tasks(self, task_ids: list[str], *, caller: Caller) -> list:
@@ -311,7 +323,7 @@ class ShardActor(GatedActor):
 
     @signed(SHARD_OPS["clear"])
     async def clear(self, subqueue: int, *, caller: Caller) -> int:
-        return await self._write(subqueue, "clear", subqueue, signed=caller.auth)
+        return await self._write(Clear(subqueue), caller.auth)
 
     @signed(SHARD_OPS["peek"])
     async def peek(self, subqueue: int, max_messages: int = 1, *, keys=None,
@@ -345,15 +357,14 @@ class ShardActor(GatedActor):
         self._dedicated = frozenset(dedicated)
 
     async def sweep(self, type_: str, tenant: str, target: int, limit: int) -> int:
-        return await self._write(target, "sweep", type_, tenant, target, limit)
+        return await self._write(Sweep(type_, tenant, target, limit))
 
     async def spill_left(self, type_: str, tenant: str) -> bool:
         return await self._read(self.store.spill_left, type_, tenant)
 
     async def move_matching(self, source: int, target: int, type_: str, tenant: str,
                             limit: int, after: bytes | None = None) -> tuple:
-        return await self._write(source, "move_matching", source, target, type_, tenant,
-                                 limit, after)
+        return await self._write(MoveMatching(source, target, type_, tenant, limit, after))
 
     async def health(self, subqueue: int) -> tuple[int, bool]:
         """(messages in ``subqueue``, under memory pressure): what the sweeper checks
@@ -478,7 +489,7 @@ class ShardActor(GatedActor):
     async def _collect_expired(self) -> None:
         """Housekeeping: collect expired messages, refresh the metrics, give the C heap's
         free pages back (overloaded: the next round tries again)."""
-        await self._write(None, "collect_expired", 10_000)
+        await self._write(CollectExpired(10_000))
         stats, depths = await self._read(lambda: (self.store.stats(), self.store.depths()))
         self.metrics.update(stats, depths)
         await self._read(trim_heap)

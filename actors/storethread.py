@@ -4,7 +4,7 @@ Every store call runs on one thread (:class:`StoreThread`), so a long transactio
 never blocks the shard's event loop, and the loop reads the next calls meanwhile (they
 make the next group commit). At low load that costs two thread hand-offs per request
 for a commit of a few rows: a commit that
-:func:`rayq.core.storage.operations.small_group` allows runs on the shard's event loop
+:func:`rayq.core.storage.writes.small_group` allows runs on the shard's event loop
 itself when the store thread has nothing to do. A lock held around every store call,
 on either side, keeps it one call at a time (the shard's outcome waiters call in from
 the event loop of their own concurrency group).

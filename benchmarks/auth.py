@@ -38,6 +38,7 @@ from rayq.core.auth.operations import SHARD_OPS  # noqa: E402
 from rayq.core.codec.wire import encode_messages  # noqa: E402
 from rayq.core.codec.model import NewMessage, encode_body  # noqa: E402
 from rayq.core.storage.store import open_store  # noqa: E402
+from rayq.core.storage.writes import Put  # noqa: E402
 from rayq.testing import MemoryKV  # noqa: E402
 
 BATCH = 500
@@ -98,7 +99,7 @@ def nonce_commits(root: str, n: int = 200, calls: int = 8) -> tuple[float, float
                     keys = [nonces.nonce_key(signer.sign(PUT, i, b"", queue="q")) for i in range(calls)]
                     also = (lambda txn, keys=keys: nonces.remember(txn, keys, time.time())
                             ) if with_nonces else None
-                    store.group([("put", (1, message), {})] * calls, also)
+                    store.group([Put(1, message)] * calls, also)
             rates.append(n / t.seconds)
     finally:
         store.close()

@@ -21,15 +21,17 @@ from _report import Timer, report  # noqa: E402
 
 from rayq.config import StoreConfig  # noqa: E402
 from rayq.core.codec.model import NewMessage, encode_body  # noqa: E402
+from rayq.core.codec.wire import encode_messages  # noqa: E402
 from rayq.core.storage.store import open_store  # noqa: E402
+from rayq.core.storage.writes import Put  # noqa: E402
 
 
 def filled(path: str, messages: int):
     store = open_store(path, config=StoreConfig(cache_budget_bytes=0))
     body = encode_body(b"x" * 200, 1 << 20)
     for start in range(0, messages, 1000):
-        store.put(1, [NewMessage(body, "acme", "report", "report")
-                      for _ in range(min(1000, messages - start))])
+        store.run(Put(1, encode_messages([NewMessage(body, "acme", "report", "report")
+                                          for _ in range(min(1000, messages - start))])))
     return store
 
 

@@ -27,7 +27,9 @@ from _report import Timer, report  # noqa: E402
 
 from rayq.config import StoreConfig  # noqa: E402
 from rayq.core.codec.model import NewMessage, encode_body  # noqa: E402
+from rayq.core.codec.wire import decode_delivered, encode_messages  # noqa: E402
 from rayq.core.storage.store import open_store  # noqa: E402
+from rayq.core.storage.writes import Delete, Put, Receive  # noqa: E402
 
 
 ROW_KEY = struct.Struct(">IIQQ")  # (subqueue, key id, visible at, seq), as the store's rows
@@ -101,23 +103,30 @@ def store_figures(path: str, messages: int, batch: int, body_bytes: int) -> dict
     store = open_store(path, config=StoreConfig(initial_map_bytes=1 << 30))
     body = encode_body(os.urandom(body_bytes // 2).hex()[:body_bytes], 1 << 24)
     outgoing = [NewMessage(body, f"t{i % 8}", f"type{i % 4}", f"type{i % 4}") for i in range(batch)]
-    store.put(1, outgoing)  # warm-up: one batch through all three operations
-    store.delete([m.receipt for m in store.receive(1, batch, 300)])
+
+    def put() -> None:
+        store.run(Put(1, encode_messages(outgoing)))
+
+    def receive() -> list[str]:
+        return [m.receipt for m in decode_delivered(store.run(Receive(1, batch, 300)))]
+
+    put()  # warm-up: one batch through all three operations
+    store.run(Delete(receive()))
     with Timer() as t_put:
         for _ in range(0, messages, batch):
-            store.put(1, outgoing)
+            put()
     receipts = []
     with Timer() as t_recv:
         for _ in range(0, messages, batch):
-            receipts.extend(m.receipt for m in store.receive(1, batch, 300))
+            receipts.extend(receive())
     with Timer() as t_del:
         for start in range(0, len(receipts), batch):
-            store.delete(receipts[start:start + batch])
+            store.run(Delete(receipts[start:start + batch]))
     assert len(receipts) == messages and store.count(1) == 0, "benchmark lost messages"
     with Timer() as t_e2e:
         for _ in range(0, messages, batch):
-            store.put(1, outgoing)
-            store.delete([m.receipt for m in store.receive(1, batch, 300)])
+            put()
+            store.run(Delete(receive()))
     store.close()
     return {"put": messages / t_put.seconds, "receive": messages / t_recv.seconds,
             "delete": messages / t_del.seconds, "end_to_end": messages / t_e2e.seconds}

@@ -78,6 +78,12 @@ MUTATIONS = (
              "(state.noisy_since is not None,", "(state.noisy_since is None,"),
     Mutation("purge removes other queues' spilled messages", "rayq.core.storage.purge",
              "remove_spilled", "spill_source(value) in sources", "spill_source(value) not in sources"),
+    Mutation("a put record wakes no parked poll", "rayq.core.storage.writes", "Put.wakes",
+             "((self.subqueue, len(ids)),)", "()"),
+    Mutation("a large put record counted small", "rayq.core.storage.writes", "Put.small",
+             "len(self.batch) <= SMALL_PUT_BYTES", "len(self.batch) >= 0"),
+    Mutation("an end batch decodes records of any write", "rayq.core.storage.writes",
+             "_decode_end", "call[0] in ENDS", "call[0] in ENDS or call[0] == 'put'"),
     Mutation("follower copy opened without fsync", "rayq.core.replication.replica", "open_copy",
              "LmdbKV(path, map_size=map_bytes)", "LmdbKV(path, map_size=map_bytes, durable=False)"),
     # -- the rest of the core

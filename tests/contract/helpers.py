@@ -1,8 +1,9 @@
 """Small builders shared by the contract tests."""
 
 from rayq.core.storage.cache import MemoryReading
-from rayq.core.codec.model import NewMessage, decode_body, encode_body
-from rayq.core.codec.wire import Attrs, attrs_of, encode_put
+from rayq.core.codec.model import NewMessage, StoredMessage, decode_body, encode_body
+from rayq.core.codec.wire import Attrs, attrs_of, decode_delivered, encode_put
+from rayq.core.storage.writes import Receive
 
 
 def batch(*messages: NewMessage, **bad_attrs) -> bytes:
@@ -20,6 +21,11 @@ def message(value=b"body", *, key="k", tenant="acme", type="report", delay_s=0.0
     return NewMessage(encode_body(value, 1 << 30), tenant, type, key, delay_s, ttl_s)
 
 
+def received(store, *args, **kwargs) -> list[StoredMessage]:
+    """The messages ``store.run(Receive(*args, **kwargs))`` delivers, decoded."""
+    return decode_delivered(store.run(Receive(*args, **kwargs)))
+
+
 def values(stored) -> list:
     """The decoded bodies of stored messages, in order."""
     return [decode_body(m.body) for m in stored]
@@ -33,6 +39,6 @@ def starved_of_memory() -> MemoryReading:
 def everything(store, subqueue=0, timeout_s=3600.0) -> list:
     """Receive every visible message of a subqueue (hiding them for ``timeout_s``)."""
     out = []
-    while batch := store.receive(subqueue, 1000, timeout_s):
+    while batch := received(store, subqueue, 1000, timeout_s):
         out.extend(batch)
     return out

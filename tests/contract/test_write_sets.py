@@ -12,7 +12,9 @@ from rayq.core.kit.kv import DATABASES, LmdbKV, Write
 from rayq.core.storage.layout import TABLES
 from rayq.core.storage.store import ShardStore
 from rayq.testing import MemoryKV, plenty_of_memory
-from tests.contract.helpers import batch, message
+from rayq.core.storage.writes import (ChangeVisibility, CollectExpired, Defer, Delete, Finish, Put,
+                                      Sweep)
+from tests.contract.helpers import batch, message, received
 
 CONFIG = StoreConfig(blob_threshold_bytes=64, blob_chunk_bytes=32)
 
@@ -42,31 +44,31 @@ def everything(kv) -> dict[str, list[tuple[bytes, bytes]]]:
 def run_a_day(store: ShardStore, clock) -> None:
     """Puts (inline, blob, task, delayed), receives, deletes, visibility changes, a
     dead letter, a group with a failing call, a spill and sweep, a purge, expiry."""
-    ids = store.put(0, [message(i, key=f"k{i % 3}") for i in range(6)])
-    store.put(0, [message(b"x" * 200, key="big")])
-    store.put(0, [dataclasses.replace(message(b"task"), task=True)])
-    store.put(1, [message(b"later", delay_s=30), message(b"short", ttl_s=5)])
-    got = store.receive(0, 4, 60)
-    store.delete([got[0].receipt])
-    store.change_visibility(got[1].receipt, 0)
-    store.defer(got[2].receipt, 10)
-    tasks = [m for m in store.receive(0, 10, 60) if m.body == encode_body(b"task", 1 << 30)]
+    ids = store.run(Put(0, batch(*[message(i, key=f"k{i % 3}") for i in range(6)])))
+    store.run(Put(0, batch(message(b"x" * 200, key="big"))))
+    store.run(Put(0, batch(dataclasses.replace(message(b"task"), task=True))))
+    store.run(Put(1, batch(message(b"later", delay_s=30), message(b"short", ttl_s=5))))
+    got = received(store, 0, 4, 60)
+    store.run(Delete([got[0].receipt]))
+    store.run(ChangeVisibility(got[1].receipt, 0))
+    store.run(Defer(got[2].receipt, 10))
+    tasks = [m for m in received(store, 0, 10, 60) if m.body == encode_body(b"task", 1 << 30)]
     for m in tasks:
-        store.finish(m.receipt, b"done")
-    results = store.group([("delete", (["not a receipt"],), {}), ("put", (2, b"junk"), {}),
-                           ("put", (2, batch(message(b"grouped"))), {})])
+        store.run(Finish(m.receipt, b"done"))
+    results = store.group([Delete(["not a receipt"]), Put(2, b"junk"),
+                           Put(2, batch(message(b"grouped")))])
     assert isinstance(results[1], Exception) and len(results[2]) == 1
-    store.receive(0, 2, 0, max_receives=1, dead_letter=3)
+    received(store, 0, 2, 0, max_receives=1, dead_letter=3)
     store.set_diverts({4: [("report", "*")]})
-    store.put(4, [message(i, tenant=f"t{i}") for i in range(3)])
+    store.run(Put(4, batch(*[message(i, tenant=f"t{i}") for i in range(3)])))
     store.set_diverts({})
-    store.sweep("report", "*", 5, limit=2)
+    store.run(Sweep("report", "*", 5, limit=2))
     store.set_state(6, store.state(6))
     store.purge([5])
     while store.purging:
         store.purge_some(limit=1)
     clock.advance(3600 * 24 * 30)
-    store.collect_expired(limit=100_000)
+    store.run(CollectExpired(limit=100_000))
     assert ids
 
 
@@ -95,17 +97,17 @@ def test_a_write_set_lists_puts_and_deletes_in_order_and_nothing_of_a_rolled_bac
     store = ShardStore(make_kv(on_commit=write_sets.append), clock=clock,
                        memory_probe=plenty_of_memory)
     write_sets.clear()  # opening wrote the store id
-    [mid] = store.put(0, [message(b"one")])
+    [mid] = store.run(Put(0, batch(message(b"one"))))
     [put] = write_sets
     assert all(isinstance(w, Write) for w in put)
     assert [w.table for w in put if w.table in ("rows", "expiry")] == ["rows", "expiry"]
     assert all(w.value is not None for w in put)
-    [got] = store.receive(0, 1, 60)
-    assert store.delete([got.receipt]) == []
+    [got] = received(store, 0, 1, 60)
+    assert store.run(Delete([got.receipt])) == []
     delete = write_sets[-1]
     assert ("rows", None) in [(w.table, w.value) for w in delete]
     before = len(write_sets)
-    [error] = store.group([("put", (0, b"not a put buffer"), {})])
+    [error] = store.group([Put(0, b"not a put buffer")])
     assert isinstance(error, Exception)
     assert all(w.table not in ("rows", "expiry") for ws in write_sets[before:] for w in ws)
 
@@ -114,12 +116,12 @@ def test_a_kv_without_a_watcher_records_nothing_and_a_read_writes_no_set(make_kv
     write_sets = []
     kv = make_kv()
     store = ShardStore(kv, clock=clock, memory_probe=plenty_of_memory)
-    store.put(0, [message(b"unseen")])
+    store.run(Put(0, batch(message(b"unseen"))))
     kv.watch(write_sets.append)
     store.peek(0)
-    store.receive(1, 1, 0)  # nothing to receive: nothing written
+    received(store, 1, 1, 0)  # nothing to receive: nothing written
     assert write_sets == []
-    store.put(0, [message(b"seen")])
+    store.run(Put(0, batch(message(b"seen"))))
     assert len(write_sets) == 1
 
 

@@ -7,6 +7,8 @@ from rayq.core.storage import layout
 from rayq.core.storage.cache import ENTRY_OVERHEAD_BYTES, MemoryReading, MessageCache, PressureMonitor
 from rayq.core.codec.model import NewMessage, decode_body, encode_body
 from rayq.testing import FakeClock, memory_store
+from rayq.core.storage.writes import Clear, CollectExpired, Put
+from tests.contract.helpers import batch, received
 
 MiB = 1 << 20
 
@@ -144,8 +146,8 @@ def message(value) -> NewMessage:
 def test_messages_put_under_pressure_are_still_delivered_from_storage():
     probe, clock = Probe(available_bytes=0), FakeClock()
     store = memory_store(StoreConfig(), clock, probe)
-    store.put(0, [message(i) for i in range(3)])
-    assert [decode_body(m.body) for m in store.receive(0, 10, 30)] == [0, 1, 2]
+    store.run(Put(0, batch(*[message(i) for i in range(3)])))
+    assert [decode_body(m.body) for m in received(store, 0, 10, 30)] == [0, 1, 2]
     stats = store.stats().cache
     assert (stats.entries, stats.hits, stats.misses, stats.bypasses) == (0, 0, 3, 3)
     assert stats.pressure_episodes == 1 and stats.under_pressure
@@ -154,11 +156,12 @@ def test_messages_put_under_pressure_are_still_delivered_from_storage():
 def test_the_cache_serves_receives_again_once_pressure_is_gone():
     probe, clock = Probe(available_bytes=0), FakeClock()
     store = memory_store(StoreConfig(pressure_check_interval_s=1), clock, probe)
-    store.put(0, [message("under pressure")])
+    store.run(Put(0, batch(message("under pressure"))))
     probe.set()
     clock.advance(1)
-    store.put(0, [message("relieved")])
-    assert [decode_body(m.body) for m in store.receive(0, 10, 30)] == ["under pressure", "relieved"]
+    store.run(Put(0, batch(message("relieved"))))
+    got = received(store, 0, 10, 30)
+    assert [decode_body(m.body) for m in got] == ["under pressure", "relieved"]
     stats = store.stats().cache
     assert (stats.hits, stats.misses, stats.bypasses, stats.under_pressure) == (1, 1, 1, False)
 
@@ -166,23 +169,23 @@ def test_the_cache_serves_receives_again_once_pressure_is_gone():
 def test_a_store_cache_stops_growing_at_its_budget():
     body_len = 1000
     store = memory_store(StoreConfig(cache_budget_bytes=5 * body_len), FakeClock(), Probe())
-    store.put(0, [message(b"x" * body_len) for _ in range(20)])
+    store.run(Put(0, batch(*[message(b"x" * body_len) for _ in range(20)])))
     stats = store.stats().cache
     assert stats.entries < 6 and stats.bypasses == 20 - stats.entries
     assert stats.bytes <= 5 * body_len + entry_size(b"x" * (body_len + 1), b"k" * 24)
-    assert len(store.receive(0, 20, 30)) == 20
+    assert len(received(store, 0, 20, 30)) == 20
 
 
 def test_received_deleted_and_expired_messages_leave_the_cache():
     clock = FakeClock()
     store = memory_store(StoreConfig(), clock, Probe())
-    store.put(0, [message(1), message(2)])
-    store.put(1, [NewMessage(encode_body(3, 100), "acme", "report", "k", ttl_s=1)])
-    store.put(2, [message(4)])
-    store.receive(0, 1, 30)
-    store.clear(2)
+    store.run(Put(0, batch(message(1), message(2))))
+    store.run(Put(1, batch(NewMessage(encode_body(3, 100), "acme", "report", "k", ttl_s=1))))
+    store.run(Put(2, batch(message(4))))
+    received(store, 0, 1, 30)
+    store.run(Clear(2))
     clock.advance(1)
-    store.collect_expired()
+    store.run(CollectExpired())
     stats = store.stats().cache
     assert (stats.entries, stats.hits) == (1, 1)
     row = layout.HEAD.size + len(b"acme" + b"report") + len(encode_body(2, 100))  # header, names, body

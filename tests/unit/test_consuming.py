@@ -6,8 +6,8 @@ import random
 import pytest
 
 from rayq.config import ConsumerConfig
-from rayq.core.consumers.decisions import (DeadLetter, Finish, PlanFollower, Retry, Saturation,
-                                           check_end_calls, decide_end, effective_load,
+from rayq.core.consumers.decisions import (DeadLetter, Deferral, Finish, PlanFollower, Retry,
+                                           Saturation, decide_end, effective_load,
                                            excluded_keys, held_back, is_last_try, long_poll_group,
                                            pause_after, poll_places, receive_requests, receive_size,
                                            recent_task_s, refreshed_handlers, runnable,
@@ -15,9 +15,10 @@ from rayq.core.consumers.decisions import (DeadLetter, Finish, PlanFollower, Ret
 from rayq.core.fairness.policy import Decision, ListenPlan
 from rayq.core.codec.model import Ending
 from rayq.core.codec.tasks import DeferralCause, Outcome, TaskSpec, decode_outcome
-from rayq.errors import InvalidMessage, TaskError
+from rayq.core.storage import writes
+from rayq.errors import TaskError
 from rayq.testing import FakeClock, memory_store
-from tests.contract.helpers import message
+from tests.contract.helpers import batch, message, received
 from tests.unit.layouts import queue_info
 
 CONFIG = ConsumerConfig(retry_backoff_s=1.0, max_backoff_s=5.0)
@@ -55,33 +56,33 @@ def test_the_last_try_is_the_lower_of_the_task_and_queue_limits(attempt, task_ma
     assert is_last_try(attempt, task_max, queue_max) is last
 
 
-@pytest.mark.parametrize("end, call, outcome, if_lost", [
-    (Finish(), ("finish", ("r", b"out", None)), Outcome.SUCCEEDED, Outcome.SUCCEEDED),
-    (Retry(2.5), ("change_visibility", ("r", 2.5)), Outcome.FAILED, Outcome.FAILED),
-    (DeadLetter(), ("finish", ("r", b"out", DLQ)), Outcome.DEAD, Outcome.FAILED),
+@pytest.mark.parametrize("end, write, outcome, if_lost", [
+    (Finish(), writes.Finish("r", b"out"), Outcome.SUCCEEDED, Outcome.SUCCEEDED),
+    (Retry(2.5), writes.ChangeVisibility("r", 2.5), Outcome.FAILED, Outcome.FAILED),
+    (DeadLetter(), writes.Finish("r", b"out", DLQ), Outcome.DEAD, Outcome.FAILED),
+    (Deferral(0.5), writes.Defer("r", 0.5), Outcome.DEFERRED, Outcome.DEFERRED),
 ])
-def test_each_end_names_its_shard_call_and_outcome(end, call, outcome, if_lost):
-    assert end.shard_call("r", b"out", DLQ) == call
+def test_each_end_is_a_write_of_the_shard_and_has_its_outcome(end, write, outcome, if_lost):
+    assert end.write("r", b"out", DLQ) == write
     assert (end.outcome, end.outcome_if_lost) == (outcome, if_lost)
 
 
 def test_a_task_that_always_fails_backs_off_then_is_dead_lettered_on_a_fake_clock():
     clock = FakeClock()
     store = memory_store(clock=clock)
-    [mid] = store.put(0, [dataclasses.replace(message(b"call"), task=True)])
+    [mid] = store.run(writes.Put(0, batch(dataclasses.replace(message(b"call"), task=True))))
     waits, attempt = [], 0
     while True:
-        [got] = store.receive(0, 1, 30, max_receives=SPEC.max_receives, dead_letter=DLQ)
+        [got] = received(store, 0, 1, 30, max_receives=SPEC.max_receives, dead_letter=DLQ)
         attempt += 1
         assert got.dequeue_count == attempt
         end = decide_end(False, got.dequeue_count, SPEC, 5, CONFIG)
-        name, args = end.shard_call(got.receipt, b"boom", DLQ)
-        getattr(store, name)(*args)
+        store.run(end.write(got.receipt, b"boom", DLQ))
         if isinstance(end, DeadLetter):
             break
         waits.append(end.delay_s)
         clock.advance(end.delay_s - 0.01)
-        assert store.receive(0, 1, 30) == []   # hidden for the whole back-off
+        assert received(store, 0, 1, 30) == []   # hidden for the whole back-off
         clock.advance(0.01)
     assert waits == [1.0, 2.0, 4.0, 5.0]
     assert store.count(0) == 0 and store.count(DLQ) == 1
@@ -258,19 +259,11 @@ def test_a_poller_rests_after_a_deferral_only_when_its_host_is_pressed(cause, pa
     assert pause_after(cause, 0.5) == pause
 
 
-@pytest.mark.parametrize("calls", [
-    "not a list", [("finish",)], [("delete", ("r",))], [("finish", "r")],
-    [("finish", ("r", b"x", None)), ("drop_all", ())],
-])
-def test_a_malformed_batch_of_task_ends_is_refused_whole(calls):
-    with pytest.raises(InvalidMessage, match="end_many"):
-        check_end_calls(calls)
-
-
-def test_a_batch_of_task_ends_names_only_the_ending_calls():
-    calls = [Finish().shard_call("r", b"x", None), Retry(1.0).shard_call("s", b"", None),
-             ["defer", ["t", 0.5]]]   # lists: as the local channel's frames carry them
-    assert check_end_calls(calls) == calls
+def test_the_ends_a_consumer_decides_reach_the_shard_as_the_same_writes():
+    ends = [Finish().write("r", b"x", None), Retry(1.0).write("s", b"", None),
+            DeadLetter().write("t", b"err", DLQ), Deferral(0.5).write("u", b"", None)]
+    frames = [[name, list(fields)] for name, fields in map(writes.compact, ends)]  # msgpack's
+    assert writes.decode_ends(frames) == ends
 
 
 @pytest.mark.parametrize("order, exclude, wait_s, requests", [

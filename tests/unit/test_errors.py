@@ -16,6 +16,8 @@ from rayq.core.codec.wire import encode_messages
 from rayq.errors import (ConfigError, InvalidMessage, RuntimeFailure, StoreBug, StoreError,
                          UsageError)
 from rayq.testing import FakeClock, memory_store, plenty_of_memory
+from rayq.core.storage.writes import MoveMatching, Put, Receive
+from tests.contract.helpers import received
 
 # Whose fault each error is: "you" (fix the request), "it" (retry later).
 WHOSE_FAULT = [
@@ -128,7 +130,7 @@ def store(request, tmp_path):
 
 def put(store, *values, subqueue=0) -> list[str]:
     messages = [NewMessage(encode_body(v, 1 << 20), "acme", "report", "report") for v in values]
-    return store.put_batch(subqueue, encode_messages(messages))
+    return store.run(Put(subqueue, encode_messages(messages)))
 
 
 @pytest.fixture
@@ -148,7 +150,7 @@ def test_a_store_bug_surfaces_as_a_runtime_failure_with_its_cause(store, monkeyp
         raise error("a bug in the row codec")
     monkeypatch.setattr(layout, "redelivered", broken)
     with pytest.raises(StoreBug) as raised:
-        store.receive(0, 10, 30)
+        received(store, 0, 10, 30)
     assert isinstance(raised.value, RuntimeFailure) and not isinstance(raised.value, UsageError)
     assert isinstance(raised.value.__cause__, error)
 
@@ -156,10 +158,10 @@ def test_a_store_bug_surfaces_as_a_runtime_failure_with_its_cause(store, monkeyp
 def test_a_store_bug_leaves_the_stored_messages_as_they_were(store, buggy_receive):
     ids = put(store, "a", "b")
     with pytest.raises(StoreBug):
-        store.receive(0, 10, 30)
+        received(store, 0, 10, 30)
     buggy_receive.undo()
     assert store.count(0) == 2
-    got = store.receive(0, 10, 30)
+    got = received(store, 0, 10, 30)
     assert [m.id for m in got] == ids and [m.dequeue_count for m in got] == [1, 1]
 
 
@@ -167,24 +169,26 @@ def test_a_store_bug_in_a_group_commit_aborts_the_whole_transaction(store, buggy
     put(store, "kept")
     batch = encode_messages([NewMessage(encode_body("new", 1 << 20), "acme", "report", "report")])
     with pytest.raises(StoreBug) as raised:
-        store.group([("put", (0, batch), {}), ("receive", (0, 1, 30), {})])
+        store.group([Put(0, batch), Receive(0, 1, 30)])
     assert isinstance(raised.value.__cause__, TypeError)
     buggy_receive.undo()
     assert store.count(0) == 1  # the put of the failed transaction was not stored
-    assert [m.body for m in store.receive(0, 10, 30)] == [encode_body("kept", 1 << 20)]
+    assert [m.body for m in received(store, 0, 10, 30)] == [encode_body("kept", 1 << 20)]
 
 
-def test_arguments_that_do_not_fit_an_operation_are_the_caller_s_fault_alone(store):
+def test_fields_that_do_not_fit_a_write_are_the_caller_s_fault_alone(store):
     put(store, "a")
     batch = encode_messages([NewMessage(encode_body("b", 1 << 20), "acme", "report", "report")])
-    misfit, bad_after, ids = store.group([
-        ("receive", (0,), {"bogus": 1}),
-        ("move_matching", (0, 1, "report", "acme", 10, "not a row key"), {}),
-        ("put", (0, batch), {}),
+    misfit, bad_after, not_a_write, ids = store.group([
+        Receive(0, keys="not a list of keys"),
+        MoveMatching(0, 1, "report", "acme", 10, "not a row key"),
+        ("receive", (0,), {}),
+        Put(0, batch),
     ])
-    assert isinstance(misfit, InvalidMessage) and "bad arguments to receive" in str(misfit)
+    assert isinstance(misfit, InvalidMessage) and "keys" in str(misfit)
     assert isinstance(bad_after, InvalidMessage)
-    assert len(ids) == 1 and store.count(0) == 2  # the valid call of the group committed
+    assert isinstance(not_a_write, InvalidMessage) and "not a write" in str(not_a_write)
+    assert len(ids) == 1 and store.count(0) == 2  # the valid write of the group committed
 
 
 def test_an_engine_failure_is_a_store_error_not_a_bug(store):

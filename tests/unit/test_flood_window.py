@@ -10,14 +10,16 @@ from rayq.core.codec.model import NewMessage, encode_body
 from rayq.core.flood.detection import build_view, detect
 from rayq.errors import ConfigError
 from rayq.testing import FakeClock, memory_store
+from rayq.core.storage.writes import Put
+from tests.contract.helpers import batch
 
 FLOOD = FloodConfig(window_s=1.0, windows=5, depth_threshold=300, enqueue_threshold=50,
                     type_depth_threshold=10_000)
 
 
 def burst(store, tenant: str, n: int) -> None:
-    store.put(0, [NewMessage(encode_body(i, 1 << 20), tenant, "job", tenant)
-                  for i in range(n)])
+    store.run(Put(0, batch(*[NewMessage(encode_body(i, 1 << 20), tenant, "job", tenant)
+                             for i in range(n)])))
 
 
 def flagged_after(gap_s: float, flood: FloodConfig = FLOOD) -> set[str]:

@@ -133,7 +133,8 @@ def test_the_graph_sees_imports_inside_type_checking_blocks():
 # gives. codec is the base; kit's history.py packs its records with codec.model, so kit
 # sits on codec; storage holds no policy (the sender check and flooders' diverts come in
 # from its caller); replication copies a store's write sets, whatever the store; the
-# control plane keeps its own stores replicated; consumers run what control registered.
+# control plane keeps its own stores replicated; consumers run what control registered
+# and end each delivery with a write of storage's.
 WINGS = {
     "codec": set(),
     "kit": {"codec"},
@@ -142,7 +143,7 @@ WINGS = {
     "replication": {"kit", "codec", "storage"},
     "fairness": {"kit", "codec"},
     "control": {"kit", "codec", "auth", "fairness", "storage", "replication"},
-    "consumers": {"kit", "codec", "fairness", "control"},
+    "consumers": {"kit", "codec", "storage", "fairness", "control"},
     "flood": {"kit", "codec", "control"},
 }
 # Outside the wings, the core imports only these modules of rayq.

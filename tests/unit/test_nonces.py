@@ -16,6 +16,7 @@ from rayq.core.storage.store import ShardStore
 from rayq.core.codec.wire import encode_messages
 from rayq.errors import AuthError, StoreError
 from rayq.testing import FakeClock, MemoryKV, plenty_of_memory
+from rayq.core.storage.writes import Put
 
 NOW = 1_800_000_000.0
 
@@ -67,7 +68,7 @@ def test_a_group_commit_writes_its_nonces_in_the_same_transaction(accounts):
     store = _store(MemoryKV())
     message = NewMessage(encode_body("m", 1 << 20), "acme", "report", "report")
     key = nonces.nonce_key(sign("acme", accounts.create("acme"), "q", "put", b"", NOW))
-    [ids] = store.group([("put", (1, encode_messages([message])), {})],
+    [ids] = store.group([Put(1, encode_messages([message]))],
                         also=lambda txn: nonces.remember(txn, [key], NOW))
     assert len(ids) == 1 and _seen_nonces(store.kv) == [key]
 
@@ -76,7 +77,7 @@ def test_a_group_commit_writes_its_nonces_in_the_same_transaction(accounts):
         raise OSError("disk gone")
 
     with pytest.raises(StoreError) as raised:
-        store.group([("put", (1, encode_messages([message])), {})], also=broken)
+        store.group([Put(1, encode_messages([message]))], also=broken)
     assert isinstance(raised.value.__cause__, OSError)  # the engine failed, chained
     assert store.count(1) == 1 and _seen_nonces(store.kv) == [key]  # neither was written
 

@@ -8,6 +8,8 @@ from rayq.core.codec.model import NewMessage, encode_body
 from rayq.core.storage.store import ShardStore
 from rayq.errors import QueueDisabled
 from rayq.testing import FakeClock, plenty_of_memory
+from rayq.core.storage.writes import Put, Sweep
+from tests.contract.helpers import batch, received
 
 
 def message(value, tenant="acme") -> NewMessage:
@@ -21,11 +23,11 @@ def open_store(path, clock) -> ShardStore:
 def test_a_restart_mid_removal_resumes_it(tmp_path):
     clock = FakeClock()
     store = open_store(tmp_path, clock)
-    store.put(0, [message(i) for i in range(500)])
+    store.run(Put(0, batch(*[message(i) for i in range(500)])))
     store.set_diverts({0: [("report", "acme")]})
-    store.put(0, [message(i) for i in range(40)])
+    store.run(Put(0, batch(*[message(i) for i in range(40)])))
     store.set_diverts({})
-    store.put(1, [message("keep", tenant="other")])
+    store.run(Put(1, batch(message("keep", tenant="other"))))
     store.purge([0])
     store.purge_some(limit=100)
     store.close()
@@ -33,12 +35,12 @@ def test_a_restart_mid_removal_resumes_it(tmp_path):
     store = open_store(tmp_path, clock)  # as after a crash: only what was committed
     assert store.purging == {0} and store.count(0) == 0
     with pytest.raises(QueueDisabled):
-        store.receive(0, 10, 30)
+        received(store, 0, 10, 30)
     steps = 0
     while store.purging:
         store.purge_some(limit=100)
         steps += 1
     assert steps <= 6  # 400 rows + 40 spilled, 100 a transaction, then the last unmark
-    assert store.stats().messages == 1 and not store.sweep("report", "acme", 2, 100)
+    assert store.stats().messages == 1 and not store.run(Sweep("report", "acme", 2, 100))
     store.close()
     assert open_store(tmp_path, clock).purging == set()

@@ -16,6 +16,8 @@ from rayq.core.codec.wire import encode_messages
 from rayq.core.codec.model import NewMessage, decode_body, encode_body
 from rayq.core.storage.store import ShardStore
 from rayq.testing import FakeClock, plenty_of_memory
+from rayq.core.storage.writes import CollectExpired, Defer, Delete, Put
+from tests.contract.helpers import batch, received
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,7 +34,7 @@ def open_store(path, clock, **kv_options) -> ShardStore:
 
 def drain(store, subqueue=0) -> list:
     out = []
-    while batch := store.receive(subqueue, 1000, 3600):
+    while batch := received(store, subqueue, 1000, 3600):
         out.extend(batch)
     return out
 
@@ -41,10 +43,10 @@ def drain(store, subqueue=0) -> list:
 def test_every_message_count_and_hidden_state_survive_a_reopen(tmp_path):
     clock = FakeClock()
     store = open_store(tmp_path / "shard", clock)
-    ids = store.put(0, [message("a", key="x"), message(b"b" * 5000, key="y"),
-                        message("later", delay_s=100), message("mortal", ttl_s=50)])
-    store.put(7, [message({"n": 7})])
-    [hidden] = store.receive(0, 1, 60, keys=["x"])
+    ids = store.run(Put(0, batch(message("a", key="x"), message(b"b" * 5000, key="y"),
+                                 message("later", delay_s=100), message("mortal", ttl_s=50))))
+    store.run(Put(7, batch(message({"n": 7}))))
+    [hidden] = received(store, 0, 1, 60, keys=["x"])
     counts, depths = store.counts(), store.depths()
     store.close()
 
@@ -52,25 +54,25 @@ def test_every_message_count_and_hidden_state_survive_a_reopen(tmp_path):
     assert store.counts() == counts and store.depths() == depths
     assert [decode_body(m.body) for m in store.peek(0, 10)] == [b"b" * 5000, "mortal"]
     clock.advance(60)
-    again = store.receive(0, 10, 30, keys=["x"])
+    again = received(store, 0, 10, 30, keys=["x"])
     assert [(m.id, m.dequeue_count) for m in again] == [(hidden.id, 2)]
-    assert store.delete([hidden.receipt]) == [hidden.receipt]
-    assert store.delete([again[0].receipt]) == []
+    assert store.run(Delete([hidden.receipt])) == [hidden.receipt]
+    assert store.run(Delete([again[0].receipt])) == []
     clock.advance(40)
     assert {decode_body(m.body) for m in drain(store)} == {b"b" * 5000, "later"}
     assert [decode_body(m.body) for m in drain(store, 7)] == [{"n": 7}]
-    assert not set(store.put(0, [message("new")])) & set(ids)
+    assert not set(store.run(Put(0, batch(message("new"))))) & set(ids)
     store.close()
 
 
 def test_a_receipt_issued_before_a_reopen_is_still_valid_after_it(tmp_path):
     clock = FakeClock()
     store = open_store(tmp_path / "shard", clock)
-    store.put(0, [message("a")])
-    [got] = store.receive(0, 1, 30)
+    store.run(Put(0, batch(message("a"))))
+    [got] = received(store, 0, 1, 30)
     store.close()
     store = open_store(tmp_path / "shard", clock)
-    assert store.delete([got.receipt]) == [] and store.counts() == {}
+    assert store.run(Delete([got.receipt])) == [] and store.counts() == {}
     store.close()
 
 
@@ -78,8 +80,8 @@ def test_a_receipt_issued_before_a_reopen_is_still_valid_after_it(tmp_path):
 def test_the_map_grows_instead_of_failing_when_it_is_full(tmp_path):
     store = open_store(tmp_path / "shard", FakeClock(), map_size=1 << 20)
     for i in range(40):
-        store.put(0, [message(bytes([i]) * 50_000, key=f"k{i % 3}") for _ in range(2)])
-    store.group([("put", (1, encode_messages([message(b"g" * 30_000) for _ in range(40)])), {})])
+        store.run(Put(0, batch(*[message(bytes([i]) * 50_000, key=f"k{i % 3}") for _ in range(2)])))
+    store.group([Put(1, encode_messages([message(b"g" * 30_000) for _ in range(40)]))])
     assert store.stats().map_size_bytes > 4 << 20
     assert store.count(0) == 80 and store.count(1) == 40
     assert sorted(m.body[1] for m in drain(store)) == sorted(list(range(40)) * 2)
@@ -91,15 +93,18 @@ CHILD = textwrap.dedent("""
     import sys
     from rayq.core.kit.kv import LmdbKV
     from rayq.core.codec.model import NewMessage, encode_body
+    from rayq.core.codec.wire import encode_messages
     from rayq.core.storage.store import ShardStore
+    from rayq.core.storage.writes import Put
     from rayq.testing import FakeClock, plenty_of_memory
 
     store = ShardStore(LmdbKV(sys.argv[1]), clock=FakeClock(), memory_probe=plenty_of_memory)
     batch = 0
     while True:
-        store.put(0, [NewMessage(encode_body(f"{batch}:{i}:" + "x" * 200, 1024), "t", "crash", "k")
-                      for i in range(50)])
-        print(batch, flush=True)  # only once put() returned: the batch is committed
+        store.run(Put(0, encode_messages([
+            NewMessage(encode_body(f"{batch}:{i}:" + "x" * 200, 1024), "t", "crash", "k")
+            for i in range(50)])))
+        print(batch, flush=True)  # only once the put returned: the batch is committed
         batch += 1
 """)
 
@@ -145,22 +150,22 @@ ROWS = 100_000
 
 def _hidden(store, clock):
     for _ in range(ROWS // 1000):
-        store.put(0, [message("old") for _ in range(1000)])
-    while store.receive(0, 1000, 3600):
+        store.run(Put(0, batch(*[message("old") for _ in range(1000)])))
+    while received(store, 0, 1000, 3600):
         pass
 
 
 def _expired(store, clock):
     for _ in range(ROWS // 1000):
-        store.put(0, [message("old", ttl_s=5) for _ in range(1000)])
+        store.run(Put(0, batch(*[message("old", ttl_s=5) for _ in range(1000)])))
     clock.advance(5)
-    assert store.collect_expired(ROWS) == ROWS
+    assert store.run(CollectExpired(ROWS)) == ROWS
 
 
 def _deleted(store, clock):
     for _ in range(ROWS // 1000):
-        store.put(0, [message("old") for _ in range(1000)])
-        store.delete([m.receipt for m in store.receive(0, 1000, 3600)])
+        store.run(Put(0, batch(*[message("old") for _ in range(1000)])))
+        store.run(Delete([m.receipt for m in received(store, 0, 1000, 3600)]))
 
 
 @pytest.mark.parametrize("rows_ahead", [_hidden, _expired, _deleted])
@@ -168,9 +173,9 @@ def test_one_receive_reads_a_constant_number_of_rows_whatever_lies_ahead(tmp_pat
     clock = FakeClock()
     store = open_store(tmp_path / "shard", clock, durable=False)
     rows_ahead(store, clock)
-    store.put(0, [message("fresh")])
+    store.run(Put(0, batch(message("fresh"))))
     before = store.stats().rows_scanned
-    assert [decode_body(m.body) for m in store.receive(0, 1, 30)] == ["fresh"]
+    assert [decode_body(m.body) for m in received(store, 0, 1, 30)] == ["fresh"]
     assert store.stats().rows_scanned - before <= 2
     store.close()
 
@@ -184,9 +189,9 @@ def age_of(store) -> float:
 def test_a_redelivered_message_keeps_its_age_from_its_enqueue(tmp_path):
     clock = FakeClock(1000.0)
     store = open_store(tmp_path / "db", clock)
-    store.put(0, [message("a")])
+    store.run(Put(0, batch(message("a"))))
     clock.advance(4)
-    assert store.receive(0, 1, 1.0)  # hidden for 1 s, then visible again
+    assert received(store, 0, 1, 1.0)  # hidden for 1 s, then visible again
     clock.advance(2)
     [depth] = store.depths()
     assert depth.oldest_age_s == pytest.approx(6.0)
@@ -196,10 +201,10 @@ def test_a_redelivered_message_keeps_its_age_from_its_enqueue(tmp_path):
 def test_a_deferred_message_keeps_its_age_from_its_enqueue(tmp_path):
     clock = FakeClock(1000.0)
     store = open_store(tmp_path / "db", clock)
-    store.put(0, [message("a")])
+    store.run(Put(0, batch(message("a"))))
     clock.advance(3)
-    [got] = store.receive(0, 1, 30)
-    store.defer(got.receipt, 1.0)
+    [got] = received(store, 0, 1, 30)
+    store.run(Defer(got.receipt, 1.0))
     clock.advance(2)
     assert age_of(store) == pytest.approx(5.0)
 
@@ -213,7 +218,7 @@ def test_a_never_received_message_is_as_old_as_its_enqueue_once_visible(tmp_path
                                                                          after_s, age_s):
     clock = FakeClock(1000.0)
     store = open_store(tmp_path / "db", clock)
-    store.put(0, [message("a", delay_s=delay_s)])
+    store.run(Put(0, batch(message("a", delay_s=delay_s))))
     clock.advance(after_s)
     assert age_of(store) == pytest.approx(age_s)
 
@@ -221,8 +226,8 @@ def test_a_never_received_message_is_as_old_as_its_enqueue_once_visible(tmp_path
 def test_a_message_in_flight_is_not_waiting(tmp_path):
     clock = FakeClock(1000.0)
     store = open_store(tmp_path / "db", clock)
-    store.put(0, [message("a")])
+    store.run(Put(0, batch(message("a"))))
     clock.advance(4)
-    assert store.receive(0, 1, 30)
+    assert received(store, 0, 1, 30)
     clock.advance(2)
     assert age_of(store) == 0.0

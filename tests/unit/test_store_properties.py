@@ -17,6 +17,8 @@ from rayq.core.storage.dispatch import DispatchPolicy
 from rayq.core.codec.model import NewMessage, encode_body, to_us
 from rayq.errors import ReceiptInvalid
 from rayq.testing import FakeClock, memory_store
+from rayq.core.storage.writes import ChangeVisibility, Delete, Put
+from tests.contract.helpers import batch, received
 
 KEYS = ["a", "b", "c"]
 TIMEOUTS_S = [0, 1, 10, 30]
@@ -73,8 +75,9 @@ class StoreVersusModel(RuleBasedStateMachine):
     @rule(keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=4),
           delay_s=st.sampled_from([0, 0, 0, 5]))
     def put(self, keys, delay_s):
-        ids = self.store.put(0, [NewMessage(encode_body(i, 100), "t", "ty", key, delay_s)
-                                 for i, key in enumerate(keys)])
+        messages = [NewMessage(encode_body(i, 100), "t", "ty", key, delay_s)
+                    for i, key in enumerate(keys)]
+        ids = self.store.run(Put(0, batch(*messages)))
         assert len(set(ids) | set(self.model)) == len(ids) + len(self.model)
         for mid, key in zip(ids, keys):
             self.puts += 1
@@ -83,20 +86,20 @@ class StoreVersusModel(RuleBasedStateMachine):
     @rule(n=st.integers(1, 4), timeout_s=st.sampled_from(TIMEOUTS_S))
     def receive(self, n, timeout_s):
         expected = self.visible()[:n]
-        self.check_received(self.store.receive(0, n, timeout_s), expected, timeout_s)
+        self.check_received(received(self.store, 0, n, timeout_s), expected, timeout_s)
 
     @rule(n=st.integers(1, 4), timeout_s=st.sampled_from(TIMEOUTS_S),
           keys=st.lists(st.sampled_from(KEYS + ["nobody"]), max_size=3))
     def receive_in_listen_order(self, n, timeout_s, keys):
         expected = self.visible(keys)[:n]
-        self.check_received(self.store.receive(0, n, timeout_s, keys=keys), expected, timeout_s)
+        self.check_received(received(self.store, 0, n, timeout_s, keys=keys), expected, timeout_s)
 
     @precondition(lambda self: self.receipts)
     @rule(data=st.data(), forged=st.booleans())
     def delete(self, data, forged):
         receipt = "A" * 64 if forged else data.draw(st.sampled_from(self.receipts))
         mid = self.valid(receipt)
-        assert self.store.delete([receipt]) == ([] if mid else [receipt])
+        assert self.store.run(Delete([receipt])) == ([] if mid else [receipt])
         if mid:
             del self.model[mid]
 
@@ -107,11 +110,11 @@ class StoreVersusModel(RuleBasedStateMachine):
         mid = self.valid(receipt)
         if mid is None:
             try:
-                self.store.change_visibility(receipt, timeout_s)
+                self.store.run(ChangeVisibility(receipt, timeout_s))
             except ReceiptInvalid:
                 return
             raise AssertionError("a stale receipt changed a message's visibility")
-        newer = self.store.change_visibility(receipt, timeout_s)
+        newer = self.store.run(ChangeVisibility(receipt, timeout_s))
         self.model[mid].receipt = newer
         self.model[mid].visible_at_us = self.now_us() + to_us(timeout_s)
         self.receipts.append(newer)
@@ -125,7 +128,7 @@ class StoreVersusModel(RuleBasedStateMachine):
         self.clock.advance(max(TIMEOUTS_S) + 5)
         expected = self.visible()
         assert sorted(expected) == sorted(self.model)
-        self.check_received(self.store.receive(0, 1000, 30), expected, 30)
+        self.check_received(received(self.store, 0, 1000, 30), expected, 30)
 
     # -- invariants -----------------------------------------------------------------
     @invariant()

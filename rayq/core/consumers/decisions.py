@@ -2,7 +2,8 @@
 calls the shards and the manager with the answers).
 
 - how a delivery ends: :func:`decide_end` (finish, retry later with back-off, or
-  dead-letter on the last try);
+  dead-letter on the last try), each end made by a write of the shard
+  (:mod:`rayq.core.storage.writes`);
 - whether a received task may run now: :func:`held_back`, :class:`Saturation`;
 - how many tasks a receive asks for, and where it looks: :func:`receive_size`,
   :func:`poll_places`, :func:`long_poll_group`;
@@ -22,23 +23,7 @@ from rayq.core.control.ray_tasks import ray_options
 from rayq.core.control.registry import QueueInfo
 from rayq.core.kit.retry import backoff_s
 from rayq.core.codec.tasks import DeferralCause, Outcome, TaskSpec, encode_error
-from rayq.errors import InvalidMessage
-
-ShardCall = tuple[str, tuple]  # (shard method, its arguments), as ``end_many`` takes them
-# The shard methods that end a delivery, each with its usage report as its last argument;
-# record_usage keeps a report alone (that of an end another consumer made first).
-END_CALLS = ("finish", "defer", "change_visibility", "record_usage")
-
-
-def check_end_calls(calls: Any) -> list[ShardCall]:
-    """``calls`` if it is a list of (name, args) pairs with each name in END_CALLS and
-    args a sequence (tuples through Ray, lists through the local channel's frames);
-    InvalidMessage otherwise (the batch is refused whole)."""
-    if not isinstance(calls, list) or not all(
-            isinstance(c, (tuple, list)) and len(c) == 2 and c[0] in END_CALLS
-            and isinstance(c[1], (tuple, list)) for c in calls):
-        raise InvalidMessage(f"end_many takes a list of (name, args), name in {END_CALLS}")
-    return calls
+from rayq.core.storage import writes
 
 
 # -- how a delivery ends ---------------------------------------------------------------
@@ -49,8 +34,8 @@ class Finish:
     outcome: ClassVar[Outcome] = Outcome.SUCCEEDED
     outcome_if_lost: ClassVar[Outcome] = Outcome.SUCCEEDED
 
-    def shard_call(self, receipt: str, result: bytes, dead_letter: int | None) -> ShardCall:
-        return "finish", (receipt, result, None)
+    def write(self, receipt: str, result: bytes, dead_letter: int | None) -> writes.End:
+        return writes.Finish(receipt, result)
 
 
 @dataclass(frozen=True)
@@ -61,8 +46,8 @@ class Retry:
     outcome: ClassVar[Outcome] = Outcome.FAILED
     outcome_if_lost: ClassVar[Outcome] = Outcome.FAILED
 
-    def shard_call(self, receipt: str, result: bytes, dead_letter: int | None) -> ShardCall:
-        return "change_visibility", (receipt, self.delay_s)
+    def write(self, receipt: str, result: bytes, dead_letter: int | None) -> writes.End:
+        return writes.ChangeVisibility(receipt, self.delay_s)
 
 
 @dataclass(frozen=True)
@@ -73,16 +58,22 @@ class DeadLetter:
     outcome: ClassVar[Outcome] = Outcome.DEAD
     outcome_if_lost: ClassVar[Outcome] = Outcome.FAILED  # someone else holds the last try
 
-    def shard_call(self, receipt: str, result: bytes, dead_letter: int | None) -> ShardCall:
-        return "finish", (receipt, result, dead_letter)
+    def write(self, receipt: str, result: bytes, dead_letter: int | None) -> writes.End:
+        return writes.Finish(receipt, result, dead_letter)
 
 
+@dataclass(frozen=True)
 class Deferral:
-    """A task put back unrun (see :class:`~rayq.core.codec.tasks.DeferralCause`): its
-    report's outcome whoever made the end."""
+    """A task put back unrun for ``delay_s`` (see
+    :class:`~rayq.core.codec.tasks.DeferralCause`): its report's outcome whoever made the
+    end."""
 
+    delay_s: float
     outcome: ClassVar[Outcome] = Outcome.DEFERRED
     outcome_if_lost: ClassVar[Outcome] = Outcome.DEFERRED
+
+    def write(self, receipt: str, result: bytes, dead_letter: int | None) -> writes.End:
+        return writes.Defer(receipt, self.delay_s)
 
 
 TaskEnd = Union[Finish, Retry, DeadLetter]

@@ -5,8 +5,8 @@ key ids, counts, subqueue states); a :class:`Ledger` lives for one transaction,
 reads that index, writes rows through the transaction and records what the index
 and the rest of the shard must learn after the commit (count deltas, new keys,
 cache entries, dispatch events, outcomes, counters), so nothing in memory changes
-for a transaction that aborts. Every operation of :mod:`rayq.core.storage.operations`
-is a function over a Ledger; the bytes are :mod:`rayq.core.storage.layout`'s.
+for a transaction that aborts. Every write of :mod:`rayq.core.storage.writes` runs
+over a Ledger; the bytes are :mod:`rayq.core.storage.layout`'s.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """The shard store: durable queue semantics over an ordered key-value store.
 
-The tables and their bytes are :mod:`rayq.core.storage.layout`'s; every write runs
-one of :data:`rayq.core.storage.operations.OPERATIONS` over a
-:class:`~rayq.core.storage.ledger.Ledger`. Every public method is one write
-transaction (one commit, one fsync); :meth:`ShardStore.group` runs many calls in one
-transaction for group commit. Policy (which senders a put may carry, which flooders
-are diverted) comes from the caller: ``check_senders`` and :meth:`set_diverts`.
+The tables and their bytes are :mod:`rayq.core.storage.layout`'s. Writes come in
+through one door, as records of :mod:`rayq.core.storage.writes` that run over a
+:class:`~rayq.core.storage.ledger.Ledger`: :meth:`ShardStore.run` makes one in its own
+write transaction (one commit, one fsync), :meth:`ShardStore.group` many in one
+transaction for group commit. The other public methods read, or set a subqueue's state
+and marks. Policy (which senders a put may carry, which flooders are diverted) comes
+from the caller: ``check_senders`` and :meth:`set_diverts`.
 """
 
 from __future__ import annotations
@@ -16,11 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rayq.config import StoreConfig
-from rayq.core.codec.model import (DEFAULT_ACCOUNT, MAX_BATCH, US, Ending, KeyDepth, NewMessage, StoredMessage,
-                                   SubqueueState, check_count, check_name, check_subqueue,
-                                   message_id, to_us)
+from rayq.core.codec.model import (MAX_BATCH, US, Ending, KeyDepth, StoredMessage, SubqueueState,
+                                   check_count, check_name, check_subqueue, message_id, to_us)
 from rayq.core.codec.task_ids import check_task_id
-from rayq.core.codec.wire import decode_delivered, encode_messages
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.kv import KV, LmdbKV, Txn
 from rayq.core.kit.windows import WindowedSums
@@ -32,7 +31,7 @@ from rayq.core.storage.dispatch import DispatchPolicy, FairDispatch, NoisyChange
 from rayq.core.storage.layout import TenantCount
 from rayq.core.storage.ledger import (STAT_NAMES, Enqueued, Env, Ledger, SenderCheck, ShardIndex,
                                       head_of, locked_until)
-from rayq.core.storage.operations import OPERATIONS, run_isolated
+from rayq.core.storage.writes import PurgeStep, Write, check_write, run_isolated
 from rayq.errors import InvalidMessage, RayqError, StoreBug, StoreError, UnknownLayout
 
 
@@ -120,7 +119,7 @@ class ShardStore:
         return dict(self._env.diverts)
 
     # -- transactions ------------------------------------------------------
-    def _run(self, fn: Callable[[Ledger], Any]) -> Any:
+    def _transact(self, fn: Callable[[Ledger], Any]) -> Any:
         """Run ``fn`` in one write transaction, then publish what it changed.
 
         A RayqError passes through. Any other exception aborts the transaction (nothing
@@ -147,18 +146,20 @@ class ShardStore:
         self._publish(w)
         return result
 
-    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """One operation of :data:`OPERATIONS` in its own transaction."""
-        op, env = OPERATIONS[name], self._env
-        return self._run(lambda w: op(w, env, *args, **kwargs))
+    def run(self, op: Write) -> Any:
+        """Make one write (a record of :mod:`rayq.core.storage.writes`) in its own
+        transaction: its result. Raises the RayqError it raised (InvalidMessage for
+        anything that is not a write), nothing of it stored."""
+        env = self._env
+        return self._transact(lambda w: check_write(op).run(w, env))
 
-    def group(self, calls: Sequence[tuple[str, tuple, dict]],
-              also: Callable[[Txn], None] | None = None) -> list[Any]:
-        """Run many calls in one write transaction (group commit).
+    def group(self, ops: Sequence[Write], also: Callable[[Txn], None] | None = None
+              ) -> list[Any]:
+        """Make many writes in one transaction (group commit): a result per write.
 
-        Each call runs in a nested transaction: one that raises a RayqError is
+        Each write runs in a nested transaction: one that raises a RayqError is
         rolled back alone and its exception takes its place in the results.
-        ``also(txn)`` writes in the same transaction, before the calls (the shard
+        ``also(txn)`` writes in the same transaction, before the writes (the shard
         records the signed requests' nonces this way: durable exactly when they are).
         """
         env = self._env
@@ -166,8 +167,8 @@ class ShardStore:
         def run(w: Ledger) -> list[Any]:
             if also is not None:
                 also(w.txn)
-            return [run_isolated(w, env, name, args, kwargs) for name, args, kwargs in calls]
-        return self._run(run)
+            return [run_isolated(w, env, op) for op in ops]
+        return self._transact(run)
 
     def _publish(self, w: Ledger) -> None:
         """After commit: publish what the transaction changed to the in-memory state."""
@@ -186,55 +187,7 @@ class ShardStore:
             self._stats[name] += n
         self.dispatch.apply(w.flights, w.new_heads, w.now_us)
 
-    # -- public operations (each one transaction) ---------------------------
-    def put(self, subqueue: int, messages: Sequence[NewMessage]) -> list[str]:
-        """Store messages durably; returns their ids in order."""
-        if not isinstance(messages, (list, tuple)):
-            raise InvalidMessage("put takes a list of NewMessage values")
-        return self.put_batch(subqueue, encode_messages(messages))
-
-    def put_batch(self, subqueue: int, batch: bytes, account: str = DEFAULT_ACCOUNT) -> list[str]:
-        """Store a put buffer (:mod:`rayq.core.codec.wire`) durably; returns the ids in order.
-        ``account``: the sender, whose task ids the put's tasks go by."""
-        return self._call("put", subqueue, batch, account=account)
-
-    def receive(self, subqueue: int, max_messages: int = 1, visibility_timeout_s: float | None = None,
-                *, keys: Sequence[str] | None = None, max_receives: int | None = None,
-                dead_letter: int | None = None,
-                exclude: Sequence[str] | None = None) -> list[StoredMessage]:
-        """Hide and return up to ``max_messages`` visible messages with fresh pop receipts.
-
-        ``keys`` gives a listen order (take from the first key first); without
-        it the oldest visible messages across keys come first, except those of
-        keys in ``exclude``. A message already received ``max_receives`` times
-        moves to subqueue ``dead_letter`` instead of being delivered.
-        """
-        return decode_delivered(self._call(
-            "receive", subqueue, max_messages, visibility_timeout_s, keys=keys,
-            max_receives=max_receives, dead_letter=dead_letter, exclude=exclude))
-
-    def delete(self, receipts: Sequence[str]) -> list[str]:
-        """Delete the messages of valid receipts; returns the receipts that were invalid."""
-        return self._call("delete", receipts)
-
-    def change_visibility(self, receipt: str, timeout_s: float,
-                          usage: bytes | None = None) -> str:
-        """Hide a received message for ``timeout_s`` from now; returns its new receipt."""
-        return self._call("change_visibility", receipt, timeout_s, usage)
-
-    def finish(self, receipt: str, outcome: bytes, dead_letter: int | None = None,
-               usage: bytes | None = None) -> None:
-        """End a received task message with an outcome (see :func:`outcomes.finish`)."""
-        return self._call("finish", receipt, outcome, dead_letter, usage)
-
-    def record_usage(self, report: bytes) -> None:
-        """Keep a delivery's usage report for the coordinator (:func:`outcomes.record_usage`)."""
-        return self._call("record_usage", report)
-
-    def take_usage(self, limit: int = 10_000) -> list[bytes]:
-        """Remove and return up to ``limit`` usage reports, oldest first."""
-        return self._call("take_usage", limit)
-
+    # -- reads --------------------------------------------------------------
     def outcome(self, message_id: str) -> tuple[Ending, bytes] | None:
         """How a task message ended, or None while it has not (or its outcome expired)."""
         [found] = self.outcomes([message_id])
@@ -279,15 +232,6 @@ class ShardStore:
         finished, self._finished = self._finished, []
         return finished
 
-    def defer(self, receipt: str, delay_s: float, usage: bytes | None = None) -> str:
-        """Put a received message back unrun (see :func:`messages.defer`); a new receipt."""
-        return self._call("defer", receipt, delay_s, usage)
-
-    def clear(self, subqueue: int) -> int:
-        """Delete every message of a subqueue, spilled ones too, in one transaction;
-        returns how many were deleted. (Queues clear through :meth:`purge`.)"""
-        return self._call("clear", subqueue)
-
     def purge(self, subqueues: Sequence[int]) -> None:
         """Remove subqueues in the background: from now on they are disabled, count
         nothing and deliver nothing; :meth:`purge_some` removes their rows and spilled
@@ -306,13 +250,9 @@ class ShardStore:
         if not self.index.purging:
             return 0
         done = purge.finished(self.index, self.index.purging)
-        removed, self._purge_cursor = self._call("purge_step", done, limit, self._purge_cursor)
+        removed, self._purge_cursor = self.run(PurgeStep(done, limit, self._purge_cursor))
         self.index.purging -= set(done)
         return removed
-
-    def collect_expired(self, limit: int = 10_000) -> int:
-        """Delete up to ``limit`` expired messages; returns how many."""
-        return self._call("collect_expired", limit)
 
     def peek(self, subqueue: int, max_messages: int = 1, *,
              keys: Sequence[str] | None = None) -> list[StoredMessage]:
@@ -404,18 +344,9 @@ class ShardStore:
             check_subqueue(sq): [(check_name(t, "type"), check_name(w, "tenant"))
                                  for t, w in pairs] for sq, pairs in diverts.items()}
 
-    def sweep(self, type_: str, tenant: str, target: int, limit: int) -> int:
-        """Move up to ``limit`` spilled messages of a flooder into ``target`` (one transaction)."""
-        return self._call("sweep", type_, tenant, target, limit)
-
     def spill_left(self, type_: str, tenant: str) -> bool:
         """Whether anything is spilled under flooder (type, tenant): one seek."""
         return self.kv.read(lambda txn: spill.any_spilled(txn, self.index.key_ids, type_, tenant))
-
-    def move_matching(self, source: int, target: int, type_: str, tenant: str, limit: int,
-                      after: bytes | None = None) -> tuple[int, bytes | None]:
-        """Move a flooder's visible messages between subqueues, ``limit`` rows a call."""
-        return self._call("move_matching", source, target, type_, tenant, limit, after)
 
     def counts(self) -> dict[tuple[int, str], int]:
         """Messages per (subqueue, fairness key), zero entries left out."""
