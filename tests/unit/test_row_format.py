@@ -4,9 +4,11 @@ is marked with it, any other is refused with UnknownLayout and left as it was.""
 import pytest
 
 from rayq.core.codec.model import NewMessage, encode_body
+from rayq.core.codec.wire import encode_messages
 from rayq.core.kit.kv import LmdbKV
 from rayq.core.storage import layout
 from rayq.core.storage.store import open_store
+from rayq.core.storage.writes import Put
 from rayq.errors import UnknownLayout
 from rayq.testing import FakeClock, plenty_of_memory
 
@@ -25,7 +27,7 @@ def row_format(path) -> bytes | None:
 
 def test_a_new_store_is_marked_with_the_current_row_format_and_reopens(tmp_path):
     store = opened(tmp_path)
-    store.put(0, [NewMessage(encode_body("hello", 1 << 20), "acme", "report", "k")])
+    store.run(Put(0, encode_messages([NewMessage(encode_body("hello", 1 << 20), "acme", "report", "k")])))
     store.close()
     assert row_format(tmp_path) == layout.ROW_FORMAT_NOW
     store = opened(tmp_path)
@@ -46,7 +48,7 @@ def test_a_store_marked_with_another_row_format_is_refused_and_left_as_it_was(tm
 
 def test_a_store_holding_rows_without_a_row_format_mark_is_refused(tmp_path):
     store = opened(tmp_path)
-    store.put(0, [NewMessage(encode_body("hello", 1 << 20), "acme", "report", "k")])
+    store.run(Put(0, encode_messages([NewMessage(encode_body("hello", 1 << 20), "acme", "report", "k")])))
     store.close()
     kv = LmdbKV(tmp_path)
     kv.transact(lambda txn: txn.delete("meta", layout.ROW_FORMAT))
