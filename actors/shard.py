@@ -290,11 +290,12 @@ class ShardActor(GatedActor):
         """End a received task with its encoded outcome (see rayq.core.storage.writes.Finish)."""
         return await self._write(Finish(receipt, outcome, dead_letter))
 
-    async def end_many(self, calls: list[tuple[str, tuple]]) -> list:
+    @signed(SHARD_OPS["end_many"])
+    async def end_many(self, calls: list[tuple[str, tuple]], *, caller: Caller) -> list:
         """Many ends of deliveries in one round trip (consumers batch the ends of their
-        tasks), in the compact form :func:`rayq.core.storage.writes.decode_ends` reads
-        (InvalidMessage refuses a malformed batch whole); each result is the value or the
-        RayqError raised."""
+        tasks; signed, only the admin's), in the compact form
+        :func:`rayq.core.storage.writes.decode_ends` reads (InvalidMessage refuses a
+        malformed batch whole); each result is the value or the RayqError raised."""
         self.shipper.check()
         futures = [self._enqueue(end) for end in decode_ends(calls)]
         return list(await asyncio.gather(*(self.shipper.acked(f) for f in futures)))

@@ -115,11 +115,9 @@ def test_no_method_is_both_signed_and_internal():
         assert not internal & set(of_actor(actor)), actor
 
 
-def test_the_local_channel_serves_no_internal_method_of_a_shard_but_end_many():
-    # end_many is how consumers end every task they ran: a hot call, made by the runtime
-    # only, on a socket only the user running Ray can reach
-    assert CHANNEL_METHODS & SHARD_INTERNAL == {"end_many"}
-    assert CHANNEL_METHODS <= set(SHARD_OPS) | SHARD_INTERNAL
+def test_the_local_channel_serves_no_internal_method_of_a_shard():
+    assert CHANNEL_METHODS & SHARD_INTERNAL == set()
+    assert CHANNEL_METHODS <= set(SHARD_OPS)
 
 
 def test_the_table_shape():
@@ -131,7 +129,7 @@ def test_the_table_shape():
         assert set(op.subqueues + op.receipts) <= set(op.params), op.name
         assert not op.queue or op.scope is Scope.ACCOUNT, op.name
     admin = {op.name for op in OPERATIONS.values() if op.admin_only}
-    assert {"manager.create_account", "manager.rotate_key", "shard.stats",
+    assert {"manager.create_account", "manager.rotate_key", "shard.stats", "shard.end_many",
             "coordinator.suspend", "flood.flooders_now"} <= admin
     assert not admin & {"shard.put", "manager.whoami", "manager.create_queue"}
 

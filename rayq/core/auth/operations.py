@@ -208,6 +208,7 @@ OPERATIONS: Mapping[str, Operation] = MappingProxyType({op.name: op for op in (
     _entry("shard", "receive", _RECEIVE, _S, subqueues=("subqueue", "dead_letter")),
     _entry("shard", "delete", "receipts", _S, receipts=("receipts",)),
     _entry("shard", "change_visibility", "receipt, timeout_s", _S, receipts=("receipt",)),
+    _entry("shard", "end_many", "calls", _ADMIN),  # the consumers' batched ends of tasks
     _entry("shard", "clear", "subqueue", _S, subqueues=("subqueue",)),
     _entry("shard", "peek", "subqueue, max_messages=1, *, keys=None", _S, subqueues=("subqueue",)),
     _entry("shard", "counts", "subqueues", _S, subqueues=("subqueues",)),
@@ -270,11 +271,10 @@ FLOOD_OPS = MappingProxyType(of_actor("flood"))
 # other actors, its start and stop, the tests that drive one round), never by a client.
 # Every public method of an actor is in its signed surface above or in its internal table
 # (tests/unit/test_operations.py holds it), so a new method is classified when it is added.
-# The local channel serves a shard's signed data path and one internal method, end_many:
-# consumers end every task they ran with it (rayq.channel.CHANNEL_METHODS).
+# The local channel serves a shard's signed data path only (rayq.channel.CHANNEL_METHODS).
 KIT_INTERNAL = frozenset({"ping", "background_failures", "forget_keys"})  # actors.base
 SHARD_INTERNAL = KIT_INTERNAL | frozenset({
-    "defer", "finish", "end_many",                # consumers ending their tasks
+    "defer", "finish",                            # consumers ending a task alone
     "task_ends", "take_usage",                    # the outcome desks, the fairness coordinator
     "seed", "set_state", "set_ordered", "purge",  # the manager
     "set_diverts", "sweep", "spill_left", "move_matching", "health", "flood_snapshot",
