@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import inspect
 import logging
+import random
 from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -37,8 +38,8 @@ from rayq.core.consumers.state import ConsumerState, ConsumerStats
 from rayq.core.kit.batcher import Batcher
 from rayq.core.kit.clock import Clock
 from rayq.core.consumers.decisions import (DeadLetter, Deferral, decide_end, gives_up,
-                                           long_poll_group, pause_after, receive_requests, runnable,
-                                           unrunnable_outcome)
+                                           long_poll_group, may_retry, pause_after,
+                                           receive_requests, runnable, unrunnable_outcome)
 from rayq.core.control.managing import indexes_by_name
 from rayq.core.codec.model import StoredMessage
 from rayq.core.control.registry import QueueInfo
@@ -288,7 +289,7 @@ class ConsumerActor(RuntimeActor):
                 loop = asyncio.get_running_loop()
                 value = await loop.run_in_executor(self._threads, lambda: fn(*args, **kwargs))
         except Exception as err:  # the handler's failure is the task's outcome
-            return False, error_of(err), True
+            return False, error_of(err), may_retry(spec, err)
         finally:
             done.set()
             await heartbeat  # let an extension in flight land, so our receipt stays current
@@ -320,7 +321,7 @@ class ConsumerActor(RuntimeActor):
         try (:func:`rayq.core.consumers.decisions.decide_end` decides which)."""
         m, queue = held.message, held.queue
         end = decide_end(ok, m.dequeue_count, spec, queue.max_receives, self.consumer_config,
-                         retriable)
+                         retriable, random.random())
         dead_letter = queue.dead_letter_on(queue.subqueue(m.subqueue).shard)
         await self._ended(held, end, end.write(held.receipt, outcome, dead_letter), usage_s,
                           wait_s)

@@ -32,7 +32,11 @@ def task(fn=None, *, type: str | None = None, queue: str = "tasks",
          concurrency: int | None = None, max_receives: int = 5,
          num_cpus: float | None = None, num_gpus: float | None = None,
          memory: int | None = None, resources: dict[str, float] | None = None,
-         runtime_env: dict[str, Any] | None = None):
+         runtime_env: dict[str, Any] | None = None,
+         retry_on: tuple[type[BaseException], ...] | None = None,
+         no_retry_on: tuple[type[BaseException], ...] = (),
+         backoff_s: float | None = None, max_backoff_s: float | None = None,
+         jitter: bool = True):
     """Register a function as a job type: ``@rayq.task(type="report")``.
 
     ``type`` defaults to the function's name; ``queue`` is the queue that
@@ -46,10 +50,18 @@ def task(fn=None, *, type: str | None = None, queue: str = "tasks",
     With any of them set, each call runs as a Ray task with these options, on a node
     that has the resources, in that runtime environment (``num_cpus`` defaults to 1,
     Ray's default for a task): see docs/ray-jobs.md, "Where handlers run".
+
+    A call that raised is retried (up to ``max_receives`` deliveries) unless its
+    exception is an instance of one of ``no_retry_on``, or ``retry_on`` is given and it
+    is an instance of none: then it fails at once, its error kept and the message
+    dead-lettered. Retries wait ``backoff_s`` doubling with each try up to
+    ``max_backoff_s`` (the consumers' ``retry_backoff_s`` and ``max_backoff_s`` when
+    None); with ``jitter`` each wait is drawn between half of it and all of it.
     Raises InvalidMessage for a bad value.
     """
     def wrap(f):
         return TaskFunction(f, TaskSpec(type or getattr(f, "__name__", ""), queue,
                                         concurrency, max_receives, num_cpus, num_gpus,
-                                        memory, resources, runtime_env))
+                                        memory, resources, runtime_env, retry_on,
+                                        no_retry_on, backoff_s, max_backoff_s, jitter))
     return wrap(fn) if fn is not None else wrap

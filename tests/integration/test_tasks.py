@@ -32,6 +32,14 @@ def boom(task_id):
     raise KeyError(f"no such thing as {task_id}")
 
 
+@rayq.task(type="picky", max_receives=5, retry_on=(OSError,), no_retry_on=(ValueError,),
+           backoff_s=0.05)
+def picky(task_id, error):
+    enter("picky", task_id)
+    leave("picky")
+    raise {"value": ValueError, "key": KeyError, "conn": ConnectionError}[error](task_id)
+
+
 @rayq.task(type="opaque")
 def opaque():
     return object()
@@ -106,6 +114,20 @@ def test_a_poison_task_is_retried_then_dead_lettered_and_ray_get_raises_its_erro
     with pytest.raises(rayq.TaskError):  # the ref stays resolved: the same error, no new run
         ray.get(ref)
     assert ray.get(watcher.report.remote())["attempts"]["p1"] == 3
+
+
+@pytest.mark.parametrize("error, attempts", [
+    ("value", 1),  # in no_retry_on: fails at once
+    ("key", 1),    # not in retry_on: fails at once
+    ("conn", 5),   # a ConnectionError is an OSError: retried to the last delivery
+])
+def test_a_types_retry_rule_says_which_errors_are_retried(client, error, attempts):
+    watcher = probe()
+    task_id = f"r-{error}"
+    with pytest.raises(rayq.TaskError):
+        ray.get(client.submit(picky, task_id, error), timeout=60)
+    assert ray.get(watcher.report.remote())["attempts"][task_id] == attempts
+    assert [m.type for m in client.queue("tasks-dlq").peek(100)].count("picky") >= 1
 
 
 def test_submit_many_gives_a_ref_per_call_in_order_and_a_failed_one_raises_alone(client):

@@ -11,7 +11,8 @@ from rayq.core.consumers.decisions import (DeadLetter, Deferral, Finish, PlanFol
                                            excluded_keys, held_back, is_last_try, long_poll_group,
                                            pause_after, poll_places, receive_requests, receive_size,
                                            recent_task_s, refreshed_handlers, runnable,
-                                           slots_to_start, Unloadable, unrunnable_outcome)
+                                           slots_to_start, Unloadable, unrunnable_outcome,
+                                           may_retry)
 from rayq.core.fairness.policy import Decision, ListenPlan
 from rayq.core.codec.model import Ending
 from rayq.core.codec.tasks import DeferralCause, Outcome, TaskSpec, decode_outcome
@@ -41,6 +42,35 @@ DLQ = 99
 def test_a_delivery_ends_by_its_outcome_its_attempt_and_the_limits(ok, attempt, queue_max,
                                                                     expected):
     assert decide_end(ok, attempt, SPEC, queue_max, CONFIG) == expected
+
+
+def test_a_types_own_backoff_replaces_the_consumers_and_jitter_draws_in_its_upper_half():
+    spec = TaskSpec("report", "tasks", max_receives=9, backoff_s=0.5, max_backoff_s=3.0)
+    assert [decide_end(False, n, spec, None, CONFIG) for n in (1, 2, 3, 4, 5)] == [
+        Retry(0.5), Retry(1.0), Retry(2.0), Retry(3.0), Retry(3.0)]
+    assert decide_end(False, 2, spec, None, CONFIG, draw=0.0) == Retry(0.5)   # half of 1.0
+    assert decide_end(False, 2, spec, None, CONFIG, draw=0.5) == Retry(0.75)
+    steady = dataclasses.replace(spec, jitter=False)
+    assert decide_end(False, 2, steady, None, CONFIG, draw=0.0) == Retry(1.0)
+
+
+class Unreachable(ConnectionError):
+    pass
+
+
+@pytest.mark.parametrize("retry_on, no_retry_on, error, retried", [
+    (None, (), ValueError("x"), True),                          # no rule: every error
+    (None, (ValueError,), ValueError("x"), False),
+    (None, (ValueError,), KeyError("x"), True),
+    ((OSError,), (), Unreachable("x"), True),                   # a subclass counts
+    ((OSError,), (), KeyError("x"), False),
+    ((OSError,), (Unreachable,), Unreachable("x"), False),      # no_retry_on wins
+    (("builtins.KeyError",), (), KeyError("x"), True),          # by name, as stored
+])
+def test_a_types_retry_rule_decides_which_errors_are_retried(retry_on, no_retry_on, error,
+                                                             retried):
+    spec = TaskSpec("report", "tasks", retry_on=retry_on, no_retry_on=no_retry_on)
+    assert may_retry(spec, error) is retried
 
 
 def test_a_failure_another_run_would_repeat_is_dead_lettered_on_the_first_try():

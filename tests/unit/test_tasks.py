@@ -58,7 +58,11 @@ def test_the_registry_keeps_handlers_across_reopening(tmp_path):
 
 
 @pytest.mark.parametrize("fields", [dict(type=""), dict(queue=3), dict(concurrency=0),
-                                    dict(max_receives=0)])
+                                    dict(max_receives=0), dict(retry_on=(42,)),
+                                    dict(no_retry_on=(int,)), dict(no_retry_on=("",)),
+                                    dict(retry_on={"x": 1}), dict(backoff_s=-1),
+                                    dict(max_backoff_s=True), dict(backoff_s=1e9),
+                                    dict(jitter="yes")])
 def test_bad_task_specs_are_refused(fields):
     with pytest.raises(InvalidMessage):
         TaskSpec(**{"type": "t", "queue": "tasks", **fields})
@@ -95,6 +99,23 @@ def test_the_ray_options_of_a_spec_round_trip_through_the_registry(tmp_path):
     assert again.all() == {"gpu": (spec, b"pickled")}
     assert again.register(spec, b"pickled") == again.version != version
     assert hash(spec) == hash(TaskSpec("gpu", "tasks", **RAY_OPTIONS))
+
+
+def test_a_retry_rule_names_its_exception_classes_and_round_trips_through_the_registry(
+        tmp_path):
+    @task(retry_on=(OSError, "mylib.Flaky"), no_retry_on=ValueError, backoff_s=0.5,
+          max_backoff_s=10, jitter=False)
+    def fetch(url):
+        return url
+
+    spec = fetch.spec
+    assert spec.retry_on == ("builtins.OSError", "mylib.Flaky")
+    assert spec.no_retry_on == ("builtins.ValueError",)
+    kv = LmdbKV(tmp_path / "m")
+    TaskRegistry(kv).register(spec, b"pickled")
+    kv.close()
+    again = TaskRegistry(LmdbKV(tmp_path / "m"))
+    assert again.get("fetch") == spec  # msgpack's lists become tuples again
 
 
 def test_a_stored_spec_from_before_the_ray_options_still_loads(tmp_path):

@@ -45,6 +45,12 @@ class TaskSpec:
     ``runtime_env`` is set, what its handler asks of Ray: each call then runs as a
     Ray task with those options (:mod:`rayq.core.control.ray_tasks`).
 
+    Its retry rule: a failed call is retried, up to ``max_receives`` deliveries, unless
+    the exception is one of ``no_retry_on``, or ``retry_on`` is set and it is none of
+    them (exception classes by qualified name, ``module.Qualname``; a class counts for
+    its bases too). Retries wait ``backoff_s`` doubling up to ``max_backoff_s`` (the
+    consumers' settings when None), with ``jitter`` drawn in the upper half of each wait.
+
     Raises InvalidMessage for a bad field. ``runtime_env`` is kept as msgpack gives
     it back (tuples become lists), so a spec read back from the registry equals it.
     """
@@ -58,6 +64,11 @@ class TaskSpec:
     memory: int | None = None          # bytes
     resources: dict[str, float] | None = field(default=None, hash=False)
     runtime_env: dict[str, Any] | None = field(default=None, hash=False)
+    retry_on: tuple[str, ...] | None = None
+    no_retry_on: tuple[str, ...] = ()
+    backoff_s: float | None = None
+    max_backoff_s: float | None = None
+    jitter: bool = True
 
     def __post_init__(self):
         check_name(self.type, "task type")
@@ -74,6 +85,43 @@ class TaskSpec:
             object.__setattr__(self, "resources", check_resources(self.resources))
         if self.runtime_env is not None:
             object.__setattr__(self, "runtime_env", check_runtime_env(self.runtime_env))
+        if self.retry_on is not None:
+            object.__setattr__(self, "retry_on", exception_names(self.retry_on, "retry_on"))
+        object.__setattr__(self, "no_retry_on", exception_names(self.no_retry_on, "no_retry_on"))
+        for name in ("backoff_s", "max_backoff_s"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0 <= value <= MAX_BACKOFF_S):
+                raise InvalidMessage(f"{name} must be seconds from 0 to {MAX_BACKOFF_S:g}, "
+                                     f"got {value!r}")
+        if not isinstance(self.jitter, bool):
+            raise InvalidMessage(f"jitter must be True or False, got {self.jitter!r}")
+
+
+MAX_BACKOFF_S = 12 * 3600.0  # an SQS visibility timeout's limit: a retry waits in the queue
+
+
+def exception_name(cls: type) -> str:
+    """How a retry rule names an exception class: ``module.Qualname``."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def exception_names(classes: Any, what: str) -> tuple[str, ...]:
+    """``classes`` (exception classes, or their names as :func:`exception_name` gives
+    them) as names; InvalidMessage for anything else."""
+    if isinstance(classes, (str, type)):
+        classes = (classes,)
+    if not isinstance(classes, (tuple, list)):
+        raise InvalidMessage(f"{what} takes exception classes, got {classes!r:.80}")
+    names = []
+    for c in classes:
+        if isinstance(c, type) and issubclass(c, BaseException):
+            names.append(exception_name(c))
+        elif isinstance(c, str) and c:
+            names.append(c)
+        else:
+            raise InvalidMessage(f"{what} takes exception classes, got {c!r:.80}")
+    return tuple(names)
 
 
 # Ray takes these as num_cpus=, num_gpus= and memory=, not in resources=.

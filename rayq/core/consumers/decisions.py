@@ -22,7 +22,7 @@ from rayq.core.fairness.policy import ListenPlan, listen_order
 from rayq.core.control.ray_tasks import ray_options
 from rayq.core.control.registry import QueueInfo
 from rayq.core.kit.retry import backoff_s
-from rayq.core.codec.tasks import DeferralCause, Outcome, TaskSpec, encode_error
+from rayq.core.codec.tasks import DeferralCause, Outcome, TaskSpec, encode_error, exception_name
 from rayq.core.storage import writes
 
 
@@ -86,16 +86,33 @@ def is_last_try(attempt: int, task_max_receives: int, queue_max_receives: int | 
 
 
 def decide_end(succeeded: bool, attempt: int, spec: TaskSpec, queue_max_receives: int | None,
-               config: ConsumerConfig, retriable: bool = True) -> TaskEnd:
+               config: ConsumerConfig, retriable: bool = True, draw: float = 1.0) -> TaskEnd:
     """How delivery ``attempt`` of a task ends: Finish when its handler returned,
     DeadLetter when it raised on the last try (or failed in a way another try would
-    repeat: not ``retriable``), else Retry after a back-off that doubles from
-    ``config.retry_backoff_s`` with each delivery, up to ``config.max_backoff_s``."""
+    repeat, or its type's rule does not retry: not ``retriable``), else Retry after a
+    back-off that doubles from the type's ``backoff_s`` (else ``config.retry_backoff_s``)
+    with each delivery, up to its ``max_backoff_s`` (else ``config.max_backoff_s``).
+    With the type's ``jitter``, the wait is drawn in the upper half of that back-off
+    (``draw``: a uniform draw in [0, 1]; 1.0 waits it whole), so that tasks failing
+    together do not all come back at once."""
     if succeeded:
         return Finish()
     if not retriable or is_last_try(attempt, spec.max_receives, queue_max_receives):
         return DeadLetter()
-    return Retry(backoff_s(attempt, config.retry_backoff_s, config.max_backoff_s))
+    first = config.retry_backoff_s if spec.backoff_s is None else spec.backoff_s
+    most = config.max_backoff_s if spec.max_backoff_s is None else spec.max_backoff_s
+    delay = backoff_s(attempt, first, most)
+    return Retry(delay * (0.5 + 0.5 * draw) if spec.jitter else delay)
+
+
+def may_retry(spec: TaskSpec, err: BaseException) -> bool:
+    """Whether the handler's ``err`` may be retried under its type's rule: never when it
+    is one of ``no_retry_on``; with ``retry_on`` set, only when it is one of those. A
+    class counts for its bases too (``retry_on=(OSError,)`` retries ConnectionError)."""
+    names = {exception_name(cls) for cls in type(err).__mro__}
+    if names & set(spec.no_retry_on):
+        return False
+    return spec.retry_on is None or bool(names & set(spec.retry_on))
 
 
 # -- whether a task may run now ----------------------------------------------------------
