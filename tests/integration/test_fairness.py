@@ -193,7 +193,7 @@ def test_suspended_keys_are_not_dispatched_and_their_rule_history_stays(ray_sess
     polls = sum(s.polls for s in client.consumer_stats())
     in_flight = CONSUMERS.count * CONSUMERS.max_load
     wait_until(lambda: sum(s.polls for s in client.consumer_stats()) > polls + 2 * in_flight,
-               what="consumers polling on")
+               timeout_s=120, what="consumers polling on")  # slow on a crowded machine
     ready, _ = ray.wait([held], timeout=0)
     [queued] = client.queue("tasks").peek(5)
     assert not ready and queued.type == "trickle-a" and queued.dequeue_count == 0
