@@ -213,7 +213,7 @@ class Client:
         self._registered[fn.spec.type] = (fn, handler)
 
     def submit(self, fn: TaskFunction, *args: Any, tenant: str | None = None, delay_s: float = 0,
-               task_id: str | None = None, **kwargs: Any) -> ray.ObjectRef:
+               task_id: str | None = None, priority: int = 0, **kwargs: Any) -> ray.ObjectRef:
         """Enqueue a call of a ``@rayq.task`` durably; returns a ``ray.ObjectRef``.
 
         ``ray.get`` on it gives the handler's return value, or raises an error
@@ -224,16 +224,20 @@ class Client:
         this client's account (a signed client submits only as its own account).
         ``task_id``: the task's id (default: a random one; ``task_id(ref)`` tells it).
         A task submitted again under its id while its outcome is kept is the same
-        task: the new ref is to it, and nothing runs again.
+        task: the new ref is to it, and nothing runs again. ``priority`` (0 to 9): among
+        its fairness key's (tenant's, type's) ready tasks a higher one runs first; between
+        keys, fairness decides.
         """
         [ref] = self.submit_many(fn, [args], tenant=tenant, delay_s=delay_s, kwargs=kwargs,
-                                 task_ids=None if task_id is None else [task_id])
+                                 task_ids=None if task_id is None else [task_id],
+                                 priority=priority)
         return ref
 
     def submit_many(self, fn: TaskFunction, args_list: Sequence[Sequence[Any]], *,
                     tenant: str | None = None, delay_s: float = 0,
                     kwargs: dict[str, Any] | None = None,
-                    task_ids: Sequence[str] | None = None) -> list[ray.ObjectRef]:
+                    task_ids: Sequence[str] | None = None,
+                    priority: int = 0) -> list[ray.ObjectRef]:
         """Enqueue many calls of a ``@rayq.task`` in one durable put (up to 1000); one
         ``ray.ObjectRef`` per call, in order (see :meth:`submit`). ``kwargs`` go to every
         call; ``task_ids``, if given, one id per call."""
@@ -246,7 +250,7 @@ class Client:
         spec = fn.spec
         # Task queues are the default account's: named so from every account.
         producer = self.transport.producer(ADMIN + QUEUE_SEP + spec.queue)
-        attrs = producer.attrs(tenant, spec.type, delay_s, None, task=True)
+        attrs = producer.attrs(tenant, spec.type, delay_s, None, task=True, priority=priority)
         if not all(isinstance(args, (list, tuple)) for args in args_list):
             raise InvalidMessage("submit_many takes a list of argument tuples")
         entries = [(attrs, encode_call(spec.type, tuple(args), kwargs or {},

@@ -75,11 +75,14 @@ class Queue:
         return self._transport.producer(self.name)
 
     def send(self, body: Any, tenant: str | None = None, type: str = "default",
-             delay_s: float = 0, ttl_s: float | None = None) -> str:
+             delay_s: float = 0, ttl_s: float | None = None, priority: int = 0) -> str:
         """Store one message durably (fsync'd before this returns); returns its id.
-        ``tenant`` defaults to the client's account (a signed client sends only as it)."""
+        ``tenant`` defaults to the client's account (a signed client sends only as it).
+        ``priority`` (0 to 9): among its fairness key's visible messages, a higher one is
+        received first; between keys, fairness decides (an ordered queue takes none)."""
         producer = self._producer
-        return producer.put([producer.message(body, tenant, type, delay_s, ttl_s)])[0][0]
+        return producer.put([producer.message(body, tenant, type, delay_s, ttl_s,
+                                              priority=priority)])[0][0]
 
     def send_batch(self, messages: Sequence[Outgoing]) -> list[str]:
         """Store up to 1000 messages in one durable transaction; returns their ids in order."""
@@ -97,8 +100,8 @@ class Queue:
         if not all(isinstance(m, Outgoing) for m in messages):
             raise InvalidMessage("send_batch takes rayq.Outgoing values")
         producer = self._producer
-        return [producer.message(m.body, m.tenant, m.type, m.delay_s, m.ttl_s, m.key)
-                for m in messages]
+        return [producer.message(m.body, m.tenant, m.type, m.delay_s, m.ttl_s, m.key,
+                                 m.priority) for m in messages]
 
     # -- receiving -------------------------------------------------------------------
     def receive(self, max_messages: int = 1, visibility_timeout_s: float = 30,

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rayq.batching import ThreadBatcher
 from rayq.core.auth.operations import SHARD_OPS
-from rayq.core.codec.model import (MAX_BATCH, SubqueueState, check_name, check_seconds,
-                                   encode_body, fairness_key, to_us)
+from rayq.core.codec.model import (MAX_BATCH, SubqueueState, check_name, check_priority,
+                                   check_seconds, encode_body, fairness_key, to_us)
 from rayq.core.codec.wire import Attrs, Entry, encode_put
 from rayq.core.kit.batcher import Batcher
 from rayq.errors import QueueDisabled
@@ -94,11 +94,12 @@ class Producer:
 
     # -- a message's shape -------------------------------------------------------------
     def attrs(self, tenant: str | None, type: str, delay_s: float, ttl_s: float | None,
-              task: bool = False, key: str | None = None) -> Attrs:
+              task: bool = False, key: str | None = None, priority: int = 0) -> Attrs:
         """A message's attributes, checked once, here (sends and task submissions).
         ``tenant`` None is the transport's account; ``key`` None the runtime's fairness
         key (another key: a message group, which an ordered queue takes, and a plain queue
-        the sending account owns). Raises InvalidMessage."""
+        the sending account owns); ``priority`` 0..9 orders the key's own ready messages.
+        Raises InvalidMessage."""
         config = self._transport.config
         tenant = self._transport.account if tenant is None else tenant
         check_name(tenant, "tenant")
@@ -109,13 +110,14 @@ class Producer:
         key = fairness_key(tenant, type, config.fairness.key) if key is None \
             else check_name(key, "key")
         return Attrs(tenant, type, key, to_us(delay_s), None if ttl_s is None else to_us(ttl_s),
-                     task)
+                     task, check_priority(priority))
 
     def message(self, body: Any, tenant: str | None = None, type: str = "default",
-                delay_s: float = 0, ttl_s: float | None = None, key: str | None = None) -> Entry:
+                delay_s: float = 0, ttl_s: float | None = None, key: str | None = None,
+                priority: int = 0) -> Entry:
         """(attributes, encoded body): a message checked and encoded once, here. Raises
         InvalidMessage, or MessageTooLarge past the store's ``max_message_bytes``."""
-        return (self.attrs(tenant, type, delay_s, ttl_s, key=key),
+        return (self.attrs(tenant, type, delay_s, ttl_s, key=key, priority=priority),
                 encode_body(body, self._transport.config.store.max_message_bytes))
 
     # -- putting -----------------------------------------------------------------------

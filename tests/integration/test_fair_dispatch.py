@@ -79,3 +79,20 @@ def test_a_noisy_tenant_shows_in_the_report_and_the_event_log(ray_session, tmp_p
     marks = [(e["key"], e["outcome"]) for e in events if e["kind"] == "noisy"]
     assert ("noisy", "noisy") in marks
     rayq.shutdown()
+
+
+
+def test_an_urgent_task_runs_next_within_its_tenant_but_buys_no_more_share(
+        ray_session, tmp_path_factory):
+    client, _ = start(tmp_path_factory, "priorities", threads=1)
+    queued = [client.submit(job, 0.01, tenant="a") for _ in range(20)]
+    urgent = client.submit(job, 0.01, tenant="a", priority=9)
+    all_urgent = [client.submit(job, 0.01, tenant="b", priority=9) for _ in range(20)]
+    client.scale_consumers(1)
+    starts = ray.get([urgent, *queued, *all_urgent], timeout=300)
+    order = sorted(range(len(starts)), key=starts.__getitem__)
+    assert [i for i in order if i <= 20][0] == 0, order  # ahead of 20 queued before it
+    # b marked everything urgent: both backlogged, the one thread still alternates
+    first = ["a" if i <= 20 else "b" for i in order[:20]]
+    assert 8 <= first.count("b") <= 12, first
+    rayq.shutdown()

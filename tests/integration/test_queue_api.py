@@ -185,3 +185,14 @@ def test_connect_works_inside_a_ray_task(ray_session, queue):
 
     mid = ray_session.get(produce.remote(queue.name))
     assert queue.receive()[0].id == mid
+
+
+def test_an_urgent_message_is_received_ahead_of_its_keys_backlog(queue):
+    queue.send_batch([rayq.Outgoing(i, tenant="acme") for i in range(10)])
+    queue.send("urgent", tenant="acme", priority=9)
+    queue.send_batch([rayq.Outgoing("soon", tenant="acme", priority=5)])
+    got = queue.receive(max_messages=12)
+    assert [m.body for m in got] == ["urgent", "soon", *range(10)]
+    queue.delete_batch([m.receipt for m in got])
+    with pytest.raises(rayq.InvalidMessage):
+        queue.send("x", priority=10)

@@ -90,6 +90,18 @@ def unpack(data: bytes) -> Any:
         raise InvalidMessage(f"malformed msgpack: {err}") from err
 
 
+MAX_PRIORITY = 9
+
+
+def check_priority(value: Any) -> int:
+    """A message's priority: an int from 0 (the default) to MAX_PRIORITY. Among one
+    fairness key's ready messages a higher priority is received first; between keys,
+    fairness decides (docs/fair-dispatch.md). Raises InvalidMessage."""
+    if type(value) is not int or not 0 <= value <= MAX_PRIORITY:
+        raise InvalidMessage(f"priority must be an int from 0 to {MAX_PRIORITY}, got {value!r}")
+    return value
+
+
 def check_name(value: Any, what: str) -> str:
     """A tenant, type or queue name: a non-empty printable str up to 128 chars."""
     if not isinstance(value, str) or not value:
@@ -214,6 +226,7 @@ class Outgoing:
     ttl_s: float | None = None
     key: str | None = None  # None: the runtime's fairness key; else the message's group
     # (taken by an ordered queue, and by a plain queue the sending account owns)
+    priority: int = 0  # 0..9: higher is received first among its key's ready messages
 
 
 @dataclass(frozen=True)
@@ -227,6 +240,7 @@ class NewMessage:
     delay_s: float = 0.0
     ttl_s: float | None = None
     task: bool = False          # the store records how a task message ended (its outcome)
+    priority: int = 0           # 0..MAX_PRIORITY (see check_priority)
 
 
 @dataclass(frozen=True)

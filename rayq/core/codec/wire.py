@@ -21,7 +21,8 @@ import msgpack
 
 from rayq.core.codec.task_ids import check_task_id
 from rayq.core.codec.model import (MAX_BATCH, NewMessage, Received, StoredMessage, US, at_s,
-                                   check_key, check_name, check_seconds, decode_body, to_us)
+                                   check_key, check_name, check_priority, check_seconds,
+                                   decode_body, to_us)
 
 Entry = tuple["Attrs", bytes]  # one message on its way: attributes and encoded body
 from rayq.errors import InvalidMessage, MessageTooLarge
@@ -40,6 +41,7 @@ class Attrs(NamedTuple):
     delay_us: int = 0
     ttl_us: int | None = None
     task: bool = False
+    priority: int = 0  # 0..MAX_PRIORITY: higher runs first among its key's ready messages
 
 
 class PutBatch(NamedTuple):
@@ -60,7 +62,8 @@ def attrs_of(m: NewMessage) -> Attrs:
     if m.ttl_s is not None:
         check_seconds(m.ttl_s, "ttl_s", 0, math.inf)
     return Attrs(m.tenant, m.type, m.key, to_us(m.delay_s),
-                 None if m.ttl_s is None else to_us(m.ttl_s), bool(m.task))
+                 None if m.ttl_s is None else to_us(m.ttl_s), bool(m.task),
+                 check_priority(m.priority))
 
 
 def encode_put(entries: Iterable[Entry | tuple[Attrs, bytes, str]]) -> bytes:
@@ -125,9 +128,9 @@ def _check_task_ids(given: list, attrs: list[Attrs], refs: list[int]) -> list | 
 
 
 def _check_attrs(raw: Any, max_delay_s: float, max_ttl_s: float) -> Attrs:
-    if not isinstance(raw, list) or len(raw) != 6:
+    if not isinstance(raw, list) or len(raw) != 7:
         raise InvalidMessage("malformed put batch: an attribute entry")
-    tenant, type_, key, delay_us, ttl_us, task = raw
+    tenant, type_, key, delay_us, ttl_us, task, priority = raw
     check_name(tenant, "tenant")
     check_name(type_, "type")
     check_key(key)
@@ -137,7 +140,7 @@ def _check_attrs(raw: Any, max_delay_s: float, max_ttl_s: float) -> Attrs:
         raise InvalidMessage(f"ttl_s must be within [0.001, {max_ttl_s}] seconds")
     if type(task) is not bool:
         raise InvalidMessage("malformed put batch: the task flag")
-    return Attrs(tenant, type_, key, delay_us, ttl_us, task)
+    return Attrs(tenant, type_, key, delay_us, ttl_us, task, check_priority(priority))
 
 
 def put_count(data: Any) -> int:

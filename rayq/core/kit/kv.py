@@ -28,7 +28,7 @@ from rayq.errors import StoreError
 
 T = TypeVar("T")
 DATABASES = ("rows", "expiry", "blobs", "counts", "keys", "meta", "outcomes", "outcome_expiry",
-             "spill", "tcounts", "nonces", "inflight", "task_ids", "tasks", "usage")
+             "spill", "tcounts", "nonces", "inflight", "task_ids", "tasks", "usage", "promote")
 
 
 class Write(NamedTuple):

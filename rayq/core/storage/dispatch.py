@@ -37,6 +37,8 @@ from typing import NamedTuple
 
 from sortedcontainers import SortedList
 
+from rayq.core.storage.layout import visible_since
+
 US = 1_000_000
 FAIR, FIFO = "fair", "fifo"
 Head = tuple[int, int]  # a key's first row: (visible_at µs, seq)
@@ -185,8 +187,9 @@ class FairDispatch:
 
     # -- scores -----------------------------------------------------------------
     def score(self, sq: int, kid: int, head: Head, extra_inflight: int = 0) -> tuple:
-        """The sort key of a key whose first visible row is ``head`` (visible_at µs, seq),
-        after ``extra_inflight`` more deliveries: smaller is served first."""
+        """The sort key of a key whose first visible row is ``head`` (when it became
+        visible µs, seq: not its row key's field, which carries its priority), after
+        ``extra_inflight`` more deliveries: smaller is served first."""
         if self.policy.mode == FIFO:
             return head
         state = self._subqueues.get(sq, _EMPTY).keys.get(kid)
@@ -217,7 +220,9 @@ class FairDispatch:
         if state.head is None:
             return
         if state.head[0] <= now_us:
-            state.entry = (self.score(sq, kid, state.head), kid)
+            # ranked by when its first row showed: a key's own priorities do not count
+            head = (visible_since(state.head[0], now_us), state.head[1])
+            state.entry = (self.score(sq, kid, head), kid)
             sub.ready.add(state.entry)
         else:
             heapq.heappush(sub.timers, (state.head[0], kid, state.timer))

@@ -5,7 +5,12 @@ Tables (LMDB named sub-databases; :data:`TABLES` names them in the order
 
 - ``rows``: (subqueue, key id, visible_at µs, seq) -> row. Hidden and delayed rows
   sort after every visible row of their prefix, so the oldest visible message of a
-  (subqueue, fairness key) is the first row of its prefix: one cursor seek.
+  (subqueue, fairness key) is the first row of its prefix: one cursor seek. A visible
+  row of priority p > 0 sorts p bands earlier (:func:`sort_time`), so the first row is
+  the key's most urgent visible message.
+- ``promote``: (visible_at µs, seq) -> row key of a hidden row of priority > 0: once
+  it shows, a receive moves it to its band (:func:`sort_time`); an entry whose row
+  is no longer at that key is stale and dropped.
 - ``expiry``: (expires_at µs, seq) -> row key: expired rows go in bounded batches.
 - ``blobs``: (blob id, chunk) -> bytes of a body over the blob threshold.
 - ``counts``: (subqueue, key id) -> rows of that pair (signed 64-bit).
@@ -58,13 +63,14 @@ from typing import NamedTuple
 from rayq.core.codec.model import PREFIX, ROW_KEY, CountKind, Ending, TenantCount
 
 TABLES = ("rows", "expiry", "blobs", "counts", "keys", "meta", "outcomes", "outcome_expiry",
-          "spill", "tcounts", "nonces", "inflight", "task_ids", "tasks", "usage")
+          "spill", "tcounts", "nonces", "inflight", "task_ids", "tasks", "usage", "promote")
 
 HEAD = struct.Struct(">QQIB8sQHH")
 DEQUEUE = struct.Struct(">I")
 RECEIVED = struct.Struct(">8sQ")     # nonce, first received µs: rewritten by each receive
 BLOB_REF = struct.Struct(">14sQI")   # blob id (store id + seq), size bytes, chunks
-TASK, BLOB = 1, 2                    # flags
+TASK, BLOB = 1, 2                    # flags; the upper four bits carry the priority
+PRIORITY_AT = 4
 NO_NONCE = bytes(8)                  # a row never received: no receipt can match it
 _NONCE_AT, _NONCE_END = 21, 29
 _RECEIVED_END = _NONCE_END + 8
@@ -148,6 +154,37 @@ def blob_ref(value: bytes, body_at: int) -> tuple[bytes, int, int]:
 row_key = ROW_KEY.pack              # (subqueue, key id, visible_at µs, seq) -> key
 parse_row_key = ROW_KEY.unpack      # key -> (subqueue, key id, visible_at µs, seq)
 pair_of = PREFIX.unpack_from        # key -> (subqueue, key id)
+
+
+# -- priorities -----------------------------------------------------------------------
+# A band: farther than any row waits (a row lives at most max_ttl_s, days), so the
+# bands of one key never meet, and a band's rows keep their age order within it.
+PRIORITY_BAND_US = 1 << 47  # about 4.5 years
+
+
+def priority_of(flags: int) -> int:
+    return flags >> PRIORITY_AT
+
+
+def sort_time(visible_us: int, priority: int, now_us: int) -> int:
+    """The visible_at field of a row key for a row visible from ``visible_us``: a row of
+    priority p > 0 already visible at ``now_us`` sorts p bands before its key's rows of
+    priority 0, so it is the first row of its key while visible. A row still hidden
+    keeps its time (it must sort after every visible row) until it is promoted."""
+    if priority and visible_us <= now_us:
+        return visible_us - priority * PRIORITY_BAND_US
+    return visible_us
+
+
+def visible_since(field: int, now_us: int) -> int:
+    """When the row whose key's visible_at field is ``field`` became visible (µs), read
+    at ``now_us``: a visible row's field less its priority bands."""
+    if field > now_us:
+        return field
+    return field + (now_us - field) // PRIORITY_BAND_US * PRIORITY_BAND_US
+
+
+promote_key = struct.Struct(">QQ").pack  # (visible_at µs, seq) -> key
 
 
 def key_range(sq: int, kid: int) -> tuple[bytes, bytes]:

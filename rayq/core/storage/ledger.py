@@ -11,15 +11,15 @@ over a Ledger; the bytes are :mod:`rayq.core.storage.layout`'s.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from rayq.config import StoreConfig
-from rayq.core.codec.model import (US, Ending, StoredMessage, at_s, SubqueueState, message_id,
-                                   parse_receipt,
-                                   receipt_text)
+from rayq.core.codec.model import (MAX_PRIORITY, US, Ending, StoredMessage, at_s,
+                                   SubqueueState, message_id, parse_receipt, receipt_text)
 from rayq.core.kit.kv import Txn
 from rayq.core.storage import layout
 from rayq.core.storage.cache import MessageCache
@@ -293,6 +293,38 @@ class Ledger:
         self.count(sq, kid, meta.type, meta.tenant, +1)
         self.joined(sq, kid)
 
+    def placed_key(self, sq: int, kid: int, visible_us: int, seq: int, flags: int) -> bytes:
+        """The row key of a row of (subqueue, key) visible from ``visible_us``: one of
+        priority p > 0 already visible sorts p bands ahead of the key's other rows
+        (:func:`~rayq.core.storage.layout.sort_time`); one still hidden is noted in
+        ``promote``, and a receive moves it there once it shows (:meth:`promote_due`)."""
+        priority = flags >> layout.PRIORITY_AT
+        if not priority:
+            return layout.row_key(sq, kid, visible_us, seq)
+        row_key = layout.row_key(sq, kid, layout.sort_time(visible_us, priority, self.now_us),
+                                 seq)
+        if visible_us > self.now_us:
+            self.txn.put("promote", layout.promote_key(visible_us, seq), row_key)
+        return row_key
+
+    def promote_due(self, limit: int) -> int:
+        """Move up to ``limit`` rows of priority > 0 that showed since they were hidden to
+        their band; returns how many moved. An entry whose row left that key (received,
+        moved, ended) is dropped."""
+        due = list(itertools.islice(
+            self.txn.scan("promote", b"", layout.promote_key(self.now_us + 1, 0)), limit))
+        moved = 0
+        for key, row_key in due:
+            self.txn.delete("promote", key)
+            value = self.txn.get("rows", row_key)
+            if value is None:
+                continue
+            sq, kid, visible_us, seq = layout.parse_row_key(row_key)
+            self._move(row_key, value, layout.row_key(sq, kid, layout.sort_time(
+                visible_us, layout.priority_of(layout.meta(value).flags), self.now_us), seq))
+            moved += 1
+        return moved
+
     def take_rows(self, found: list[tuple[bytes, bytes]], visible_us: int,
                   nonces: bytes) -> list[tuple[bytes, bytes, layout.RowMeta, int, int, int]]:
         """Hide the rows found: a new nonce, one more delivery, visible again at
@@ -310,7 +342,7 @@ class Ledger:
                 new_key = row_key
                 self.txn.put("inflight", layout.inflight_key(sq, kid, seq), layout.pack_u64(visible_us))
             else:
-                new_key = layout.row_key(sq, kid, visible_us, seq)
+                new_key = self.placed_key(sq, kid, visible_us, seq, meta.flags)
             self.txn.delete("rows", row_key)
             moved.append((new_key, new_value))
             expiry.append((layout.expiry_key(meta.expires_us, seq), new_key))
@@ -354,13 +386,14 @@ class Ledger:
 
     def move_to(self, row_key: bytes, value: bytes, target: int, visible_us: int,
                 used: bool) -> layout.RowMeta:
-        """Move a row to subqueue ``target``, keeping its key and seq. ``used``: its
-        delivery ended (dead-lettered) rather than handed back unused."""
+        """Move a row to subqueue ``target``, keeping its key and seq, visible from
+        ``visible_us`` (a time, not a key's field). ``used``: its delivery ended
+        (dead-lettered) rather than handed back unused."""
         sq, kid, _, seq = layout.parse_row_key(row_key)
         meta = layout.meta(value)
         if sq in self.index.ordered:
             self.txn.delete("inflight", layout.inflight_key(sq, kid, seq))
-        self._move(row_key, value, layout.row_key(target, kid, visible_us, seq))
+        self._move(row_key, value, self.placed_key(target, kid, visible_us, seq, meta.flags))
         self.count(sq, kid, meta.type, meta.tenant, -1)
         self.count(target, kid, meta.type, meta.tenant, +1)
         self._touched[target].add(kid)
@@ -380,7 +413,7 @@ class Ledger:
             new_key = row_key
             self.txn.put("inflight", layout.inflight_key(sq, kid, seq), layout.pack_u64(visible_us))
         else:
-            new_key = layout.row_key(sq, kid, visible_us, seq)
+            new_key = self.placed_key(sq, kid, visible_us, seq, meta.flags)
         self._move(row_key, new_value, new_key)
         self.flights.append(Released(row_key, used=False) if undeliver
                             else Rehid(row_key, new_key, visible_us))
@@ -390,9 +423,26 @@ class Ledger:
         """(row key, value) of the row a receipt holds; 8 bytes compared, nothing decoded."""
         row_key, nonce = parse_receipt(receipt)
         value = self.txn.get("rows", row_key)
+        if value is None:  # shown again since, and moved to its priority's band?
+            row_key, value = self._promoted(row_key)
         if value is None or layout.nonce_of(value) != nonce or nonce == layout.NO_NONCE:
             raise ReceiptInvalid(_STALE)
         return row_key, value
+
+    def _promoted(self, row_key: bytes) -> tuple[bytes, bytes | None]:
+        """Where :meth:`promote_due` moved the row hidden at ``row_key``, and its value
+        (None: it is not there either): a receipt stays good after its timeout until the
+        message is received again, whatever its priority."""
+        sq, kid, visible_us, seq = layout.parse_row_key(row_key)
+        if visible_us > self.now_us:
+            return row_key, None
+        for priority in range(1, MAX_PRIORITY + 1):
+            moved = layout.row_key(sq, kid, layout.sort_time(visible_us, priority, self.now_us),
+                                   seq)
+            value = self.txn.get("rows", moved)
+            if value is not None:
+                return moved, value
+        return row_key, None
 
     # -- bodies and outcomes -----------------------------------------------------------
     def body_of(self, value: bytes, meta: layout.RowMeta | None = None) -> bytes:

@@ -31,16 +31,17 @@ class _Group:
     """One attribute group of a put: its key, times, shared row prefixes (inline body,
     blob reference), the flooder it is spilled for (None: not diverted), and its seqs."""
 
-    __slots__ = ("attrs", "kid", "visible_us", "expires_us", "prefix", "blob_prefix",
+    __slots__ = ("attrs", "kid", "visible_us", "expires_us", "flags", "prefix", "blob_prefix",
                  "flooder", "seqs")
 
     def __init__(self, w: Ledger, env: Env, sq: int, attrs: Attrs):
         now_us = w.now_us
         ttl_us = to_us(env.config.default_ttl_s) if attrs.ttl_us is None else attrs.ttl_us
-        flags = layout.TASK if attrs.task else 0
+        flags = (layout.TASK if attrs.task else 0) | attrs.priority << layout.PRIORITY_AT
         tenant, type_ = attrs.tenant.encode(), attrs.type.encode()
         self.attrs, self.kid = attrs, w.key_id(attrs.key, create=True)
         self.visible_us, self.expires_us = now_us + attrs.delay_us, now_us + ttl_us
+        self.flags = flags
         self.prefix = layout.prefix(now_us, self.expires_us, flags, tenant, type_)
         self.blob_prefix = layout.prefix(now_us, self.expires_us, flags | layout.BLOB, tenant, type_)
         self.flooder = diverted(env, sq, attrs.type, attrs.tenant)
@@ -66,6 +67,9 @@ def put(w: Ledger, env: Env, subqueue: int, batch: bytes,
                           ordered=subqueue in w.index.ordered)
     if w.index.state(subqueue) is not SubqueueState.ALL:
         raise QueueDisabled(f"subqueue {subqueue} does not accept new messages")
+    if subqueue in w.index.ordered and any(attrs.priority for attrs in decoded.attrs):
+        raise InvalidMessage("an ordered queue delivers each key's messages in the order "
+                             "sent: it takes no priority")
     groups = [_Group(w, env, subqueue, attrs) for attrs in decoded.attrs]
     blob_threshold = config.blob_threshold_bytes
     row_items, expiry_items = [], []
@@ -88,7 +92,7 @@ def put(w: Ledger, env: Env, subqueue: int, batch: bytes,
             spill_one(w, subqueue, group.kid, group.visible_us, group.attrs.type,
                       group.attrs.tenant, group.flooder, seq, value)
         else:
-            row_key = layout.row_key(subqueue, group.kid, group.visible_us, seq)
+            row_key = w.placed_key(subqueue, group.kid, group.visible_us, seq, group.flags)
             row_items.append((row_key, value))
             expiry_items.append((layout.expiry_key(group.expires_us, seq), row_key))
         if task_id is not None:
@@ -128,6 +132,7 @@ def _write_blob(w: Ledger, env: Env, seq: int, body: bytes) -> bytes:
 
 
 # -- receive -----------------------------------------------------------------------------
+PROMOTE_BATCH = 1000  # hidden rows of priority > 0 a receive moves to their band at most
 def receive(w: Ledger, env: Env, subqueue: int, max_messages: int,
             visibility_timeout_s: float | None, *, keys: Sequence[str] | None = None,
             max_receives: int | None = None, dead_letter: int | None = None,
@@ -148,6 +153,7 @@ def receive(w: Ledger, env: Env, subqueue: int, max_messages: int,
         check_subqueue(dead_letter)
     if w.index.state(subqueue) is SubqueueState.DISABLED:
         raise QueueDisabled(f"subqueue {subqueue} is disabled")
+    w.promote_due(PROMOTE_BATCH)
     found, skipped = pick(w, env, subqueue, max_messages, w.now_us, keys, max_receives, exclude)
     for row_key, value, reason in skipped:
         if reason is Skip.EXPIRED:

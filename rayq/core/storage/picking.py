@@ -87,7 +87,8 @@ def _pick_dispatched(w: Ledger, env: Env, sq: int, n: int, now_us: int,
 
     def push(kid: int, key_rows: "_KeyRows", row) -> None:
         if row is not None:
-            score = dispatch.score(sq, kid, layout.parse_row_key(row[0])[2:],
+            _, _, field, seq = layout.parse_row_key(row[0])
+            score = dispatch.score(sq, kid, (layout.visible_since(field, now_us), seq),
                                    w.taken(sq, kid) + key_rows.taken)
             heapq.heappush(heap, (score, next(tiebreak), kid, key_rows, row))
 

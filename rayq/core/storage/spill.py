@@ -66,8 +66,8 @@ def sweep(w: Ledger, env: Env, type_: str, tenant: str, target: int, limit: int)
             continue
         w.txn.delete("spill", key)
         w.count_spilled(entry.source, meta.type, meta.tenant, -1)
-        w.insert(layout.row_key(target, entry.kid, entry.visible_us, layout.spill_seq(key)),
-                 entry.value, meta)
+        w.insert(w.placed_key(target, entry.kid, entry.visible_us, layout.spill_seq(key),
+                              meta.flags), entry.value, meta)
         moved += 1
     w.stats["swept"] += moved
     return moved
@@ -93,7 +93,7 @@ def move_matching(w: Ledger, env: Env, source: int, target: int, type_: str, ten
     found = list(itertools.islice(w.txn.scan("rows", start, stop), limit))
     moved = 0
     for row_key, value in found:
-        visible_us = layout.parse_row_key(row_key)[2]
+        visible_us = layout.visible_since(layout.parse_row_key(row_key)[2], w.now_us)
         meta = layout.meta(value)
         if visible_us > w.now_us or meta.type != type_ \
                 or tenant not in (meta.tenant, ALL_TENANTS):

@@ -366,7 +366,7 @@ class ShardStore:
                 # a held group of an ordered subqueue waits for its consumer, not for one
                 held = sq in self.index.ordered and locked_until(txn, sq, kid, now_us)
                 for row_key, value in txn.scan("rows", *layout.key_range(sq, kid)):
-                    visible_us = layout.parse_row_key(row_key)[2]
+                    visible_us = layout.visible_since(layout.parse_row_key(row_key)[2], now_us)
                     oldest = layout.enqueued_us(value) / US
                     if visible_us <= now_us and not held:  # else every row is hidden
                         latency = (now_us - visible_us) / US
