@@ -3,8 +3,9 @@
 The data path goes straight from the client to the shard actors; the manager
 is asked only for routing (cached by the transport for a moment). Sends go
 through the transport's producer of the queue (:mod:`rayq.sending`). A
-transport is one producer session: its puts to a queue stick to one subqueue
-(enqueuer affinity, docs/shards-and-storage.md) so they stay in order.
+transport is one producer session: its puts to a queue stick to one subqueue, and
+each sending thread's to one subqueue of its own lane once it sends large batches
+(enqueuer affinity, docs/shards-and-storage.md), so they stay in order.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ PUT_ATTEMPTS = 3       # routes tried when subqueues are retired under the sende
 # sending such batches each keep a lane of the queue's open subqueues, so that their
 # puts go to several shards at once (as clients of their own transports did).
 OWN_PUT_MESSAGES = 64
+MAX_LANES = 64  # lanes a producer keeps (lane_target wraps them round the open subqueues)
 
 Placed = tuple[str, int]  # a stored message's id and the index of the shard holding it
 
@@ -75,22 +76,21 @@ class Producer:
         self.name = name
         self._transport = transport
         self._lanes, self._lane = itertools.count(), threading.local()
-        self._coalescer = ThreadBatcher(
-            Batcher(max_items=max_messages, max_in_flight=max_in_flight, sized=True,
-                    name=f"sends to {name}"),
-            self._put_now)
+        self._batcher = dict(max_items=max_messages, max_in_flight=max_in_flight, sized=True)
+        self._coalescers = {0: self._lane_coalescer(0)}  # per lane: its threads' sends
+        self._new_lane = threading.Lock()
 
     def __repr__(self) -> str:
         return f"Producer({self.name!r})"
 
     def __len__(self) -> int:
         """Sends waiting for a put (not those in one)."""
-        return len(self._coalescer)
+        return sum(len(c) for c in list(self._coalescers.values()))
 
     @property
     def in_flight(self) -> int:
         """Puts under way."""
-        return self._coalescer.in_flight
+        return sum(c.in_flight for c in list(self._coalescers.values()))
 
     # -- a message's shape -------------------------------------------------------------
     def attrs(self, tenant: str | None, type: str, delay_s: float, ttl_s: float | None,
@@ -123,11 +123,16 @@ class Producer:
     # -- putting -----------------------------------------------------------------------
     def put(self, entries: list[Entry]) -> list[Placed]:
         """Store ``entries`` durably (fsync'd before this returns), with whatever other
-        senders of this producer have pending; (message id, shard index) per entry, in
-        order. Raises the put's error (QueueDisabled when every route tried was retired)."""
+        senders of this producer's lane have pending; (message id, shard index) per entry,
+        in order. Raises the put's error (QueueDisabled when every route tried was retired).
+
+        Every send of a thread goes to its lane's subqueue: lane 0 (the routed put
+        subqueue) until the thread sends a large batch, then a lane of its own, its
+        single sends too, so one sender's messages stay on one shard, in the order sent."""
+        lane = getattr(self._lane, "index", 0)
         if len(entries) >= OWN_PUT_MESSAGES:
             return self._put_now(entries, self._thread_lane())
-        return self._coalescer.call(entries)
+        return self._coalescers[lane].call(entries)
 
     def put_spread(self, entries: list[tuple]) -> list[Placed]:
         """:meth:`put` of tasks under ids their submitter chose, apart from other sends:
@@ -146,11 +151,20 @@ class Producer:
         return placed
 
     def _thread_lane(self) -> int:
-        """This thread's lane: the first thread to send a large batch gets 0, the next 1..."""
+        """This thread's lane: the first thread to send a large batch gets 0, the next 1...
+        (up to MAX_LANES, then round again); its single sends coalesce in that lane."""
         lane = getattr(self._lane, "index", None)
         if lane is None:
-            lane = self._lane.index = next(self._lanes)
+            with self._new_lane:
+                lane = next(self._lanes) % MAX_LANES
+                if lane not in self._coalescers:
+                    self._coalescers[lane] = self._lane_coalescer(lane)
+            self._lane.index = lane
         return lane
+
+    def _lane_coalescer(self, lane: int) -> ThreadBatcher:
+        return ThreadBatcher(Batcher(**self._batcher, name=f"sends to {self.name} ({lane})"),
+                             lambda entries: self._put_now(entries, lane))
 
     async def put_async(self, entries: list[Entry]) -> list[Placed]:
         """:meth:`put` awaited on an event loop (the SQS endpoint's): a put call of its own,

@@ -7,6 +7,7 @@ import threading
 import weakref
 
 import rayq
+from rayq.core.codec.model import receipt_subqueue
 from tests.integration.conftest import start_runtime
 
 THREADS = 8
@@ -38,6 +39,29 @@ def test_a_client_per_thread_sends_every_message_once(client):
     assert queue.count() == THREADS * SENDS
     bodies = {m.body for m in queue.peek(max_messages=THREADS * SENDS)}
     assert bodies == {f"{n}.{i}" for n in range(THREADS) for i in range(SENDS)}
+
+
+def test_each_senders_batch_and_single_sends_land_on_one_subqueue(client):
+    client.create_queue("affine", subqueues=2)
+    landed: dict[int, set[int]] = {}
+
+    def sender(n: int) -> None:
+        queue = rayq.connect().queue("affine")
+        queue.send_batch([rayq.Outgoing(f"{n}.batch.{i}") for i in range(100)])
+        for i in range(5):
+            queue.send(f"{n}.single.{i}")
+
+    for n in range(3):  # one after another, each on a thread of its own
+        thread = threading.Thread(target=sender, args=(n,))
+        thread.start()
+        thread.join(120)
+    queue = client.queue("affine")
+    while got := queue.receive(max_messages=100):
+        for m in got:
+            landed.setdefault(int(m.body.split(".")[0]), set()).add(receipt_subqueue(m.receipt))
+        queue.delete_batch([m.receipt for m in got])
+    assert sorted(landed) == [0, 1, 2]
+    assert all(len(subqueues) == 1 for subqueues in landed.values()), landed
 
 
 def test_clients_with_different_keys_never_share_a_transport(client):

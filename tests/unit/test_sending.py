@@ -363,6 +363,33 @@ def test_a_small_send_still_coalesces_on_the_routed_subqueue():
     assert [sq for shard in transport.shards for sq, _ in shard.puts] == [0]
 
 
+def test_a_threads_single_sends_follow_its_large_batch_to_the_same_subqueue():
+    transport = FakeTransport(shards=2)
+    producer = Producer(transport, "jobs")
+    landed = {}
+
+    def sender(name: str, started: threading.Event, go: threading.Event) -> None:
+        placed = producer.put([producer.message(f"{name}{i}") for i in range(OWN_PUT_MESSAGES)])
+        started.set()
+        go.wait(WAIT_S)
+        for i in range(5):
+            placed += producer.put([producer.message(f"{name}-single{i}")])
+        landed[name] = {shard for _, shard in placed}
+
+    first_in, second_in, go = threading.Event(), threading.Event(), threading.Event()
+    first = threading.Thread(target=sender, args=("a", first_in, go))
+    first.start()
+    first_in.wait(WAIT_S)  # lanes go in order: "a" takes lane 0, "b" lane 1
+    second = threading.Thread(target=sender, args=("b", second_in, go))
+    second.start()
+    second_in.wait(WAIT_S)
+    go.set()
+    for t in (first, second):
+        t.join(WAIT_S)
+    assert landed == {"a": {0}, "b": {1}}
+    assert producer.put([producer.message("main thread")])[0][1] == 0  # no lane: routed
+
+
 @pytest.mark.parametrize("states, target, lane, expected", [
     ([ALL, ALL, ALL], 1, 0, 1),       # lane 0: the routed subqueue
     ([ALL, ALL, ALL], 1, 1, 2),       # the next open one
