@@ -83,10 +83,10 @@ def test_depths_give_count_and_latency_of_the_oldest_visible_message_per_key(sto
     store.run(Put(2, batch(message(key="fresh"))))
     clock.advance(11)
     assert sorted(store.depths(), key=lambda d: (d.subqueue, d.key)) == [
-        KeyDepth(0, "delayed", 1, 5.0, t0, 15.0),  # visible 5 s, sent 15 s ago
-        KeyDepth(0, "hidden", 1, 0.0, t0, 0.0),
-        KeyDepth(0, "waiting", 2, 15.0, t0, 15.0),
-        KeyDepth(2, "fresh", 1, 11.0, t0 + 4, 11.0),
+        KeyDepth(0, "delayed", 1, 5.0, t0, 15.0, t0 + 10),  # visible 5 s, sent 15 s ago
+        KeyDepth(0, "hidden", 1, 0.0, t0, 0.0, t0),
+        KeyDepth(0, "waiting", 2, 15.0, t0, 15.0, t0),
+        KeyDepth(2, "fresh", 1, 11.0, t0 + 4, 11.0, t0 + 4),
     ]
 
 

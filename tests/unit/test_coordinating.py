@@ -7,7 +7,7 @@ import pytest
 
 from rayq.core.fairness.coordinating import (booster_consumers, fairness_report, intervening_since,
                                              pending_keys)
-from rayq.core.fairness.policy import Decision, KeyState
+from rayq.core.fairness.policy import Decision, KeyState, key_latency
 from rayq.core.kit.retry import RetrySchedule, backoff_s
 from rayq.core.codec.model import KeyDepth
 from rayq.testing import FakeClock
@@ -26,6 +26,13 @@ def test_pending_keys_take_the_longest_wait_and_oldest_enqueue_over_the_task_sub
               KeyDepth(1, "c", 2, 0.0, None),       # nothing visible yet
               KeyDepth(9, "d", 5, 50.0, 10.0)]      # not a task subqueue
     assert pending_keys(depths, {1, 2}, {"a": 2}) == {"a": KeyState("a", 40.0, 100.0, 2)}
+
+
+def test_a_delayed_message_waits_from_when_it_could_first_be_received():
+    sent_at, shown_at, now = 0.0, 1500.0, 1501.0
+    depths = [KeyDepth(1, "late", 1, now - shown_at, sent_at, now - sent_at, shown_at)]
+    state = pending_keys(depths, {1}, {})["late"]
+    assert key_latency(state, now, "enqueue") == pytest.approx(1.0)  # not 1 501 s
 
 
 @pytest.mark.parametrize("before, after, since, expected", [

@@ -203,7 +203,9 @@ class KeyDepth:
     latency_s: how long the oldest visible message has been visible (0 when none is).
     oldest_enqueued_at: when that message (or, with none visible, the next) was enqueued.
     oldest_age_s: the age of the oldest visible message since its enqueue (0 when none
-    is visible): a redelivery, a retry's back-off or a deferral does not reset it.
+    is visible).
+    oldest_ready_at: when that message could first be received: its enqueue, plus its
+    delay while it was never received (a delayed message does not wait while delayed).
     """
 
     subqueue: int
@@ -212,6 +214,7 @@ class KeyDepth:
     latency_s: float
     oldest_enqueued_at: float | None
     oldest_age_s: float = 0.0
+    oldest_ready_at: float | None = None
 
 
 @dataclass(frozen=True)

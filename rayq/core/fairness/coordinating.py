@@ -16,14 +16,16 @@ from rayq.core.codec.model import KeyDepth
 def pending_keys(depths: Iterable[KeyDepth], subqueues: Collection[int],
                  concurrency: Mapping[str, int]) -> dict[str, KeyState]:
     """Per key over ``subqueues`` (the task queues'): the longest wait and the oldest
-    enqueue of the subqueues where it has messages, with its concurrency limit."""
+    message's time it could first be received (its enqueue, or the end of its delay),
+    of the subqueues where it has messages, with its concurrency limit."""
     pending: dict[str, KeyState] = {}
     for d in depths:
         if d.subqueue not in subqueues or d.count <= 0 or d.oldest_enqueued_at is None:
             continue
         old = pending.get(d.key)
         latency = max(d.latency_s, old.latency_s if old else 0.0)
-        oldest = min(d.oldest_enqueued_at, old.oldest_enqueued_at if old else float("inf"))
+        ready = d.oldest_enqueued_at if d.oldest_ready_at is None else d.oldest_ready_at
+        oldest = min(ready, old.oldest_enqueued_at if old else float("inf"))
         pending[d.key] = KeyState(d.key, latency, oldest, concurrency.get(d.key))
     return pending
 

@@ -52,8 +52,9 @@ MAX_PERMITS = 4        # per key: permits grow with latency / threshold up to th
 @dataclass(frozen=True)
 class KeyState:
     """A pending key as the shards see it: how long its oldest visible message has
-    waited since it became visible (0: none is visible), when its oldest message was
-    enqueued, and its concurrency limit if any."""
+    waited since it became visible (0: none is visible), when its oldest message could
+    first be received (its enqueue, or the end of the delay it was sent with: latency
+    starts there), and its concurrency limit if any."""
 
     key: str
     latency_s: float

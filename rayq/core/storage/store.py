@@ -362,17 +362,20 @@ class ShardStore:
             for (sq, kid), n in self.index.counts.items():
                 if n <= 0:
                     continue
-                latency, oldest, age = 0.0, None, 0.0
+                latency, oldest, age, ready = 0.0, None, 0.0, None
                 # a held group of an ordered subqueue waits for its consumer, not for one
                 held = sq in self.index.ordered and locked_until(txn, sq, kid, now_us)
                 for row_key, value in txn.scan("rows", *layout.key_range(sq, kid)):
                     visible_us = layout.visible_since(layout.parse_row_key(row_key)[2], now_us)
-                    oldest = layout.enqueued_us(value) / US
+                    oldest = ready = layout.enqueued_us(value) / US
+                    if not layout.dequeue_count(value):  # never received: it showed late
+                        ready = max(oldest, visible_us / US)  # if it was sent delayed
                     if visible_us <= now_us and not held:  # else every row is hidden
                         latency = (now_us - visible_us) / US
                         age = max(latency, now_us / US - oldest)
                     break
-                out.append(KeyDepth(sq, self.index.key_names[kid], n, latency, oldest, age))
+                out.append(KeyDepth(sq, self.index.key_names[kid], n, latency, oldest, age,
+                                    ready))
             return out
         return self.kv.read(read)
 
