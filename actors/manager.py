@@ -356,6 +356,12 @@ class QueueManager(ControlActor):
                 "scaling_events": self.scaling_events[-50:],
                 "background_failures": dict(self.failures.counts)}
 
+    @signed(MANAGER_OPS["task_spec"])
+    async def task_spec(self, type_: str) -> TaskSpec | None:
+        """The registered spec of job type ``type_``, None when no such type is registered
+        (admin only: ``client.redrive`` tells a type from a queue by it)."""
+        return self.tasks.get(type_) if isinstance(type_, str) else None
+
     # -- load and scaling --------------------------------------------------------
     async def _shard_depths(self) -> dict[int, int]:
         await self.refresh()

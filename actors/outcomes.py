@@ -69,8 +69,9 @@ class OutcomeDesk(RuntimeActor):
         return tuple(out)
 
     @ray.method(max_task_retries=0)  # an end told to no one is read after RECHECK_S
-    async def ended(self, finished: list[tuple[str, Ending, bytes]]) -> None:
-        """The ends a commit of the shard recorded (the leader tells, never waits)."""
+    async def ended(self, finished: list[tuple[str, Ending | None, bytes]]) -> None:
+        """The ends a commit of the shard recorded (the leader tells, never waits); an
+        ending None: an end forgotten, the task redriven (OutcomeWaiters.notify)."""
         self.waiters.notify(finished)
 
     async def _read_many(self, ids: list[str]) -> list:
@@ -105,15 +106,37 @@ class DeskTeller:
     def __init__(self, index: int, clock: Clock):
         self.index, self.clock = index, clock
         self._desk, self._looked = None, float("-inf")
-        self._pending: list[tuple[str, Ending, bytes]] = []
+        self._pending: list[tuple[str, Ending | None, bytes]] = []
         self._telling = False
+        self._queued = self._sent = 0  # ends queued, and told (or given up on), so far
+        self._watchers: list[tuple[int, asyncio.Future]] = []  # (mark, told once sent >= mark)
 
-    def tell(self, finished: list[tuple[str, Ending, bytes]]) -> None:
+    def tell(self, finished: list[tuple[str, Ending | None, bytes]]) -> None:
         """Queue ``finished`` for the desk (called on the shard's event loop)."""
         self._pending.extend(finished)
+        self._queued += len(finished)
         if self._pending and not self._telling:
             self._telling = True
             asyncio.get_running_loop().create_task(self._send())
+
+    async def told(self) -> None:
+        """Wait until everything queued so far was told (or its call failed): a redrive
+        answers once the desk forgot the old ends, so a wait after it waits for the new."""
+        if self._sent >= self._queued:
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._watchers.append((self._queued, future))
+        await future
+
+    def _settle(self, sent: int) -> None:
+        self._sent += sent
+        waiting, self._watchers = self._watchers, []
+        for mark, future in waiting:
+            if mark <= self._sent:
+                if not future.done():
+                    future.set_result(None)
+            else:
+                self._watchers.append((mark, future))
 
     async def _send(self) -> None:
         """Tell what is pending. More ends recorded while a call was under way mean load:
@@ -123,8 +146,11 @@ class DeskTeller:
             while self._pending:
                 batch, self._pending = self._pending, []
                 desk = self._find()
-                if desk is not None:
-                    await answers([lambda: desk.ended.remote(batch)])
+                try:
+                    if desk is not None:
+                        await answers([lambda: desk.ended.remote(batch)])
+                finally:
+                    self._settle(len(batch))
                 if self._pending:
                     await asyncio.sleep(TELL_GAP_S)
         finally:

@@ -43,10 +43,10 @@ from rayq.core.kit.batcher import Batcher
 from rayq.core.kit.clock import Clock
 from rayq.core.storage.dispatch import DispatchPolicy, NoisyKey
 from rayq.core.storage.writes import (ChangeVisibility, Clear, CollectExpired, Defer, Delete,
-                                      Finish, MoveMatching, Put, Receive, Sweep, TakeUsage, Write,
-                                      decode_ends, small_group)
-from rayq.core.auth.gate import (Caller, Gate, check_reads_own, of_subqueues, per_queue, queues_on,
-                                 signed)
+                                      Finish, MoveMatching, Put, Receive, Redrive, Sweep, TakeUsage,
+                                      Write, decode_ends, small_group)
+from rayq.core.auth.gate import (Caller, Gate, check_reads_own, check_redrive, of_subqueues,
+                                 per_queue, queues_on, signed)
 from rayq.core.codec.wire import delivered_count, join_delivered
 from rayq.core.flood.isolation import serving_order
 from rayq.core.codec.model import KeyDepth, SubqueueState, long_poll_s
@@ -62,6 +62,7 @@ REVIEW_INTERVAL_S = 1.0  # how often fair dispatch re-marks noisy keys (O(keys) 
 PURGE_ROWS = 2_000     # rows (and spill entries) per background removal transaction
 PURGE_PAUSE_S = 0.01   # between two of them: calls waiting for the store go first
 MAX_WAIT_SLICE_S = 1.0  # long polls re-check at least this often (messages whose visibility lapses)
+TOLD_WAIT_S = 10.0  # how long a redrive waits for its desk to hear of it
 # The outcome desks' reads of task ends get their own concurrency group (its own event
 # loop and thread): they never wait behind puts, receives and deletes.
 OUTCOME_GROUP = "outcomes"
@@ -321,6 +322,23 @@ class ShardActor(GatedActor):
         """The caller's account's tasks submitted under ``task_ids`` (ShardStore.tasks)."""
         await self._remember(caller.auth)
         return await self._read(self.store.tasks, caller.account, task_ids)
+
+    @signed(SHARD_OPS["redrive"])
+    async def redrive(self, source: int, target: int, limit: int, *, type_: str | None = None,
+                      until_us: int | None = None, after: bytes | None = None,
+                      caller: Caller) -> tuple:
+        """Move dead letters of ``source`` (the DLQ subqueue here of ``target``'s queue)
+        back into ``target``: see rayq.core.storage.writes.Redrive. Answers once this
+        shard's outcome desk heard the redriven tasks' old ends forgotten (at most
+        TOLD_WAIT_S: a desk restarting has none kept)."""
+        check_redrive(await self.gate.known([source, target]), source, target, self.index)
+        result = await self._write(Redrive(source, target, limit, type_, until_us, after),
+                                   caller.auth)
+        try:
+            await asyncio.wait_for(self._desk.told(), TOLD_WAIT_S)
+        except asyncio.TimeoutError:
+            pass
+        return result
 
     @signed(SHARD_OPS["clear"])
     async def clear(self, subqueue: int, *, caller: Caller) -> int:

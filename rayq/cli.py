@@ -1,4 +1,5 @@
-"""The ``rayq`` command: start, stop, demo, report, status, account and serve."""
+"""The ``rayq`` command: start, stop, demo, report, status, drain, redrive, account and
+serve."""
 
 from __future__ import annotations
 
@@ -281,6 +282,22 @@ def drain(node: str, cancel: bool, wait_s: float) -> None:
     except rayq.RayqError as err:
         raise click.ClickException(str(err)) from None
     console.print(f"{node} holds no copy: it can be removed")
+
+
+@main.command()
+@click.argument("name")
+@click.option("--max", "max_messages", default=None, type=click.IntRange(min=1),
+              help="Move at most this many (default: all there now).")
+def redrive(name: str, max_messages: int | None) -> None:
+    """Move the dead letters of NAME back: a registered task type's dead-lettered tasks
+    to its queue, to run again, or queue NAME's (`account/name` for another account's)
+    from NAME-dlq."""
+    client = _connect()
+    try:
+        moved = client.redrive(name, max_messages=max_messages)
+    except rayq.RayqError as err:
+        raise click.ClickException(str(err)) from None
+    console.print(f"moved {moved} back from the dead-letter queue")
 
 
 @main.group()

@@ -34,6 +34,7 @@ from rayq.core.fairness.tallies import TallyRow
 from rayq.tasks import TaskFunction
 from rayq.errors import InvalidMessage, ResultTimeout, RuntimeFailure, TaskNotFound
 from rayq.queue import Queue
+from rayq import redriving
 from rayq.remote import call, named
 from rayq.transport import Transport
 
@@ -288,6 +289,21 @@ class Client:
         [ref] = self._tasks.refs([(found.message_id, shard)])
         self._tasks.remember([ref], [task_id])
         return ref
+
+    # -- dead letters --------------------------------------------------------------
+    def redrive(self, type_or_queue: TaskFunction | str, max_messages: int | None = None) -> int:
+        """Move dead letters back, visible at once with their receive count reset; returns
+        how many moved. A ``@rayq.task`` function (or, for the ``default`` account, the
+        name of a registered type) moves that type's dead-lettered tasks from its queue's
+        ``-dlq`` back to its queue, and each runs again under its id; any other name is a
+        queue of this account (``account/name`` for the ``default`` account) whose
+        ``<name>-dlq`` moves back to it. Up to ``max_messages`` (None: all there when the
+        redrive reaches their shard). Raises QueueNotFound, TaskNotFound for a type not
+        registered, QueueDisabled for a disabled queue, InvalidMessage, AuthError for a
+        type redrive by another account (docs/tasks.md, "Redrive")."""
+        name, type_ = redriving.source_of(type_or_queue, self.account,
+                                          redriving.find_spec(self.transport))
+        return redriving.redrive(self.transport, name, type_, max_messages)
 
     # -- fairness ----------------------------------------------------------------
     def _coordinator(self, method: str, *args: Any) -> Any:

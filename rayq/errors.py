@@ -136,7 +136,8 @@ class NoEvents(UsageError):
 
 class TaskNotFound(UsageError):
     """Raised when a task id names no task of the caller's account: never submitted by
-    it, or its outcome was kept its time (``outcome_ttl_s``) and is gone."""
+    it, or its outcome was kept its time (``outcome_ttl_s``) and is gone; and when a
+    redrive names a task type none registered."""
 
 
 class OutcomeLost(RuntimeFailure):

@@ -74,3 +74,20 @@ def test_a_ref_resolves_to_the_handlers_value_or_raises_why_it_has_none():
         with pytest.raises(TaskError) as ended:
             outcome_value(ending, b"")
         assert ended.value.error_type == name
+
+
+def test_an_end_forgotten_in_order_makes_a_later_wait_wait_for_the_next_end():
+    table = Table()
+    waiters = OutcomeWaiters(table.read, recheck_s=30)
+    waiters.notify([("a", Ending.DEAD, b""), ("a", None, b"")])  # dead-lettered, redriven
+
+    async def scenario():
+        waiting = asyncio.ensure_future(waiters.wait(["a"]))
+        while waiters.waiting("a") == 0:  # the old end is not taken: it waits
+            await asyncio.sleep(0)
+        waiters.notify([("a", Ending.RESULT, b"2")])  # the run after the redrive
+        return await asyncio.wait_for(waiting, 30)
+
+    assert asyncio.run(scenario()) == [(Ending.RESULT, b"2")]
+    assert asyncio.run(waiters.wait(["a"])) == [(Ending.RESULT, b"2")]  # kept as the latest
+    assert table.reads == 0

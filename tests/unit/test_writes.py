@@ -7,7 +7,7 @@ import pytest
 from rayq.core.storage.writes import (ENDS, SMALL_GROUP, SMALL_PUT_BYTES, SMALL_ROWS,
                                       ChangeVisibility, Clear, CollectExpired, Defer, Delete,
                                       Finish, MoveMatching, Put, Receive, RecordUsage, Sweep,
-                                      TakeUsage, compact, decode_ends, small_group)
+                                      Redrive, TakeUsage, compact, decode_ends, small_group)
 from rayq.errors import InvalidMessage
 
 
@@ -80,3 +80,11 @@ def test_an_end_sent_without_its_usage_report_has_none():
 def test_a_malformed_batch_of_ends_is_refused_whole(calls):
     with pytest.raises(InvalidMessage, match="end_many"):
         decode_ends(calls)
+
+
+def test_a_redrive_is_small_when_it_looks_at_few_rows_and_wakes_a_poll_of_its_target_per_message():
+    assert small_group([Redrive(9, 3, SMALL_ROWS)])
+    assert not small_group([Redrive(9, 3, SMALL_ROWS + 1)])
+    assert not Redrive(9, 3, "all").small()
+    assert list(Redrive(9, 3, 10).wakes((4, 1_000, None))) == [(3, 4)]
+    assert Redrive(9, 3, 10).loads() == 3

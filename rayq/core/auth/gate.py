@@ -43,7 +43,8 @@ from rayq.core.codec.wire import put_count
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.kv import KV
 from rayq.core.kit.renewed import Refreshed
-from rayq.errors import AuthError, QuotaExceeded
+from rayq.core.codec.model import DLQ_SUFFIX
+from rayq.errors import AuthError, InvalidMessage, QuotaExceeded
 
 MAX_AGE_S = 30.0
 MIN_REFRESH_S = 1.0
@@ -151,6 +152,15 @@ class Gate:
             await self._refresh(force=True)  # a queue made since the last copy
         for sq in subqueues:
             check_access(account, queue, self._places.get(sq), shard, operation)
+
+    async def known(self, subqueues: Iterable[int]) -> dict[int, Place | None]:
+        """Where each of ``subqueues`` belongs (None: nowhere known), the directory
+        fetched anew first when one is not in the copy (a queue made since)."""
+        wanted = list(subqueues)
+        await self._refresh()
+        if any(sq not in self._places for sq in wanted):
+            await self._refresh(force=True)
+        return {sq: self._places.get(sq) for sq in wanted}
 
     def task_types(self, account: str, subqueue: int) -> frozenset[str] | None:
         """The job types ``account`` may put into ``subqueue``, when it is another owner's
@@ -284,3 +294,15 @@ def per_queue(queues: dict[int, str], counts: dict[int, int]) -> dict[str, int]:
     for sq, n in counts.items():
         out[queues[sq]] = out.get(queues[sq], 0) + n
     return out
+
+
+def check_redrive(places: Mapping[int, Place | None], source: int, target: int,
+                  shard: int | None) -> None:
+    """Raise InvalidMessage unless ``source`` is the dead-letter subqueue on ``shard`` of
+    the queue ``target`` belongs to, there too: a redrive moves dead letters back to the
+    queue they came from, and nowhere else."""
+    got, to = places.get(source), places.get(target)
+    if got is None or to is None or got.queue != to.queue + DLQ_SUFFIX \
+            or got.shard != shard or to.shard != shard:
+        raise InvalidMessage(f"subqueue {source} is not the dead-letter subqueue, on this "
+                             f"shard, of the queue of subqueue {target}")

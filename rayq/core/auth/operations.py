@@ -218,6 +218,8 @@ OPERATIONS: Mapping[str, Operation] = MappingProxyType({op.name: op for op in (
     _entry("shard", "stats", "", _ADMIN),
     _entry("shard", "noisy", "", _ADMIN),
     _entry("shard", "flush_events", "", _ADMIN),
+    _entry("shard", "redrive", "source, target, limit, *, type_=None, until_us=None, after=None",
+           _S, subqueues=("source", "target")),
     # the manager: accounts, queues, routing, task registrations, consumers
     _entry("manager", "whoami", "", _A),
     _entry("manager", "create_account", "name", _ADMIN),
@@ -238,6 +240,7 @@ OPERATIONS: Mapping[str, Operation] = MappingProxyType({op.name: op for op in (
     _entry("manager", "undrain", "node", _ADMIN),
     _entry("manager", "drain_status", "node", _ADMIN),
     _entry("manager", "info", "", _ADMIN),
+    _entry("manager", "task_spec", "type_", _ADMIN),
     # the fairness coordinator
     _entry("coordinator", "report", "", _ADMIN),
     _entry("coordinator", "suspend", "key, reason, by", _ADMIN),

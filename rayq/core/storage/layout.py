@@ -345,6 +345,11 @@ def outcome_expires_with(value: bytes, expiry: bytes) -> bool:
     return value[:8] == expiry[:8]
 
 
+def outcome_expiry_of(value: bytes, message_id: str) -> bytes:
+    """The outcome_expiry key written with outcome ``value`` of ``message_id``."""
+    return value[:8] + message_id.encode()
+
+
 # -- spill ---------------------------------------------------------------------------------
 SPILL_KEY = struct.Struct(">QQ")
 SPILL_HEAD = struct.Struct(">IIQ")  # source subqueue, fairness key id, visible_at µs

@@ -28,7 +28,7 @@ from rayq.core.storage.layout import CountKind, TenantCount
 from rayq.errors import ReceiptInvalid, StoreError
 
 STAT_NAMES = ("puts", "receives", "deletes", "expired", "dead_lettered", "rows_scanned",
-              "spilled", "swept", "moved")
+              "spilled", "swept", "moved", "redriven")
 _LIVE, _SPILLED = CountKind.LIVE, CountKind.SPILLED
 _STALE = "pop receipt is stale: the message was deleted, received again or had its visibility changed"
 
@@ -46,10 +46,11 @@ class Enqueued(NamedTuple):
 
 
 class Outcome(NamedTuple):
-    """How a task message ended (recorded in this transaction)."""
+    """How a task message ended (recorded in this transaction); ``ending`` None: its
+    recorded end was forgotten instead (redriven, it runs again)."""
 
     message_id: str
-    ending: Ending
+    ending: Ending | None
     payload: bytes
 
 

@@ -33,7 +33,7 @@ from rayq.core.codec.model import US, Ending, at_s, check_count, check_subqueue,
 from rayq.core.codec.task_ids import TaskInfo, TaskState, task_state
 from rayq.core.kit.kv import Txn
 from rayq.core.storage import layout
-from rayq.core.storage.ledger import Env, Ledger
+from rayq.core.storage.ledger import Env, Ledger, Outcome
 from rayq.errors import InvalidMessage
 
 MAX_OUTCOME_BYTES = 16 << 20
@@ -208,6 +208,25 @@ def _made(record: layout.TaskRecord, state: TaskState, attempts: int, first_us: 
           ended_us: int) -> TaskInfo:
     return TaskInfo(record.task_id, record.type, record.tenant, state, attempts,
                     record.enqueued_us / US, at_s(first_us), at_s(ended_us))
+
+
+def revive(w: Ledger, seq: int) -> None:
+    """Forget the recorded end of task ``seq`` in the transaction that puts its row back
+    in its queue (a redrive): its id finds it queued again with no deliveries, the
+    ``task_ids`` entry still points at it, and its next end is recorded anew. The desks
+    hear of it in the ends' order (an ending None): one told the old end forgets it."""
+    message_id = w.message_id(seq)
+    key = layout.outcome_key(message_id)
+    found = w.txn.get("outcomes", key)
+    if found is not None:
+        w.txn.delete("outcomes", key)
+        w.txn.delete("outcome_expiry", layout.outcome_expiry_of(found, message_id))
+    record = w.txn.get("tasks", layout.task_seq_key(seq))
+    if record is not None:
+        fresh = layout.TaskRecord.unpack(record)._replace(ended_us=0, attempts=0,
+                                                          first_received_us=0)
+        w.txn.put("tasks", layout.task_seq_key(seq), fresh.pack())
+    w.outcomes.append(Outcome(message_id, None, b""))
 
 
 def index_task(w: Ledger, seq: int, record: layout.TaskRecord) -> None:

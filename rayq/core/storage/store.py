@@ -52,6 +52,7 @@ class StoreStats:
     cache: CacheStats
     map_size_bytes: int
     used_bytes: int
+    redriven: int = 0  # dead letters moved back to their queues
 
 
 class ShardStore:
@@ -76,7 +77,7 @@ class ShardStore:
             check_interval_s=config.pressure_check_interval_s, probe=memory_probe))
         self.enqueues = WindowedSums(config.enqueue_window_s, config.enqueue_windows)
         self._stats = dict.fromkeys(STAT_NAMES, 0)
-        self._finished: list[tuple[str, Ending, bytes]] = []  # outcomes since take_finished()
+        self._finished: list[tuple[str, Ending | None, bytes]] = []  # since take_finished()
         self.keep_enqueued = False  # the shard actor turns this on to log enqueues
         self._enqueued: list[Enqueued] = []
         self._outcome_ttl_us = to_us(config.outcome_ttl_s)
@@ -227,8 +228,9 @@ class ShardStore:
     def message_id(self, seq: int) -> str:
         return message_id(self.index.store_hex, self.index.id_key, seq)
 
-    def take_finished(self) -> list[tuple[str, Ending, bytes]]:
-        """(message id, ending, payload) of every outcome recorded since the last call."""
+    def take_finished(self) -> list[tuple[str, Ending | None, bytes]]:
+        """(message id, ending, payload) of every outcome recorded since the last call, in
+        commit order; an ending None: the task's recorded end was forgotten (redriven)."""
         finished, self._finished = self._finished, []
         return finished
 

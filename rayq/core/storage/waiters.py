@@ -101,21 +101,28 @@ class OutcomeWaiters:
         with self._lock:
             return len(self._waiters.get(message_id, ()))
 
-    def notify(self, finished: list[tuple[str, Ending, bytes]]) -> None:
-        """Hand each recorded outcome to the calls waiting for it (on their own loop)."""
+    def notify(self, finished: list[tuple[str, Ending | None, bytes]]) -> None:
+        """Hand each recorded outcome to the calls waiting for it (on their own loop). An
+        ending None is an end forgotten (the task was redriven: it runs again): the end
+        kept for it goes, and its waits go on waiting."""
         self._remember(finished)
         for message_id, ending, payload in finished:
+            if ending is None:
+                continue
             with self._lock:
                 waiters = self._waiters.pop(message_id, [])
             for loop, future in waiters:
                 loop.call_soon_threadsafe(_settle, future, (ending, payload))
 
-    def _remember(self, finished: list[tuple[str, Ending, bytes]]) -> None:
+    def _remember(self, finished: list[tuple[str, Ending | None, bytes]]) -> None:
         """Keep the latest ends told, within RECENT_KEPT and RECENT_KEPT_BYTES, oldest
-        dropped first (dicts keep their order)."""
+        dropped first (dicts keep their order); an end forgotten drops the one kept."""
         recent = self._recent
         for message_id, ending, payload in finished:
-            if message_id not in recent:
+            if ending is None:
+                if message_id in recent:
+                    self._recent_bytes -= len(recent.pop(message_id)[1])
+            elif message_id not in recent:
                 recent[message_id] = (ending, payload)
                 self._recent_bytes += len(payload)
         while recent and (len(recent) > RECENT_KEPT or self._recent_bytes > RECENT_KEPT_BYTES):

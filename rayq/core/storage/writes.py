@@ -28,7 +28,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 from rayq.core.codec.model import DEFAULT_ACCOUNT
-from rayq.core.storage import messages, outcomes, purge, spill
+from rayq.core.storage import messages, outcomes, purge, redrive, spill
 from rayq.core.storage.ledger import Env, Ledger
 from rayq.errors import InvalidMessage, RayqError
 
@@ -306,6 +306,34 @@ class PurgeStep(Write):
 
     def run(self, w: Ledger, env: Env) -> tuple[int, bytes | None]:
         return purge.purge_step(w, env, self.done, self.limit, self.after)
+
+
+@dataclass(frozen=True)
+class Redrive(Write):
+    """Move dead letters of DLQ subqueue ``source`` back into ``target``, ``limit`` rows
+    looked at after ``after``, of ``type_`` only when given, those visible at ``until_us``
+    (None: now): (moved, the ``until_us`` used, where to go on from or None when done)
+    (:func:`redrive.redrive`)."""
+
+    source: int
+    target: int
+    limit: int
+    type_: str | None = None
+    until_us: int | None = None
+    after: bytes | None = None
+
+    def run(self, w: Ledger, env: Env) -> tuple[int, int, bytes | None]:
+        return redrive.redrive(w, env, self.source, self.target, self.limit, self.type_,
+                               self.until_us, self.after)
+
+    def small(self) -> bool:
+        return isinstance(self.limit, int) and self.limit <= SMALL_ROWS
+
+    def wakes(self, result: tuple[int, int, bytes | None]) -> Iterable[tuple[int, int]]:
+        return ((self.target, result[0]),)  # a poll per message back in the queue
+
+    def loads(self) -> int:
+        return self.target
 
 
 # -- running ------------------------------------------------------------------------------
