@@ -42,7 +42,9 @@ from rayq.core.auth.operations import SHARD_OPS
 from rayq.core.kit.batcher import Batcher
 from rayq.core.kit.clock import Clock
 from rayq.core.storage.dispatch import DispatchPolicy, NoisyKey
-from rayq.core.storage.writes import (ChangeVisibility, Clear, CollectExpired, Defer, Delete,
+from rayq.core.codec.task_ids import check_task_id
+from rayq.core.storage.outcomes import CancelResult
+from rayq.core.storage.writes import (Cancel, ChangeVisibility, Clear, CollectExpired, Defer, Delete,
                                       Finish, MoveMatching, Put, Receive, Sweep, TakeUsage, Write,
                                       decode_ends, small_group)
 from rayq.core.auth.gate import (Caller, Gate, check_reads_own, of_subqueues, per_queue, queues_on,
@@ -321,6 +323,12 @@ class ShardActor(GatedActor):
         """The caller's account's tasks submitted under ``task_ids`` (ShardStore.tasks)."""
         await self._remember(caller.auth)
         return await self._read(self.store.tasks, caller.account, task_ids)
+
+    @signed(SHARD_OPS["cancel"])
+    async def cancel(self, task_id: str, *, caller: Caller) -> CancelResult | None:
+        """Cancel the caller's account's task ``task_id``: what was done, or None when
+        this shard keeps no such task (rayq.core.storage.outcomes.cancel)."""
+        return await self._write(Cancel(caller.account, check_task_id(task_id)), caller.auth)
 
     @signed(SHARD_OPS["clear"])
     async def clear(self, subqueue: int, *, caller: Caller) -> int:
