@@ -15,13 +15,17 @@ extending the message's visibility, so it reappears for someone else.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import dataclasses
+import functools
 import inspect
 import logging
+import os
 import random
+import threading
 from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
@@ -30,24 +34,28 @@ from ray import cloudpickle
 
 from rayq.names import COORDINATOR, namespace, consumer_name
 from actors.base import RuntimeActor
-from actors.ray_tasks import RayTasks
+from actors.ray_tasks import RayCall, RayTasks
 from rayq.batching import AsyncBatcher
 from rayq.config import Config
 from rayq.core.consumers.balancer import HostReading, host_pressed
 from rayq.core.consumers.state import ConsumerState, ConsumerStats
 from rayq.core.kit.batcher import Batcher
 from rayq.core.kit.clock import Clock
-from rayq.core.consumers.decisions import (DeadLetter, Deferral, decide_end, gives_up,
+from rayq.core.consumers.decisions import (DeadLetter, Deferral, Stop, call_limit_s,
+                                           decide_end, forced_after_s, gives_up,
                                            long_poll_group, may_retry, pause_after,
-                                           receive_requests, runnable, unrunnable_outcome)
+                                           receive_requests, runnable, stop_error, stopped_end,
+                                           stuck_after_s, unrunnable_outcome)
 from rayq.core.control.managing import indexes_by_name
 from rayq.core.codec.model import StoredMessage
 from rayq.core.control.registry import QueueInfo
 from rayq.core.control.routes import RouteCache
-from rayq.core.codec.tasks import DeferralCause, TaskSpec, decode_call, encode_result, error_of
+from rayq.core.codec.tasks import (DeferralCause, TaskSpec, decode_call_options, encode_result,
+                                   error_of)
 from rayq.core.codec.wire import decode_delivered
-from rayq.core.storage.writes import End, RecordUsage, compact
+from rayq.core.storage.writes import End, Extend, RecordUsage, compact
 from rayq.errors import InvalidMessage, RayqError, ReceiptInvalid, RuntimeFailure
+from rayq.tasks import TaskContext, done_running, running_as
 from rayq.remote import (IN_RUNTIME, NO_RETRY, actor_names, call_async, manager_link, running,
                          shard_link)
 
@@ -82,6 +90,88 @@ class _Held:
     receipt: str
 
 
+class HandlerStopped(BaseException):
+    """Raised in a handler's thread to stop it (cancelled past its grace, or past its time
+    limit). A BaseException, as KeyboardInterrupt is: ``except Exception`` in a handler
+    does not swallow it."""
+
+
+@dataclass
+class _Running:
+    """A handler this consumer runs now, and how to stop it: its asyncio task (``call``),
+    its thread while it runs on one, its Ray task's ref."""
+
+    held: _Held
+    context: TaskContext
+    told: asyncio.Event = field(default_factory=asyncio.Event)  # set: it was cancelled
+    extending: asyncio.Lock = field(default_factory=asyncio.Lock)  # one heartbeat at a time
+    call: asyncio.Task | None = None
+    ray_call: RayCall | None = None
+    ref: Any = None
+    thread: int | None = None
+    raised: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def entered(self) -> None:
+        """On the handler's thread, as it starts."""
+        with self.lock:
+            self.thread = threading.get_ident()
+
+    def left(self) -> None:
+        """On the handler's thread, as it returns: no exception may be raised in it from
+        now on, and one raised but not yet delivered is withdrawn (the thread goes on to
+        run other tasks)."""
+        with self.lock:
+            if self.raised and self.thread is not None:
+                _raise_in_thread(self.thread, None)
+            self.thread = None
+
+    def raise_in_thread(self) -> bool:
+        """Raise HandlerStopped in the handler's thread, once; False when it runs on none."""
+        with self.lock:
+            if self.thread is None or self.raised:
+                return False
+            self.raised = _raise_in_thread(self.thread, HandlerStopped)
+            return self.raised
+
+
+def _raise_in_thread(thread: int, exc: type[BaseException] | None) -> bool:
+    """Raise ``exc`` in thread ``thread`` when it next runs Python code (None withdraws one
+    raised before): CPython's PyThreadState_SetAsyncExc. It cannot interrupt a C call
+    (a sleep, a blocking read): that is why a stuck handler restarts its consumer."""
+    found = ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread), ctypes.py_object(exc) if exc is not None else None)
+    if found > 1:  # never expected: undo, as the C API asks
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), None)
+    return found == 1
+
+
+def _on_thread(fn, run: _Running, args: list, kwargs: dict) -> Any:
+    """Run a handler on a consumer thread, as ``run``'s task (``rayq.current_task()``)."""
+    token = running_as(run.context)
+    try:
+        run.entered()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            run.left()
+    finally:
+        done_running(token)
+
+
+@dataclass(frozen=True)
+class _Called:
+    """How a handler call went: (ok, encoded outcome, whether a failure may be retried),
+    why it was stopped (None: it was not) and whether it is stuck (it did not return
+    after it was stopped by force)."""
+
+    ok: bool
+    outcome: bytes
+    retriable: bool
+    stop: Stop | None = None
+    stuck: bool = False
+
+
 class ConsumerActor(RuntimeActor):
     def __init__(self, index: int, config: Config, clock: Clock | None = None):
         super().__init__("consumer", clock, index)
@@ -97,6 +187,7 @@ class ConsumerActor(RuntimeActor):
         self._pollers: dict[int, asyncio.Task] = {}
         self._ends = [_Ends(shard) for shard in self.shards]
         self._room = asyncio.Event()  # set when a held task ends
+        self._running: dict[str, _Running] = {}  # by message id: what a cancel may stop
         self._run_every(self.consumer_config.adjust_interval_s, "supervision", self._supervise,
                         first_s=0.0)
 
@@ -115,6 +206,16 @@ class ConsumerActor(RuntimeActor):
         pollers = list(self._pollers.values())
         if pollers:
             await asyncio.wait(pollers, timeout=timeout_s)
+
+    async def look_for_cancel(self, message_id: str) -> bool:
+        """Whether the task ``message_id``, if this consumer runs it, was cancelled: asked
+        of its shard now (a heartbeat ahead of time), which keeps the cancel, so a
+        caller cannot stop a task the shard did not flag. False when it runs here not."""
+        run = self._running.get(message_id)
+        if run is None:
+            return False
+        await self._extend(run)
+        return run.told.is_set()
 
     async def ping(self) -> int:
         """The consumer's index once it is up. Answered on the consumer's own loop: it
@@ -267,38 +368,125 @@ class ConsumerActor(RuntimeActor):
             return
         started = self.state.started()
         try:
-            ok, outcome, retriable = await self._call(fn, held, spec, lease)
+            called = await self._call(fn, held, spec, lease)
         finally:
             usage_s = self.state.finished(started)
             if spec.concurrency:
                 await call_async(lambda: self.manager.release.remote(m.type, lease))
-        await self._end(held, spec, ok, outcome, retriable, usage_s, started - m.enqueued_at)
+        await self._end(held, spec, called, usage_s, started - m.enqueued_at)
+        if called.stuck:
+            self._restart(m)
 
-    async def _call(self, fn, held: _Held, spec: TaskSpec,
-                    lease: str) -> tuple[bool, bytes, bool]:
-        """Run the handler while a heartbeat keeps the task hidden; (ok, encoded outcome,
-        whether a failure may be retried). A value that cannot be stored is a failure
-        that another run would repeat, with its side effects: not retried."""
-        done = asyncio.Event()
-        heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(held, spec, lease, done))
+    async def _call(self, fn, held: _Held, spec: TaskSpec, lease: str) -> _Called:
+        """Run the handler while a heartbeat keeps the task hidden, stopping it when it is
+        cancelled or runs past its time limit (:meth:`_watch`). A value that cannot be
+        stored is a failure that another run would repeat, with its side effects: not
+        retried."""
+        m = held.message
         try:
-            args, kwargs = decode_call(held.message.body)
-            if inspect.iscoroutinefunction(fn):
-                value = await fn(*args, **kwargs)
-            else:
-                loop = asyncio.get_running_loop()
-                value = await loop.run_in_executor(self._threads, lambda: fn(*args, **kwargs))
-        except Exception as err:  # the handler's failure is the task's outcome
-            return False, error_of(err), may_retry(spec, err)
+            args, kwargs, options = decode_call_options(m.body)
+        except InvalidMessage as err:
+            return _Called(False, error_of(err), may_retry(spec, err))
+        run = _Running(held, TaskContext(str(options.get("id", m.id)), m.type, m.tenant,
+                                         m.dequeue_count))
+        self._running[m.id] = run
+        done = asyncio.Event()
+        heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(run, spec, lease, done))
+        limit_s = call_limit_s(spec, options)
+        try:
+            run.call = asyncio.get_running_loop().create_task(self._invoke(fn, run, args, kwargs))
+            stop, stuck = await self._watch(run, limit_s, spec.cancel_grace_s)
         finally:
+            self._running.pop(m.id, None)
             done.set()
             await heartbeat  # let an extension in flight land, so our receipt stays current
+        if stop is not None:
+            return _Called(False, error_of(stop_error(stop, limit_s)), False, stop, stuck)
         try:
-            return True, encode_result(value, held.message.type), True
+            value = run.call.result()
+        except Exception as err:  # the handler's failure is the task's outcome
+            return _Called(False, error_of(err), may_retry(spec, err))
+        try:
+            return _Called(True, encode_result(value, m.type), True)
         except InvalidMessage as err:
-            return False, error_of(err), False
+            return _Called(False, error_of(err), False)
 
-    async def _heartbeat(self, held: _Held, spec: TaskSpec, lease: str, done: asyncio.Event):
+    async def _invoke(self, fn, run: _Running, args: list, kwargs: dict) -> Any:
+        """The handler's value: on a worker thread, as a coroutine on this loop, or as a
+        Ray task; each sees ``run``'s task as ``rayq.current_task()`` (but the Ray task)."""
+        if isinstance(fn, RayCall):
+            run.ray_call = fn
+            run.ref = await fn.launch(args, kwargs)
+            return await fn.result(run.ref)
+        if inspect.iscoroutinefunction(fn):
+            running_as(run.context)  # this asyncio task's own context
+            return await fn(*args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._threads, functools.partial(_on_thread, fn, run, args, kwargs))
+
+    async def _watch(self, run: _Running, limit_s: float | None,
+                     grace_s: float) -> tuple[Stop | None, bool]:
+        """Wait for the handler's call to end; (why it was stopped, if it was; whether it
+        is stuck). Cancelled, it is told (``current_task().cancelled``; a coroutine is
+        cancelled; a Ray task gets ray.cancel), then stopped by force after ``grace_s``;
+        past ``limit_s`` it is told and stopped by force at once. A call that has not
+        returned ``stuck_after_s(grace_s)`` after that is stuck."""
+        call = run.call
+        told = asyncio.get_running_loop().create_task(run.told.wait())
+        try:
+            await asyncio.wait({call, told}, timeout=limit_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            told.cancel()
+        if call.done():
+            return None, False
+        stop = Stop.CANCELLED if run.told.is_set() else Stop.TIMED_OUT
+        log.info("consumer %d stops task %s (%s)", self.index, run.held.message.id, stop.value)
+        self._tell(run)
+        forced_s = forced_after_s(stop, grace_s)
+        if forced_s > 0:
+            await asyncio.wait({call}, timeout=forced_s)
+        if not call.done():
+            self._force(run)
+            await asyncio.wait({call}, timeout=stuck_after_s(grace_s))
+        if call.done():
+            if not call.cancelled():
+                call.exception()  # retrieved: the stop decides the outcome
+            return stop, False
+        if run.ray_call is not None:
+            call.cancel()  # a Ray task holds nothing here: stop waiting for it
+            return stop, False
+        return stop, True
+
+    @staticmethod
+    def _tell(run: _Running) -> None:
+        """Tell a handler to stop: its context says cancelled; a coroutine is cancelled; a
+        Ray task gets ray.cancel (KeyboardInterrupt in it)."""
+        run.context.cancelled = True
+        if run.ray_call is not None and run.ref is not None:
+            run.ray_call.cancel(run.ref, force=False)
+        elif run.thread is None:
+            run.call.cancel()  # a coroutine (or a Ray task not launched yet)
+
+    @staticmethod
+    def _force(run: _Running) -> None:
+        """Stop a handler by force: HandlerStopped raised in its thread, its Ray task's
+        worker killed (ray.cancel force), its coroutine cancelled again."""
+        if run.ray_call is not None and run.ref is not None:
+            run.ray_call.cancel(run.ref, force=True)
+        elif not run.raise_in_thread():
+            run.call.cancel()
+
+    def _restart(self, m: StoredMessage) -> None:
+        """Leave the process: a handler's thread did not return after it was stopped by
+        force, and only a new process frees it. Ray starts the consumer again; the tasks
+        it held reappear for other consumers once their visibility lapses (at-least-once)."""
+        log.error("consumer %d restarts: the handler of task %s (%s) did not stop",
+                  self.index, m.id, m.type)
+        logging.shutdown()
+        os._exit(1)
+
+    async def _heartbeat(self, run: _Running, spec: TaskSpec, lease: str, done: asyncio.Event):
         interval = self.consumer_config.visibility_timeout_s / 3
         while not done.is_set():
             try:
@@ -307,24 +495,39 @@ class ConsumerActor(RuntimeActor):
             except asyncio.TimeoutError:
                 pass
             try:
-                held.receipt = await call_async(lambda: held.shard.change_visibility.remote(
-                    held.receipt, self.consumer_config.visibility_timeout_s))
+                await self._extend(run)
                 if spec.concurrency:
                     await call_async(lambda: self.manager.renew.remote(
-                        held.message.type, lease, self.consumer_config.visibility_timeout_s))
+                        run.held.message.type, lease, self.consumer_config.visibility_timeout_s))
             except (RayqError, ray.exceptions.RayError):
                 return  # lost the task (or its shard): whoever holds it now finishes it
 
-    async def _end(self, held: _Held, spec: TaskSpec, ok: bool, outcome: bytes,
-                   retriable: bool, usage_s: float, wait_s: float) -> None:
+    async def _extend(self, run: _Running) -> None:
+        """Hide the task longer (its new receipt kept) and learn whether it was cancelled
+        (the shard keeps the cancel: told here even when a look_for_cancel was missed)."""
+        held = run.held
+        async with run.extending:
+            receipt, cancelled = await held.ends.call(
+                Extend(held.receipt, self.consumer_config.visibility_timeout_s))
+            held.receipt = receipt
+        if cancelled:
+            run.told.set()
+
+    async def _end(self, held: _Held, spec: TaskSpec, called: _Called, usage_s: float,
+                   wait_s: float) -> None:
         """Delete a finished task, retry a failed one later, dead-letter a failed last
-        try (:func:`rayq.core.consumers.decisions.decide_end` decides which)."""
+        try, end a cancelled one (:func:`rayq.core.consumers.decisions.decide_end` and
+        :func:`~rayq.core.consumers.decisions.stopped_end` decide which)."""
         m, queue = held.message, held.queue
-        end = decide_end(ok, m.dequeue_count, spec, queue.max_receives, self.consumer_config,
-                         retriable, random.random())
+        if called.stop is not None:
+            end = stopped_end(called.stop, m.dequeue_count, spec, queue.max_receives,
+                              self.consumer_config, random.random())
+        else:
+            end = decide_end(called.ok, m.dequeue_count, spec, queue.max_receives,
+                             self.consumer_config, called.retriable, random.random())
         dead_letter = queue.dead_letter_on(queue.subqueue(m.subqueue).shard)
-        await self._ended(held, end, end.write(held.receipt, outcome, dead_letter), usage_s,
-                          wait_s)
+        await self._ended(held, end, end.write(held.receipt, called.outcome, dead_letter),
+                          usage_s, wait_s)
 
     async def _give_up(self, held: _Held, error: bytes) -> None:
         """Dead-letter a task no handler could run in time, with ``error``

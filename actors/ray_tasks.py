@@ -40,27 +40,46 @@ async def _read_nodes() -> list[dict[str, float]]:
     return live_node_resources(await asyncio.to_thread(ray.nodes))
 
 
+class RayCall:
+    """How a consumer runs one type's calls as Ray tasks: :meth:`launch` starts one,
+    :meth:`result` awaits it (the consumer keeps the ref between them, to cancel it)."""
+
+    def __init__(self, tasks: "RayTasks", spec: TaskSpec, remote, demand):
+        self.tasks, self.spec, self.remote, self.demand = tasks, spec, remote, demand
+
+    async def launch(self, args: list, kwargs: dict) -> ray.ObjectRef:
+        """Start a call; RuntimeFailure when no live node could take the task."""
+        await self.tasks.nodes.refresh(self.tasks.clock.monotonic(), _read_nodes)
+        self.tasks.nodes.check(self.spec.type, self.demand)
+        remote = self.remote
+        return remote.remote(*args, **kwargs)
+
+    @staticmethod
+    async def result(ref: ray.ObjectRef) -> Any:
+        """The call's value, or the handler's own exception raised; Ray's error when it
+        could not run (its worker died, its runtime environment failed, it was cancelled)."""
+        try:
+            return await ref
+        except ray.exceptions.RayTaskError as err:
+            raise handler_error(err) from None
+
+    @staticmethod
+    def cancel(ref: ray.ObjectRef, force: bool) -> None:
+        """Ask Ray to stop the call: KeyboardInterrupt in it, or (``force``) its worker
+        process killed."""
+        ray.cancel(ref, force=force)
+
+
 class RayTasks:
-    """Makes, for a consumer, the coroutine function that runs a type's calls as Ray
+    """Makes, for a consumer, the :class:`RayCall` that runs a type's calls as Ray
     tasks; ``clock`` times its reads of the cluster's nodes."""
 
     def __init__(self, clock: Clock):
         self.clock = clock
         self.nodes = NodeShapes()
 
-    def launcher(self, spec: TaskSpec, blob: bytes, options: dict[str, Any]):
-        """A coroutine function: ``await run(*args, **kwargs)`` runs the handler as a
-        Ray task with ``options`` and gives back its value, or raises the handler's own
-        exception; RuntimeFailure when no live node could take the task, Ray's error
-        when it could not run (its worker died, its runtime environment failed)."""
+    def launcher(self, spec: TaskSpec, blob: bytes, options: dict[str, Any]) -> RayCall:
+        """The RayCall of a type: each call runs the handler as a Ray task with
+        ``options``."""
         remote = ray.remote(_task_body(blob)).options(**options)
-        demand = resource_demand(options)
-
-        async def run(*args, **kwargs):
-            await self.nodes.refresh(self.clock.monotonic(), _read_nodes)
-            self.nodes.check(spec.type, demand)
-            try:
-                return await remote.remote(*args, **kwargs)
-            except ray.exceptions.RayTaskError as err:
-                raise handler_error(err) from None
-        return run
+        return RayCall(self, spec, remote, resource_demand(options))

@@ -42,9 +42,11 @@ from rayq.core.auth.operations import SHARD_OPS
 from rayq.core.kit.batcher import Batcher
 from rayq.core.kit.clock import Clock
 from rayq.core.storage.dispatch import DispatchPolicy, NoisyKey
-from rayq.core.storage.writes import (ChangeVisibility, Clear, CollectExpired, Defer, Delete,
-                                      Finish, MoveMatching, Put, Receive, Redrive, Sweep, TakeUsage,
-                                      Write, decode_ends, small_group)
+from rayq.core.codec.task_ids import check_task_id
+from rayq.core.storage.outcomes import CancelResult
+from rayq.core.storage.writes import (Cancel, ChangeVisibility, Clear, CollectExpired, Defer,
+                                      Delete, Finish, MoveMatching, Put, Receive, Redrive, Sweep,
+                                      TakeUsage, Write, decode_ends, small_group)
 from rayq.core.auth.gate import (Caller, Gate, check_reads_own, check_redrive, of_subqueues,
                                  per_queue, queues_on, signed)
 from rayq.core.codec.wire import delivered_count, join_delivered
@@ -339,6 +341,12 @@ class ShardActor(GatedActor):
         except asyncio.TimeoutError:
             pass
         return result
+
+    @signed(SHARD_OPS["cancel"])
+    async def cancel(self, task_id: str, *, caller: Caller) -> CancelResult | None:
+        """Cancel the caller's account's task ``task_id``: what was done, or None when
+        this shard keeps no such task (rayq.core.storage.outcomes.cancel)."""
+        return await self._write(Cancel(caller.account, check_task_id(task_id)), caller.auth)
 
     @signed(SHARD_OPS["clear"])
     async def clear(self, subqueue: int, *, caller: Caller) -> int:

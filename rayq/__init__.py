@@ -24,13 +24,13 @@ from rayq.core.fairness.policy import FairnessReport
 from rayq.core.flood.detection import Flooder
 from rayq.core.fairness.rules import SuspensionRule
 from rayq.core.codec.task_ids import TaskInfo, TaskState
-from rayq.tasks import TaskFunction, task
+from rayq.tasks import TaskContext, TaskFunction, current_task, task
 from rayq.errors import (AuthError, ConfigError, DataDirExposed, InvalidMessage, KeyExposed,
                          MessageTooLarge, NoEvents, NotEnoughReplicas, OutcomeLost, Overloaded,
                          QueueDisabled, QueueExists, QueueNotFound, QuotaExceeded, RayqError,
                          ReceiptInvalid, ReplicaBehind, ResultTimeout, RuntimeFailure, StaleEpoch,
-                         StoreBug, StoreError, TaskError, TaskNotFound, UnknownLayout,
-                         UsageError)
+                         StoreBug, StoreError, TaskCancelled, TaskError, TaskNotFound, TaskTimedOut,
+                         UnknownLayout, UsageError)
 
 # Names that need Ray live in modules loaded on first use, so that importing
 # rayq.core (or rayq.config, rayq.errors) never loads Ray or the actors.
@@ -52,6 +52,7 @@ __all__ = [
     "RuntimeFailure", "StoreBug", "StoreError", "TaskError", "TaskNotFound", "OutcomeLost",
     "ResultTimeout", "UnknownLayout", "UsageError",
     "StaleEpoch", "ReplicaBehind", "NotEnoughReplicas",
+    "TaskCancelled", "TaskTimedOut", "TaskContext", "current_task",
 ]
 
 

@@ -28,8 +28,8 @@ from rayq.core.control.control_places import drained
 from rayq.core.control.registry import check_queue_ref
 from rayq.core.fairness.rules import SuspensionRule
 from rayq.core.codec.task_ids import TaskInfo, check_task_id, checked_task_ids, new_task_id
-from rayq.core.storage.outcomes import FoundTask
-from rayq.core.codec.tasks import encode_call
+from rayq.core.storage.outcomes import CancelResult, FoundTask
+from rayq.core.codec.tasks import encode_call, task_time_limit_s
 from rayq.core.fairness.tallies import TallyRow
 from rayq.tasks import TaskFunction
 from rayq.errors import InvalidMessage, ResultTimeout, RuntimeFailure, TaskNotFound
@@ -105,12 +105,33 @@ class TaskBook:
         raise TaskNotFound(f"no task {task_id!r} of account {transport.account!r}: never "
                            f"submitted, or its outcome was kept its time and is gone")
 
+    def cancel(self, task_id: str) -> bool:
+        """Cancel this account's task ``task_id`` (see :meth:`Client.cancel`)."""
+        shard, found = self.find(task_id)
+        transport = self.transport
+        done = transport.call(SHARD_OPS["cancel"], transport.shards[shard], task_id)
+        if done is None:
+            raise TaskNotFound(f"no task {task_id!r} of account {transport.account!r}")
+        if done == CancelResult.RUNNING:
+            tell_consumers(found.message_id)
+        return done != CancelResult.ENDED
+
     def result(self, shard: int, message_id: str, timeout_s: float | None) -> Any:
         """The value of the task ``message_id`` on ``shard`` (its TaskError raised)."""
         try:
             return call(lambda: self.desk(shard).wait.remote([message_id]), timeout_s=timeout_s)
         except ray.exceptions.GetTimeoutError as err:
             raise ResultTimeout(f"the task has not ended after {timeout_s}s") from err
+
+
+def tell_consumers(message_id: str) -> None:
+    """Ask every consumer to look now whether the task ``message_id`` it may run was
+    cancelled (each asks the task's shard, which keeps the cancel: a consumer missed
+    here learns of it from its next heartbeat). Not waited for."""
+    from actors.consumer import named_consumers
+
+    for handle in named_consumers().values():
+        handle.look_for_cancel.remote(message_id)
 
 
 class Client:
@@ -214,7 +235,8 @@ class Client:
         self._registered[fn.spec.type] = (fn, handler)
 
     def submit(self, fn: TaskFunction, *args: Any, tenant: str | None = None, delay_s: float = 0,
-               task_id: str | None = None, priority: int = 0, **kwargs: Any) -> ray.ObjectRef:
+               task_id: str | None = None, priority: int = 0,
+               time_limit_s: float | None = None, **kwargs: Any) -> ray.ObjectRef:
         """Enqueue a call of a ``@rayq.task`` durably; returns a ``ray.ObjectRef``.
 
         ``ray.get`` on it gives the handler's return value, or raises an error
@@ -228,20 +250,23 @@ class Client:
         task: the new ref is to it, and nothing runs again. ``priority`` (0 to 9): among
         its fairness key's (tenant's, type's) ready tasks a higher one runs first; between
         keys, fairness decides.
+        ``time_limit_s``: this call's time limit, at most its type's (InvalidMessage above
+        it); a call past it fails with TaskTimedOut (docs/tasks.md, "Cancel and time limits").
         """
         [ref] = self.submit_many(fn, [args], tenant=tenant, delay_s=delay_s, kwargs=kwargs,
                                  task_ids=None if task_id is None else [task_id],
-                                 priority=priority)
+                                 priority=priority, time_limit_s=time_limit_s)
         return ref
 
     def submit_many(self, fn: TaskFunction, args_list: Sequence[Sequence[Any]], *,
                     tenant: str | None = None, delay_s: float = 0,
                     kwargs: dict[str, Any] | None = None,
                     task_ids: Sequence[str] | None = None,
-                    priority: int = 0) -> list[ray.ObjectRef]:
+                    priority: int = 0,
+                    time_limit_s: float | None = None) -> list[ray.ObjectRef]:
         """Enqueue many calls of a ``@rayq.task`` in one durable put (up to 1000); one
         ``ray.ObjectRef`` per call, in order (see :meth:`submit`). ``kwargs`` go to every
-        call; ``task_ids``, if given, one id per call."""
+        call; ``task_ids``, if given, one id per call; ``time_limit_s`` to every call."""
         self.register(fn)
         if not isinstance(args_list, (list, tuple)) or not 1 <= len(args_list) <= MAX_BATCH:
             raise InvalidMessage(f"submit_many takes a list of 1 to {MAX_BATCH} argument tuples")
@@ -249,13 +274,15 @@ class Client:
         ids = checked_task_ids(task_ids, len(args_list)) if chosen \
             else [new_task_id() for _ in args_list]
         spec = fn.spec
+        lowered_s = task_time_limit_s(spec, time_limit_s) if time_limit_s is not None else None
         # Task queues are the default account's: named so from every account.
         producer = self.transport.producer(ADMIN + QUEUE_SEP + spec.queue)
         attrs = producer.attrs(tenant, spec.type, delay_s, None, task=True, priority=priority)
         if not all(isinstance(args, (list, tuple)) for args in args_list):
             raise InvalidMessage("submit_many takes a list of argument tuples")
         entries = [(attrs, encode_call(spec.type, tuple(args), kwargs or {},
-                                       self.config.store.max_message_bytes), task_id)
+                                       self.config.store.max_message_bytes, task_id,
+                                       lowered_s), task_id)
                    for args, task_id in zip(args_list, ids)]
         placed = producer.put_spread(entries) if chosen else producer.put(entries)
         refs = self._tasks.refs(placed)
@@ -281,6 +308,16 @@ class Client:
         TaskNotFound as :meth:`task` does."""
         shard, found = self._tasks.find(task_id)
         return self._tasks.result(shard, found.message_id, timeout_s)
+
+    def cancel(self, task_id: str) -> bool:
+        """Cancel task ``task_id`` of this client's account; False when it had ended
+        already. One that no consumer runs (queued, delayed, waiting for a retry) ends at
+        once and never runs; a running one's handler is told (``rayq.current_task()
+        .cancelled``; an async handler's coroutine is cancelled) and stopped if it has not
+        returned after its type's ``cancel_grace_s``. Either way it ends cancelled (its ref
+        and :meth:`result` raise TaskCancelled; its state is "cancelled"), is not retried
+        and counts as no failure. Raises TaskNotFound as :meth:`task` does."""
+        return self._tasks.cancel(task_id)
 
     def ref(self, task_id: str) -> ray.ObjectRef:
         """A new ``ray.ObjectRef`` of task ``task_id`` (as ``submit`` returned), from any

@@ -163,3 +163,23 @@ class TaskError(RayqError):
 
     def __reduce__(self):
         return (type(self), (self.error_type, self.error_message))
+
+
+class TaskCancelled(TaskError):
+    """Raised when ``ray.get`` (or ``client.result``) waits on a task that
+    ``client.cancel`` withdrew: before it ran, or while it ran (its handler was told, and
+    stopped if it did not return within its type's ``cancel_grace_s``)."""
+
+    def __init__(self, error_type: str = "TaskCancelled",
+                 error_message: str = "the task was cancelled"):
+        super().__init__(error_type, error_message)
+
+
+class TaskTimedOut(TaskError):
+    """Raised when ``ray.get`` waits on a task whose handler ran past its time limit
+    (``@rayq.task(time_limit_s=)``, or ``submit(time_limit_s=)``) on its last try, or
+    whose type's retry rule does not retry it (``error_type`` "TaskTimedOut")."""
+
+    def __init__(self, error_type: str = "TaskTimedOut",
+                 error_message: str = "the task ran past its time limit"):
+        super().__init__(error_type, error_message)

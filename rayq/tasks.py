@@ -3,10 +3,12 @@ the runtime's consumers."""
 
 from __future__ import annotations
 
+import contextvars
+from dataclasses import dataclass
 from typing import Any
 
 from rayq.core.codec.tasks import TaskSpec
-from rayq.errors import InvalidMessage
+from rayq.errors import InvalidMessage, UsageError
 
 
 class TaskFunction:
@@ -36,7 +38,7 @@ def task(fn=None, *, type: str | None = None, queue: str = "tasks",
          retry_on: tuple[type[BaseException], ...] | None = None,
          no_retry_on: tuple[type[BaseException], ...] = (),
          backoff_s: float | None = None, max_backoff_s: float | None = None,
-         jitter: bool = True):
+         jitter: bool = True, time_limit_s: float | None = None, cancel_grace_s: float = 10):
     """Register a function as a job type: ``@rayq.task(type="report")``.
 
     ``type`` defaults to the function's name; ``queue`` is the queue that
@@ -57,11 +59,55 @@ def task(fn=None, *, type: str | None = None, queue: str = "tasks",
     dead-lettered. Retries wait ``backoff_s`` doubling with each try up to
     ``max_backoff_s`` (the consumers' ``retry_backoff_s`` and ``max_backoff_s`` when
     None); with ``jitter`` each wait is drawn between half of it and all of it.
+
+    ``time_limit_s`` (None: none; ``submit`` may lower it per call) stops a call that
+    runs longer: it fails with TaskTimedOut, retried under the same rule. A handler told
+    to stop (cancelled, or past its limit) that has not returned ``cancel_grace_s``
+    later is stopped by force (docs/tasks.md, "Cancel and time limits").
     Raises InvalidMessage for a bad value.
     """
     def wrap(f):
         return TaskFunction(f, TaskSpec(type or getattr(f, "__name__", ""), queue,
                                         concurrency, max_receives, num_cpus, num_gpus,
                                         memory, resources, runtime_env, retry_on,
-                                        no_retry_on, backoff_s, max_backoff_s, jitter))
+                                        no_retry_on, backoff_s, max_backoff_s, jitter,
+                                        time_limit_s, cancel_grace_s))
     return wrap(fn) if fn is not None else wrap
+
+
+# -- the task a handler runs for ---------------------------------------------------------
+@dataclass
+class TaskContext:
+    """What ``rayq.current_task()`` shows a running handler: the task's ``id`` (as
+    ``client.task_id`` tells it), ``type``, ``tenant`` and ``attempt`` (its delivery, 1 = the first), and
+    ``cancelled``, which turns True when the task was cancelled or ran past its time limit:
+    a handler that checks it can return early, before it is stopped by force."""
+
+    id: str
+    type: str
+    tenant: str
+    attempt: int
+    cancelled: bool = False
+
+
+_CURRENT: contextvars.ContextVar[TaskContext] = contextvars.ContextVar("rayq_current_task")
+
+
+def current_task() -> TaskContext:
+    """The task the calling handler runs for (on a consumer's thread or event loop).
+    Raises UsageError outside a handler, and inside a handler that runs as a Ray task
+    (that one is told by Ray's own cancellation: KeyboardInterrupt)."""
+    found = _CURRENT.get(None)
+    if found is None:
+        raise UsageError("rayq.current_task() is called outside a task handler")
+    return found
+
+
+def running_as(context: TaskContext) -> contextvars.Token:
+    """Make ``context`` the current task of this thread or coroutine (the consumer's)."""
+    return _CURRENT.set(context)
+
+
+def done_running(token: contextvars.Token) -> None:
+    """Undo :func:`running_as` (a consumer thread goes on to other tasks)."""
+    _CURRENT.reset(token)

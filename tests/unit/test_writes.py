@@ -64,8 +64,8 @@ def test_an_end_crosses_as_its_name_and_fields_and_is_read_back_the_same(end, fo
     assert decode_ends([[form[0], list(form[1])]]) == [end]  # as the local channel's frames
 
 
-def test_the_ends_are_finish_defer_change_visibility_and_record_usage():
-    assert set(ENDS) == {"finish", "defer", "change_visibility", "record_usage"}
+def test_the_ends_are_finish_defer_change_visibility_record_usage_and_extend():
+    assert set(ENDS) == {"finish", "defer", "change_visibility", "record_usage", "extend"}
 
 
 def test_an_end_sent_without_its_usage_report_has_none():

@@ -215,6 +215,7 @@ OPERATIONS: Mapping[str, Operation] = MappingProxyType({op.name: op for op in (
     _entry("shard", "visibility_counts", "subqueues", _S, subqueues=("subqueues",)),
     _entry("shard", "depths", "subqueues=None", _S, subqueues=("subqueues",)),
     _entry("shard", "tasks", "task_ids", _A),
+    _entry("shard", "cancel", "task_id", _A),  # the caller's account's task
     _entry("shard", "stats", "", _ADMIN),
     _entry("shard", "noisy", "", _ADMIN),
     _entry("shard", "flush_events", "", _ADMIN),

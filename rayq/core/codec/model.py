@@ -321,6 +321,7 @@ class Ending(Enum):
     DEAD = 2          # dead-lettered after max_receives; the payload is empty
     EXPIRED = 3       # its time to live ran out before anyone finished it
     DELETED = 4       # deleted or cleared without a result
+    CANCELLED = 5     # withdrawn by client.cancel: before it ran, or stopped while it ran
 
 
 # -- receipts ----------------------------------------------------------------

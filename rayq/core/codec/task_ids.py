@@ -18,7 +18,7 @@ class TaskState(str, Enum):
     SUCCEEDED = "succeeded"  # its handler returned a value
     FAILED = "failed"        # it ended without a value: its handler raised for the last
                              # time, or it expired or was deleted before it ran
-    CANCELLED = "cancelled"  # withdrawn before it ran
+    CANCELLED = "cancelled"  # withdrawn by client.cancel, before or while it ran
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,8 @@ def task_state(ending: Ending | None, payload: bytes, running: bool) -> TaskStat
     and whether a consumer holds it now."""
     if ending is None:
         return TaskState.RUNNING if running else TaskState.QUEUED
+    if ending is Ending.CANCELLED:
+        return TaskState.CANCELLED
     if ending is Ending.RESULT and unpack(payload)[0]:
         return TaskState.SUCCEEDED
     return TaskState.FAILED

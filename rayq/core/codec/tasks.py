@@ -13,7 +13,7 @@ from enum import Enum
 from typing import Any
 
 from rayq.core.codec.model import check_count, check_name, decode_body, encode_body, pack, unpack
-from rayq.errors import InvalidMessage, TaskError
+from rayq.errors import InvalidMessage, TaskCancelled, TaskError, TaskTimedOut
 
 _MSGPACK_TYPES = "None, bool, int, float, str, bytes, and lists and dicts of them"
 
@@ -25,6 +25,7 @@ class Outcome(Enum):
     FAILED = "failed"          # the handler raised; the message will be delivered again
     DEAD = "dead"              # failed for the last time: the message is dead-lettered
     DEFERRED = "deferred"      # not run (see DeferralCause); put back for later
+    CANCELLED = "cancelled"    # withdrawn by client.cancel while it ran: no failure
 
 
 class DeferralCause(Enum):
@@ -51,6 +52,10 @@ class TaskSpec:
     its bases too). Retries wait ``backoff_s`` doubling up to ``max_backoff_s`` (the
     consumers' settings when None), with ``jitter`` drawn in the upper half of each wait.
 
+    ``time_limit_s`` (None: none) stops a call that runs longer, which then fails with
+    TaskTimedOut; ``cancel_grace_s`` is how long a cancelled (or timed out) handler
+    has to return before it is stopped by force (docs/tasks.md, "Cancel and time limits").
+
     Raises InvalidMessage for a bad field. ``runtime_env`` is kept as msgpack gives
     it back (tuples become lists), so a spec read back from the registry equals it.
     """
@@ -69,6 +74,8 @@ class TaskSpec:
     backoff_s: float | None = None
     max_backoff_s: float | None = None
     jitter: bool = True
+    time_limit_s: float | None = None
+    cancel_grace_s: float = 10.0
 
     def __post_init__(self):
         check_name(self.type, "task type")
@@ -96,9 +103,37 @@ class TaskSpec:
                                      f"got {value!r}")
         if not isinstance(self.jitter, bool):
             raise InvalidMessage(f"jitter must be True or False, got {self.jitter!r}")
+        if self.time_limit_s is not None:
+            check_limit_s(self.time_limit_s, "time_limit_s")
+        check_limit_s(self.cancel_grace_s, "cancel_grace_s", least=0.0)
 
 
 MAX_BACKOFF_S = 12 * 3600.0  # an SQS visibility timeout's limit: a retry waits in the queue
+MAX_TIME_LIMIT_S = 7 * 24 * 3600.0  # a week: past that a limit guards nothing
+
+
+def check_limit_s(value: Any, what: str, least: float | None = None) -> float:
+    """Seconds of a time limit or grace: above 0 (at least ``least`` when given) and at
+    most MAX_TIME_LIMIT_S. Raises InvalidMessage."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not ((value >= least) if least is not None else (value > 0)) \
+            or value > MAX_TIME_LIMIT_S:
+        bound = f"at least {least:g}" if least is not None else "above 0"
+        raise InvalidMessage(f"{what} must be seconds {bound} and at most "
+                             f"{MAX_TIME_LIMIT_S:g}, got {value!r}")
+    return float(value)
+
+
+def task_time_limit_s(spec: TaskSpec, asked_s: float | None) -> float | None:
+    """The time limit of one call: its type's, lowered to ``asked_s`` (``submit``'s
+    ``time_limit_s``). A call may only lower its type's limit: InvalidMessage above it."""
+    if asked_s is None:
+        return spec.time_limit_s
+    check_limit_s(asked_s, "time_limit_s")
+    if spec.time_limit_s is not None and asked_s > spec.time_limit_s:
+        raise InvalidMessage(f"time_limit_s={asked_s:g} is above the limit of task type "
+                             f"{spec.type!r} ({spec.time_limit_s:g} s): a call may only lower it")
+    return float(asked_s)
 
 
 def exception_name(cls: type) -> str:
@@ -172,13 +207,22 @@ def check_runtime_env(runtime_env: Any) -> dict[str, Any]:
     return env
 
 
-def encode_call(type_: str, args: tuple, kwargs: dict, max_bytes: int) -> bytes:
-    """The body of a task message. Raises InvalidMessage when an argument is not
-    a msgpack-able value, MessageTooLarge over ``max_bytes``."""
+def encode_call(type_: str, args: tuple, kwargs: dict, max_bytes: int,
+                task_id: str | None = None, time_limit_s: float | None = None) -> bytes:
+    """The body of a task message: ``[args, kwargs]``, and a third element, the call's
+    options, when it has any: ``{"id": task_id, "time_limit_s": s}`` (the id its handler
+    sees in ``rayq.current_task()``; a limit only when the call lowered its type's).
+    Raises InvalidMessage when an argument is not a msgpack-able value, MessageTooLarge
+    over ``max_bytes``."""
     if not all(isinstance(k, str) for k in kwargs):
         raise InvalidMessage(f"keyword argument names of task {type_!r} must be str")
+    call: list = [list(args), kwargs]
+    options = {name: value for name, value in (("id", task_id), ("time_limit_s", time_limit_s))
+               if value is not None}
+    if options:
+        call.append(options)
     try:
-        return encode_body([list(args), kwargs], max_bytes)
+        return encode_body(call, max_bytes)
     except InvalidMessage as err:
         if type(err) is not InvalidMessage:
             raise
@@ -188,11 +232,19 @@ def encode_call(type_: str, args: tuple, kwargs: dict, max_bytes: int) -> bytes:
 
 def decode_call(body: bytes) -> tuple[list, dict]:
     """``(args, kwargs)`` of a task message. Raises InvalidMessage for any other body."""
+    args, kwargs, _ = decode_call_options(body)
+    return args, kwargs
+
+
+def decode_call_options(body: bytes) -> tuple[list, dict, dict]:
+    """``(args, kwargs, options)`` of a task message (options: ``{}`` when the call set
+    none). Raises InvalidMessage for any other body."""
     call = decode_body(body)
-    if (not isinstance(call, list) or len(call) != 2 or not isinstance(call[0], list)
-            or not isinstance(call[1], dict)):
+    if (not isinstance(call, list) or len(call) not in (2, 3) or not isinstance(call[0], list)
+            or not isinstance(call[1], dict)
+            or (len(call) == 3 and not isinstance(call[2], dict))):
         raise InvalidMessage("message body is not a rayq task call")
-    return call[0], call[1]
+    return call[0], call[1], call[2] if len(call) == 3 else {}
 
 
 def encode_result(value: Any, type_: str) -> bytes:
@@ -215,12 +267,17 @@ def error_of(err: BaseException) -> bytes:
     return encode_error(type(err).__name__, str(err))
 
 
+# Failed outcomes whose error type names one of rayq's own task errors raise that class.
+_TASK_ERRORS = {"TaskCancelled": TaskCancelled, "TaskTimedOut": TaskTimedOut}
+
+
 def decode_outcome(data: bytes) -> Any:
-    """The handler's return value; raises TaskError for a failed task."""
+    """The handler's return value; raises TaskError for a failed task (TaskTimedOut for
+    one stopped at its time limit)."""
     ok, value = unpack(data)
     if ok:
         return value
-    raise TaskError(*value)
+    raise _TASK_ERRORS.get(value[0], TaskError)(*value)
 
 
 @dataclass(frozen=True)

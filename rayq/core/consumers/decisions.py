@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, ClassVar, Union
 
 from rayq.config import ConsumerConfig
@@ -23,6 +24,7 @@ from rayq.core.control.ray_tasks import ray_options
 from rayq.core.control.registry import QueueInfo
 from rayq.core.kit.retry import backoff_s
 from rayq.core.codec.tasks import DeferralCause, Outcome, TaskSpec, encode_error, exception_name
+from rayq.errors import TaskCancelled, TaskTimedOut
 from rayq.core.storage import writes
 
 
@@ -76,7 +78,19 @@ class Deferral:
         return writes.Defer(receipt, self.delay_s)
 
 
-TaskEnd = Union[Finish, Retry, DeadLetter]
+@dataclass(frozen=True)
+class Cancelled:
+    """The task was cancelled while it ran and its handler stopped: the shard, which
+    flagged it, records it cancelled in the end's transaction. No failure, not retried."""
+
+    outcome: ClassVar[Outcome] = Outcome.CANCELLED
+    outcome_if_lost: ClassVar[Outcome] = Outcome.CANCELLED
+
+    def write(self, receipt: str, result: bytes, dead_letter: int | None) -> writes.End:
+        return writes.Finish(receipt, result)
+
+
+TaskEnd = Union[Finish, Retry, DeadLetter, Cancelled]
 
 
 def is_last_try(attempt: int, task_max_receives: int, queue_max_receives: int | None) -> bool:
@@ -113,6 +127,59 @@ def may_retry(spec: TaskSpec, err: BaseException) -> bool:
     if names & set(spec.no_retry_on):
         return False
     return spec.retry_on is None or bool(names & set(spec.retry_on))
+
+
+# -- cancel and time limits ----------------------------------------------------------------
+class Stop(Enum):
+    """Why a consumer stopped a running handler."""
+
+    CANCELLED = "cancelled"  # client.cancel
+    TIMED_OUT = "timed_out"  # past its time limit
+
+
+def call_limit_s(spec: TaskSpec, options: dict) -> float | None:
+    """The time limit of one call: its type's, or the lower one its submit gave
+    (``options``: the call's, :func:`~rayq.core.codec.tasks.decode_call_options`)."""
+    asked = options.get("time_limit_s")
+    if not isinstance(asked, (int, float)) or isinstance(asked, bool) or asked <= 0:
+        return spec.time_limit_s
+    return asked if spec.time_limit_s is None else min(asked, spec.time_limit_s)
+
+
+def stop_error(stop: Stop, limit_s: float | None) -> BaseException:
+    """The error a stopped call ends with."""
+    if stop is Stop.CANCELLED:
+        return TaskCancelled()
+    if limit_s is None:
+        return TaskTimedOut()
+    return TaskTimedOut("TaskTimedOut", f"the task ran past its time limit of {limit_s:g} s")
+
+
+def stopped_end(stop: Stop, attempt: int, spec: TaskSpec, queue_max_receives: int | None,
+                config: ConsumerConfig, draw: float = 1.0) -> TaskEnd:
+    """How delivery ``attempt`` of a stopped call ends: Cancelled for a cancel; for a
+    time limit, as any failure with TaskTimedOut (retried if its type's rule retries it
+    and tries are left, else dead-lettered)."""
+    if stop is Stop.CANCELLED:
+        return Cancelled()
+    retriable = may_retry(spec, stop_error(stop, spec.time_limit_s))
+    return decide_end(False, attempt, spec, queue_max_receives, config, retriable, draw)
+
+
+def forced_after_s(stop: Stop, grace_s: float) -> float:
+    """How long after being told to stop a handler is stopped by force: a cancelled one
+    has its type's ``cancel_grace_s`` to return; one past its time limit is stopped at
+    once (its limit was its time)."""
+    return grace_s if stop is Stop.CANCELLED else 0.0
+
+
+STUCK_AFTER_S = 1.0  # the least a handler stopped by force is given to return
+
+
+def stuck_after_s(grace_s: float) -> float:
+    """How long after being stopped by force a handler that has not returned counts as
+    stuck (its consumer restarts itself): its grace again, at least STUCK_AFTER_S."""
+    return max(grace_s, STUCK_AFTER_S)
 
 
 # -- whether a task may run now ----------------------------------------------------------

@@ -70,7 +70,12 @@ DEQUEUE = struct.Struct(">I")
 RECEIVED = struct.Struct(">8sQ")     # nonce, first received µs: rewritten by each receive
 BLOB_REF = struct.Struct(">14sQI")   # blob id (store id + seq), size bytes, chunks
 TASK, BLOB = 1, 2                    # flags; the upper four bits carry the priority
+# A task's flags while it waits: RESTING, a failed or deferred delivery waiting for its
+# next one (no consumer holds it); CANCELLING, cancelled while a consumer held it (its
+# consumer is told, and whatever end it makes records the task as cancelled).
+RESTING, CANCELLING = 4, 8
 PRIORITY_AT = 4
+_FLAGS_AT = 20
 NO_NONCE = bytes(8)                  # a row never received: no receipt can match it
 _NONCE_AT, _NONCE_END = 21, 29
 _RECEIVED_END = _NONCE_END + 8
@@ -131,11 +136,23 @@ def enqueued_us(value: bytes) -> int:
     return _U64.unpack(value[:8])[0]
 
 
-def redelivered(value: bytes, dequeue_count: int, nonce: bytes, first_received_us: int) -> bytes:
+def redelivered(value: bytes, dequeue_count: int, nonce: bytes, first_received_us: int,
+                flags: int | None = None) -> bytes:
     """The same row with a new dequeue count, nonce and first receive time (µs, 0: never
-    received); the body is copied, not read."""
-    return b"".join((value[:16], DEQUEUE.pack(dequeue_count), value[20:21],
+    received), and new ``flags`` if given; the body is copied, not read."""
+    kept = value[_FLAGS_AT:_FLAGS_AT + 1] if flags is None else bytes((flags,))
+    return b"".join((value[:16], DEQUEUE.pack(dequeue_count), kept,
                      RECEIVED.pack(nonce, first_received_us), value[_RECEIVED_END:]))
+
+
+def flags_of(value: bytes) -> int:
+    """A row's flags, read without the rest of its header."""
+    return value[_FLAGS_AT]
+
+
+def with_flags(value: bytes, flags: int) -> bytes:
+    """The same row with ``flags``."""
+    return value[:_FLAGS_AT] + bytes((flags,)) + value[_FLAGS_AT + 1:]
 
 
 def first_received(meta: RowMeta, now_us: int) -> int:

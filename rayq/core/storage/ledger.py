@@ -338,7 +338,8 @@ class Ledger:
             meta = layout.meta(value)
             nonce = nonces[8 * i:8 * i + 8]
             new_value = layout.redelivered(value, meta.dequeue_count + 1, nonce,
-                                         layout.first_received(meta, now_us))
+                                         layout.first_received(meta, now_us),
+                                         meta.flags & ~layout.RESTING)
             if sq in ordered:  # keeps its place; the in-flight entry hides it
                 new_key = row_key
                 self.txn.put("inflight", layout.inflight_key(sq, kid, seq), layout.pack_u64(visible_us))
@@ -401,15 +402,18 @@ class Ledger:
         self.flights.append(Released(row_key, used=used))
         return meta
 
-    def rehide(self, row_key: bytes, value: bytes, visible_us: int, undeliver: bool) -> str:
+    def rehide(self, row_key: bytes, value: bytes, visible_us: int, undeliver: bool,
+               resting: bool = False) -> str:
         """Hide a received row until ``visible_us`` under a new nonce; returns its new
-        receipt. ``undeliver``: its delivery does not count (handed back unrun)."""
+        receipt. ``undeliver``: its delivery does not count (handed back unrun);
+        ``resting``: its delivery ended, no consumer holds it (flag RESTING)."""
         sq, kid, _, seq = layout.parse_row_key(row_key)
         meta = layout.meta(value)
         dequeues = max(0, meta.dequeue_count - 1) if undeliver else meta.dequeue_count
         nonce = os.urandom(8)  # a row back at no receives was never received
         new_value = layout.redelivered(value, dequeues, nonce,
-                                     meta.first_received_us if dequeues else 0)
+                                     meta.first_received_us if dequeues else 0,
+                                     meta.flags | layout.RESTING if resting else None)
         if sq in self.index.ordered:  # keeps its place; the in-flight entry hides it
             new_key = row_key
             self.txn.put("inflight", layout.inflight_key(sq, kid, seq), layout.pack_u64(visible_us))

@@ -19,8 +19,8 @@ from rayq.core.codec.model import (DEFAULT_ACCOUNT, MAX_BATCH, US, Ending, Store
 from rayq.core.codec.wire import Attrs, decode_put, encode_delivered
 from rayq.core.storage import layout
 from rayq.core.storage.ledger import Enqueued, Env, Ledger
-from rayq.core.storage.outcomes import (collect_outcomes, dead_letter_row, existing, index_task,
-                                       record_usage)
+from rayq.core.storage.outcomes import (collect_outcomes, dead_letter_row, end_cancelled,
+                                       existing, index_task, record_usage)
 from rayq.core.storage.picking import Skip, pick
 from rayq.core.storage.spill import diverted, spill_one
 from rayq.errors import InvalidMessage, QueueDisabled, ReceiptInvalid
@@ -159,6 +159,8 @@ def receive(w: Ledger, env: Env, subqueue: int, max_messages: int,
         if reason is Skip.EXPIRED:
             w.remove(row_key, value, Ending.EXPIRED)
             w.stats["expired"] += 1
+        elif reason is Skip.CANCELLED:  # its consumer went away before it ended it
+            end_cancelled(w, row_key, value)
         else:
             dead_letter_row(w, row_key, value, dead_letter)
     delivered = _deliver(w, env, found, to_us(visibility_timeout_s))
@@ -212,12 +214,29 @@ def defer(w: Ledger, env: Env, receipt: str, delay_s: float, usage: bytes | None
 
 def _hide(w: Ledger, env: Env, receipt: str, timeout_s: float, undeliver: bool,
           usage: bytes | None) -> str:
+    """A report (``usage``) means the delivery ended: the row rests until its next one,
+    or, a task cancelled meanwhile, ends cancelled (its new receipt is then "")."""
     check_seconds(timeout_s, "timeout_s", 0, env.config.max_visibility_timeout_s)
     row_key, value = w.resolve(receipt)
-    new_receipt = w.rehide(row_key, value, w.now_us + to_us(timeout_s), undeliver)
+    ended = usage is not None
+    if ended and end_cancelled(w, row_key, value):
+        new_receipt = ""
+    else:
+        new_receipt = w.rehide(row_key, value, w.now_us + to_us(timeout_s), undeliver,
+                               resting=ended)
     if usage is not None:
         record_usage(w, env, usage)
     return new_receipt
+
+
+def extend(w: Ledger, env: Env, receipt: str, timeout_s: float) -> tuple[str, bool]:
+    """A running task's heartbeat: hide it ``timeout_s`` more from now; (its new
+    receipt, whether it was cancelled meanwhile). Raises ReceiptInvalid as
+    :func:`change_visibility` does."""
+    check_seconds(timeout_s, "timeout_s", 0, env.config.max_visibility_timeout_s)
+    row_key, value = w.resolve(receipt)
+    cancelled = bool(layout.flags_of(value) & layout.CANCELLING)
+    return w.rehide(row_key, value, w.now_us + to_us(timeout_s), False), cancelled
 
 
 # -- housekeeping ------------------------------------------------------------------------

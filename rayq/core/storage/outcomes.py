@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from enum import Enum
 from typing import NamedTuple
 
 from rayq.core.codec.model import US, Ending, at_s, check_count, check_subqueue, seq_of
@@ -34,6 +35,7 @@ from rayq.core.codec.task_ids import TaskInfo, TaskState, task_state
 from rayq.core.kit.kv import Txn
 from rayq.core.storage import layout
 from rayq.core.storage.ledger import Env, Ledger, Outcome
+from rayq.core.storage.spill import drop_spilled
 from rayq.errors import InvalidMessage
 
 MAX_OUTCOME_BYTES = 16 << 20
@@ -52,12 +54,14 @@ def finish(w: Ledger, env: Env, receipt: str, outcome: bytes,
     if dead_letter is not None:
         check_subqueue(dead_letter)
     row_key, value = w.resolve(receipt)
-    if dead_letter is None:
-        w.remove(row_key, value)
-        w.stats["deletes"] += 1
-    else:
-        dead_letter_row(w, row_key, value, dead_letter, record=False)
-    w.record(layout.parse_row_key(row_key)[3], Ending.RESULT, outcome, value)
+    # cancelled while it ran: that is its end, whatever its consumer made of it
+    if not end_cancelled(w, row_key, value):
+        if dead_letter is None:
+            w.remove(row_key, value)
+            w.stats["deletes"] += 1
+        else:
+            dead_letter_row(w, row_key, value, dead_letter, record=False)
+        w.record(layout.parse_row_key(row_key)[3], Ending.RESULT, outcome, value)
     if usage is not None:
         record_usage(w, env, usage)
 
@@ -70,6 +74,15 @@ def dead_letter_row(w: Ledger, row_key: bytes, value: bytes, dead_letter: int,
     w.stats["dead_lettered"] += 1
     if meta.flags & layout.TASK and record:
         w.record(layout.parse_row_key(row_key)[3], Ending.DEAD, value=value)
+
+
+def end_cancelled(w: Ledger, row_key: bytes, value: bytes) -> bool:
+    """End a task row flagged CANCELLING (cancelled while a consumer held it) as
+    cancelled: deleted, its ending recorded. False, and nothing done, for any other row."""
+    if not layout.flags_of(value) & layout.CANCELLING:
+        return False
+    w.remove(row_key, value, Ending.CANCELLED)
+    return True
 
 
 def record_usage(w: Ledger, env: Env, report: bytes) -> None:
@@ -200,7 +213,7 @@ def _row_now(txn: Txn, record: layout.TaskRecord, seq: int, now_us: int) -> tupl
     hidden_until = txn.get("inflight", layout.inflight_key(sq, kid, seq))
     if hidden_until is not None:
         visible_us = layout.unpack_u64(hidden_until)
-    running = meta.dequeue_count > 0 and visible_us > now_us
+    running = meta.dequeue_count > 0 and visible_us > now_us and not meta.flags & layout.RESTING
     return meta.dequeue_count, meta.first_received_us, running
 
 
@@ -233,3 +246,56 @@ def index_task(w: Ledger, seq: int, record: layout.TaskRecord) -> None:
     """Write a new task's two entries (in the put that stores its row)."""
     w.txn.put("task_ids", layout.task_id_key(record.account, record.task_id), layout.task_seq_key(seq))
     w.txn.put("tasks", layout.task_seq_key(seq), record.pack())
+
+
+# -- cancelling ------------------------------------------------------------------------------
+class CancelResult(str, Enum):
+    """What :func:`cancel` did."""
+
+    CANCELLED = "cancelled"  # it had not started (or waited for a retry): ended now
+    RUNNING = "running"      # a consumer holds it: flagged, its consumer ends it cancelled
+    ENDED = "ended"          # it had ended already: nothing done
+
+
+def cancel(w: Ledger, env: Env, account: str, task_id: str) -> CancelResult | None:
+    """Cancel task ``task_id`` of ``account``; None when this store keeps no such task.
+
+    A task no consumer holds (queued, delayed, waiting for a retry, or spilled by flood
+    isolation) ends now, cancelled: its row deleted and its ending recorded in this
+    transaction. A running one is flagged CANCELLING (once): its consumer learns of it
+    from its next heartbeat (:func:`rayq.core.storage.messages.extend`) and whatever
+    end it makes records the task as cancelled; if that consumer is gone, the receive
+    that finds the row again ends it so."""
+    seq = existing(w.txn, account, task_id)
+    found = w.txn.get("tasks", layout.task_seq_key(seq)) if seq is not None else None
+    if found is None:
+        return None
+    if w.txn.get("outcomes", layout.outcome_key(w.message_id(seq))) is not None:
+        return CancelResult.ENDED
+    record = layout.TaskRecord.unpack(found)
+    row_key = w.txn.get("expiry", layout.expiry_key(record.expires_us, seq))
+    value = w.txn.get("rows", row_key) if row_key is not None else None
+    if value is None:
+        return _cancel_spilled(w, record, seq)
+    _, _, running = _row_now(w.txn, record, seq, w.now_us)
+    if not running:
+        w.remove(row_key, value, Ending.CANCELLED)
+        return CancelResult.CANCELLED
+    flags = layout.flags_of(value)
+    if not flags & layout.CANCELLING:
+        w.txn.put("rows", row_key, layout.with_flags(value, flags | layout.CANCELLING))
+        w.uncached.append(row_key)
+    return CancelResult.RUNNING
+
+
+def _cancel_spilled(w: Ledger, record: layout.TaskRecord, seq: int) -> CancelResult:
+    """Cancel a task whose row is in the spill store (a flooder's, waiting to be swept
+    back): its entry dropped, its ending recorded. A task found nowhere has gone
+    without an outcome kept: ENDED."""
+    kid = w.key_id(layout.spill_name(record.type, record.tenant), create=False)
+    key = layout.spill_key(kid, seq) if kid is not None else None
+    stored = w.txn.get("spill", key) if key is not None else None
+    if stored is None:
+        return CancelResult.ENDED
+    drop_spilled(w, key, stored, Ending.CANCELLED)
+    return CancelResult.CANCELLED

@@ -22,6 +22,7 @@ class Skip(Enum):
 
     EXPIRED = "expired"
     DEAD = "dead"  # received max_receives times already
+    CANCELLED = "cancelled"  # cancelled while a consumer held it, and that consumer is gone
 
 
 class Skipped(NamedTuple):
@@ -142,6 +143,8 @@ class _KeyRows:
             value = cache.get(row_key) or txn.get("rows", row_key)
             if layout.expires_us(value) <= self.now_us:
                 self.skipped.append(Skipped(row_key, value, Skip.EXPIRED))
+            elif layout.flags_of(value) & layout.CANCELLING:
+                self.skipped.append(Skipped(row_key, value, Skip.CANCELLED))
             elif self.max_receives is not None and \
                     layout.dequeue_count(value) >= self.max_receives:
                 self.skipped.append(Skipped(row_key, value, Skip.DEAD))

@@ -17,7 +17,7 @@ from typing import Any
 
 from rayq.core.codec.model import Ending
 from rayq.core.codec.tasks import decode_outcome
-from rayq.errors import OutcomeLost, TaskError
+from rayq.errors import OutcomeLost, TaskCancelled, TaskError
 
 Outcome = tuple[Ending, bytes]
 Found = Outcome | bool  # an outcome, or False: no copy of the task is left (never True)
@@ -33,9 +33,11 @@ _ENDINGS = {Ending.DEAD: ("DeadLettered", "the task was delivered max_receives t
 
 def outcome_value(ending: Ending, payload: bytes) -> Any:
     """What a task's ref resolves to: its handler's value, or TaskError (the handler's
-    error, or why the task ended without a result)."""
+    error, or why the task ended without a result: TaskCancelled when it was cancelled)."""
     if ending is Ending.RESULT:
         return decode_outcome(payload)
+    if ending is Ending.CANCELLED:
+        raise TaskCancelled()
     raise TaskError(*_ENDINGS[ending])
 
 

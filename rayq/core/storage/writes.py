@@ -203,8 +203,21 @@ class RecordUsage(End):
         return outcomes.record_usage(w, env, self.report)
 
 
+@dataclass(frozen=True)
+class Extend(End):
+    """A running task's heartbeat: hide it ``timeout_s`` more; (its new receipt, whether
+    it was cancelled meanwhile) (:func:`messages.extend`)."""
+
+    name: ClassVar[str] = "extend"
+    receipt: str
+    timeout_s: float
+
+    def run(self, w: Ledger, env: Env) -> tuple[str, bool]:
+        return messages.extend(w, env, self.receipt, self.timeout_s)
+
+
 ENDS: Mapping[str, type[End]] = MappingProxyType(
-    {end.name: end for end in (Finish, Defer, ChangeVisibility, RecordUsage)})
+    {end.name: end for end in (Finish, Defer, ChangeVisibility, RecordUsage, Extend)})
 
 
 def compact(end: End) -> tuple[str, tuple]:
@@ -235,6 +248,22 @@ def _decode_end(call: Any) -> End:
 def _misfit(what: str) -> InvalidMessage:
     return InvalidMessage(f"end_many takes a list of (name, fields), name in {tuple(ENDS)}: "
                           f"{what}")
+
+
+# -- cancelling ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Cancel(Write):
+    """Cancel ``account``'s task ``task_id``: a :class:`outcomes.CancelResult`, or None
+    when this store keeps no such task (:func:`outcomes.cancel`)."""
+
+    account: str
+    task_id: str
+
+    def run(self, w: Ledger, env: Env) -> outcomes.CancelResult | None:
+        return outcomes.cancel(w, env, self.account, self.task_id)
+
+    def small(self) -> bool:
+        return True
 
 
 # -- usage reports and housekeeping -------------------------------------------------------
