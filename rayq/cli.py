@@ -283,6 +283,21 @@ def drain(node: str, cancel: bool, wait_s: float) -> None:
     console.print(f"{node} holds no copy: it can be removed")
 
 
+@main.command()
+def schedules() -> None:
+    """The default account's schedules: cadence, next tick and last firing (UTC)."""
+    table = _table("schedules", "name", "calls", "when", "next (UTC)", "last fired (UTC)")
+    for s in _connect().schedules():
+        when = f"every {s.every_s:g}s" if s.every_s is not None else f"cron {s.cron}"
+        table.add_row(s.name, f"{s.type} as {s.tenant}", when, _utc(s.next_at),
+                      "-" if s.last_fired_at is None else _utc(s.last_fired_at))
+    console.print(table)
+
+
+def _utc(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at))
+
+
 @main.group()
 def account() -> None:
     """Accounts of a running runtime (run where the default account's client works)."""
