@@ -83,6 +83,9 @@ class QueueManager(ControlActor):
         self._run_every(WATCH_INTERVAL_S, "replicas", self.replicas.watch,
                         first_s=0.0 if suspect else None)
         self.schedule_book = ScheduleBook(self.kv)
+        # a firing round and the changes to schedules take turns: once unschedule
+        # returns, no put of the schedule is under way
+        self._firing = asyncio.Lock()
         self._run_every(TICK_INTERVAL_S, "schedules", self._fire_schedules)
 
     async def shrink_in_sync(self, shard: int, node: str, epoch: int) -> ShardPlace:
@@ -341,9 +344,10 @@ class QueueManager(ControlActor):
         cadence = Cadence(every_s, cron)
         if not isinstance(type, str) or self.tasks.get(type) is None:
             raise InvalidMessage(f"no task type {type!r:.80} is registered")
-        planned = Planned.made(caller.account, name, type, tenant, cadence, call,
-                               self.clock.now())
-        return self.schedule_book.put(planned).view()
+        async with self._firing:
+            planned = Planned.made(caller.account, name, type, tenant, cadence, call,
+                                   self.clock.now())
+            return self.schedule_book.put(planned).view()
 
     @signed(MANAGER_OPS["schedules"])
     async def schedules(self, *, caller: Caller) -> list[Schedule]:
@@ -352,14 +356,19 @@ class QueueManager(ControlActor):
 
     @signed(MANAGER_OPS["unschedule"])
     async def unschedule(self, name: str, *, caller: Caller) -> bool:
-        """Remove the caller's schedule ``name``; whether there was one."""
-        return self.schedule_book.remove(caller.account, name)
+        """Remove the caller's schedule ``name``; whether there was one. No put of it is
+        under way when this returns."""
+        async with self._firing:
+            return self.schedule_book.remove(caller.account, name)
 
     async def _fire_schedules(self) -> None:
         """One tick round: submit the call of every due schedule under its tick's task id
         (one put per account and subqueue), then record the firings. A schedule whose
         put failed fires again after RETRY_S; the first failure is raised to be counted."""
-        now = self.clock.now()
+        async with self._firing:
+            await self._fire_due(self.clock.now())
+
+    async def _fire_due(self, now: float) -> None:
         due = self.schedule_book.due(now)
         if not due:
             return
