@@ -24,8 +24,9 @@ from rayq.core.replication.shard_places import ShardPlace
 from actors.consumer import ConsumerRemote, named_consumers
 from actors.base import ControlActor
 from rayq.config import MAX_CONSUMERS, Config
-from rayq.core.auth.accounts import Accounts, Place, queue_ref, resolve_ref, split_ref
-from rayq.core.auth.operations import MANAGER_OPS
+from rayq.core.auth.accounts import (ADMIN, QUEUE_SEP, Accounts, Place, Signer, queue_ref,
+                                     resolve_ref, split_ref)
+from rayq.core.auth.operations import MANAGER_OPS, SHARD_OPS
 from rayq.core.kit.clock import Clock
 from rayq.core.auth.gate import Caller, Directory, signed
 from rayq.core.kit.kv import LmdbKV
@@ -44,10 +45,14 @@ from rayq.core.control.scaling import (ConsumerRule, ConsumerScale, OpRates, Qui
                                        task_backlog)
 from rayq.core.codec.tasks import TaskSpec
 from rayq.core.control.registry import TaskRegistry
-from rayq.errors import InvalidMessage, RayqError
+from rayq.core.control.schedules import RETRY_S, Cadence, Planned, Schedule, ScheduleBook
+from rayq.core.codec.wire import encode_put
+from rayq.errors import AuthError, InvalidMessage, RayqError
+from rayq.sending import spread_target
 from rayq.remote import NO_RETRY, call_all_async, call_async, running
 
 FORGET_TIMEOUT_S = 10.0
+TICK_INTERVAL_S = 0.25  # how often due schedules are looked for (a dict scan when none)
 
 
 class QueueManager(ControlActor):
@@ -77,6 +82,11 @@ class QueueManager(ControlActor):
         # after a failover, the shards led where the old manager was are checked at once
         self._run_every(WATCH_INTERVAL_S, "replicas", self.replicas.watch,
                         first_s=0.0 if suspect else None)
+        self.schedule_book = ScheduleBook(self.kv)
+        # a firing round and the changes to schedules take turns: once unschedule
+        # returns, no put of the schedule is under way
+        self._firing = asyncio.Lock()
+        self._run_every(TICK_INTERVAL_S, "schedules", self._fire_schedules)
 
     async def shrink_in_sync(self, shard: int, node: str, epoch: int) -> ShardPlace:
         """Take a follower out of ``shard``'s in-sync set, as its leader of ``epoch``
@@ -321,6 +331,102 @@ class QueueManager(ControlActor):
 
     def release(self, type_: str, lease_id: str) -> None:
         self.leases.release(type_, lease_id)
+
+    # -- schedules (docs/tasks.md, "Schedules") -----------------------------------------
+    @signed(MANAGER_OPS["schedule"])
+    async def schedule(self, name: str, type: str, call: bytes, every_s: float | None = None,
+                       cron: str | None = None, tenant: str | None = None, *,
+                       caller: Caller) -> Schedule:
+        """Make (or replace) the caller's schedule ``name``: a call of task type ``type``
+        (``call``: its encoded arguments) every ``every_s`` seconds or at the times of
+        ``cron`` (UTC), submitted as ``tenant``. Raises InvalidMessage, AuthError for
+        another account's tenant."""
+        cadence = Cadence(every_s, cron)
+        if not isinstance(type, str) or self.tasks.get(type) is None:
+            raise InvalidMessage(f"no task type {type!r:.80} is registered")
+        async with self._firing:
+            planned = Planned.made(caller.account, name, type, tenant, cadence, call,
+                                   self.clock.now())
+            return self.schedule_book.put(planned).view()
+
+    @signed(MANAGER_OPS["schedules"])
+    async def schedules(self, *, caller: Caller) -> list[Schedule]:
+        """The caller's schedules, by name."""
+        return [p.view() for p in self.schedule_book.of(caller.account)]
+
+    @signed(MANAGER_OPS["unschedule"])
+    async def unschedule(self, name: str, *, caller: Caller) -> bool:
+        """Remove the caller's schedule ``name``; whether there was one. No put of it is
+        under way when this returns."""
+        async with self._firing:
+            return self.schedule_book.remove(caller.account, name)
+
+    async def _fire_schedules(self) -> None:
+        """One tick round: submit the call of every due schedule under its tick's task id
+        (one put per account and subqueue), then record the firings. A schedule whose
+        put failed fires again after RETRY_S; the first failure is raised to be counted."""
+        async with self._firing:
+            await self._fire_due(self.clock.now())
+
+    async def _fire_due(self, now: float) -> None:
+        due = self.schedule_book.due(now)
+        if not due:
+            return
+        self.schedule_book.firing(due)  # the fence: a replaced manager stops here
+        done, failed, errors = [], [], []
+        for (account, queue, sq), group in self._schedule_puts(due, failed, errors).items():
+            try:
+                await self._put_fired(account, queue, sq, group)
+                done += group
+            except (RayqError, ray.exceptions.RayError) as err:
+                failed += group
+                errors.append(err)
+        self.schedule_book.fired(done, now)
+        self.schedule_book.hold(failed, now + RETRY_S)
+        if errors:
+            raise errors[0]
+
+    def _schedule_puts(self, due: list[Planned], failed: list,
+                       errors: list) -> dict[tuple[str, QueueInfo, int], list[Planned]]:
+        """``due`` grouped by account and the task subqueue each one's task id picks, as
+        ``Producer.put_spread`` picks it; a schedule whose type or queue is gone, or
+        refuses puts, goes to ``failed`` with its error."""
+        groups: dict[tuple[str, QueueInfo, int], list[Planned]] = {}
+        for p in due:
+            spec = self.tasks.get(p.type)
+            try:
+                if spec is None:
+                    raise InvalidMessage(f"schedule {p.name!r}: no task type {p.type!r}")
+                queue = self.registry.get(spec.queue)
+                target = put_target(queue, self._counts).id
+            except RayqError as err:
+                failed.append(p)
+                errors.append(err)
+                continue
+            sq = spread_target(queue, target, p.task_id)
+            groups.setdefault((p.account, queue, sq), []).append(p)
+        return groups
+
+    async def _put_fired(self, account: str, queue: QueueInfo, sq: int,
+                         group: list[Planned]) -> None:
+        """Put the due tasks of ``group`` to subqueue ``sq`` of task queue ``queue`` as
+        ``account``: signed with its key, as its own submits are (unsigned for the
+        admin)."""
+        batch = encode_put([p.entry(self.config.fairness.key) for p in group])
+        shard, signed_for = self.shards[queue.subqueue(sq).shard], ADMIN + QUEUE_SEP + queue.name
+        # signed anew on each try: a retry is no replay
+        await call_async(lambda: shard.put.remote(sq, batch, auth=self._signed_as(
+            account, SHARD_OPS["put"], sq, batch, queue=signed_for)))
+
+    def _signed_as(self, account: str, operation, *args, queue: str):
+        """A signature of ``operation`` over ``args`` made with ``account``'s first key
+        (None for the admin: the runtime's own calls are unsigned)."""
+        if account == ADMIN:
+            return None
+        keys = self.accounts.keys(account)
+        if not keys:
+            raise AuthError(f"account {account!r} has no key to sign with")
+        return Signer(account, keys[0]).sign(operation, *args, queue=queue)
 
     # -- consumers -----------------------------------------------------------------
     @signed(MANAGER_OPS["scale_consumers"])

@@ -24,6 +24,7 @@ from rayq.core.fairness.policy import FairnessReport
 from rayq.core.flood.detection import Flooder
 from rayq.core.fairness.rules import SuspensionRule
 from rayq.core.codec.task_ids import TaskInfo, TaskState
+from rayq.core.control.schedules import Schedule
 from rayq.tasks import TaskContext, TaskFunction, current_task, task
 from rayq.errors import (AuthError, ConfigError, DataDirExposed, InvalidMessage, KeyExposed,
                          MessageTooLarge, NoEvents, NotEnoughReplicas, OutcomeLost, Overloaded,
@@ -52,7 +53,7 @@ __all__ = [
     "RuntimeFailure", "StoreBug", "StoreError", "TaskError", "TaskNotFound", "OutcomeLost",
     "ResultTimeout", "UnknownLayout", "UsageError",
     "StaleEpoch", "ReplicaBehind", "NotEnoughReplicas",
-    "TaskCancelled", "TaskTimedOut", "TaskContext", "current_task",
+    "TaskCancelled", "TaskTimedOut", "TaskContext", "current_task", "Schedule",
 ]
 
 

@@ -300,6 +300,21 @@ def redrive(name: str, max_messages: int | None) -> None:
     console.print(f"moved {moved} back from the dead-letter queue")
 
 
+@main.command()
+def schedules() -> None:
+    """The default account's schedules: cadence, next tick and last firing (UTC)."""
+    table = _table("schedules", "name", "calls", "when", "next (UTC)", "last fired (UTC)")
+    for s in _connect().schedules():
+        when = f"every {s.every_s:g}s" if s.every_s is not None else f"cron {s.cron}"
+        table.add_row(s.name, f"{s.type} as {s.tenant}", when, _utc(s.next_at),
+                      "-" if s.last_fired_at is None else _utc(s.last_fired_at))
+    console.print(table)
+
+
+def _utc(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at))
+
+
 @main.group()
 def account() -> None:
     """Accounts of a running runtime (run where the default account's client works)."""

@@ -30,6 +30,8 @@ from rayq.core.fairness.rules import SuspensionRule
 from rayq.core.codec.task_ids import TaskInfo, check_task_id, checked_task_ids, new_task_id
 from rayq.core.storage.outcomes import CancelResult, FoundTask
 from rayq.core.codec.tasks import encode_call, task_time_limit_s
+from rayq.core.control.schedules import (MAX_CALL_BYTES, Cadence, Schedule,
+                                         check_schedule_name)
 from rayq.core.fairness.tallies import TallyRow
 from rayq.tasks import TaskFunction
 from rayq.errors import InvalidMessage, ResultTimeout, RuntimeFailure, TaskNotFound
@@ -341,6 +343,35 @@ class Client:
         name, type_ = redriving.source_of(type_or_queue, self.account,
                                           redriving.find_spec(self.transport))
         return redriving.redrive(self.transport, name, type_, max_messages)
+
+    # -- schedules ----------------------------------------------------------------
+    def schedule(self, name: str, fn: TaskFunction, *args: Any, every_s: float | None = None,
+                 cron: str | None = None, tenant: str | None = None, **kwargs: Any) -> Schedule:
+        """Submit ``fn(*args, **kwargs)`` every ``every_s`` seconds, or at the times of
+        ``cron`` (five fields, read in UTC); exactly one of the two. The runtime keeps the
+        schedule, per account, and submits each tick's call once, under the task id
+        ``name@<tick, UTC>`` (docs/tasks.md, "Schedules"); ticks missed while it was down
+        fire once on its return. Scheduling again under ``name`` replaces the schedule.
+        ``tenant`` defaults to this client's account. Returns the rayq.Schedule. Raises
+        InvalidMessage for a bad name, cadence or arguments (they are encoded now)."""
+        check_schedule_name(name)
+        Cadence(every_s, cron)  # checked before the handler is registered
+        if not isinstance(fn, TaskFunction):
+            raise InvalidMessage(f"schedule takes a @rayq.task function, not {fn!r:.80}")
+        call = encode_call(fn.spec.type, args, kwargs,
+                           min(MAX_CALL_BYTES, self.config.store.max_message_bytes))
+        self.register(fn)
+        return self._manager("schedule", name, fn.spec.type, call, every_s, cron, tenant)
+
+    def schedules(self) -> list[Schedule]:
+        """This account's schedules, by name, each with its next tick (``next_at``)."""
+        return self._manager("schedules")
+
+    def unschedule(self, name: str) -> bool:
+        """Remove this account's schedule ``name`` (no tick fires from now on); whether
+        there was one."""
+        check_schedule_name(name)
+        return self._manager("unschedule", name)
 
     # -- fairness ----------------------------------------------------------------
     def _coordinator(self, method: str, *args: Any) -> Any:

@@ -112,11 +112,13 @@ def test_the_control_node_lost_with_its_folder_fails_over_with_no_command_run(cl
     # the senders wrote to a shard the lost node led, too: it failed over meanwhile
     assert "n1" in {result["leaders_before"][str(t)] for t in result["targets"]}
     assert result["lost"] == 0 and result["acme_lost"] == 0 and result["acked"] > 200
-    # the registry, acme's key and the suspension rule, read from the copies
+    # the registry, acme's key, schedules and the suspension rule, read from the copies
     assert result["after_loss"] == {"queues": ["acme/orders", "acme/orders-dlq", "replicated",
-                                               "replicated-dlq"],
+                                               "replicated-dlq", "tasks", "tasks-dlq"],
                                     "acme_queues": ["orders", "orders-dlq"],
-                                    "suspended": ["export"], "sqs_settings": True}
+                                    "suspended": ["export"], "sqs_settings": True,
+                                    "acme_schedules": ["beat", "yearly"]}
+    assert result["ticked_after_loss"]  # the new manager fires the schedules
     assert set(result["after"]) == {"manager", "coordinator", "flood", "sqs"}
     assert result["private"] is True  # every copy of every store 0700 / 0600
 
@@ -127,6 +129,7 @@ def test_a_node_back_empty_under_the_control_nodes_name_leads_nothing_after_a_re
     for in_sync, _ in result["restarted"].values():
         assert in_sync[0] != "n1"  # n1 came back with an empty folder: a copy to seed
     assert result["after_restart"]["acme_queues"] == ["orders", "orders-dlq"]
+    assert result["after_restart"]["acme_schedules"] == ["yearly"]
     assert result["late_lost"] == 0
     assert result["fresh_got"] == 0  # a new queue's ids are new: none of acme's messages
 

@@ -242,6 +242,10 @@ OPERATIONS: Mapping[str, Operation] = MappingProxyType({op.name: op for op in (
     _entry("manager", "drain_status", "node", _ADMIN),
     _entry("manager", "info", "", _ADMIN),
     _entry("manager", "task_spec", "type_", _ADMIN),
+    # the manager's schedules: each account's own (docs/tasks.md, "Schedules")
+    _entry("manager", "schedule", "name, type, call, every_s=None, cron=None, tenant=None", _A),
+    _entry("manager", "schedules", "", _A),
+    _entry("manager", "unschedule", "name", _A),
     # the fairness coordinator
     _entry("coordinator", "report", "", _ADMIN),
     _entry("coordinator", "suspend", "key, reason, by", _ADMIN),

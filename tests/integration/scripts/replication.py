@@ -17,7 +17,8 @@ Modes:
   in sync and every acknowledged message;
 - ``control_loss``: the control node is removed with its folder while senders run;
   the control stores fail over by themselves, then a node joins under its name with an
-  empty folder and the runtime is started again: nothing is lost or reused;
+  empty folder and the runtime is started again: nothing is lost or reused, and an
+  account's schedules are kept and fired by the manager that took over;
 - ``grow``: two data nodes, four shards and three copies wanted; a third node joins
   while senders run, every shard gets a follower seeded there (a copy, then the write
   sets after it) that joins the in-sync set with the same rows as its leader, then
@@ -421,6 +422,9 @@ def control_loss(cluster, nodes, data_dir) -> dict:
     rayq.serve_sqs(port=free_port())  # its state's store is a control store too
     sqs_settings = {"attributes": {"VisibilityTimeout": "45"}}
     ray.get(ray.get_actor("rayq-sqs-state").save.remote("acme", "orders", sqs_settings))
+    client.register(triple)  # handlers are the admin's to register
+    acme.schedule("yearly", triple, 1, cron="0 0 1 1 *")
+    acme.schedule("beat", triple, 2, every_s=1)
     # every control store in sync on two nodes before the loss
     in_sync = wait_for(lambda: all(len(p[0]) >= 2 for p in control_places().values())
                        and len(control_places()) == 4)
@@ -430,7 +434,7 @@ def control_loss(cluster, nodes, data_dir) -> dict:
     wait_for_acks(senders, 200)
     targets = senders.shards()
     leaders = {k: p.leader for k, p in shard_places().items()}
-    lost_at = time.monotonic()
+    lost_at, lost_wall = time.monotonic(), time.time()
     cluster.remove_node(nodes["n1"], allow_graceful=False)
     remove_folder(os.path.join(data_dir, "n1"))  # nothing of n1's can be reopened
     wait_for_acks(senders, len(senders.acked) + 300)
@@ -446,7 +450,12 @@ def control_loss(cluster, nodes, data_dir) -> dict:
     after_loss = {"queues": sorted(client.list_queues()), "acme_queues": acme.list_queues(),
                   "suspended": [getattr(r, "key", r) for r in client.fairness().suspended],
                   "sqs_settings": ray.get(ray.get_actor("rayq-sqs-state").settings.remote(
-                      "acme", "orders")) == sqs_settings}
+                      "acme", "orders")) == sqs_settings,
+                  "acme_schedules": [s.name for s in acme.schedules()]}
+    # the manager that took over fires acme's schedule: a tick after the loss
+    ticked = wait_for(lambda: next(s.last_fired_at or 0 for s in acme.schedules()
+                                   if s.name == "beat") > lost_wall, 60)
+    acme.unschedule("beat")
     senders.stop()
     received = drain(queue, senders.acked)
     acme_received = drain(acme.queue("orders"), acme_acked)
@@ -462,7 +471,9 @@ def control_loss(cluster, nodes, data_dir) -> dict:
     return {"in_sync_before": in_sync, "before": before, "after": after, "moved": moved,
             "restarted": restarted, "recovered_s": recovered_s, "after_loss": after_loss,
             "after_restart": {"queues": sorted(client.list_queues()),
-                              "acme_queues": acme.list_queues()},
+                              "acme_queues": acme.list_queues(),
+                              "acme_schedules": [s.name for s in acme.schedules()]},
+            "ticked_after_loss": ticked,
             "acked": len(senders.acked), "lost": len(senders.acked - received),
             "acme_lost": len(acme_acked - acme_received),
             "late_lost": len(late - drain(acme.queue("orders"), late)),
