@@ -294,7 +294,8 @@ class ConsumerActor(RuntimeActor):
             done.set()
             await heartbeat  # let an extension in flight land, so our receipt stays current
         try:
-            return True, encode_result(value, held.message.type), True
+            return True, encode_result(value, held.message.type,
+                                       self.config.store.max_task_bytes), True
         except InvalidMessage as err:
             return False, error_of(err), False
 

@@ -58,7 +58,8 @@ def put(w: Ledger, env: Env, subqueue: int, batch: bytes,
     check_subqueue(subqueue)
     config = env.config
     decoded = decode_put(batch, max_message_bytes=config.max_message_bytes,
-                         max_delay_s=config.max_delay_s, max_ttl_s=config.max_ttl_s)
+                         max_delay_s=config.max_delay_s, max_ttl_s=config.max_ttl_s,
+                         max_task_bytes=config.max_task_bytes)
     if sender is not None:
         if env.check_senders is None:
             raise InvalidMessage("this store checks no senders: put without a sender")
