@@ -84,7 +84,7 @@ def pack_plain(value: Any) -> bytes | None:
     except TypeError:
         return None
     except (ValueError, OverflowError) as err:
-        raise InvalidMessage(f"cannot pack the value: {err}") from err
+        raise _unpackable(err) from err
 
 
 def encode_value(value: Any, max_bytes: int, resolve: Resolve | None = None,
@@ -118,7 +118,7 @@ class _Encoder:
             return msgpack.packb(value, use_bin_type=True, strict_types=True,
                                  default=self.default)
         except (TypeError, ValueError, OverflowError) as err:
-            raise InvalidMessage(f"cannot pack the value: {err}") from err
+            raise _unpackable(err) from err
 
     def body(self, value: Any, max_bytes: int) -> bytes:
         header = self.pack(value)
@@ -156,6 +156,12 @@ class _Encoder:
                     value = resolved
                     continue
             raise InvalidMessage(f"{_type_name(kind)} is not a value rayq carries ({CARRIED})")
+
+
+def _unpackable(err: Exception) -> InvalidMessage:
+    if isinstance(err, OverflowError):
+        return InvalidMessage(f"an int beyond msgpack's range (-2**63 to 2**64 - 1) cannot go: {err}")
+    return InvalidMessage(f"cannot pack the value: {err}")
 
 
 def _aligned(n: int) -> int:

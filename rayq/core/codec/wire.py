@@ -28,7 +28,8 @@ Entry = tuple["Attrs", bytes]  # one message on its way: attributes and encoded 
 from rayq.errors import InvalidMessage, MessageTooLarge
 
 PUT_VERSION = 1
-_LIMITS = dict(max_str_len=16 << 20, max_bin_len=(16 << 20) + 1, max_array_len=1 << 20,
+# a body over its limit is MessageTooLarge, told after the unpack: bins up to any limit pass
+_LIMITS = dict(max_str_len=16 << 20, max_bin_len=MAX_BODY_BYTES + 1, max_array_len=1 << 20,
                max_map_len=0, max_ext_len=0)
 
 
@@ -95,9 +96,8 @@ def decode_put(data: Any, *, max_message_bytes: int, max_delay_s: float,
     if not isinstance(data, bytes):
         raise InvalidMessage("put takes a batch buffer (bytes) made by rayq.core.codec.wire")
     max_task_bytes = max_message_bytes if max_task_bytes is None else max_task_bytes
-    limits = dict(_LIMITS, max_bin_len=max(max_message_bytes, max_task_bytes) + 1)
     try:
-        version, raw_attrs, refs, bodies, *task_ids = msgpack.unpackb(data, raw=False, **limits)
+        version, raw_attrs, refs, bodies, *task_ids = msgpack.unpackb(data, raw=False, **_LIMITS)
     except (ValueError, TypeError, msgpack.UnpackException, msgpack.ExtraData) as err:
         raise InvalidMessage(f"malformed put batch: {err}") from err
     if version != PUT_VERSION or not isinstance(raw_attrs, list) or not raw_attrs:
