@@ -341,3 +341,27 @@ def test_a_body_limit_out_of_range_is_a_config_error(limit):
     with pytest.raises(ConfigError, match="max_task_bytes"):
         Config(store=StoreConfig(max_task_bytes=limit))
     assert Config().store.max_task_bytes == 256 << 20
+
+
+# -- a shard's answers ---------------------------------------------------------------------
+def test_a_receive_hands_out_bodies_within_its_byte_bound_and_leaves_the_rest_visible(
+        tmp_path, monkeypatch):
+    from rayq.core.codec.model import NewMessage
+    from rayq.core.kit.kv import LmdbKV
+    from rayq.core.storage import messages
+    from rayq.core.storage.store import ShardStore
+    from rayq.core.storage.writes import Put
+    from rayq.testing import FakeClock, plenty_of_memory
+    from tests.contract.helpers import batch, received
+
+    monkeypatch.setattr(messages, "MAX_ANSWER_BYTES", 2500)
+    store = ShardStore(LmdbKV(tmp_path / "shard"), clock=FakeClock(),
+                       config=StoreConfig(blob_threshold_bytes=1024, blob_chunk_bytes=300),
+                       memory_probe=plenty_of_memory)
+    bodies = [bytes([i]) * 1000 for i in range(3)] + [bytes([9]) * 3000, b"small"]
+    store.run(Put(0, batch(*(NewMessage(encode_body(b, LIMIT), "acme", "t", "k")
+                             for b in bodies))))
+    answers = [[decode_body(m.body) for m in received(store, 0, 10, 60)] for _ in range(4)]
+    store.close()
+    # inline rows of 1 001 bytes two at a time; a 3 001-byte blob alone, over the bound
+    assert answers == [bodies[:2], [bodies[2]], [bodies[3]], [bodies[4]]]

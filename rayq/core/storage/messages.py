@@ -150,6 +150,7 @@ def receive(w: Ledger, env: Env, subqueue: int, max_messages: int,
     if w.index.state(subqueue) is SubqueueState.DISABLED:
         raise QueueDisabled(f"subqueue {subqueue} is disabled")
     found, skipped = pick(w, env, subqueue, max_messages, w.now_us, keys, max_receives, exclude)
+    found = found[:_answer_rows(found)]
     for row_key, value, reason in skipped:
         if reason is Skip.EXPIRED:
             w.remove(row_key, value, Ending.EXPIRED)
@@ -159,6 +160,26 @@ def receive(w: Ledger, env: Env, subqueue: int, max_messages: int,
     delivered = _deliver(w, env, found, to_us(visibility_timeout_s))
     w.stats["receives"] += len(delivered)
     return encode_delivered(delivered)
+
+
+MAX_ANSWER_BYTES = 256 << 20  # bodies one receive hands out at most (one always goes)
+
+
+def _answer_rows(found: list[tuple[bytes, bytes]]) -> int:
+    """How many of the rows found, from the first, one answer carries: their bodies
+    within MAX_ANSWER_BYTES, so that a few tasks of hundreds of MiB each do not make an
+    answer of gigabytes (the rest stay visible for the next receive). Read from the
+    rows' headers and blob references: no blob is read."""
+    total = 0
+    for n, (_, value) in enumerate(found):
+        meta = layout.meta(value)
+        if meta.flags & layout.BLOB:
+            total += layout.blob_ref(value, meta.body_at)[1]
+        else:
+            total += len(value) - meta.body_at
+        if total > MAX_ANSWER_BYTES and n:
+            return n
+    return len(found)
 
 
 def _deliver(w: Ledger, env: Env, found: list[tuple[bytes, bytes]], hide_us: int) -> list[list]:
