@@ -66,6 +66,8 @@ def same(a, b) -> bool:
     if pd is not None and isinstance(a, pd.DataFrame):
         pd.testing.assert_frame_equal(a, b, check_exact=True)
         return True
+    if isinstance(a, float):  # bit for bit: NaN equals NaN, -0.0 differs from 0.0
+        return struct.pack("<d", a) == struct.pack("<d", b)
     if isinstance(a, decimal.Decimal) and a.is_nan():
         return b.is_nan() and str(a) == str(b)
     if isinstance(a, datetime.datetime):
@@ -98,6 +100,7 @@ SCALARS = [np.float64(1.5), np.float32(-0.0), np.int8(-3), np.uint64(2**64 - 1),
            np.longdouble(1) / 3, np.zeros(1, dtype=[("a", "<i2")])[0]]
 PLAIN_KINDS = [
     (1, (2, [3, (4,)]), ()),
+    [float("nan"), -0.0, float("-inf"), 1e-310],
     {"t": (1, "a"), (1, 2): "tuple key"},
     datetime.datetime(2024, 2, 29, 23, 59, 59, 999999),
     datetime.datetime(2024, 2, 29, 1, 2, 3, 4, tzinfo=UTC),
@@ -193,6 +196,16 @@ def test_a_call_of_plain_values_keeps_the_plain_msgpack_body_it_always_had():
     assert body == encode_body([[1, 2], {"k": "v"}], LIMIT)
     assert decode_call(body) == ([1, 2], {"k": "v"})
     assert encode_result({"ok": 1}, "t") == pack([True, {"ok": 1}])  # outcomes kept before
+
+
+def test_a_call_of_plain_values_never_reaches_the_values_encoder(monkeypatch):
+    def no_encoder(resolve):
+        raise AssertionError("a plain call went through the values encoder")
+
+    monkeypatch.setattr(values, "_Encoder", no_encoder)
+    body = encode_call("t", (1, 2, 3), {"k": [None, 1.5]}, LIMIT, resolve=no_encoder)
+    assert decode_call(body) == ([1, 2, 3], {"k": [None, 1.5]})
+    assert decode_outcome(encode_result([4, "x"], "t")) == [4, "x"]
 
 
 def test_a_call_beyond_msgpack_is_a_values_body_that_the_queue_api_also_reads():
