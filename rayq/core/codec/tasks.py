@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from rayq.config import StoreConfig
 from rayq.core.codec.model import PACKED_TAG, check_count, check_name, pack, unpack
 from rayq.core.codec.values import VALUES_TAG, Resolve, decode_value, encode_value
 from rayq.errors import InvalidMessage, MessageTooLarge, TaskError
 
 _MSGPACK_TYPES = "None, bool, int, float, str, bytes, and lists and dicts of them"
 _PLAIN_CALL = bytes([PACKED_TAG])  # a call of plain msgpack values is a packed body
-MAX_TASK_BYTES = 256 << 20  # StoreConfig.max_task_bytes's default
+MAX_TASK_BYTES = StoreConfig.max_task_bytes  # the default limit of a result
 
 
 class Outcome(Enum):
