@@ -77,8 +77,8 @@ Resolve = Callable[[Any], Any]
 # -- encoding -----------------------------------------------------------------------------
 def pack_plain(value: Any) -> bytes | None:
     """``value`` as plain msgpack, or None when it holds anything else (a tuple, an
-    array...: :func:`encode_value` makes a values body of it). Raises InvalidMessage for an int out of
-    msgpack's range or nesting too deep."""
+    array...: :func:`encode_value` makes a values body of it). Raises InvalidMessage
+    for an int out of msgpack's range or nesting too deep."""
     try:
         return msgpack.packb(value, use_bin_type=True, strict_types=True)
     except TypeError:
