@@ -71,7 +71,8 @@ def same(a, b) -> bool:
     if isinstance(a, decimal.Decimal) and a.is_nan():
         return b.is_nan() and str(a) == str(b)
     if isinstance(a, datetime.datetime):
-        return a == b and a.tzinfo == b.tzinfo and a.fold == b.fold and a.utcoffset() == b.utcoffset()
+        return (a == b and a.tzinfo == b.tzinfo and a.fold == b.fold
+                and a.utcoffset() == b.utcoffset())
     return a == b
 
 
@@ -119,8 +120,8 @@ def tables():
     table = pa.table({"x": pa.array([1, None, 3], pa.int64()), "s": ["a", "b", None],
                       "l": [[1.5], [], None], "ts": pa.array([0, 1, 2], pa.timestamp("us", "UTC"))},
                      metadata={b"owner": b"acme"})
-    return [table, table.slice(1, 1), table.to_batches()[0], pa.table({"e": pa.array([], pa.int8())}),
-            pa.concat_tables([table, table])]
+    return [table, table.slice(1, 1), table.to_batches()[0],
+            pa.table({"e": pa.array([], pa.int8())}), pa.concat_tables([table, table])]
 
 
 @pytest.mark.parametrize("value", PLAIN_KINDS + ARRAYS + SCALARS + tables(),

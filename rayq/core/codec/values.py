@@ -160,7 +160,8 @@ class _Encoder:
 
 def _unpackable(err: Exception) -> InvalidMessage:
     if isinstance(err, OverflowError):
-        return InvalidMessage(f"an int beyond msgpack's range (-2**63 to 2**64 - 1) cannot go: {err}")
+        return InvalidMessage(f"an int beyond msgpack's range (-2**63 to 2**64 - 1) cannot "
+                              f"go: {err}")
     return InvalidMessage(f"cannot pack the value: {err}")
 
 
