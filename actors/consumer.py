@@ -407,7 +407,7 @@ class ConsumerActor(RuntimeActor):
         except Exception as err:  # the handler's failure is the task's outcome
             return _Called(False, error_of(err), may_retry(spec, err))
         try:
-            return _Called(True, encode_result(value, m.type), True)
+            return _Called(True, encode_result(value, m.type, self.config.store.max_task_bytes), True)
         except InvalidMessage as err:
             return _Called(False, error_of(err), False)
 

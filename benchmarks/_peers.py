@@ -168,6 +168,19 @@ def plain_ray_tasks(tasks: int, threads: int = 4) -> float:
     return submit_then_wait(lambda i: _plain_noop.remote(i), ray.get, tasks, threads)
 
 
+@ray.remote(num_cpus=0)
+def _plain_echo(value):
+    return value
+
+
+def plain_ray_value_tasks(value, tasks: int, threads: int = 4) -> float:
+    """Ray tasks per second that take ``value`` (a numpy array) and return it: submitted
+    from ``threads`` threads, then ``ray.get`` of all (each call puts its argument in the
+    object store, as Ray does for an array over 100 KiB passed by value)."""
+    ray.get([_plain_echo.remote(value) for _ in range(20)])  # start the workers first
+    return submit_then_wait(lambda i: _plain_echo.remote(value), ray.get, tasks, threads)
+
+
 # -- Dramatiq -------------------------------------------------------------------------------
 @contextlib.contextmanager
 def dramatiq_workers(url: str, processes: int = 2, threads: int = 4) -> Iterator:

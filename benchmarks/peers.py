@@ -1,7 +1,8 @@
 """rayq beside the stacks a user would pick instead, on this machine, in one run.
 
     python benchmarks/peers.py [--messages 200000] [--seconds 5] [--tasks 3000]
-                               [--deep 1000000] [--parts e2e,send,tasks,depth]
+                               [--deep 1000000] [--value-tasks 300]
+                               [--parts e2e,send,tasks,depth,values]
 
 200-byte bodies, every write fsync'd before it is acknowledged. Each rayq
 figure sits beside its peer from the same run and its target ratio:
@@ -11,6 +12,8 @@ figure sits beside its peer from the same run and its target ratio:
 - send() from 8 threads beside Redis XADD and ray.util.queue.Queue.put from 8;
 - tiny tasks, 3000 submitted from 4 threads then all awaited, beside Dramatiq
   on the same Redis (2 processes x 4 threads) and plain Ray tasks;
+- tasks taking and returning a 1 MB numpy array (--value-tasks of them, submit() from
+  4 threads then all awaited) beside plain Ray tasks doing the same;
 - receive p50/p99 with --deep queued beside 1 000 queued (same queue), and the
   shard's private memory beside the cache budget + 150 MiB (--deep 0 skips).
 
@@ -28,11 +31,13 @@ import os
 import sys
 from collections.abc import Callable
 
+import numpy as np
 import ray
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _peers import (BATCH, BODY, INSTALL, dramatiq_tasks, dramatiq_workers,  # noqa: E402
-                    missing_peers, plain_ray_tasks, ray_queue_puts, redis_end_to_end,
+                    missing_peers, plain_ray_tasks, plain_ray_value_tasks, ray_queue_puts,
+                    redis_end_to_end,
                     redis_server, redis_version, redis_xadds)
 from _report import report, submit_then_wait, tree_cpu_s  # noqa: E402
 from throughput import (concurrent_sends, depth_figures, depth_rows, end_to_end,  # noqa: E402
@@ -40,12 +45,17 @@ from throughput import (concurrent_sends, depth_figures, depth_rows, end_to_end,
 
 import rayq  # noqa: E402
 
-PARTS = ("e2e", "send", "tasks", "depth")
+PARTS = ("e2e", "send", "tasks", "depth", "values")
 
 
 @rayq.task(type="noop")
 def noop(i):
     return i
+
+
+@rayq.task(type="echo-array")
+def echo_array(array):
+    return array
 
 
 MANY = 50  # calls per submit_many
@@ -148,6 +158,27 @@ def task_rows(client, url: str | None, args, missing) -> list[dict]:
     return rows
 
 
+VALUE_BYTES = 1 << 20  # the array each value task takes and returns
+
+
+def rayq_value_tasks(client: rayq.Client, array: np.ndarray, tasks: int,
+                     threads: int = 4) -> float:
+    """Durable tasks per second that take ``array`` and return it: submit() from
+    ``threads`` threads, then ray.get of all."""
+    ray.get([client.submit(echo_array, array) for _ in range(20)])  # consumers warm
+    return submit_then_wait(lambda i: client.submit(echo_array, array), ray.get, tasks,
+                            threads)
+
+
+def value_rows(client, args) -> list[dict]:
+    n = args.value_tasks
+    array = np.random.default_rng(0).standard_normal(VALUE_BYTES // 8)
+    mine = measured(lambda: rayq_value_tasks(client, array, n), n)
+    plain = measured(lambda: plain_ray_value_tasks(array, n), n)
+    return pair(f"tasks of a 1 MB numpy array in and out, {n:,} submit() from 4 threads",
+                "tasks/s", mine, plain, "plain Ray tasks, same array (not durable)", "-")
+
+
 def run(parts: set[str], args, url: str | None, missing: dict, extra: dict) -> list[dict]:
     config = rayq.Config()
     rows: list[dict] = []
@@ -158,6 +189,8 @@ def run(parts: set[str], args, url: str | None, missing: dict, extra: dict) -> l
             rows += send_rows(url, args, missing)
         if "tasks" in parts:
             rows += task_rows(client, url, args, missing)
+        if "values" in parts:
+            rows += value_rows(client, args)
         if "depth" in parts and args.deep > 0:
             depth = depth_figures(client, args.deep)
             extra["fill_s"] = round(depth["fill_s"], 1)
@@ -171,6 +204,8 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200_000, help="end-to-end messages")
     parser.add_argument("--seconds", type=float, default=5.0, help="each 8-thread send figure")
     parser.add_argument("--tasks", type=int, default=3000)
+    parser.add_argument("--value-tasks", type=int, default=300,
+                        help="tasks of a 1 MB numpy array (the values part)")
     parser.add_argument("--deep", type=int, default=1_000_000,
                         help="messages queued for the deep receive and memory figures (0 skips)")
     parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of "
@@ -185,6 +220,7 @@ def main() -> None:
     if missing:
         print(f"install every peer with: {INSTALL}", file=sys.stderr)
     extra = {"messages": args.messages, "seconds": args.seconds, "tasks": args.tasks,
+             "value_tasks": args.value_tasks,
              "deep": args.deep, "batch": BATCH, "body_bytes": len(BODY), "missing": missing}
     redis_up = "redis-server" not in missing and "redis" not in missing
     with redis_server() if redis_up else contextlib.nullcontext() as url:

@@ -245,7 +245,15 @@ class Client:
         that is a :class:`rayq.TaskError` carrying the handler's exception type
         and message (also when the task ended in the dead-letter queue). The ref
         resolves through the runtime's failovers and leader moves.
-        Arguments and the result must be msgpack-able values. ``tenant`` defaults to
+        Arguments and the result are msgpack values, tuples, numpy arrays and scalars,
+        pyarrow Tables and RecordBatches, pandas DataFrames, datetime, date, timedelta,
+        Decimal and UUID, nested as you like; each comes back as the same type with the
+        same value, never through pickle (arrays come back read-only). A
+        ``ray.ObjectRef`` argument, at any depth, is read here (``ray.get``) and its
+        value stored with the task, which then needs nothing of this process. Anything
+        else is refused with InvalidMessage naming its type, before anything is stored;
+        a call whose encoding is over ``StoreConfig.max_task_bytes`` (256 MiB) with
+        MessageTooLarge (docs/tasks.md#values). ``tenant`` defaults to
         this client's account (a signed client submits only as its own account).
         ``task_id``: the task's id (default: a random one; ``task_id(ref)`` tells it).
         A task submitted again under its id while its outcome is kept is the same
@@ -283,8 +291,8 @@ class Client:
         if not all(isinstance(args, (list, tuple)) for args in args_list):
             raise InvalidMessage("submit_many takes a list of argument tuples")
         entries = [(attrs, encode_call(spec.type, tuple(args), kwargs or {},
-                                       self.config.store.max_message_bytes, task_id,
-                                       lowered_s), task_id)
+                                       self.config.store.max_task_bytes, task_id,
+                                       lowered_s, _read_ref), task_id)
                    for args, task_id in zip(args_list, ids)]
         placed = producer.put_spread(entries) if chosen else producer.put(entries)
         refs = self._tasks.refs(placed)
@@ -472,3 +480,15 @@ class Client:
         (tenant, type), or per tenant (``by="tenant"``) or per type (``by="type"``).
         Counted by the coordinator from every consumer's reports."""
         return self._coordinator("task_stats", by)
+
+
+def _read_ref(value: Any) -> Any:
+    """An argument's value to store in its stead: an ObjectRef's, read now (so the task
+    does not depend on its owner), or ``value`` itself. InvalidMessage when it cannot be
+    read."""
+    if not isinstance(value, ray.ObjectRef):
+        return value
+    try:
+        return ray.get(value)
+    except Exception as err:
+        raise InvalidMessage(f"an ObjectRef argument could not be read: {err}") from err

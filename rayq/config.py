@@ -22,6 +22,7 @@ from typing import Any
 from rayq.errors import ConfigError
 
 DAY_S = 24 * 3600
+MAX_BODY_BYTES = 1 << 30  # no limit on a body or a result can be set higher (the decoders' own)
 MAX_CONSUMERS = 1000  # consumer actors of a kind (regular, boosters) a runtime runs at most
 
 
@@ -36,6 +37,9 @@ class StoreConfig:
     shards: int = 2
     cache_budget_bytes: int = 64 << 20
     max_message_bytes: int = 16 << 20
+    # A task's body (its arguments) and its result may be larger than a queue message
+    # (docs/tasks.md#values); stored in blob chunks as every large body is.
+    max_task_bytes: int = 256 << 20
     blob_threshold_bytes: int = 64 << 10
     blob_chunk_bytes: int = 1 << 20
     initial_map_bytes: int = 256 << 20
@@ -257,6 +261,7 @@ class Config:
         _check_fair_dispatch(self.fairness)
         _check_replicas(self.store)
         _check_flood_window(self.flood, self.store)
+        _check_body_limits(self.store)
 
 
 def _check_flood_window(flood: "FloodConfig", store: "StoreConfig") -> None:
@@ -268,6 +273,14 @@ def _check_flood_window(flood: "FloodConfig", store: "StoreConfig") -> None:
                                                            default.enqueue_windows):
         raise ConfigError("the enqueue look-back is set by flood.window_s and flood.windows, "
                           "not store.enqueue_window_s and store.enqueue_windows")
+
+
+def _check_body_limits(store: "StoreConfig") -> None:
+    for name in ("max_message_bytes", "max_task_bytes"):
+        value = getattr(store, name)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BODY_BYTES:
+            raise ConfigError(f"store.{name} must be an int from 1 to {MAX_BODY_BYTES}, "
+                              f"got {value!r}")
 
 
 def shard_store_config(config: "Config") -> StoreConfig:

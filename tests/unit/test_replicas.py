@@ -403,3 +403,14 @@ def test_followers_never_open_their_copies_without_fsync(path, name):
             if any(k.arg == "durable" and not (isinstance(k.value, ast.Constant)
                                                 and k.value.value is True)
                    for k in call.keywords)] == []
+
+
+def test_a_ship_log_batch_stops_at_its_byte_bound_but_always_carries_one_set():
+    log = ShipLog(0, ["b"])
+    big = (Write("blobs", b"k", bytes(100)), Write("rows", b"gone", None))
+    for _ in range(3):
+        log.add(big)
+    log.add(writes(4))
+    assert log.batch("b", 100, max_bytes=50) == (1, [big])     # larger than the bound: alone
+    assert log.batch("b", 100, max_bytes=201) == (2, [big, big])
+    assert log.batch("b", 100, max_bytes=250) == (4, [writes(4)])

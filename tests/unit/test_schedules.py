@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rayq.core.codec.tasks import encode_call
+from rayq.core.codec.tasks import decode_call, decode_call_options, encode_call
 from rayq.core.control.schedules import (MAX_CALL_BYTES, RETRY_S, Cadence, Planned,
                                          ScheduleBook, check_schedule_name, tenant_of, tick_id)
 from rayq.core.kit.clock import FakeClock
@@ -114,7 +114,9 @@ def test_a_fired_task_is_put_as_a_task_of_its_tenant_keyed_as_a_submit_is():
     attrs, body, task_id = planned.entry("tenant_type")
     assert (attrs.tenant, attrs.type, attrs.key, attrs.task) == \
         ("globex", "report", "globex/report", True)
-    assert (body, task_id) == (CALL, tick_id("s", T0 + 1))
+    assert task_id == tick_id("s", T0 + 1)
+    # the call as scheduled, its handler told the tick's id (rayq.current_task().id)
+    assert decode_call_options(body) == (*decode_call(CALL), {"id": task_id})
 
 
 # -- the book: what the manager's ticker does with it -----------------------------------

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
+from rayq.core.codec.values import VALUES_TAG, decode as decode_values
 from rayq.errors import InvalidMessage, MessageTooLarge, ReceiptInvalid
 
 US = 1_000_000
@@ -23,8 +24,10 @@ MAX_NAME_CHARS = 128
 _UNPACK_LIMITS = dict(max_str_len=16 << 20, max_bin_len=16 << 20,
                       max_array_len=1 << 20, max_map_len=1 << 20, max_ext_len=0)
 
-# Body tags: the first byte of an encoded body says how to give it back.
+# Body tags: the first byte of an encoded body says how to give it back (a task's body
+# may also be a values body, tag VALUES_TAG: rayq.core.codec.values).
 _BYTES, _STR, _PACKED = 0, 1, 2
+PACKED_TAG = _PACKED
 
 
 def to_us(seconds: float) -> int:
@@ -62,6 +65,8 @@ def decode_body(data: bytes) -> Any:
     """Give back the value :func:`encode_body` was given. Raises InvalidMessage."""
     if not data:
         raise InvalidMessage("empty encoded body")
+    if data[0] == VALUES_TAG:  # a task's call of values beyond msgpack's, read in place
+        return decode_values(data)
     tag, payload = data[0], data[1:]
     if tag == _BYTES:
         return bytes(payload)

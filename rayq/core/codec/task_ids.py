@@ -6,7 +6,8 @@ import uuid
 from dataclasses import dataclass
 from enum import Enum
 
-from rayq.core.codec.model import Ending, unpack
+from rayq.core.codec.model import Ending
+from rayq.core.codec.tasks import outcome_succeeded
 from rayq.errors import InvalidMessage
 
 
@@ -48,7 +49,7 @@ def task_state(ending: Ending | None, payload: bytes, running: bool) -> TaskStat
         return TaskState.RUNNING if running else TaskState.QUEUED
     if ending is Ending.CANCELLED:
         return TaskState.CANCELLED
-    if ending is Ending.RESULT and unpack(payload)[0]:
+    if ending is Ending.RESULT and outcome_succeeded(payload):
         return TaskState.SUCCEEDED
     return TaskState.FAILED
 

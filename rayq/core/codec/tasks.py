@@ -1,8 +1,13 @@
 """Tasks: the call a message carries, the outcome a consumer records, usage reports.
 
-A task message's body is a msgpack ``[args, kwargs]``; its outcome (the
-handler's return value, or its exception's type and message) is msgpack too.
-Nothing here is ever unpickled: arguments and results cross the queue as data.
+A task message's body is ``[args, kwargs]`` and its outcome ``[True, value]`` (or
+``[False, [error type, message]]``), encoded by :mod:`rayq.core.codec.values`: plain
+msgpack when they are plain msgpack values, a values body otherwise, which carries
+tuples, numpy arrays and scalars, pyarrow Tables and RecordBatches, pandas DataFrames,
+datetime, date, timedelta, Decimal and UUID, each given back as the same type with the
+same value (docs/tasks.md#values). Nothing here is ever unpickled: arguments and
+results cross the queue as data. Any other value is refused with InvalidMessage naming
+its type; a body or result over ``StoreConfig.max_task_bytes`` with MessageTooLarge.
 """
 
 from __future__ import annotations
@@ -12,10 +17,14 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from rayq.core.codec.model import check_count, check_name, decode_body, encode_body, pack, unpack
-from rayq.errors import InvalidMessage, TaskCancelled, TaskError, TaskTimedOut
+from rayq.config import StoreConfig
+from rayq.core.codec.model import PACKED_TAG, check_count, check_name, pack, unpack
+from rayq.core.codec.values import VALUES_TAG, Resolve, decode_value, encode_value
+from rayq.errors import InvalidMessage, MessageTooLarge, TaskCancelled, TaskError, TaskTimedOut
 
 _MSGPACK_TYPES = "None, bool, int, float, str, bytes, and lists and dicts of them"
+_PLAIN_CALL = bytes([PACKED_TAG])  # a call of plain msgpack values is a packed body
+MAX_TASK_BYTES = StoreConfig.max_task_bytes  # the default limit of a result
 
 
 class Outcome(Enum):
@@ -208,12 +217,14 @@ def check_runtime_env(runtime_env: Any) -> dict[str, Any]:
 
 
 def encode_call(type_: str, args: tuple, kwargs: dict, max_bytes: int,
-                task_id: str | None = None, time_limit_s: float | None = None) -> bytes:
+                task_id: str | None = None, time_limit_s: float | None = None,
+                resolve: Resolve | None = None) -> bytes:
     """The body of a task message: ``[args, kwargs]``, and a third element, the call's
     options, when it has any: ``{"id": task_id, "time_limit_s": s}`` (the id its handler
     sees in ``rayq.current_task()``; a limit only when the call lowered its type's).
-    Raises InvalidMessage when an argument is not a msgpack-able value, MessageTooLarge
-    over ``max_bytes``."""
+    ``resolve(v)``: the value to send in place of ``v``, a value of no type carried (an
+    ObjectRef, read), or ``v`` itself. Raises InvalidMessage naming the first argument's
+    type that cannot go, MessageTooLarge over ``max_bytes``."""
     if not all(isinstance(k, str) for k in kwargs):
         raise InvalidMessage(f"keyword argument names of task {type_!r} must be str")
     call: list = [list(args), kwargs]
@@ -222,12 +233,20 @@ def encode_call(type_: str, args: tuple, kwargs: dict, max_bytes: int,
     if options:
         call.append(options)
     try:
-        return encode_body(call, max_bytes)
+        return encode_value(call, max_bytes, resolve, _PLAIN_CALL)
     except InvalidMessage as err:
         if type(err) is not InvalidMessage:
             raise
-        raise InvalidMessage(f"arguments of task {type_!r} must be msgpack-able values "
-                             f"({_MSGPACK_TYPES}): {err}") from err
+        raise InvalidMessage(f"arguments of task {type_!r} cannot go (they must be msgpack-able "
+                             f"values or other values rayq carries): {err}") from err
+
+
+def with_call_id(body: bytes, task_id: str, max_bytes: int) -> bytes:
+    """Task message ``body`` with its id among its options (a call stored before it had
+    one, e.g. a schedule's, fired under its tick's id)."""
+    args, kwargs, options = decode_call_options(body)
+    return encode_value([args, kwargs, {**options, "id": task_id}], max_bytes, None,
+                        _PLAIN_CALL)
 
 
 def decode_call(body: bytes) -> tuple[list, dict]:
@@ -239,7 +258,9 @@ def decode_call(body: bytes) -> tuple[list, dict]:
 def decode_call_options(body: bytes) -> tuple[list, dict, dict]:
     """``(args, kwargs, options)`` of a task message (options: ``{}`` when the call set
     none). Raises InvalidMessage for any other body."""
-    call = decode_body(body)
+    if body[:1] not in (_PLAIN_CALL, bytes([VALUES_TAG])):
+        raise InvalidMessage("message body is not a rayq task call")
+    call = decode_value(body, 1)
     if (not isinstance(call, list) or len(call) not in (2, 3) or not isinstance(call[0], list)
             or not isinstance(call[1], dict)
             or (len(call) == 3 and not isinstance(call[2], dict))):
@@ -247,15 +268,17 @@ def decode_call_options(body: bytes) -> tuple[list, dict, dict]:
     return call[0], call[1], call[2] if len(call) == 3 else {}
 
 
-def encode_result(value: Any, type_: str) -> bytes:
-    """A successful outcome. Raises InvalidMessage when the value is not msgpack-able."""
+def encode_result(value: Any, type_: str, max_bytes: int = MAX_TASK_BYTES) -> bytes:
+    """A successful outcome. Raises InvalidMessage when the value cannot go (the message
+    names its type), MessageTooLarge when its encoding is over ``max_bytes``."""
     try:
-        packed = pack([True, value])
-        unpack(packed)
-    except (TypeError, ValueError, OverflowError, InvalidMessage) as err:
+        return encode_value([True, value], max_bytes)
+    except MessageTooLarge as err:
+        raise MessageTooLarge(f"task {type_!r} returned a value too large to keep: "
+                              f"{err}") from err
+    except InvalidMessage as err:
         raise InvalidMessage(f"task {type_!r} returned a value that is not msgpack-able "
-                             f"({_MSGPACK_TYPES}): {type(value).__name__}") from err
-    return packed
+                             f"nor another value rayq carries: {err}") from err
 
 
 def encode_error(error_type: str, error_message: str) -> bytes:
@@ -274,10 +297,17 @@ _TASK_ERRORS = {"TaskCancelled": TaskCancelled, "TaskTimedOut": TaskTimedOut}
 def decode_outcome(data: bytes) -> Any:
     """The handler's return value; raises TaskError for a failed task (TaskTimedOut for
     one stopped at its time limit)."""
-    ok, value = unpack(data)
+    ok, value = decode_value(data)
     if ok:
         return value
     raise _TASK_ERRORS.get(value[0], TaskError)(*value)
+
+
+def outcome_succeeded(data: bytes) -> bool:
+    """Whether an encoded outcome is a value (not an error), read from its first bytes:
+    the value is not decoded."""
+    at = 1 if data[:1] != bytes([VALUES_TAG]) else 6  # past a values body's head
+    return data[at:at + 1] == b"\xc3"  # msgpack's True, after the outcome's array header
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
+from rayq.config import MAX_BODY_BYTES
 from rayq.core.codec.task_ids import check_task_id
 from rayq.core.codec.model import (MAX_BATCH, NewMessage, Received, StoredMessage, US, at_s,
                                    check_key, check_name, check_priority, check_seconds,
@@ -28,7 +29,8 @@ Entry = tuple["Attrs", bytes]  # one message on its way: attributes and encoded 
 from rayq.errors import InvalidMessage, MessageTooLarge
 
 PUT_VERSION = 1
-_LIMITS = dict(max_str_len=16 << 20, max_bin_len=(16 << 20) + 1, max_array_len=1 << 20,
+# a body over its limit is MessageTooLarge, told after the unpack: bins up to any limit pass
+_LIMITS = dict(max_str_len=16 << 20, max_bin_len=MAX_BODY_BYTES + 1, max_array_len=1 << 20,
                max_map_len=0, max_ext_len=0)
 
 
@@ -90,10 +92,13 @@ def encode_messages(messages: Sequence[NewMessage]) -> bytes:
 
 
 def decode_put(data: Any, *, max_message_bytes: int, max_delay_s: float,
-               max_ttl_s: float) -> PutBatch:
-    """Unpack and validate a put buffer. Raises InvalidMessage or MessageTooLarge."""
+               max_ttl_s: float, max_task_bytes: int | None = None) -> PutBatch:
+    """Unpack and validate a put buffer: a task's body is at most ``max_task_bytes``
+    (None: ``max_message_bytes``), any other at most ``max_message_bytes``. Raises
+    InvalidMessage or MessageTooLarge."""
     if not isinstance(data, bytes):
         raise InvalidMessage("put takes a batch buffer (bytes) made by rayq.core.codec.wire")
+    max_task_bytes = max_message_bytes if max_task_bytes is None else max_task_bytes
     try:
         version, raw_attrs, refs, bodies, *task_ids = msgpack.unpackb(data, raw=False, **_LIMITS)
     except (ValueError, TypeError, msgpack.UnpackException, msgpack.ExtraData) as err:
@@ -108,10 +113,21 @@ def decode_put(data: Any, *, max_message_bytes: int, max_delay_s: float,
         raise InvalidMessage("malformed put batch: attribute references")
     if set(map(type, bodies)) != {bytes} or min(map(len, bodies)) < 1:
         raise InvalidMessage("put takes encoded, non-empty bytes bodies")
-    largest = max(map(len, bodies)) - 1  # less the body's type tag
-    if largest > max_message_bytes:
-        raise MessageTooLarge(f"body is {largest} bytes; the limit is {max_message_bytes}")
+    _check_sizes(attrs, refs, bodies, max_message_bytes, max_task_bytes)
     return PutBatch(attrs, refs, bodies, _check_task_ids(task_ids, attrs, refs))
+
+
+def _check_sizes(attrs: list[Attrs], refs: list[int], bodies: list[bytes],
+                 max_message_bytes: int, max_task_bytes: int) -> None:
+    """MessageTooLarge for a body over its limit (less the body's type tag): a task's
+    ``max_task_bytes``, another message's ``max_message_bytes``."""
+    largest = max(map(len, bodies)) - 1
+    if largest <= min(max_message_bytes, max_task_bytes):
+        return  # the usual put: no body near either limit
+    for ref, body in zip(refs, bodies):
+        limit = max_task_bytes if attrs[ref].task else max_message_bytes
+        if len(body) - 1 > limit:
+            raise MessageTooLarge(f"body is {len(body) - 1} bytes; the limit is {limit}")
 
 
 def _check_task_ids(given: list, attrs: list[Attrs], refs: list[int]) -> list | None:
@@ -198,7 +214,7 @@ def decode_received(data: bytes) -> list[Received]:
 
 
 def _unpack_delivered(data: bytes) -> list:
-    return msgpack.unpackb(data, raw=False, max_str_len=1 << 20, max_bin_len=(16 << 20) + 1,
+    return msgpack.unpackb(data, raw=False, max_str_len=1 << 20, max_bin_len=MAX_BODY_BYTES + 1,
                            max_array_len=1 << 20, max_map_len=0, max_ext_len=0)
 
 

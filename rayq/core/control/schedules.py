@@ -30,7 +30,7 @@ from croniter import CroniterError, croniter
 
 from rayq.core.auth.accounts import ADMIN
 from rayq.core.codec.model import check_name, fairness_key, pack, unpack
-from rayq.core.codec.tasks import decode_call
+from rayq.core.codec.tasks import MAX_TASK_BYTES, decode_call, with_call_id
 from rayq.core.codec.wire import Attrs
 from rayq.core.kit.kv import KV
 from rayq.errors import AuthError, InvalidMessage
@@ -194,7 +194,8 @@ class Planned:
         """Its next firing's task as a put entry (:func:`rayq.core.codec.wire.encode_put`),
         keyed for fairness by ``key_mode`` as a submit is."""
         return (Attrs(self.tenant, self.type, fairness_key(self.tenant, self.type, key_mode),
-                      task=True), self.call, self.task_id)
+                      task=True), with_call_id(self.call, self.task_id, MAX_TASK_BYTES),
+                self.task_id)
 
     def view(self) -> Schedule:
         args, kwargs = decode_call(self.call)

@@ -236,11 +236,16 @@ class ShipLog:
         """Hold ``token`` until every in-sync follower applied ``seq`` (see :meth:`released`)."""
         self._waiting.append((seq, token))
 
-    def batch(self, node: str, max_sets: int) -> tuple[int, list[WriteSet]]:
-        """(first sequence number, write sets) ``node`` is sent next (none: empty)."""
+    def batch(self, node: str, max_sets: int,
+              max_bytes: int | None = None) -> tuple[int, list[WriteSet]]:
+        """(first sequence number, write sets) ``node`` is sent next (none: empty): at
+        most ``max_sets``, and no more once they hold ``max_bytes`` of values (one set
+        always goes, however large: a task's body may be hundreds of MiB)."""
         first = self._sent[node] + 1
         start = first - self._first
         sets = [self._log[i] for i in range(start, min(len(self._log), start + max_sets))]
+        if max_bytes is not None:
+            sets = sets[:sets_within(sets, max_bytes)]
         self._sent[node] += len(sets)
         return first, sets
 
@@ -525,3 +530,18 @@ def new_follower_node(place: ShardPlace, nodes: Sequence[str],
     it, the fewest followers first. None when every node already holds one."""
     free = [n for n in sorted(nodes) if n not in place.replicas]
     return min(free, key=lambda n: (followers_per_node.get(n, 0), n)) if free else None
+
+
+def set_bytes(writes: WriteSet) -> int:
+    """The bytes of a write set's values (what shipping it moves, near enough)."""
+    return sum(len(w.value) for w in writes if w.value is not None)
+
+
+def sets_within(sets: list[WriteSet], max_bytes: int) -> int:
+    """How many of ``sets``, from the first, hold at most ``max_bytes`` (at least one)."""
+    total = 0
+    for n, writes in enumerate(sets):
+        total += set_bytes(writes)
+        if total > max_bytes and n:
+            return n
+    return len(sets)

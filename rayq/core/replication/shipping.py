@@ -21,13 +21,17 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rayq.core.replication.shard_places import ShardPlace
-from rayq.core.replication.shard_places import ShipLog, check_in_sync
+from rayq.core.replication.shard_places import ShipLog, check_in_sync, set_bytes
 from rayq.core.kit.kv import WriteSet
 from rayq.errors import NotEnoughReplicas, RayqError, RuntimeFailure, StaleEpoch
 
 log = logging.getLogger("rayq.shipping")
 FOLLOWER_TIMEOUT_S = 5.0   # a follower slower than this is taken out of the in-sync set
 MAX_SETS_PER_CALL = 512    # write sets (group commits) one apply call carries at most
+MAX_BYTES_PER_CALL = 64 << 20  # ... and values of at most this many bytes (but one set always)
+# A follower is given FOLLOWER_TIMEOUT_S plus this long per byte it is sent: a task's
+# body of 256 MiB takes a few seconds to travel and to be written.
+FOLLOWER_S_PER_BYTE = 1.0 / (32 << 20)
 MANAGER_RETRY_S = 1.0      # while the manager is away, the in-sync change waits
 
 
@@ -167,13 +171,14 @@ class Shipper:
                 joined.set_exception(error)
 
     async def _send(self, node: str) -> None:
-        first, sets = self.log.batch(node, MAX_SETS_PER_CALL)
+        first, sets = self.log.batch(node, MAX_SETS_PER_CALL, MAX_BYTES_PER_CALL)
         if not sets:
             self._more[node].clear()
             await self._more[node].wait()
             return
+        timeout_s = self.timeout_s + FOLLOWER_S_PER_BYTE * sum(map(set_bytes, sets))
         applied = await asyncio.wait_for(
-            self.peers.apply(node, self.place.epoch, first, sets), self.timeout_s)
+            self.peers.apply(node, self.place.epoch, first, sets), timeout_s)
         self.log.applied(node, applied)
         self._release()
         if self.log.caught_up(node, lag=MAX_SETS_PER_CALL):

@@ -59,7 +59,8 @@ def put(w: Ledger, env: Env, subqueue: int, batch: bytes,
     check_subqueue(subqueue)
     config = env.config
     decoded = decode_put(batch, max_message_bytes=config.max_message_bytes,
-                         max_delay_s=config.max_delay_s, max_ttl_s=config.max_ttl_s)
+                         max_delay_s=config.max_delay_s, max_ttl_s=config.max_ttl_s,
+                         max_task_bytes=config.max_task_bytes)
     if sender is not None:
         if env.check_senders is None:
             raise InvalidMessage("this store checks no senders: put without a sender")
@@ -155,6 +156,7 @@ def receive(w: Ledger, env: Env, subqueue: int, max_messages: int,
         raise QueueDisabled(f"subqueue {subqueue} is disabled")
     w.promote_due(PROMOTE_BATCH)
     found, skipped = pick(w, env, subqueue, max_messages, w.now_us, keys, max_receives, exclude)
+    found = found[:_answer_rows(found)]
     for row_key, value, reason in skipped:
         if reason is Skip.EXPIRED:
             w.remove(row_key, value, Ending.EXPIRED)
@@ -166,6 +168,26 @@ def receive(w: Ledger, env: Env, subqueue: int, max_messages: int,
     delivered = _deliver(w, env, found, to_us(visibility_timeout_s))
     w.stats["receives"] += len(delivered)
     return encode_delivered(delivered)
+
+
+MAX_ANSWER_BYTES = 256 << 20  # bodies one receive hands out at most (one always goes)
+
+
+def _answer_rows(found: list[tuple[bytes, bytes]]) -> int:
+    """How many of the rows found, from the first, one answer carries: their bodies
+    within MAX_ANSWER_BYTES, so that a few tasks of hundreds of MiB each do not make an
+    answer of gigabytes (the rest stay visible for the next receive). Read from the
+    rows' headers and blob references: no blob is read."""
+    total = 0
+    for n, (_, value) in enumerate(found):
+        meta = layout.meta(value)
+        if meta.flags & layout.BLOB:
+            total += layout.blob_ref(value, meta.body_at)[1]
+        else:
+            total += len(value) - meta.body_at
+        if total > MAX_ANSWER_BYTES and n:
+            return n
+    return len(found)
 
 
 def _deliver(w: Ledger, env: Env, found: list[tuple[bytes, bytes]], hide_us: int) -> list[list]:

@@ -38,7 +38,6 @@ from rayq.core.storage.ledger import Env, Ledger, Outcome
 from rayq.core.storage.spill import drop_spilled
 from rayq.errors import InvalidMessage
 
-MAX_OUTCOME_BYTES = 16 << 20
 MAX_USAGE_BYTES = 4096  # one packed usage report
 
 
@@ -49,8 +48,10 @@ def finish(w: Ledger, env: Env, receipt: str, outcome: bytes,
     delivery's report, kept with its end (:func:`record_usage`).
     Raises ReceiptInvalid when the receipt is stale: someone else owns it now (nothing
     is recorded then, the report neither)."""
-    if not isinstance(outcome, bytes) or len(outcome) > MAX_OUTCOME_BYTES:
-        raise InvalidMessage(f"an outcome is at most {MAX_OUTCOME_BYTES} bytes")
+    # its limit is a task body's: the tag byte of a values body is not counted
+    if not isinstance(outcome, bytes) or len(outcome) > env.config.max_task_bytes + 1:
+        raise InvalidMessage(f"an outcome is at most {env.config.max_task_bytes} bytes "
+                             f"(StoreConfig.max_task_bytes)")
     if dead_letter is not None:
         check_subqueue(dead_letter)
     row_key, value = w.resolve(receipt)
