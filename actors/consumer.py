@@ -407,7 +407,8 @@ class ConsumerActor(RuntimeActor):
         except Exception as err:  # the handler's failure is the task's outcome
             return _Called(False, error_of(err), may_retry(spec, err))
         try:
-            return _Called(True, encode_result(value, m.type, self.config.store.max_task_bytes), True)
+            outcome = encode_result(value, m.type, self.config.store.max_task_bytes)
+            return _Called(True, outcome, True)
         except InvalidMessage as err:
             return _Called(False, error_of(err), False)
 
