@@ -109,9 +109,17 @@ def test_shard_folders_are_read_from_a_node_folder_listing():
     ({0: 5, 1: 9}, (0,), None, 1),                    # a shard the queue does not use
     ({0: 1, 1: 2, 2: 9}, (0,), {0: "a", 1: "a", 2: "b"}, 2),  # another node first
     ({0: 1, 1: 2}, (0, 1), None, 0),                  # all used: the least loaded
+    ({0: 1, 1: 2}, (0, 1, 0), None, 1),               # then round again, not the emptiest
 ])
 def test_an_added_subqueue_lands_on_another_server(depths, avoid, leaders, expected):
     assert least_loaded_shard(depths, avoid, leaders) == expected
+
+
+def test_a_queue_growing_past_the_shard_count_spreads_its_subqueues_evenly():
+    depths, used = {0: 10, 1: 5_000}, []
+    for _ in range(8):
+        used.append(least_loaded_shard(depths, used, {0: "n1", 1: "n2"}))
+    assert sorted(used) == [0, 0, 0, 0, 1, 1, 1, 1]
 
 
 def test_a_new_follower_goes_to_a_node_without_a_copy_the_least_followed_first():

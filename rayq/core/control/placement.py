@@ -10,6 +10,7 @@ runtime has one unnamed data node whose files stay directly in ``data_dir``.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -122,13 +123,16 @@ def spread(shards: Sequence[int], nodes: Sequence[str], replicas: int,
 
 def least_loaded_shard(shard_depths: Mapping[int, int],
                        avoid: Sequence[int] = (), leaders: Mapping[int, str] | None = None) -> int:
-    """The shard a new subqueue goes to: the fewest messages (lowest index on ties),
-    preferring a shard whose leader's node holds none of the queue's subqueues yet
-    (``avoid``: the shards it has), so each added subqueue lands on another server."""
+    """The shard a new subqueue goes to: the one whose leader's node, then the one itself,
+    holds the fewest of the queue's subqueues (``avoid``: the shard of each it has, one
+    entry a subqueue), then the fewest messages (lowest index on ties). So each added
+    subqueue lands on another server while one is free, and once every shard has one,
+    they go round the shards again rather than piling onto the emptiest."""
     leaders = leaders or {}
-    taken_nodes = {leaders.get(s, s) for s in avoid}
-    return min(shard_depths, key=lambda shard: (leaders.get(shard, shard) in taken_nodes,
-                                                shard in avoid, shard_depths[shard], shard))
+    on_node = Counter(leaders.get(s, s) for s in avoid)
+    on_shard = Counter(avoid)
+    return min(shard_depths, key=lambda shard: (on_node[leaders.get(shard, shard)],
+                                                on_shard[shard], shard_depths[shard], shard))
 
 
 def plan_shards(nodes: list[DataNode], on_disk: dict[str, list[int]], shards: int) -> dict[int, str]:
