@@ -78,6 +78,9 @@ class StoreConfig:
     min_in_sync: int = 1
 
 
+INTERVENTION_MODES = frozenset({"active", "passive"})
+
+
 @dataclass(frozen=True)
 class FairnessConfig:
     """The fairness coordinator (docs/fairness-coordinator.md) and fair dispatch."""
@@ -96,6 +99,14 @@ class FairnessConfig:
     # share at all (False: only while some key is both a latency and a usage victim,
     # the source text's rule).
     intervention_hysteresis: bool = False
+    # "active": an intervention reorders consumers' listen lists and starts boosters;
+    # "passive": decisions are evaluated and recorded, marked passive, and change
+    # nothing (the source text's "passive merely logging"). Admins switch it at run
+    # time with client.set_intervention (docs/fairness-coordinator.md).
+    intervention: str = "active"
+    # Nodes where intervention is off (Ray node id, IP address or rayq-data-node
+    # label): consumers there ignore the plan's order (the text's "per ... node").
+    intervention_off_nodes: tuple[str, ...] = field(default=(), hash=False)
     interval_s: float = 300.0
     max_boost_consumers: int = 2   # consumers added at most for booster permits
     history: int = 1000            # decisions kept for client.fairness() and the event log
@@ -302,6 +313,11 @@ def _check_replicas(store: "StoreConfig") -> None:
 def _check_fair_dispatch(fairness: "FairnessConfig") -> None:
     if fairness.dispatch not in ("fair", "fifo"):
         raise ConfigError("fairness.dispatch must be 'fair' or 'fifo'")
+    if fairness.intervention not in INTERVENTION_MODES:
+        raise ConfigError(f"fairness.intervention must be one of {sorted(INTERVENTION_MODES)}")
+    if isinstance(fairness.intervention_off_nodes, str) or not all(
+            isinstance(n, str) and n for n in fairness.intervention_off_nodes):
+        raise ConfigError("fairness.intervention_off_nodes must be a list of node names")
     if fairness.latency_since not in ("enqueue", "visible"):
         raise ConfigError("fairness.latency_since must be 'enqueue' or 'visible'")
     weights = dict(fairness.weights, **{"(default_weight)": fairness.default_weight})

@@ -43,6 +43,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 
 from rayq.config import FairnessConfig
+from rayq.core.fairness.intervention import InterventionSettings
 from rayq.core.kit.windows import WindowedSums
 
 RECENT_WINDOWS = 2     # "the current or previous window" of the zero-latency rule
@@ -332,14 +333,17 @@ def listen_order(decision: Decision | None, keys: Collection[str], rng: random.R
 @dataclass(frozen=True)
 class ListenPlan:
     """What the coordinator publishes to consumers: the latest decision, the keys
-    with pending messages, the suspended keys, and how many consumers are regular
-    (consumers with a higher index are boosters, added for permits)."""
+    with pending messages, the suspended keys, how many consumers are regular
+    (consumers with a higher index are boosters, added for permits), and whether
+    interventions act (passive: none does; a consumer on a node where intervention
+    is off ignores the order)."""
 
     version: int
     decision: Decision | None
     keys: tuple[str, ...]
     suspended: frozenset[str]
     regular_consumers: int
+    intervention: InterventionSettings = InterventionSettings()
 
 
 @dataclass(frozen=True)
@@ -350,7 +354,10 @@ class FairnessReport:
     intervening, the order a regular consumer asks for keys in now; outside an
     intervention a shuffle that consumers do not follow (they leave the order to the
     shards' fair dispatch, docs/fairness-coordinator.md); history: recent decisions, newest last;
-    noisy: the keys the shards' fair dispatch treats as noisy (first layer), since when.
+    noisy: the keys the shards' fair dispatch treats as noisy (first layer), since when;
+    intervention: the mode and the nodes where intervention is off. While ``passive``,
+    ``intervening``, the permits and the history's decisions say what the coordinator
+    would do; consumers' listen order and the booster count are left as they were.
     """
 
     evaluated_at: float | None
@@ -370,11 +377,20 @@ class FairnessReport:
     suspended: tuple
     history: tuple[dict, ...]
     noisy: tuple = ()   # rayq.core.storage.dispatch.NoisyKey: what the shards' fair dispatch serves last
+    intervention: InterventionSettings = InterventionSettings()
+
+    @property
+    def passive(self) -> bool:
+        return self.intervention.passive
 
 
-def decision_event(d: Decision, order: list[str]) -> dict:
-    """A decision as a plain record for the event log."""
+def decision_event(d: Decision, order: list[str], passive: bool = False,
+                   boosters: int = 0) -> dict:
+    """A decision as a plain record for the event log; ``passive``: recorded only, it
+    changed nothing (``boosters``: the booster consumers its permits ask for, started
+    unless passive)."""
     return {"at": d.at, "kind": "fairness", "intervening": d.intervening,
+            "passive": passive, "boosters": boosters,
             "victims": sorted(d.victims), "latency_victims": sorted(d.latency_victims),
             "usage_victims": sorted(d.usage_victims), "offenders": sorted(d.offenders),
             "starvation": {k: round(v, 4) for k, v in d.starvation.items()},
