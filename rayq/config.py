@@ -145,6 +145,15 @@ class FloodConfig:
     # live ones serves the dedicated one first (docs/flood-detection.md): the source
     # text's dedicated queue is one more broker queue, served in turn with the rest.
     dedicated_turn_every: int = 2
+    # What happens to a listed flooder's new messages (docs/flood-detection.md, the
+    # source text's "throttle or block new incoming messages"): "spill" stores them in
+    # the spill store for the sweeper; "throttle" spills up to flooder_rate_per_s
+    # (a bucket of flooder_burst messages) per flooder and shard, and refuses puts past
+    # it with Throttled; "block" refuses every put of a flooder with Throttled while
+    # it is listed. A refused put stores nothing.
+    flooder_puts: str = "spill"
+    flooder_rate_per_s: float = 100.0
+    flooder_burst: int = 1000
 
 
 @dataclass(frozen=True)
@@ -275,7 +284,15 @@ class Config:
         _check_body_limits(self.store)
 
 
+FLOODER_PUTS = frozenset({"spill", "throttle", "block"})
+
+
 def _check_flood_window(flood: "FloodConfig", store: "StoreConfig") -> None:
+    if flood.flooder_puts not in FLOODER_PUTS:
+        raise ConfigError(f"flood.flooder_puts must be one of {sorted(FLOODER_PUTS)}")
+    if isinstance(flood.flooder_burst, bool) or not isinstance(flood.flooder_burst, int) \
+            or flood.flooder_burst < 1 or not flood.flooder_rate_per_s > 0:
+        raise ConfigError("flood needs flooder_rate_per_s > 0 and flooder_burst an int >= 1")
     if flood.window_s <= 0 or isinstance(flood.windows, bool) or not isinstance(
             flood.windows, int) or flood.windows < 1:
         raise ConfigError("flood needs window_s > 0 and windows an int of at least 1")
