@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from rayq.analytics.eventlog import decision_outcome
 from rayq.config import Config, FairnessConfig
 from rayq.core.consumers.decisions import PlanFollower
 from rayq.core.fairness.intervention import (InterventionSettings, InterventionSwitch, changed,
@@ -94,6 +95,8 @@ def test_a_passive_decision_is_recorded_with_what_it_would_start():
     assert (event["intervening"], event["passive"], event["boosters"], event["listen_order"]) == \
         (True, True, 1, ["b", "a"])
     assert decision_event(intervening(), ["a"])["passive"] is False
+    assert decision_outcome(event) == "passive"  # the event log's outcome column
+    assert decision_outcome(decision_event(intervening(), ["a"])) == "intervening"
 
 
 @pytest.mark.parametrize("fields", [{"intervention": "quiet"},
