@@ -34,6 +34,7 @@ from ray import cloudpickle
 
 from rayq.names import COORDINATOR, namespace, consumer_name
 from actors.base import RuntimeActor
+from actors.data_nodes import this_node_names
 from actors.ray_tasks import RayCall, RayTasks
 from rayq.batching import AsyncBatcher
 from rayq.config import Config
@@ -180,6 +181,7 @@ class ConsumerActor(RuntimeActor):
         self.shards = [shard_link(i, config.store.local_channel)
                        for i in range(config.store.shards)]
         self.state = ConsumerState(index, config, self.clock)  # every count and decision
+        self.state.plan.nodes = this_node_names()  # where intervention may be off
         self._threads = ThreadPoolExecutor(max_workers=self.consumer_config.max_load,
                                            thread_name_prefix=f"consumer-{index}")
         self._routes = RouteCache(self.clock)

@@ -29,6 +29,7 @@ from rayq.core.fairness.policy import (Decision, FairnessReport, KeyState, Liste
 from rayq.core.auth.gate import signed
 from rayq.core.kit.history import EventHistory
 from rayq.core.fairness.rules import SuspensionRule, SuspensionRules
+from rayq.core.fairness.intervention import InterventionSettings, InterventionSwitch
 from rayq.core.codec.tasks import Outcome, UsageReport, unpacked_reports
 from rayq.core.fairness.tallies import Tally, TallyRow
 from rayq.errors import InvalidMessage
@@ -44,6 +45,7 @@ class FairnessCoordinator(ControlActor):
         super().__init__("coordinator", data_dir, config, clock, start_copy=start_copy)
         self.fairness_config = config.fairness
         self.rules = SuspensionRules(self.kv)
+        self.intervention = InterventionSwitch(self.kv, self.fairness_config)
         self.usage = UsageWindows(self.fairness_config.window_s, self.fairness_config.windows)
         self.tally = Tally()  # every finished delivery since the coordinator started
         self.metrics = CoordinatorMetrics()
@@ -64,13 +66,14 @@ class FairnessCoordinator(ControlActor):
         if known_version == self._version:
             return None
         return ListenPlan(self._version, self.decision, tuple(self.pending),
-                          self.rules.suspended(), self._regular)
+                          self.rules.suspended(), self._regular, self.intervention.settings)
 
     @signed(COORDINATOR_OPS["report"])
     async def report(self) -> FairnessReport:
         return fairness_report(self.decision, self.pending, self._rng, self.rules.suspended(),
                                self.intervening_since, rules=tuple(self.rules.history()),
-                               history=self.history.recent(), noisy=tuple(await self._noisy()))
+                               history=self.history.recent(), noisy=tuple(await self._noisy()),
+                               intervention=self.intervention.settings)
 
     async def _noisy(self) -> list:
         """What every shard's fair dispatch treats as noisy (shards restarting: skipped)."""
@@ -89,6 +92,20 @@ class FairnessCoordinator(ControlActor):
         if rule is not None:
             self._publish({"at": rule.lifted_at, "kind": "resume", "key": key, "by": by})
         return rule
+
+    @signed(COORDINATOR_OPS["set_intervention"])
+    async def set_intervention(self, mode: str | None, node: str | None, enabled: bool | None,
+                               by: str) -> InterventionSettings:
+        """Interventions active or passive for the whole runtime (``mode``), or on or off
+        on one node (``node``, ``enabled``); persisted, and in the next plan consumers
+        fetch. Raises InvalidMessage for a change it cannot make."""
+        now = self.clock.now()
+        settings = self.intervention.change(mode, node, enabled, by, now)
+        self._publish({"at": now, "kind": "intervention", "mode": settings.mode,
+                       "off_nodes": sorted(settings.off_nodes), "by": by})
+        if settings.passive:
+            await call_async(lambda: self.manager.set_boost.remote(0))
+        return settings
 
     # -- evaluation ----------------------------------------------------------------------
     async def evaluate_once(self) -> Decision | None:
@@ -112,8 +129,12 @@ class FairnessCoordinator(ControlActor):
                              dict(decision.actual_s))
         self.decision = decision
         order = listen_order(decision, self.pending, self._rng, self.rules.suspended())
-        self._publish(decision_event(decision, order))
-        await self._boost(decision)
+        passive = self.intervention.settings.passive
+        boosters = booster_consumers(decision.permits, self.config.consumers.max_load,
+                                     self.fairness_config.max_boost_consumers)
+        self._publish(decision_event(decision, order, passive, boosters))
+        # passive: what it would do is recorded above, and no booster starts
+        await call_async(lambda: self.manager.set_boost.remote(0 if passive else boosters))
         return decision
 
     async def _pull_usage(self) -> None:
@@ -148,12 +169,6 @@ class FairnessCoordinator(ControlActor):
                                      for i in sorted(subqueues))
         wanted = {sq for ids in subqueues.values() for sq in ids}
         return pending_keys((d for part in parts for d in part), wanted, concurrency)
-
-    async def _boost(self, decision: Decision) -> None:
-        """Permits become booster consumers: one per max_load permits, bounded."""
-        extra = booster_consumers(decision.permits, self.config.consumers.max_load,
-                                  self.fairness_config.max_boost_consumers)
-        await call_async(lambda: self.manager.set_boost.remote(extra))
 
     def _publish(self, event: dict) -> None:
         self.history.append(event)

@@ -34,6 +34,14 @@ def this_node_name() -> str:
     return ray.get_runtime_context().get_node_labels().get(DATA_NODE_LABEL, "")
 
 
+def this_node_names() -> frozenset[str]:
+    """Every name an admin may give the node this process runs on: its Ray node id, its
+    IP address and its data-node label if it has one."""
+    names = {ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(),
+             this_node_name()}
+    return frozenset(n for n in names if n)
+
+
 def pinned(node: DataNode) -> dict:
     """Actor options that keep an actor on ``node`` (its files are there), restarts too."""
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node.node_id, soft=False)}

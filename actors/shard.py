@@ -55,6 +55,7 @@ from rayq.core.codec.model import KeyDepth, SubqueueState, long_poll_s
 from rayq.core.replication.shard_places import role_of
 from rayq.core.replication.shipping import value_of
 from rayq.core.storage.store import StoreStats, open_store
+from rayq.core.storage.spill import FlooderPuts
 from rayq.errors import Overloaded, QueueDisabled, RayqError, StoreError
 
 log = logging.getLogger("rayq.shard")
@@ -130,6 +131,7 @@ class ShardActor(GatedActor):
         self.key_mode = config.fairness.key
         self._dedicated: frozenset[int] = frozenset()  # flooders' subqueues here (set_diverts)
         self._dedicated_turns, self._dedicated_every = 0, config.flood.dedicated_turn_every
+        self.store.set_flooder_puts(FlooderPuts.of(config.flood))  # spill, throttle or block
         # replication (docs/replication.md); with one copy nothing is recorded
         self.replication = replication_of(self.index, path, self.store.kv, config)
         self.shipper = self.replication.shipper

@@ -32,6 +32,7 @@ from rayq.errors import (AuthError, ConfigError, DataDirExposed, InvalidMessage,
                          ReceiptInvalid, ReplicaBehind, ResultTimeout, RuntimeFailure, StaleEpoch,
                          StoreBug, StoreError, TaskCancelled, TaskError, TaskNotFound, TaskTimedOut,
                          UnknownLayout, UsageError)
+from rayq.errors import Throttled
 
 # Names that need Ray live in modules loaded on first use, so that importing
 # rayq.core (or rayq.config, rayq.errors) never loads Ray or the actors.
@@ -54,6 +55,7 @@ __all__ = [
     "ResultTimeout", "UnknownLayout", "UsageError",
     "StaleEpoch", "ReplicaBehind", "NotEnoughReplicas",
     "TaskCancelled", "TaskTimedOut", "TaskContext", "current_task", "Schedule",
+    "Throttled",
 ]
 
 

@@ -429,7 +429,8 @@ def _status(client) -> Group:
                           "; ".join(f"{t}: {e}" for t, e in s.unloadable.items()) or "-")
     fair = client.fairness()
     fairness = _table("fairness", "intervening", "victims", "offenders", "listen order")
-    fairness.add_row("yes" if fair.intervening else "no", ", ".join(sorted(fair.victims)) or "-",
+    intervening = ("yes" if fair.intervening else "no") + (" (passive)" if fair.passive else "")
+    fairness.add_row(intervening, ", ".join(sorted(fair.victims)) or "-",
                      ", ".join(sorted(fair.offenders)) or "-", ", ".join(fair.listen_order[:8]) or "-")
     flooders = _table("flooders", "queue", "type", "tenant", "spilled", "depth", "since")
     for f in client.flooders():

@@ -399,6 +399,17 @@ class Client:
         """Lift the suspension of ``key`` (its history stays); None if it was not suspended."""
         return self._coordinator("resume", key, by)
 
+    def set_intervention(self, mode: str | None = None, *, node: str | None = None,
+                         enabled: bool | None = None, by: str = "unknown"):
+        """Fairness interventions "active" or "passive" for the whole runtime (``mode``:
+        passive evaluates and records each decision, marked passive, and changes no
+        listen order and starts no booster), or on or off on one ``node`` (``enabled``;
+        its Ray node id, IP address or data-node label): consumers on a node where it is
+        off ignore the plan. Returns the settings now in force
+        (rayq.core.fairness.intervention.InterventionSettings). Raises InvalidMessage
+        for a bad or mixed change."""
+        return self._coordinator("set_intervention", mode, node, enabled, by)
+
     # -- flooders ----------------------------------------------------------------
     def flooders(self) -> list[Flooder]:
         """The flooder list: queue, type, tenant ("*" for a whole type), since, spilled."""

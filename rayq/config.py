@@ -78,6 +78,9 @@ class StoreConfig:
     min_in_sync: int = 1
 
 
+INTERVENTION_MODES = frozenset({"active", "passive"})
+
+
 @dataclass(frozen=True)
 class FairnessConfig:
     """The fairness coordinator (docs/fairness-coordinator.md) and fair dispatch."""
@@ -96,6 +99,14 @@ class FairnessConfig:
     # share at all (False: only while some key is both a latency and a usage victim,
     # the source text's rule).
     intervention_hysteresis: bool = False
+    # "active": an intervention reorders consumers' listen lists and starts boosters;
+    # "passive": decisions are evaluated and recorded, marked passive, and change
+    # nothing (the source text's "passive merely logging"). Admins switch it at run
+    # time with client.set_intervention (docs/fairness-coordinator.md).
+    intervention: str = "active"
+    # Nodes where intervention is off (Ray node id, IP address or rayq-data-node
+    # label): consumers there ignore the plan's order (the text's "per ... node").
+    intervention_off_nodes: tuple[str, ...] = field(default=(), hash=False)
     interval_s: float = 300.0
     max_boost_consumers: int = 2   # consumers added at most for booster permits
     history: int = 1000            # decisions kept for client.fairness() and the event log
@@ -134,6 +145,15 @@ class FloodConfig:
     # live ones serves the dedicated one first (docs/flood-detection.md): the source
     # text's dedicated queue is one more broker queue, served in turn with the rest.
     dedicated_turn_every: int = 2
+    # What happens to a listed flooder's new messages (docs/flood-detection.md, the
+    # source text's "throttle or block new incoming messages"): "spill" stores them in
+    # the spill store for the sweeper; "throttle" spills up to flooder_rate_per_s
+    # (a bucket of flooder_burst messages) per flooder and shard, and refuses puts past
+    # it with Throttled; "block" refuses every put of a flooder with Throttled while
+    # it is listed. A refused put stores nothing.
+    flooder_puts: str = "spill"
+    flooder_rate_per_s: float = 100.0
+    flooder_burst: int = 1000
 
 
 @dataclass(frozen=True)
@@ -264,7 +284,15 @@ class Config:
         _check_body_limits(self.store)
 
 
+FLOODER_PUTS = frozenset({"spill", "throttle", "block"})
+
+
 def _check_flood_window(flood: "FloodConfig", store: "StoreConfig") -> None:
+    if flood.flooder_puts not in FLOODER_PUTS:
+        raise ConfigError(f"flood.flooder_puts must be one of {sorted(FLOODER_PUTS)}")
+    if isinstance(flood.flooder_burst, bool) or not isinstance(flood.flooder_burst, int) \
+            or flood.flooder_burst < 1 or not flood.flooder_rate_per_s > 0:
+        raise ConfigError("flood needs flooder_rate_per_s > 0 and flooder_burst an int >= 1")
     if flood.window_s <= 0 or isinstance(flood.windows, bool) or not isinstance(
             flood.windows, int) or flood.windows < 1:
         raise ConfigError("flood needs window_s > 0 and windows an int of at least 1")
@@ -302,6 +330,11 @@ def _check_replicas(store: "StoreConfig") -> None:
 def _check_fair_dispatch(fairness: "FairnessConfig") -> None:
     if fairness.dispatch not in ("fair", "fifo"):
         raise ConfigError("fairness.dispatch must be 'fair' or 'fifo'")
+    if fairness.intervention not in INTERVENTION_MODES:
+        raise ConfigError(f"fairness.intervention must be one of {sorted(INTERVENTION_MODES)}")
+    if isinstance(fairness.intervention_off_nodes, str) or not all(
+            isinstance(n, str) and n for n in fairness.intervention_off_nodes):
+        raise ConfigError("fairness.intervention_off_nodes must be a list of node names")
     if fairness.latency_since not in ("enqueue", "visible"):
         raise ConfigError("fairness.latency_since must be 'enqueue' or 'visible'")
     weights = dict(fairness.weights, **{"(default_weight)": fairness.default_weight})

@@ -183,3 +183,10 @@ class TaskTimedOut(TaskError):
     def __init__(self, error_type: str = "TaskTimedOut",
                  error_message: str = "the task ran past its time limit"):
         super().__init__(error_type, error_message)
+
+
+class Throttled(UsageError):
+    """Raised when a put carries messages of a tenant listed as a flooder and
+    ``FloodConfig.flooder_puts`` refuses them: past its rate ("throttle") or at all
+    while it is listed ("block"). Nothing of the put is stored; retry later with
+    back-off, or send less (SQS's ``RequestThrottled``)."""

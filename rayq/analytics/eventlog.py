@@ -200,7 +200,15 @@ def log_decision(log: EventLog | NoEventLog, event: dict) -> None:
     in its own history only."""
     if event["kind"] == "fairness":
         log.append("fairness", event["at"], detail=json.dumps(event),
-                   outcome="intervening" if event["intervening"] else "fair")
+                   outcome=decision_outcome(event))
+
+
+def decision_outcome(event: dict) -> str:
+    """A fairness decision's outcome column: "intervening", "fair", or "passive" for a
+    decision to intervene that changed nothing (interventions were passive)."""
+    if not event["intervening"]:
+        return "fair"
+    return "passive" if event.get("passive") else "intervening"
 
 
 def log_report(log: EventLog, report) -> None:

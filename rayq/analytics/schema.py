@@ -8,7 +8,8 @@ One row per event. ``kind`` says which columns matter:
   host_pressure, suspended or cannot_run: see ``rayq.core.codec.tasks.DeferralCause``);
 - ``redelivery``: a delivery with attempt > 1 (also logged as its completion);
 - ``dead_letter``: a task that ended in the dead-letter queue;
-- ``fairness``: outcome "intervening" or "fair", detail = the decision as JSON;
+- ``fairness``: outcome "intervening", "fair", or "passive" (it would intervene, but
+  interventions were passive: nothing changed), detail = the decision as JSON;
 - ``flood``: queue, type, tenant, outcome = detected / isolated / swept /
   sweep paused / removed, detail = its figures as JSON;
 - ``noisy``: a shard's fair dispatch marked a key noisy or quiet again: subqueue,

@@ -9,6 +9,7 @@ boto3 picks the exception class (``client.exceptions.QueueDoesNotExist``) from
 from __future__ import annotations
 
 from rayq.core.auth.accounts import SignatureMismatch
+from rayq.errors import Throttled
 from rayq.errors import (AuthError, InvalidMessage, MessageTooLarge, Overloaded, QueueDisabled,
                          QueueNotFound, QuotaExceeded, RayqError, ReceiptInvalid, RuntimeFailure,
                          UsageError)
@@ -95,6 +96,8 @@ def from_rayq(err: RayqError) -> SqsError:
     if isinstance(err, SignatureMismatch):  # a key rotated out since the endpoint's copy
         return SqsError("InvalidClientTokenId",
                         "The security token included in the request is invalid.", status=403)
+    if isinstance(err, Throttled):  # SQS's throttling code: SDKs retry it with back-off
+        return SqsError("RequestThrottled", text, status=400)
     if isinstance(err, QuotaExceeded):  # SQS's code for an action past a limit
         return SqsError("OverLimit", text, status=403)
     if isinstance(err, AuthError):

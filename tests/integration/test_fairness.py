@@ -54,10 +54,10 @@ def trickle_b(seconds):
     return _work("trickle-b", seconds)
 
 
-def run_workload(client, until_intervening: bool) -> dict:
+def run_workload(client, until_intervening: bool, each=lambda: None) -> dict:
     """Flood first, then trickle for TRICKLE_S (and ``until_intervening``: until a report
-    shows the intervention, the flood topped up meanwhile); returns waits, usage
-    shares, refs and that report."""
+    shows the intervention, the flood topped up meanwhile), calling ``each`` every round;
+    returns waits, usage shares, refs and that report."""
     watcher = probe("fair")
     for fn in (flood, trickle_a, trickle_b):
         client.register(fn)
@@ -84,6 +84,7 @@ def run_workload(client, until_intervening: bool) -> dict:
         if intervening is None:
             report = client.fairness()
             intervening = report if report.intervening else None
+        each()
         if time.time() - t0 >= TRICKLE_S and (intervening or not until_intervening):
             break
         _, pending = ray.wait(refs, num_returns=len(refs), timeout=0)
@@ -203,4 +204,38 @@ def test_suspended_keys_are_not_dispatched_and_their_rule_history_stays(ray_sess
     assert [r.active for r in client.fairness().suspended] == [False]
     with pytest.raises(rayq.InvalidMessage):
         client.suspend("", reason="x", by="ops")
+    rayq.shutdown()
+
+
+def test_a_passive_intervention_only_records_and_a_node_can_have_intervention_off(
+        ray_session, tmp_path_factory):
+    config = Config(consumers=CONSUMERS,
+                    fairness=FairnessConfig(**{**vars(FAIRNESS), "intervention": "passive"}))
+    client, _ = start_runtime(tmp_path_factory, config, name="passive")
+    consumers = set()
+    run = run_workload(client, until_intervening=True,
+                       each=lambda: consumers.add(len(client.consumer_stats())))
+    assert sorted(run["results"]) == sorted(run["expected"])
+    assert run["intervening"] is not None and run["intervening"].passive  # it would intervene
+    decisions = [e for e in client.fairness().history if e["kind"] == "fairness"]
+    assert any(e["intervening"] for e in decisions) and all(e["passive"] for e in decisions)
+    assert consumers == {CONSUMERS.count}                                  # no booster started
+    assert sum(s.plan_orders for s in client.consumer_stats()) == 0        # no order followed
+    # active for the runtime, off on this node (the only one): consumers here ignore the plan
+    here = ray.get_runtime_context().get_node_id()
+    assert client.set_intervention(node=here, enabled=False, by="ops").off_nodes == {here}
+    settings = client.set_intervention("active", by="ops")
+    assert (settings.mode, settings.off_nodes, settings.changed_by) == ("active", {here}, "ops")
+    run = run_workload(client, until_intervening=True)
+    assert run["intervening"] is not None and not run["intervening"].passive
+    assert sum(s.plan_orders for s in client.consumer_stats()) == 0
+    # on again on this node: its consumers follow the plan while it intervenes
+    client.set_intervention(node=here, enabled=True, by="ops")
+    ordered = []
+    run_workload(client, until_intervening=True,
+                 each=lambda: ordered.append(sum(s.plan_orders for s in client.consumer_stats())))
+    assert max(ordered) > 0
+    assert client.fairness().intervention.off_nodes == frozenset()
+    with pytest.raises(rayq.InvalidMessage):
+        client.set_intervention("passive", node=here, enabled=False, by="ops")
     rayq.shutdown()

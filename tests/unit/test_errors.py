@@ -28,6 +28,7 @@ WHOSE_FAULT = [
     ("QueueDisabled", "it"), ("Overloaded", "it"), ("StoreError", "it"), ("StoreBug", "it"),
     ("StaleEpoch", "it"), ("ReplicaBehind", "it"), ("NotEnoughReplicas", "it"),
     ("OutcomeLost", "it"), ("ResultTimeout", "it"),
+    ("Throttled", "you"),
 ]
 
 

@@ -190,9 +190,39 @@ def test_usage_windows_sum_reports_per_key_and_count_deferrals_apart():
     windows.add("A", 0.0, deferred=True, at=330.0)
     windows.add("B", 0.0, deferred=True, at=330.0)
     t = windows.table(now=400.0)
-    assert t.usage["A"][-2:] == [2.0, 3.0] and t.usage["B"] == [0.0] * 6
+    assert t.usage["A"][-2:] == [2.0, 3.0] and t.usage["B"] == [0.0] * 7  # 6 + the oldest in part
     assert t.processed["A"][-1] == 1 and t.deferred["A"][-1] == 1
-    assert t.first_window_start == -1200.0
+    assert t.first_window_start == -1500.0 and t.lookback_start == 400.0 - 1800.0
+
+
+@pytest.mark.parametrize("now, counted", [
+    (1800.0, 100.0),   # look-back [0, 1800]: the first window whole
+    (1950.0, 50.0),    # [150, 1950]: half of it (a circular array of 6 lost it all)
+    (2099.0, 1 / 3),   # [299, 2099]: a 300th of it
+    (2100.0, 0.0),     # [300, 2100]: none
+])
+def test_the_usage_look_back_is_exactly_window_s_times_windows(now, counted):
+    windows = UsageWindows(window_s=300, windows=6)
+    windows.add("A", 100.0, deferred=False, at=10.0)    # the window [0, 300)
+    windows.add("B", 7.0, deferred=False, at=now)       # the current window
+    t = windows.table(now=now)
+    assert sum(t.usage.get("A", [])) == pytest.approx(counted)
+    assert sum(t.usage["B"]) == 7.0
+    assert now - t.lookback_start == 1800.0
+
+
+def test_a_key_waiting_all_along_is_entitled_over_thirty_minutes_not_twenty_five():
+    # A waited all along beside B, which used 100 s of every window; at 1950 the
+    # look-back [150, 1950] holds half the first window, five whole ones and the current
+    # one: 650 s used (a circular array of 6 windows saw 600), A's share half
+    windows = UsageWindows(window_s=300, windows=6)
+    for start in range(0, 2100, 300):
+        windows.add("B", 100.0, deferred=False, at=start + 1.0)
+    t = windows.table(now=1950.0)
+    waiting = {"A": KeyState("A", 1950.0, 0.0), "B": KeyState("B", 1950.0, 0.0)}
+    d = evaluate(t, waiting, 1950.0, FairnessConfig(), threads=1)
+    assert d.expected_s["A"] == pytest.approx(650.0 / 2)
+    assert d.actual_s["B"] == pytest.approx(650.0)
 
 
 @pytest.mark.parametrize("b_s, hysteresis, was_on, on", [

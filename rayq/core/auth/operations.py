@@ -250,6 +250,7 @@ OPERATIONS: Mapping[str, Operation] = MappingProxyType({op.name: op for op in (
     _entry("coordinator", "report", "", _ADMIN),
     _entry("coordinator", "suspend", "key, reason, by", _ADMIN),
     _entry("coordinator", "resume", "key, by", _ADMIN),
+    _entry("coordinator", "set_intervention", "mode, node, enabled, by", _ADMIN),
     _entry("coordinator", "task_stats", "by=None", _ADMIN),
     _entry("coordinator", "flush_events", "", _ADMIN),
     # the flood detector

@@ -374,6 +374,8 @@ class PlanFollower:
         self.index = index
         self.plan: ListenPlan | None = None
         self.spent: dict[str, float] = {}
+        self.nodes: frozenset[str] = frozenset()  # the names of the node it runs on
+        self.ordered = 0  # receives whose key order came from the plan
         self._rng = rng
 
     @property
@@ -397,12 +399,16 @@ class PlanFollower:
     def order(self, exclude: Collection[str]) -> list[str] | None:
         """This receive's key order from the plan while it intervenes (or, for a booster,
         while keys hold permits); None leaves the order to the shard's fair dispatch,
-        which is fair from the first second."""
+        which is fair from the first second. A passive plan, or one whose intervention
+        is off on this consumer's node, never orders."""
         plan = self.plan
         if plan is None or plan.decision is None or not plan.keys:
+            return None
+        if not plan.intervention.acts_on(self.nodes):
             return None
         booster = self.index >= plan.regular_consumers
         if not plan.decision.intervening and not (booster and plan.decision.permits):
             return None
+        self.ordered += 1
         return listen_order(plan.decision, plan.keys, self._rng, exclude,
                             booster=booster, spent=self.spent)

@@ -43,7 +43,8 @@ class ConsumerStats:
     ``DeferralCause``); lost: tasks whose receipt went stale before they were ended
     (someone else re-ran them); unloadable: the task types whose handler this consumer
     could not load, with the error (their tasks are dead-lettered with it; every other
-    type runs).
+    type runs); plan_orders: receives that asked for keys in the coordinator's order (0
+    while interventions are passive or off on this consumer's node).
     """
 
     index: int
@@ -58,6 +59,7 @@ class ConsumerStats:
     plan_version: int | None = None  # the coordinator's listen plan this consumer follows
     waited_hits: int = 0
     unloadable: dict[str, str] = field(default_factory=dict)
+    plan_orders: int = 0
 
     @property
     def empty_polls(self) -> int:
@@ -209,7 +211,7 @@ class ConsumerState:
         return ConsumerStats(self.index, self.balancer.load, self.balancer.hit_rate,
                              self.polls, self.hits, self.running, self.deferrals, self.lost,
                              background_failures, self.plan.version, self.waited_hits,
-                             self.unloadable())
+                             self.unloadable(), self.plan.ordered)
 
     def unloadable(self) -> dict[str, str]:
         """The task types whose handler could not be loaded here, with the error."""

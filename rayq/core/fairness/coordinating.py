@@ -9,6 +9,7 @@ import random
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
+from rayq.core.fairness.intervention import InterventionSettings
 from rayq.core.fairness.policy import Decision, FairnessReport, KeyState, listen_order
 from rayq.core.codec.model import KeyDepth
 
@@ -51,13 +52,14 @@ def booster_consumers(permits: Mapping[str, int], max_load: int, max_boost: int)
 
 def fairness_report(decision: Decision | None, pending: Collection[str], rng: random.Random,
                     suspended: Collection[str], intervening_since_: float | None, *,
-                    rules: tuple, history: tuple[dict, ...], noisy: tuple) -> FairnessReport:
+                    rules: tuple, history: tuple[dict, ...], noisy: tuple,
+                    intervention: InterventionSettings = InterventionSettings()) -> FairnessReport:
     """``client.fairness()`` from the last decision (None: none yet, an empty report)."""
     order = tuple(listen_order(decision, pending, rng, suspended))
     return FairnessReport(
         evaluated_at=decision.at if decision else None, intervening=is_intervening(decision),
         intervening_since=intervening_since_, listen_order=order, suspended=rules,
-        history=history, noisy=noisy, **_decision_fields(decision))
+        history=history, noisy=noisy, intervention=intervention, **_decision_fields(decision))
 
 
 def _decision_fields(decision: Decision | None) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 The rules and their source text: docs/fairness-coordinator.md.
 
 Usage (handler wall time) is summed per key in a fixed circular array of
-windows. A key's *time span of interest* starts when its oldest queued
+windows: ``windows`` + 1 of them, the current one in part and the oldest counted in
+part (the share of it inside the look-back), so the look-back is always exactly
+``window_s`` x ``windows`` (the source's 30 minutes), not 25 to 30. A key's *time span of interest* starts when its oldest queued
 message was enqueued (bounded by the look-back): it is not charged for usage
 from before it had to wait. In each window, the thread time used by the keys
 competing then is shared among them in proportion to the fraction of the
@@ -43,6 +45,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 
 from rayq.config import FairnessConfig
+from rayq.core.fairness.intervention import InterventionSettings
 from rayq.core.kit.windows import WindowedSums
 
 RECENT_WINDOWS = 2     # "the current or previous window" of the zero-latency rule
@@ -65,13 +68,16 @@ class KeyState:
 @dataclass(frozen=True)
 class UsageTable:
     """Per key and window (oldest first; the last is the current one): handler
-    seconds, messages processed and messages deferred."""
+    seconds, messages processed and messages deferred. ``lookback_start``: where the
+    look-back begins, inside the oldest window, whose sums are then already scaled to
+    the part of it after that (None: every window counts whole)."""
 
     window_s: float
     first_window_start: float
     usage: Mapping[str, list[float]]
     processed: Mapping[str, list[float]] = field(default_factory=dict)
     deferred: Mapping[str, list[float]] = field(default_factory=dict)
+    lookback_start: float | None = None
 
     @property
     def windows(self) -> int:
@@ -86,9 +92,11 @@ class UsageWindows:
 
     def __init__(self, window_s: float, windows: int):
         self.window_s, self.windows = window_s, windows
-        self._usage = WindowedSums(window_s, windows)
-        self._processed = WindowedSums(window_s, windows)
-        self._deferred = WindowedSums(window_s, windows)
+        # one window more than the look-back holds: the current one is in part, so the
+        # oldest is needed in part too (see :meth:`table`)
+        self._usage = WindowedSums(window_s, windows + 1)
+        self._processed = WindowedSums(window_s, windows + 1)
+        self._deferred = WindowedSums(window_s, windows + 1)
 
     def add(self, key: str, usage_s: float, deferred: bool, at: float) -> None:
         if deferred:
@@ -98,13 +106,24 @@ class UsageWindows:
             self._processed.add(key, 1, at)
 
     def table(self, now: float) -> UsageTable:
+        """The sums over the look-back ``window_s`` x ``windows`` up to ``now``: the
+        current window's elapsed part, the full windows before it, and of the oldest
+        window the share inside the look-back (its sums scaled by that share, as if
+        spread evenly over the window)."""
         current = self._usage.epoch(now)
-        start = (current - self.windows + 1) * self.window_s
-        usage = self._usage.snapshot(now)
-        for key in self._deferred.snapshot(now):
-            usage.setdefault(key, [0.0] * self.windows)
-        return UsageTable(self.window_s, start, usage, self._processed.snapshot(now),
-                          self._deferred.snapshot(now))
+        start = (current - self.windows) * self.window_s
+        oldest_part = 1.0 - (now - current * self.window_s) / self.window_s
+        usage, processed, deferred = (_oldest_scaled(sums.snapshot(now), oldest_part)
+                                      for sums in (self._usage, self._processed, self._deferred))
+        for key in deferred:
+            usage.setdefault(key, [0.0] * (self.windows + 1))
+        return UsageTable(self.window_s, start, usage, processed, deferred,
+                          lookback_start=now - self.window_s * self.windows)
+
+
+def _oldest_scaled(series: dict[str, list[float]], part: float) -> dict[str, list[float]]:
+    """``series`` with each oldest entry scaled by ``part``."""
+    return {key: [s[0] * part, *s[1:]] for key, s in series.items()}
 
 
 @dataclass(frozen=True)
@@ -147,11 +166,14 @@ def latency_threshold(state: KeyState, base_s: float, threads: int) -> float:
 
 
 def waiting_fractions(start: float, table: UsageTable, now: float) -> list[float]:
-    """Per window: the fraction of its elapsed part the key spent waiting since ``start``."""
+    """Per window: the fraction of its part in the look-back (elapsed, and after
+    ``table.lookback_start``) the key spent waiting since ``start``."""
     out = []
     for j in range(table.windows):
         lo = table.first_window_start + j * table.window_s
         hi = min(lo + table.window_s, now)
+        if table.lookback_start is not None:
+            lo = max(lo, table.lookback_start)
         span = hi - lo
         out.append(0.0 if span <= 0 else max(0.0, min(1.0, (hi - max(lo, start)) / span)))
     return out
@@ -332,14 +354,17 @@ def listen_order(decision: Decision | None, keys: Collection[str], rng: random.R
 @dataclass(frozen=True)
 class ListenPlan:
     """What the coordinator publishes to consumers: the latest decision, the keys
-    with pending messages, the suspended keys, and how many consumers are regular
-    (consumers with a higher index are boosters, added for permits)."""
+    with pending messages, the suspended keys, how many consumers are regular
+    (consumers with a higher index are boosters, added for permits), and whether
+    interventions act (passive: none does; a consumer on a node where intervention
+    is off ignores the order)."""
 
     version: int
     decision: Decision | None
     keys: tuple[str, ...]
     suspended: frozenset[str]
     regular_consumers: int
+    intervention: InterventionSettings = InterventionSettings()
 
 
 @dataclass(frozen=True)
@@ -350,7 +375,10 @@ class FairnessReport:
     intervening, the order a regular consumer asks for keys in now; outside an
     intervention a shuffle that consumers do not follow (they leave the order to the
     shards' fair dispatch, docs/fairness-coordinator.md); history: recent decisions, newest last;
-    noisy: the keys the shards' fair dispatch treats as noisy (first layer), since when.
+    noisy: the keys the shards' fair dispatch treats as noisy (first layer), since when;
+    intervention: the mode and the nodes where intervention is off. While ``passive``,
+    ``intervening``, the permits and the history's decisions say what the coordinator
+    would do; consumers' listen order and the booster count are left as they were.
     """
 
     evaluated_at: float | None
@@ -370,11 +398,20 @@ class FairnessReport:
     suspended: tuple
     history: tuple[dict, ...]
     noisy: tuple = ()   # rayq.core.storage.dispatch.NoisyKey: what the shards' fair dispatch serves last
+    intervention: InterventionSettings = InterventionSettings()
+
+    @property
+    def passive(self) -> bool:
+        return self.intervention.passive
 
 
-def decision_event(d: Decision, order: list[str]) -> dict:
-    """A decision as a plain record for the event log."""
+def decision_event(d: Decision, order: list[str], passive: bool = False,
+                   boosters: int = 0) -> dict:
+    """A decision as a plain record for the event log; ``passive``: recorded only, it
+    changed nothing (``boosters``: the booster consumers its permits ask for, started
+    unless passive)."""
     return {"at": d.at, "kind": "fairness", "intervening": d.intervening,
+            "passive": passive, "boosters": boosters,
             "victims": sorted(d.victims), "latency_victims": sorted(d.latency_victims),
             "usage_victims": sorted(d.usage_victims), "offenders": sorted(d.offenders),
             "starvation": {k: round(v, 4) for k, v in d.starvation.items()},

@@ -61,13 +61,14 @@ class Env:
     """What operations use besides the ledger: limits, the message cache, fair dispatch,
     and the policy the caller gives the store (flooders' diverts, a sender check)."""
 
-    __slots__ = ("config", "cache", "dispatch", "diverts", "check_senders")
+    __slots__ = ("config", "cache", "dispatch", "diverts", "check_senders", "flooder_puts")
 
     def __init__(self, config: StoreConfig, cache: MessageCache, dispatch: FairDispatch,
                  check_senders: SenderCheck | None):
         self.config, self.cache, self.dispatch = config, cache, dispatch
         self.diverts: Mapping[int, list[tuple[str, str]]] = {}  # subqueue -> (type, tenant)
         self.check_senders = check_senders
+        self.flooder_puts: Any = None  # rayq.core.storage.spill.FlooderPuts, set by the store
 
 
 def first_row_at(txn: Txn, sq: int, kid: int) -> tuple[int, int] | None:

@@ -22,7 +22,7 @@ from rayq.core.storage.ledger import Enqueued, Env, Ledger
 from rayq.core.storage.outcomes import (collect_outcomes, dead_letter_row, end_cancelled,
                                        existing, index_task, record_usage)
 from rayq.core.storage.picking import Skip, pick
-from rayq.core.storage.spill import diverted, spill_one
+from rayq.core.storage.spill import admit_flooders, diverted, spill_one
 from rayq.errors import InvalidMessage, QueueDisabled, ReceiptInvalid
 
 
@@ -34,7 +34,7 @@ class _Group:
     __slots__ = ("attrs", "kid", "visible_us", "expires_us", "flags", "prefix", "blob_prefix",
                  "flooder", "seqs")
 
-    def __init__(self, w: Ledger, env: Env, sq: int, attrs: Attrs):
+    def __init__(self, w: Ledger, env: Env, attrs: Attrs, flooder: str | None):
         now_us = w.now_us
         ttl_us = to_us(env.config.default_ttl_s) if attrs.ttl_us is None else attrs.ttl_us
         flags = (layout.TASK if attrs.task else 0) | attrs.priority << layout.PRIORITY_AT
@@ -44,7 +44,7 @@ class _Group:
         self.flags = flags
         self.prefix = layout.prefix(now_us, self.expires_us, flags, tenant, type_)
         self.blob_prefix = layout.prefix(now_us, self.expires_us, flags | layout.BLOB, tenant, type_)
-        self.flooder = diverted(env, sq, attrs.type, attrs.tenant)
+        self.flooder = flooder
         self.seqs: list[int] = []
 
 
@@ -71,7 +71,13 @@ def put(w: Ledger, env: Env, subqueue: int, batch: bytes,
     if subqueue in w.index.ordered and any(attrs.priority for attrs in decoded.attrs):
         raise InvalidMessage("an ordered queue delivers each key's messages in the order "
                              "sent: it takes no priority")
-    groups = [_Group(w, env, subqueue, attrs) for attrs in decoded.attrs]
+    flooders = [diverted(env, subqueue, attrs.type, attrs.tenant) for attrs in decoded.attrs]
+    if any(f is not None for f in flooders):  # throttled or blocked: refused before any write
+        counts = [0] * len(flooders)
+        for ref in decoded.refs:
+            counts[ref] += 1
+        admit_flooders(env, subqueue, flooders, [a.type for a in decoded.attrs], counts, w.now_us)
+    groups = [_Group(w, env, attrs, flooder) for attrs, flooder in zip(decoded.attrs, flooders)]
     blob_threshold = config.blob_threshold_bytes
     row_items, expiry_items = [], []
     seq = start = w.seq

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import itertools
 
-from rayq.core.codec.model import ALL_TENANTS, MAX_SUBQUEUE, Ending, check_count, check_name
+from collections.abc import Collection
+
+from rayq.core.codec.model import (ALL_TENANTS, MAX_SUBQUEUE, US, Ending, check_count,
+                                   check_name)
 from rayq.core.kit.kv import Txn
 from rayq.core.storage import layout
 from rayq.core.storage.ledger import Env, Ledger
-from rayq.errors import InvalidMessage, QueueDisabled
+from rayq.errors import InvalidMessage, QueueDisabled, Throttled
 
 
 def diverted(env: Env, sq: int, type_: str, tenant: str) -> str | None:
@@ -28,6 +31,63 @@ def diverted(env: Env, sq: int, type_: str, tenant: str) -> str | None:
         if flood_type == type_ and flooder in (tenant, ALL_TENANTS):
             return flooder
     return None
+
+
+class FlooderPuts:
+    """What a shard does with a listed flooder's new messages (``FloodConfig.flooder_puts``):
+    "spill" takes them all to the spill store; "throttle" takes up to ``rate_per_s`` a
+    second per flooder (type, tenant or "*") on this shard, from a bucket of ``burst``
+    messages, and refuses a put while its flooder's bucket is empty; "block" refuses
+    every put of a flooder. The source text lists flooders so that other components
+    "can throttle or block new incoming messages"; the flooder list used is the shard's
+    own (its diverts), so no put waits on the network."""
+
+    def __init__(self, mode: str = "spill", rate_per_s: float = 100.0, burst: int = 1000):
+        self.mode, self.rate_per_s, self.burst = mode, float(rate_per_s), int(burst)
+        self._buckets: dict[tuple[str, str], tuple[float, int]] = {}  # (tokens, at µs)
+
+    @classmethod
+    def of(cls, flood) -> "FlooderPuts":
+        """The policy ``flood`` (a :class:`rayq.config.FloodConfig`) sets."""
+        return cls(flood.flooder_puts, flood.flooder_rate_per_s, flood.flooder_burst)
+
+    def admit(self, type_: str, flooder: str, count: int, now_us: int) -> None:
+        """Let ``count`` new messages of flooder (``type_``, ``flooder``) through, or raise
+        Throttled. A put is let through whole while the bucket is not empty, and its
+        messages are taken from it, into debt if need be: a batch is never split, and
+        the flooder's rate over time stays ``rate_per_s``."""
+        if self.mode == "spill":
+            return
+        if self.mode == "block":
+            raise Throttled(f"tenant {flooder!r} is listed as a flooder of type {type_!r}: "
+                            "its new messages are refused while it is listed")
+        tokens, at = self._buckets.get((type_, flooder), (float(self.burst), now_us))
+        tokens = min(float(self.burst), tokens + (now_us - at) / US * self.rate_per_s)
+        if tokens <= 0:
+            self._buckets[(type_, flooder)] = (tokens, now_us)
+            raise Throttled(
+                f"tenant {flooder!r} is listed as a flooder of type {type_!r} and sends past "
+                f"{self.rate_per_s:g} messages/s: retry in {-tokens / self.rate_per_s + 0.001:.3f}s"
+                " or later")
+        self._buckets[(type_, flooder)] = (tokens - count, now_us)
+
+    def forget_others(self, listed: Collection[tuple[str, str]]) -> None:
+        """Drop the buckets of flooders no longer listed (listed again: a full bucket)."""
+        for pair in set(self._buckets) - set(listed):
+            del self._buckets[pair]
+
+
+def admit_flooders(env: Env, sq: int, flooder_of: list[str | None], types: list[str],
+                   counts: list[int], now_us: int) -> None:
+    """Check a put's flooders' messages against ``env.flooder_puts`` before anything is
+    written: per attribute group ``flooder_of`` (None: not a flooder's), its type and
+    its message count. Raises Throttled, refusing the whole put."""
+    per_flooder: dict[tuple[str, str], int] = {}
+    for flooder, type_, count in zip(flooder_of, types, counts):
+        if flooder is not None and count:
+            per_flooder[(type_, flooder)] = per_flooder.get((type_, flooder), 0) + count
+    for (type_, flooder), count in per_flooder.items():
+        env.flooder_puts.admit(type_, flooder, count, now_us)
 
 
 def spill_one(w: Ledger, sq: int, kid: int, visible_us: int, type_: str, tenant: str,

@@ -84,6 +84,7 @@ class ShardStore:
         self.index: ShardIndex = kv.transact(self._load)
         self.dispatch = FairDispatch(dispatch, self.index.key_names.get)
         self._env = Env(config, self.cache, self.dispatch, check_senders)
+        self._env.flooder_puts = spill.FlooderPuts()  # every flooder's puts spilled
         now_us = to_us(self.clock.now())
         heads = kv.read(lambda txn: {pair: head_of(txn, self.index, *pair, now_us)
                                      for pair in self.index.counts})
@@ -345,6 +346,12 @@ class ShardStore:
         self._env.diverts = {
             check_subqueue(sq): [(check_name(t, "type"), check_name(w, "tenant"))
                                  for t, w in pairs] for sq, pairs in diverts.items()}
+        self._env.flooder_puts.forget_others(
+            {pair for pairs in self._env.diverts.values() for pair in pairs})
+
+    def set_flooder_puts(self, policy: spill.FlooderPuts) -> None:
+        """What puts of listed flooders do from now on (``FloodConfig.flooder_puts``)."""
+        self._env.flooder_puts = policy
 
     def spill_left(self, type_: str, tenant: str) -> bool:
         """Whether anything is spilled under flooder (type, tenant): one seek."""
