@@ -5,7 +5,7 @@ import pytest
 
 from rayq.core.codec.model import NewMessage, encode_body
 from rayq.core.storage.dispatch import DispatchPolicy
-from rayq.core.storage.writes import ChangeVisibility, Put
+from rayq.core.storage.writes import ChangeVisibility, CollectExpired, Defer, Put
 from rayq.errors import InvalidMessage
 from tests.contract.helpers import batch, everything, received, values
 
@@ -83,3 +83,25 @@ def test_an_ordered_subqueue_refuses_a_priority_and_keeps_what_it_holds(store):
     with pytest.raises(InvalidMessage, match="ordered"):
         store.run(Put(0, batch(urgent("urgent", 4))))
     assert values(everything(store)) == ["first"]
+
+
+def test_a_retried_task_goes_back_to_its_place_by_age_once_its_back_off_ends(store, clock):
+    store.run(Put(0, batch(urgent("old", 0))))
+    [old] = received(store, 0, 1, 30)
+    clock.advance(1200)  # the old one ran long, then failed
+    store.run(Put(0, batch(urgent("young", 0))))
+    store.run(ChangeVisibility(old.receipt, 100, usage=b"report"))  # a retry in 100 s
+    clock.advance(100)
+    store.run(CollectExpired())  # the shard's periodic pass: no receive needed
+    [depth] = store.depths()
+    assert depth.oldest_age_s == 1300  # not the young one's 100
+    assert values(everything(store)) == ["old", "young"]
+
+
+def test_a_deferred_task_still_waits_behind_the_messages_that_showed_before_it(store, clock):
+    store.run(Put(0, batch(urgent("held", 0))))
+    [held] = received(store, 0, 1, 30)
+    store.run(Put(0, batch(urgent("next", 0))))
+    store.run(Defer(held.receipt, 1, usage=b"report"))  # its type at its limit
+    clock.advance(1)
+    assert values(everything(store)) == ["next", "held"]

@@ -8,9 +8,11 @@ Tables (LMDB named sub-databases; :data:`TABLES` names them in the order
   (subqueue, fairness key) is the first row of its prefix: one cursor seek. A visible
   row of priority p > 0 sorts p bands earlier (:func:`sort_time`), so the first row is
   the key's most urgent visible message.
-- ``promote``: (visible_at µs, seq) -> row key of a hidden row of priority > 0: once
-  it shows, a receive moves it to its band (:func:`sort_time`); an entry whose row
-  is no longer at that key is stale and dropped.
+- ``promote``: (visible_at µs, seq) -> row key of a hidden row of priority > 0, or of
+  a task waiting to be retried (then followed by :data:`BY_ENQUEUE`): once it shows, a
+  receive (or the shard's periodic expiry pass) moves it to its band
+  (:func:`sort_time`), a retried task by its enqueue time, back ahead of the messages
+  younger than it; an entry whose row is no longer at that key is stale and dropped.
 - ``expiry``: (expires_at µs, seq) -> row key: expired rows go in bounded batches.
 - ``blobs``: (blob id, chunk) -> bytes of a body over the blob threshold.
 - ``counts``: (subqueue, key id) -> rows of that pair (signed 64-bit).
@@ -202,6 +204,7 @@ def visible_since(field: int, now_us: int) -> int:
 
 
 promote_key = struct.Struct(">QQ").pack  # (visible_at µs, seq) -> key
+BY_ENQUEUE = b"e"  # after a promote entry's row key: the row goes back by its enqueue time
 
 
 def key_range(sq: int, kid: int) -> tuple[bytes, bytes]:

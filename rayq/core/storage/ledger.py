@@ -295,18 +295,22 @@ class Ledger:
         self.count(sq, kid, meta.type, meta.tenant, +1)
         self.joined(sq, kid)
 
-    def placed_key(self, sq: int, kid: int, visible_us: int, seq: int, flags: int) -> bytes:
+    def placed_key(self, sq: int, kid: int, visible_us: int, seq: int, flags: int,
+                   by_enqueue: bool = False) -> bytes:
         """The row key of a row of (subqueue, key) visible from ``visible_us``: one of
         priority p > 0 already visible sorts p bands ahead of the key's other rows
         (:func:`~rayq.core.storage.layout.sort_time`); one still hidden is noted in
-        ``promote``, and a receive moves it there once it shows (:meth:`promote_due`)."""
+        ``promote``, and a receive moves it there once it shows (:meth:`promote_due`).
+        ``by_enqueue`` (a task waiting to be retried): once it shows it goes back to its
+        place by its enqueue time, ahead of the younger messages that came meanwhile."""
         priority = flags >> layout.PRIORITY_AT
-        if not priority:
+        if not priority and not by_enqueue:
             return layout.row_key(sq, kid, visible_us, seq)
         row_key = layout.row_key(sq, kid, layout.sort_time(visible_us, priority, self.now_us),
                                  seq)
         if visible_us > self.now_us:
-            self.txn.put("promote", layout.promote_key(visible_us, seq), row_key)
+            self.txn.put("promote", layout.promote_key(visible_us, seq),
+                         row_key + (layout.BY_ENQUEUE if by_enqueue else b""))
         return row_key
 
     def promote_due(self, limit: int) -> int:
@@ -316,15 +320,20 @@ class Ledger:
         due = list(itertools.islice(
             self.txn.scan("promote", b"", layout.promote_key(self.now_us + 1, 0)), limit))
         moved = 0
-        for key, row_key in due:
+        for key, entry in due:
             self.txn.delete("promote", key)
+            row_key = entry[:layout.ROW_KEY.size]
             value = self.txn.get("rows", row_key)
             if value is None:
                 continue
             sq, kid, visible_us, seq = layout.parse_row_key(row_key)
-            self._move(row_key, value, layout.row_key(sq, kid, layout.sort_time(
-                visible_us, layout.priority_of(layout.meta(value).flags), self.now_us), seq))
-            moved += 1
+            if entry[layout.ROW_KEY.size:] == layout.BY_ENQUEUE:
+                visible_us = min(visible_us, layout.enqueued_us(value))
+            new_key = layout.row_key(sq, kid, layout.sort_time(
+                visible_us, layout.priority_of(layout.meta(value).flags), self.now_us), seq)
+            if new_key != row_key:
+                self._move(row_key, value, new_key)
+                moved += 1
         return moved
 
     def take_rows(self, found: list[tuple[bytes, bytes]], visible_us: int,
@@ -418,8 +427,9 @@ class Ledger:
         if sq in self.index.ordered:  # keeps its place; the in-flight entry hides it
             new_key = row_key
             self.txn.put("inflight", layout.inflight_key(sq, kid, seq), layout.pack_u64(visible_us))
-        else:
-            new_key = self.placed_key(sq, kid, visible_us, seq, meta.flags)
+        else:  # a retry goes back to its place by enqueue time once it shows
+            new_key = self.placed_key(sq, kid, visible_us, seq, meta.flags,
+                                      by_enqueue=resting and not undeliver)
         self._move(row_key, new_value, new_key)
         self.flights.append(Released(row_key, used=False) if undeliver
                             else Rehid(row_key, new_key, visible_us))

@@ -280,7 +280,7 @@ def collect_expired(w: Ledger, env: Env, limit: int) -> int:
             continue
         w.remove(row_key, value, Ending.EXPIRED)
         w.stats["expired"] += 1
-    return len(entries) + collect_outcomes(w, limit)
+    return len(entries) + collect_outcomes(w, limit) + w.promote_due(PROMOTE_BATCH)
 
 
 def peek(w: Ledger, env: Env, subqueue: int, max_messages: int,
