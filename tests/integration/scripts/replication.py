@@ -490,8 +490,8 @@ def control_pause(cluster, nodes, data_dir) -> dict:
     wait_for(lambda: len(control_places()) >= 3 and
              all(len(p[0]) >= 2 for p in control_places().values()))
     before = control_places()["manager"]
-    [old] = list_actors(filters=[("name", "=", "rayq-manager"), ("state", "=", "ALIVE")],
-                        detail=True)
+    [old] = list_actors(address=own_gcs(), detail=True,
+                        filters=[("name", "=", "rayq-manager"), ("state", "=", "ALIVE")])
     acked = set(queue.send_batch([rayq.Outgoing(i) for i in range(100)]))
     os.kill(old.pid, signal.SIGSTOP)
     moved = wait_for(lambda: control_places()["manager"][1] > before[1], 120)
@@ -598,8 +598,15 @@ def healed(copies: int = 2) -> bool:
 def node_pids(node_id: str) -> list[int]:
     from ray.util.state import list_actors
 
-    return [a.pid for a in list_actors(filters=[("state", "=", "ALIVE")], detail=True, limit=1000)
+    return [a.pid for a in list_actors(address=own_gcs(), filters=[("state", "=", "ALIVE")],
+                                       detail=True, limit=1000)
             if a.node_id == node_id and (a.name or "").startswith("rayq-")]
+
+
+def own_gcs() -> str:
+    """This cluster's address: the state API asks it, not whichever Ray on this machine
+    started last (a test run's own Ray runs beside this one)."""
+    return ray.get_runtime_context().gcs_address
 
 
 def nemesis(cluster, nodes, data_dir, rounds: int = 3, seed: int = 7) -> dict:
