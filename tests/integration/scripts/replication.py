@@ -454,7 +454,7 @@ def control_loss(cluster, nodes, data_dir) -> dict:
                   "acme_schedules": [s.name for s in acme.schedules()]}
     # the manager that took over fires acme's schedule: a tick after the loss
     ticked = wait_for(lambda: next(s.last_fired_at or 0 for s in acme.schedules()
-                                   if s.name == "beat") > lost_wall, 60)
+                                   if s.name == "beat") > lost_wall, 180)
     acme.unschedule("beat")
     senders.stop()
     received = drain(queue, senders.acked)
