@@ -327,18 +327,18 @@ class Client:
         return sum(call(lambda ref=ref: ref) for ref in refs)
 
     def report(self, out_dir: str | os.PathLike, progress=None) -> Report:
-        """Flush pending events, then run the Spark report over the event log in the
-        runtime's analytics actor, whose Spark (RayDP, on this Ray cluster) stays warm
-        between reports. Returns a rayq.Report: ``html`` is the page's path, ``tables``
+        """Flush pending events, then run the Spark report over every data node's event
+        log in the runtime's analytics actor, whose Spark (RayDP, on this Ray cluster)
+        stays warm between reports. The page and tables are written under ``out_dir``
+        on this machine. Returns a rayq.Report: ``html`` is the page's path, ``tables``
         maps table names to Parquet paths. ``progress(step)`` hears each step."""
         from actors import analytics
         from rayq.analytics.report import current_thresholds
 
         self.flush_events()
-        data_dir = self._manager("info")["data_dir"]
-        return analytics.report(self.config, os.path.join(data_dir, "events"),
-                                os.path.abspath(out_dir), progress or (lambda step: None),
-                                current_thresholds(self.config))
+        data_root = self._manager("info")["data_root"]
+        return analytics.report(self.config, data_root, progress or (lambda step: None),
+                                current_thresholds(self.config)).write(out_dir)
 
     def drain(self, node: str, wait_s: float | None = 600.0) -> dict[str, dict[str, int]]:
         """Move every shard copy, shard leadership and control store copy off data node

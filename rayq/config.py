@@ -226,6 +226,10 @@ class AnalyticsConfig:
     # The analytics actor keeps Spark warm between reports; after this long without one
     # it stops Spark and exits, so an idle runtime holds no JVM (0: never).
     idle_stop_s: float = 600.0
+    # Where every writer puts its events and the report reads them: a pyarrow file system
+    # URI (a shared folder "file:///mnt/shared/rayq-events", "s3://bucket/rayq-events").
+    # None: each node keeps its own under <data_dir>/<node>/events, read on that node.
+    events_uri: str | None = None
 
 
 @dataclass(frozen=True)
@@ -257,6 +261,17 @@ class Config:
         _check_fair_dispatch(self.fairness)
         _check_replicas(self.store)
         _check_flood_window(self.flood, self.store)
+        _check_events_uri(self.analytics)
+
+
+def _check_events_uri(analytics: "AnalyticsConfig") -> None:
+    uri = analytics.events_uri
+    if uri is not None and not (isinstance(uri, str) and _EVENTS_URI.fullmatch(uri)):
+        raise ConfigError("analytics.events_uri must be a file system URI such as "
+                          f"'file:///shared/rayq-events' or 's3://bucket/rayq-events', got {uri!r:.200}")
+
+
+_EVENTS_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
 
 
 def _check_flood_window(flood: "FloodConfig", store: "StoreConfig") -> None:
