@@ -71,7 +71,12 @@ def _gather_from_nodes(config: Config, data_dir: str, known: frozenset[str]) -> 
     nodes = {n.name: n for n in data_nodes(config)}
     listed = {name: _listed.options(**pinned(n)).remote(events_dir(data_dir, name))
               for name, n in nodes.items()}
-    listings = {name: ray.get(ref, timeout=READ_TIMEOUT_S) for name, ref in listed.items()}
+    listings = {}
+    for name, ref in listed.items():
+        try:
+            listings[name] = ray.get(ref, timeout=READ_TIMEOUT_S)
+        except ray.exceptions.TaskUnschedulableError:
+            pass  # the node left after Ray listed it alive: its files left with it
     plan = plan_reads(listings, known)
     reads = [_read.options(**pinned(nodes[name])).remote(name, events_dir(data_dir, name),
                                                         list(names))

@@ -34,7 +34,7 @@ from rayq.core.fairness.tallies import TallyRow
 from rayq.tasks import TaskFunction
 from rayq.errors import InvalidMessage, ResultTimeout, RuntimeFailure, TaskNotFound
 from rayq.queue import Queue
-from rayq.remote import call, named
+from rayq.remote import call, call_all, named
 from rayq.transport import Transport
 
 DRAIN_POLL_S = 0.5  # how often client.drain asks what the node still holds
@@ -322,9 +322,9 @@ class Client:
         flushes = [*((SHARD_OPS["flush_events"], s) for s in self.transport.shards),
                    (COORDINATOR_OPS["flush_events"], named(COORDINATOR)),
                    (FLOOD_OPS["flush_events"], named(FLOOD_DETECTOR))]
-        refs = [self.transport.request(op, handle) for op, handle in flushes]
-        ray.wait(refs, num_returns=len(refs))  # every answer in, before any error is raised
-        return sum(call(lambda ref=ref: ref) for ref in refs)
+        # a shard whose leader moved (a drain, a failover) is asked again where it is now
+        return sum(call_all([lambda op=op, handle=handle: self.transport.request(op, handle)
+                             for op, handle in flushes]))
 
     def report(self, out_dir: str | os.PathLike, progress=None) -> Report:
         """Flush pending events, then run the Spark report over every data node's event
