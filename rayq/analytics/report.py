@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from rayq.analytics.schema import TABLES
 from rayq.config import AnalyticsConfig, Config
-from rayq.core.kit.private import make_private_dir, make_private_file
+from rayq.core.kit.private import FILE_MODE, make_private_dir, make_private_file
 from rayq.errors import NoEvents  # noqa: F401  (re-exported here too)
 
 # progress() calls of a report: start Spark (or find it warm), one per table, plot,
@@ -52,16 +52,16 @@ class ReportFiles:
     files: dict[str, bytes]
 
     def write(self, out_dir: str | os.PathLike) -> Report:
-        """Write the files under ``out_dir`` (each replaced whole) and return the report
-        with its paths there."""
+        """Write the files under ``out_dir`` (each replaced whole, the owner's alone: they
+        name tenants) and return the report with its paths there."""
         out_dir = os.path.abspath(out_dir)
-        make_private_dir(out_dir)
         for name, data in self.files.items():
             path = os.path.join(out_dir, *name.split("/"))
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            make_private_dir(os.path.dirname(path))
             tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
             with open(tmp, "wb") as f:
                 f.write(data)
+            os.chmod(tmp, FILE_MODE)
             os.replace(tmp, path)
         return _moved(self.report, lambda rel: os.path.join(out_dir, *rel.split("/")))
 

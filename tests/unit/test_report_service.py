@@ -78,6 +78,7 @@ def test_a_report_runs_on_the_warm_spark_logs_beside_the_event_log_and_returns_i
     written = got.write(tmp_path / "here")  # the caller writes them where it runs
     assert written.html == str(tmp_path / "here" / "report.html")
     assert (tmp_path / "here" / "report.html").read_bytes() == b"<html>"
+    assert (tmp_path / "here" / "report.html").stat().st_mode & 0o777 == 0o600  # names tenants
     assert written.tables == {"summary": str(tmp_path / "here" / "tables" / "summary")}
     assert svc.steps() == ["Spark is warm"] and svc.steps(1) == []
     assert svc.stats().reports == 1 and svc.stats().spark
