@@ -267,11 +267,15 @@ class Config:
 def _check_events_uri(analytics: "AnalyticsConfig") -> None:
     uri = analytics.events_uri
     if uri is not None and not (isinstance(uri, str) and _EVENTS_URI.fullmatch(uri)):
-        raise ConfigError("analytics.events_uri must be a file system URI such as "
-                          f"'file:///shared/rayq-events' or 's3://bucket/rayq-events', got {uri!r:.200}")
+        raise ConfigError("analytics.events_uri must be a URI of one of pyarrow's file systems "
+                          f"({', '.join(_EVENTS_SCHEMES)}), such as 'file:///shared/rayq-events' "
+                          f"or 's3://bucket/rayq-events', got {uri!r:.200}")
 
 
-_EVENTS_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
+# Checked here, once: a writer that met a scheme pyarrow cannot open would fail on
+# its hot path (an append that flushes inline).
+_EVENTS_SCHEMES = ("file", "s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss")
+_EVENTS_URI = re.compile(rf"(?:{'|'.join(_EVENTS_SCHEMES)})://\S+")
 
 
 def _check_flood_window(flood: "FloodConfig", store: "StoreConfig") -> None:

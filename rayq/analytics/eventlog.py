@@ -24,7 +24,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from rayq.analytics.schema import EVENT_SCHEMA, FIELDS, KINDS, SCHEMA_VERSION
-from rayq.analytics.sources import events_filesystem, is_uri, list_event_files, read_event_files
+from rayq.analytics.sources import concat_event_files, events_filesystem, is_uri, list_event_files
 from rayq.core.kit.private import FILE_MODE, make_private_dir
 
 MAX_BUFFERED = 200_000   # past this, appends flush inline rather than grow without bound
@@ -176,7 +176,7 @@ class NoEventLog:
 def read_events(root: str | os.PathLike) -> pa.Table:
     """Every event under ``root``, a folder or a URI (for tests and the pyarrow-only
     baseline)."""
-    return read_event_files(root, list_event_files(root))
+    return concat_event_files(root, list_event_files(root))
 
 
 def open_event_log(data_dir: str, writer: str, config, collect=None) -> EventLog | NoEventLog:

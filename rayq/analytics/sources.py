@@ -63,12 +63,17 @@ def list_event_files(root: str | os.PathLike) -> list[str]:
 def read_event_files(root: str | os.PathLike, names: Sequence[str]) -> pa.Table:
     """The events of files ``names`` (relative to ``root``) as one table of EVENT_SCHEMA,
     each column in one chunk (RayDP's conversion to Spark takes no chunked columns)."""
+    return concat_event_files(root, names).combine_chunks()
+
+
+def concat_event_files(root: str | os.PathLike, names: Sequence[str]) -> pa.Table:
+    """The events of files ``names`` (relative to ``root``), one chunk per file."""
     if not names:
         return EVENT_SCHEMA.empty_table()
     fs, base = events_filesystem(root)
     return pa.concat_tables(
         pq.read_table(f"{base}/{name}", schema=EVENT_SCHEMA, filesystem=fs).select(FIELDS)
-        for name in names).combine_chunks()
+        for name in names)
 
 
 def read_file_bytes(root: str | os.PathLike, names: Sequence[str]) -> list[tuple[str, bytes]]:

@@ -73,12 +73,18 @@ def test_writers_sharing_an_events_uri_are_all_read_from_it(tmp_path):
     assert not list(tmp_path.rglob(".*.tmp"))  # written, then renamed
 
 
-@pytest.mark.parametrize("uri", ["", "/shared/events", "shared", 7, "s3://"])
+@pytest.mark.parametrize("uri", ["", "/shared/events", "shared", 7, "s3://",
+                                 "nosuchscheme://bucket/events", "file:// spaced"])
 def test_an_events_uri_must_name_a_file_system(uri):
     with pytest.raises(ConfigError):
         Config(analytics=AnalyticsConfig(events_uri=uri))
 
 
-def test_an_events_uri_pyarrow_cannot_open_is_refused(tmp_path):
+def test_an_events_uri_pyarrow_cannot_open_is_refused_when_read():
     with pytest.raises(ConfigError):
         list_event_files("nosuchscheme://bucket/events")
+
+
+def test_a_file_uri_and_an_s3_uri_are_accepted():
+    for uri in ("file:///mnt/shared/rayq-events", "s3://bucket/rayq-events"):
+        assert Config(analytics=AnalyticsConfig(events_uri=uri)).analytics.events_uri == uri
