@@ -11,6 +11,7 @@ concurrency leases of limited job types.
 from __future__ import annotations
 
 import asyncio
+import os
 
 import ray
 
@@ -18,7 +19,8 @@ from rayq.names import COORDINATOR, FLOOD_DETECTOR, namespace, server_env, consu
 from actors.controlstore import drain_marks, every_place, given_up_node, set_drain_marks
 from actors.data_nodes import data_nodes
 from actors.replication.keeper import WATCH_INTERVAL_S, ReplicaKeeper
-from rayq.core.control.control_places import control_left_on
+from actors.event_reads import unshipped_events
+from rayq.core.control.control_places import control_left_on, drained
 from rayq.core.control.placement import marked_to_drain, unmarked
 from rayq.core.replication.shard_places import ShardPlace
 from actors.consumer import ConsumerRemote, named_consumers
@@ -116,9 +118,15 @@ class QueueManager(ControlActor):
     @signed(MANAGER_OPS["drain_status"])
     async def drain_status(self, node: str) -> dict[str, dict[str, int]]:
         """What data node ``node`` still holds: ``{"shards": {"leads", "copies"},
-        "control": {"leads", "copies"}}``; all zeros once it can leave at no cost."""
-        return {"shards": self.replicas.left_on(node),
+        "control": {"leads", "copies"}, "events": {"files"}}``; all zeros once it can
+        leave at no cost. Once it holds no store, its event files (which no one writes
+        to any more) are copied to this node's folder: the report still counts them
+        after the node leaves."""
+        left = {"shards": self.replicas.left_on(node),
                 "control": control_left_on(every_place(), node)}
+        files = await unshipped_events(self.config, self.replicas.data_dir, node,
+                                       os.path.join(self.data_dir, "events"), drained(left))
+        return {**left, "events": {"files": files}}
 
     def places(self) -> dict[int, ShardPlace]:
         """Every shard's replicas, in-sync set and epoch."""

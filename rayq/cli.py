@@ -107,7 +107,7 @@ def start(data_dir: str | None, consumers: int | None, port: int, dashboard: boo
     if warm_report:
         from actors.analytics import warm_up
 
-        warm_up(client.config, os.path.join(where, "events"))
+        warm_up(client.config, where)
     token = _token_auth()
     ray.shutdown()
     console.print(f"rayq runtime running on Ray at {address} "

@@ -37,7 +37,7 @@ from rayq.tasks import TaskFunction
 from rayq.errors import InvalidMessage, ResultTimeout, RuntimeFailure, TaskNotFound
 from rayq.queue import Queue
 from rayq import redriving
-from rayq.remote import call, named
+from rayq.remote import call, call_all, named
 from rayq.transport import Transport
 
 DRAIN_POLL_S = 0.5  # how often client.drain asks what the node still holds
@@ -425,23 +425,23 @@ class Client:
         flushes = [*((SHARD_OPS["flush_events"], s) for s in self.transport.shards),
                    (COORDINATOR_OPS["flush_events"], named(COORDINATOR)),
                    (FLOOD_OPS["flush_events"], named(FLOOD_DETECTOR))]
-        refs = [self.transport.request(op, handle) for op, handle in flushes]
-        ray.wait(refs, num_returns=len(refs))  # every answer in, before any error is raised
-        return sum(call(lambda ref=ref: ref) for ref in refs)
+        # a shard whose leader moved (a drain, a failover) is asked again where it is now
+        return sum(call_all([lambda op=op, handle=handle: self.transport.request(op, handle)
+                             for op, handle in flushes]))
 
     def report(self, out_dir: str | os.PathLike, progress=None) -> Report:
-        """Flush pending events, then run the Spark report over the event log in the
-        runtime's analytics actor, whose Spark (RayDP, on this Ray cluster) stays warm
-        between reports. Returns a rayq.Report: ``html`` is the page's path, ``tables``
+        """Flush pending events, then run the Spark report over every data node's event
+        log in the runtime's analytics actor, whose Spark (RayDP, on this Ray cluster)
+        stays warm between reports. The page and tables are written under ``out_dir``
+        on this machine. Returns a rayq.Report: ``html`` is the page's path, ``tables``
         maps table names to Parquet paths. ``progress(step)`` hears each step."""
         from actors import analytics
         from rayq.analytics.report import current_thresholds
 
         self.flush_events()
-        data_dir = self._manager("info")["data_dir"]
-        return analytics.report(self.config, os.path.join(data_dir, "events"),
-                                os.path.abspath(out_dir), progress or (lambda step: None),
-                                current_thresholds(self.config))
+        data_root = self._manager("info")["data_root"]
+        return analytics.report(self.config, data_root, progress or (lambda step: None),
+                                current_thresholds(self.config)).write(out_dir)
 
     def drain(self, node: str, wait_s: float | None = 600.0) -> dict[str, dict[str, int]]:
         """Move every shard copy, shard leadership and control store copy off data node

@@ -250,6 +250,10 @@ class AnalyticsConfig:
     # The analytics actor keeps Spark warm between reports; after this long without one
     # it stops Spark and exits, so an idle runtime holds no JVM (0: never).
     idle_stop_s: float = 600.0
+    # Where every writer puts its events and the report reads them: a pyarrow file system
+    # URI (a shared folder "file:///mnt/shared/rayq-events", "s3://bucket/rayq-events").
+    # None: each node keeps its own under <data_dir>/<node>/events, read on that node.
+    events_uri: str | None = None
 
 
 @dataclass(frozen=True)
@@ -282,6 +286,21 @@ class Config:
         _check_replicas(self.store)
         _check_flood_window(self.flood, self.store)
         _check_body_limits(self.store)
+        _check_events_uri(self.analytics)
+
+
+def _check_events_uri(analytics: "AnalyticsConfig") -> None:
+    uri = analytics.events_uri
+    if uri is not None and not (isinstance(uri, str) and _EVENTS_URI.fullmatch(uri)):
+        raise ConfigError("analytics.events_uri must be a URI of one of pyarrow's file systems "
+                          f"({', '.join(_EVENTS_SCHEMES)}), such as 'file:///shared/rayq-events' "
+                          f"or 's3://bucket/rayq-events', got {uri!r:.200}")
+
+
+# Checked here, once: a writer that met a scheme pyarrow cannot open would fail on
+# its hot path (an append that flushes inline).
+_EVENTS_SCHEMES = ("file", "s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss")
+_EVENTS_URI = re.compile(rf"(?:{'|'.join(_EVENTS_SCHEMES)})://\S+")
 
 
 FLOODER_PUTS = frozenset({"spill", "throttle", "block"})

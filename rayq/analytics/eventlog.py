@@ -20,9 +20,11 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from rayq.analytics.schema import EVENT_SCHEMA, FIELDS, KINDS, SCHEMA_VERSION
+from rayq.analytics.sources import concat_event_files, events_filesystem, is_uri, list_event_files
 from rayq.core.kit.private import FILE_MODE, make_private_dir
 
 MAX_BUFFERED = 200_000   # past this, appends flush inline rather than grow without bound
@@ -93,17 +95,35 @@ class EventLog:
             by_hour[partition].append(pa.Table.from_pylist(part, schema=EVENT_SCHEMA))
         written = 0
         for partition, parts in by_hour.items():
-            folder = os.path.join(self.root, partition)
-            make_private_dir(folder)
             name = f"part-{self.writer}-{uuid.uuid4().hex[:12]}.parquet"
             table = pa.concat_tables(parts)
-            tmp = os.path.join(folder, "." + name + ".tmp")
-            pq.write_table(table, tmp)
-            os.chmod(tmp, FILE_MODE)  # events name tenants and types: the owner's alone
-            os.replace(tmp, os.path.join(folder, name))  # readers never see a half file
+            if is_uri(self.root):
+                _write_to_uri(self.root, partition, name, table)
+            else:
+                folder = os.path.join(self.root, partition)
+                make_private_dir(folder)
+                tmp = os.path.join(folder, "." + name + ".tmp")
+                pq.write_table(table, tmp)
+                os.chmod(tmp, FILE_MODE)  # events name tenants and types: the owner's alone
+                os.replace(tmp, os.path.join(folder, name))  # readers never see a half file
             written += table.num_rows
         self.written += written
         return written
+
+
+def _write_to_uri(root: str, partition: str, name: str, table: pa.Table) -> None:
+    """One event file under the events URI ``root``: on a local or shared folder written,
+    then renamed, as in a node's own folder; in an object store put whole (a put is
+    seen whole or not at all)."""
+    fs, base = events_filesystem(root)
+    folder = f"{base}/{partition}"
+    fs.create_dir(folder, recursive=True)
+    if isinstance(fs, pafs.LocalFileSystem):
+        tmp = f"{folder}/.{name}.tmp"
+        pq.write_table(table, tmp, filesystem=fs)
+        fs.move(tmp, f"{folder}/{name}")
+    else:
+        pq.write_table(table, f"{folder}/{name}", filesystem=fs)
 
 
 def _moment(ts: float) -> dt.datetime:
@@ -153,29 +173,22 @@ class NoEventLog:
         return 0
 
 
-def event_files(root: str | os.PathLike) -> list[str]:
-    """Every finished event file under ``root`` (files being written start with a dot)."""
-    return sorted(os.path.join(folder, name) for folder, _, names in os.walk(os.fspath(root))
-                  for name in names if name.endswith(".parquet") and not name.startswith("."))
-
-
 def read_events(root: str | os.PathLike) -> pa.Table:
-    """Every event under ``root`` (for tests and the pyarrow-only baseline)."""
-    files = event_files(root)
-    if not files:
-        return EVENT_SCHEMA.empty_table()
-    return pa.concat_tables(pq.read_table(f, schema=EVENT_SCHEMA) for f in files)
+    """Every event under ``root``, a folder or a URI (for tests and the pyarrow-only
+    baseline)."""
+    return concat_event_files(root, list_event_files(root))
 
 
 def open_event_log(data_dir: str, writer: str, config, collect=None) -> EventLog | NoEventLog:
-    """The event log of one runtime actor under ``<data_dir>/events`` with its flushing
-    task started on the running loop; a NoEventLog when ``config.events`` is off (an
+    """The event log of one runtime actor under ``<data_dir>/events`` (its node's
+    folder), or under ``config.events_uri`` when set, with its flushing task started
+    on the running loop; a NoEventLog when ``config.events`` is off (an
     ``AnalyticsConfig``). ``collect`` gathers events kept elsewhere before each flush."""
     import asyncio
 
     if not config.events:
         return NoEventLog()
-    log = EventLog(os.path.join(data_dir, "events"), writer)
+    log = EventLog(config.events_uri or os.path.join(data_dir, "events"), writer)
     asyncio.get_running_loop().create_task(flush_forever(log, config.flush_interval_s, collect))
     return log
 

@@ -3,20 +3,24 @@ writes Parquet tables, PNG plots and one self-contained HTML page. The runtime's
 reports run in its analytics actor (actors/analytics.py), whose Spark stays warm
 between reports (rayq.analytics.warm); :func:`rayq.analytics.warm.run_report` runs one in this process.
 
-Results leave Spark as Parquet files (small tables are read back with pyarrow), not
-through ``ray.data.from_spark``, which crashed on Ray 2.53 and 2.60 with raydp
-1.6.5 ("Check failed: objects_valid").
+Events enter Spark from Arrow tables in Ray's object store (RayDP's
+``ray_dataset_to_spark_dataframe``, see rayq.analytics.warm). Results leave Spark as
+Arrow collected by the driver, not through ``ray.data.from_spark``, which crashed on
+Ray 2.53 and 2.60 with raydp 1.6.5 ("Check failed: objects_valid"). The analytics
+actor writes the page and tables into a folder of its own and sends their bytes back
+(:class:`ReportFiles`): ``client.report`` writes them on the caller's machine.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass, field
 
 from rayq.analytics.schema import TABLES
 from rayq.config import AnalyticsConfig, Config
-from rayq.core.kit.private import make_private_dir, make_private_file
+from rayq.core.kit.private import FILE_MODE, make_private_dir, make_private_file
 from rayq.errors import NoEvents  # noqa: F401  (re-exported here too)
 
 # progress() calls of a report: start Spark (or find it warm), one per table, plot,
@@ -33,6 +37,52 @@ class Report:
     plots: dict[str, str] = field(default_factory=dict)
     events: int = 0
     seconds: float = 0.0
+    # Where this report's new events were read: one EventRead per source (a data
+    # node, or the events URI), with the Ray node the read ran on.
+    reads: tuple = ()
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    """A report made in another process, perhaps on another node: ``report`` with its
+    paths relative to the folder it was made in, and ``files``, each file's bytes by
+    that relative path (Parquet aggregates, PNG plots, one HTML page: small)."""
+
+    report: Report
+    files: dict[str, bytes]
+
+    def write(self, out_dir: str | os.PathLike) -> Report:
+        """Write the files under ``out_dir`` (each replaced whole, the owner's alone: they
+        name tenants) and return the report with its paths there."""
+        out_dir = os.path.abspath(out_dir)
+        for name, data in self.files.items():
+            path = os.path.join(out_dir, *name.split("/"))
+            make_private_dir(os.path.dirname(path))
+            tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, FILE_MODE)
+            os.replace(tmp, path)
+        return _moved(self.report, lambda rel: os.path.join(out_dir, *rel.split("/")))
+
+
+def pack(report: Report, out_dir: str) -> ReportFiles:
+    """The report made under ``out_dir`` and every file there, by relative path."""
+    files = {}
+    for folder, _, names in os.walk(out_dir):
+        for name in names:
+            if not name.startswith("."):
+                path = os.path.join(folder, name)
+                with open(path, "rb") as f:
+                    files[os.path.relpath(path, out_dir).replace(os.sep, "/")] = f.read()
+    return ReportFiles(_moved(report, lambda path: os.path.relpath(path, out_dir).replace(
+        os.sep, "/")), files)
+
+
+def _moved(report: Report, where) -> Report:
+    return dataclasses.replace(report, html=where(report.html),
+                               tables={k: where(v) for k, v in report.tables.items()},
+                               plots={k: where(v) for k, v in report.plots.items()})
 
 
 def current_thresholds(config: Config) -> dict[str, float]:
@@ -81,6 +131,9 @@ def spark_session(config: AnalyticsConfig, log_config: str | None = None):
 
     host = ray.util.get_node_ip_address()
     os.environ["SPARK_LOCAL_IP"] = host  # read by the Spark driver's JVM, started next
+    # The executors' Python workers (RayDP's conversion from Arrow runs in them) take
+    # this interpreter from the environment; spark.pyspark.python alone does not reach them.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
     configs = {"spark.pyspark.python": sys.executable,  # this interpreter and its packages
                "spark.pyspark.driver.python": sys.executable,
                "spark.driver.memory": config.driver_memory,

@@ -4,16 +4,25 @@ between reports and retires (stops Spark, then calls ``exit``) after
 ``AnalyticsConfig.idle_stop_s`` without a report, or after Spark failed, so an idle
 runtime holds no JVM and no executor's CPU. RayDP cannot start Spark twice in one
 process: after retiring, the next report needs a fresh process.
+
+Each report is made in a temporary folder of this process and returned as its files'
+bytes (:class:`~rayq.analytics.report.ReportFiles`), for the caller to write where
+it runs. Where the events come from is :meth:`ReportService.gather`'s to say: here
+one local events folder; the analytics actor reads every data node's, on its node.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from rayq.analytics.report import ReportFiles, pack
+from rayq.analytics.sources import NewEvents, local_events
 from rayq.analytics.warm import WarmSpark
 from rayq.config import AnalyticsConfig
 from rayq.core.kit.clock import Clock, SystemClock
@@ -50,30 +59,43 @@ class ReportService:
         self._retiring = False
         if watch and self._idle_stop_s > 0:
             threading.Thread(target=self._watch, daemon=True).start()
-        if warm:  # the events directory: Spark starts now, on a thread of its own
+        if warm:  # where the events are: Spark starts now, on a thread of its own
             threading.Thread(target=self.warm_up, args=(warm,), daemon=True).start()
 
-    def report(self, events_dir: str, out_dir: str, window_s: float,
-               current: Mapping[str, float]):
-        """One report (``WarmSpark.report``); Spark logs under ``<data_dir>/spark``."""
+    def report(self, where: str, window_s: float, current: Mapping[str, float]) -> ReportFiles:
+        """One report (``WarmSpark.report``) over the events :meth:`gather` finds from
+        ``where``, returned as its files; Spark logs under :meth:`log_dir`."""
         with self._lock:
             while self._retiring:   # wait for the exit: the caller then asks a fresh one
                 time.sleep(POLL_S)
             self._steps = []
+            out_dir = tempfile.mkdtemp(prefix="rayq-report-")
             try:
-                return self._warm.report(events_dir, out_dir, window_s, self._steps.append,
-                                         current, _log_dir(events_dir))
+                made = self._warm.report(lambda known: self.gather(where, known), out_dir,
+                                         window_s, self._steps.append, current,
+                                         self.log_dir(where))
+                return pack(made, out_dir)
             except RuntimeFailure:
                 self._retire(RETIRE_AFTER_S)  # Spark may be broken: the next report starts anew
                 raise
             finally:
+                shutil.rmtree(out_dir, ignore_errors=True)
                 self._since = self._clock.monotonic()
 
-    def warm_up(self, events_dir: str) -> None:
+    def gather(self, where: str, known: frozenset[str]) -> NewEvents:
+        """The events of the files not in ``known``: here those of the events folder
+        ``where``, read by this process."""
+        return local_events(where, known)
+
+    def log_dir(self, where: str) -> str:
+        """Spark logs in ``<data_dir>/spark``, beside the event log ``where``."""
+        return os.path.join(os.path.dirname(os.path.abspath(where)), "spark")
+
+    def warm_up(self, where: str) -> None:
         """Start Spark before the first report (``rayq start --warm-report``)."""
         with self._lock:
             if not self._retiring:
-                self._warm.start(_log_dir(events_dir))
+                self._warm.start(self.log_dir(where))
             self._since = self._clock.monotonic()
 
     def steps(self, since: int = 0) -> list[str]:
@@ -117,11 +139,6 @@ class ReportService:
             finally:
                 self.exit()
         threading.Thread(target=stop, daemon=True).start()
-
-
-def _log_dir(events_dir: str) -> str:
-    """Spark logs in ``<data_dir>/spark``, beside the event log."""
-    return os.path.join(os.path.dirname(os.path.abspath(events_dir)), "spark")
 
 
 def follow(start: Callable[[], object], done: Callable[[object], bool],

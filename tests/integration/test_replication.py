@@ -138,7 +138,7 @@ def test_a_drained_node_holds_nothing_and_its_removal_fails_nothing_over(cluster
     result = scenario("drain", cluster_run)
     node = result["node"]
     assert result["left"] == {"shards": {"leads": 0, "copies": 0},
-                              "control": {"leads": 0, "copies": 0}}
+                              "control": {"leads": 0, "copies": 0}, "events": {"files": 0}}
     assert all(node not in replicas for replicas, _ in result["drained_shards"].values())
     assert all(node not in in_sync for in_sync, _ in result["drained_control"].values())
     # No failover at the removal: every leader and copy stays where it was. (An epoch may

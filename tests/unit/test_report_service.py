@@ -1,12 +1,15 @@
 """The analytics actor's core: reports one at a time on a warm Spark, retiring (Spark
 stopped, then exit) after the idle time or a Spark failure."""
 
+import os
 import threading
 
 import pytest
 
 from rayq.analytics import service
+from rayq.analytics.report import Report
 from rayq.analytics.service import ReportService, follow
+from rayq.analytics.sources import NewEvents
 from rayq.analytics.warm import _partitions
 from rayq.config import AnalyticsConfig
 from rayq.core.kit.clock import FakeClock
@@ -17,13 +20,20 @@ class FakeSpark:
     def __init__(self, fail=None):
         self.running, self.reports, self.held, self.stops, self.fail = False, 0, 0, 0, fail
 
-    def report(self, events_dir, out_dir, window_s, progress, current, log_dir):
+    def report(self, gather, out_dir, window_s, progress, current, log_dir):
         if self.fail:
             raise self.fail
         self.running = True
         progress("Spark is warm")
         self.reports += 1
-        return ("report", events_dir, out_dir, window_s, log_dir)
+        self.gathered = gather(frozenset())
+        os.makedirs(os.path.join(out_dir, "tables", "summary"))
+        for name, data in (("report.html", b"<html>"), ("tables/summary/part-0.parquet", b"PAR1")):
+            with open(os.path.join(out_dir, name), "wb") as f:
+                f.write(data)
+        self.out_dir, self.window_s, self.log_dir = out_dir, window_s, log_dir
+        return Report(os.path.join(out_dir, "report.html"),
+                      {"summary": os.path.join(out_dir, "tables", "summary")}, events=3)
 
     def stop(self):
         self.running, self.stops = False, self.stops + 1
@@ -50,10 +60,26 @@ def make(idle_stop_s=60.0, fail=None):
     return svc, clock
 
 
-def test_a_report_runs_on_the_warm_spark_and_logs_beside_the_event_log():
-    svc, _ = make()
-    got = svc.report("/d/events", "/out", 5.0, {})
-    assert got == ("report", "/d/events", "/out", 5.0, "/d/spark")
+class Gathering(Exiting):
+    def gather(self, where, known):
+        return NewEvents(frozenset({f"{where}/part-a.parquet"}), events=3)
+
+
+def test_a_report_runs_on_the_warm_spark_logs_beside_the_event_log_and_returns_its_files(
+        tmp_path):
+    svc = Gathering(AnalyticsConfig(), FakeClock(), watch=False)
+    svc._warm = spark = FakeSpark()
+    got = svc.report("/d/events", 5.0, {})
+    assert spark.gathered.files == {"/d/events/part-a.parquet"}  # gather asked of where
+    assert (spark.window_s, spark.log_dir) == (5.0, "/d/spark")
+    assert not os.path.exists(spark.out_dir)  # made in a folder of its own, then removed
+    assert got.files == {"report.html": b"<html>", "tables/summary/part-0.parquet": b"PAR1"}
+    assert got.report.html == "report.html" and got.report.events == 3
+    written = got.write(tmp_path / "here")  # the caller writes them where it runs
+    assert written.html == str(tmp_path / "here" / "report.html")
+    assert (tmp_path / "here" / "report.html").read_bytes() == b"<html>"
+    assert (tmp_path / "here" / "report.html").stat().st_mode & 0o777 == 0o600  # names tenants
+    assert written.tables == {"summary": str(tmp_path / "here" / "tables" / "summary")}
     assert svc.steps() == ["Spark is warm"] and svc.steps(1) == []
     assert svc.stats().reports == 1 and svc.stats().spark
 
@@ -66,7 +92,7 @@ def test_a_report_runs_on_the_warm_spark_and_logs_beside_the_event_log():
 def test_retiring_when_idle_follows_the_idle_time(idle_s, spark_ran, retires):
     svc, clock = make()
     if spark_ran:
-        svc.report("/d/events", "/out", 5.0, {})
+        svc.report("/d/events", 5.0, {})
     clock.advance(idle_s)
     assert svc.retire_if_idle() is retires
     assert (svc.exited.wait(5) if retires else svc.exited.is_set()) is retires
@@ -75,16 +101,16 @@ def test_retiring_when_idle_follows_the_idle_time(idle_s, spark_ran, retires):
 
 def test_a_report_restarts_the_idle_clock():
     svc, clock = make()
-    svc.report("/d/events", "/out", 5.0, {})
+    svc.report("/d/events", 5.0, {})
     clock.advance(50.0)
-    svc.report("/d/events", "/out", 5.0, {})
+    svc.report("/d/events", 5.0, {})
     clock.advance(50.0)
     assert not svc.retire_if_idle() and svc.stats().idle_s == 50.0
 
 
 def test_idle_stop_zero_keeps_spark_for_good():
     svc, clock = make(idle_stop_s=0.0)
-    svc.report("/d/events", "/out", 5.0, {})
+    svc.report("/d/events", 5.0, {})
     clock.advance(10 ** 6)
     assert not svc.retire_if_idle()
 
@@ -92,14 +118,14 @@ def test_idle_stop_zero_keeps_spark_for_good():
 def test_a_spark_failure_retires_the_service_and_raises():
     svc, _ = make(fail=RuntimeFailure("the Spark report failed: boom"))
     with pytest.raises(RuntimeFailure):
-        svc.report("/d/events", "/out", 5.0, {})
+        svc.report("/d/events", 5.0, {})
     assert svc.exited.wait(5) and svc.stats().retiring
 
 
 def test_no_events_is_the_callers_mistake_and_keeps_the_service():
     svc, _ = make(fail=NoEvents("no events"))
     with pytest.raises(NoEvents):
-        svc.report("/d/events", "/out", 5.0, {})
+        svc.report("/d/events", 5.0, {})
     assert not svc.stats().retiring
 
 

@@ -1,0 +1,167 @@
+"""Where a report's events come from, and which of them are new.
+
+An event file is named by its path under its events root
+(``date=YYYY-MM-DD/hour=HH/part-<writer>-<id>.parquet``). It is written once and
+never changed, and its name is unique (a random id), so the name says what it holds
+wherever it lies: a file shipped off a drained node keeps its name on the node that
+took it, and is read once. A root is a local folder (each data node's
+``<data_dir>/<node>/events``, read only on that node) or a pyarrow file system URI
+(``AnalyticsConfig.events_uri``: ``file:///shared/rayq-events``, ``s3://bucket/rayq``).
+
+The report lists every source, plans which new files each reads (:func:`plan_reads`),
+and each source's reader returns them as one Arrow table (actors/event_reads.py runs
+the readers on the nodes that hold the files).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from rayq.analytics.schema import EVENT_SCHEMA, FIELDS
+from rayq.core.kit.private import FILE_MODE, make_private_dir
+from rayq.errors import ConfigError
+
+
+def is_uri(root: str) -> bool:
+    return "://" in root
+
+
+def events_filesystem(root: str | os.PathLike) -> tuple[pafs.FileSystem, str]:
+    """(pyarrow file system, path in it) of an events root: a local folder or a URI.
+    Raises ConfigError for a URI pyarrow cannot open."""
+    root = os.fspath(root)
+    if not is_uri(root):
+        return pafs.LocalFileSystem(), os.path.abspath(root)
+    try:
+        return pafs.FileSystem.from_uri(root)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as err:
+        raise ConfigError(f"cannot open the events URI {root!r}: {err}") from err
+
+
+def list_event_files(root: str | os.PathLike) -> list[str]:
+    """The finished event files under ``root``, as names relative to it, sorted (none
+    when it does not exist; files being written start with a dot)."""
+    fs, base = events_filesystem(root)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+    except FileNotFoundError:
+        return []
+    names = []
+    for info in infos:
+        if info.type == pafs.FileType.File and info.base_name.endswith(".parquet") \
+                and not info.base_name.startswith("."):
+            names.append(os.path.relpath(info.path, base).replace(os.sep, "/"))
+    return sorted(names)
+
+
+def read_event_files(root: str | os.PathLike, names: Sequence[str]) -> pa.Table:
+    """The events of files ``names`` (relative to ``root``) as one table of EVENT_SCHEMA,
+    each column in one chunk (RayDP's conversion to Spark takes no chunked columns)."""
+    return concat_event_files(root, names).combine_chunks()
+
+
+def concat_event_files(root: str | os.PathLike, names: Sequence[str]) -> pa.Table:
+    """The events of files ``names`` (relative to ``root``), one chunk per file."""
+    if not names:
+        return EVENT_SCHEMA.empty_table()
+    fs, base = events_filesystem(root)
+    return pa.concat_tables(
+        pq.read_table(f"{base}/{name}", schema=EVENT_SCHEMA, filesystem=fs).select(FIELDS)
+        for name in names)
+
+
+def read_file_bytes(root: str | os.PathLike, names: Sequence[str]) -> list[tuple[str, bytes]]:
+    """(name, bytes) of each file ``names`` under ``root``: a drained node's files, to
+    ship as they are."""
+    fs, base = events_filesystem(root)
+    out = []
+    for name in names:
+        with fs.open_input_stream(f"{base}/{name}") as f:
+            out.append((name, f.read()))
+    return out
+
+
+def write_shipped(root: str, files: Sequence[tuple[str, bytes]]) -> int:
+    """Write files shipped from another node under local folder ``root``, keeping their
+    names; a name already there is left alone (shipped before). Returns how many
+    were written. Each lands whole (write, then rename), readable by its owner alone."""
+    written = 0
+    for name, data in files:
+        path = os.path.join(root, *name.split("/"))
+        if os.path.exists(path):
+            continue
+        make_private_dir(os.path.dirname(path))
+        tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, FILE_MODE)
+        os.replace(tmp, path)
+        written += 1
+    return written
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """reads: per source, the new file names it reads; files: every file name listed;
+    again: a file read before has gone, so everything is read again."""
+
+    reads: dict[str, tuple[str, ...]]
+    files: frozenset[str]
+    again: bool
+
+
+def plan_reads(listings: Mapping[str, Sequence[str]], known: frozenset[str]) -> ReadPlan:
+    """Which source reads which file: each file not in ``known`` is read once, by the
+    first source (by name) that lists it. When a file of ``known`` is listed by no
+    source (deleted, or its node left undrained), the held events no longer match the
+    files: every file is read again."""
+    files = frozenset(name for names in listings.values() for name in names)
+    again = not known <= files
+    taken = set() if again else set(known)
+    reads = {}
+    for source in sorted(listings):
+        mine = tuple(name for name in sorted(set(listings[source])) if name not in taken)
+        taken.update(mine)
+        if mine:
+            reads[source] = mine
+    return ReadPlan(reads, files, again)
+
+
+@dataclass(frozen=True)
+class EventRead:
+    """One source's read: its name (a data node's, or the events URI), the Ray node
+    the read ran on, how many files and events it read."""
+
+    source: str
+    ran_on: str
+    files: int
+    events: int
+
+
+@dataclass(frozen=True)
+class NewEvents:
+    """What a report adds to the events held: files: every event file name there is now;
+    again: drop the events held first; blocks: the new events, Arrow tables (or Ray
+    object refs of them); events: how many."""
+
+    files: frozenset[str]
+    again: bool = False
+    blocks: tuple = ()
+    events: int = 0
+    reads: tuple[EventRead, ...] = field(default_factory=tuple)
+
+
+def local_events(root: str, known: frozenset[str], ran_on: str = "") -> NewEvents:
+    """The new events of one root read in this process (a report run by hand, or the
+    events URI read by the analytics actor)."""
+    plan = plan_reads({root: list_event_files(root)}, known)
+    names = plan.reads.get(root, ())
+    table = read_event_files(root, names)
+    return NewEvents(plan.files, plan.again, (table,) if table.num_rows else (), table.num_rows,
+                     (EventRead(root, ran_on, len(names), table.num_rows),))
