@@ -140,9 +140,13 @@ def shared(data_dir: str) -> None:
 
 def main() -> None:
     global cluster
+    # The data nodes hold no CPU, as in the shipped cluster.yaml: Spark's executor runs on
+    # the head. RayDP's own actors ask for no CPU and may still land on a data node; if
+    # one sits on the node removed below, the executor is lost with it and the report
+    # after the removal waits for one (RayDP does not replace it).
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
     for name in NODES:
-        NODE_HANDLES[name] = cluster.add_node(num_cpus=1, resources={"rayq_data": 1},
+        NODE_HANDLES[name] = cluster.add_node(num_cpus=0, resources={"rayq_data": 1},
                                               labels={"rayq-data-node": name})
     ray.init(address=cluster.address, namespace="rayq", log_to_driver=False)
     data_dir = tempfile.mkdtemp(prefix="rayq-event-nodes-")
