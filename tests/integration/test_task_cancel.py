@@ -128,12 +128,19 @@ def test_cancelling_an_unknown_task_raises_task_not_found(client):
         client.cancel("no-such-task")
 
 
-def test_a_running_handler_sees_the_cancel_and_its_slot_is_free_afterwards(client, folder):
-    ref = client.submit(polite, folder, "polite")
-    wait_until(lambda: marked(folder, "polite.started"), 60, what="the handler started")
+def cancelled_while_running(client, fn, folder: str, name: str, timeout_s: float):
+    """Submit ``fn(folder, name)``, cancel it once its handler started, and check its ref
+    raises TaskCancelled; the ref."""
+    ref = client.submit(fn, folder, name)
+    wait_until(lambda: marked(folder, f"{name}.started"), 60, what="the handler started")
     assert client.cancel(client.task_id(ref)) is True
     with pytest.raises(rayq.TaskCancelled):
-        ray.get(ref, timeout=60)
+        ray.get(ref, timeout=timeout_s)
+    return ref
+
+
+def test_a_running_handler_sees_the_cancel_and_its_slot_is_free_afterwards(client, folder):
+    ref = cancelled_while_running(client, polite, folder, "polite", 60)
     assert marked(folder, "polite.saw-cancel") and not marked(folder, "polite.ended")
     assert client.task(client.task_id(ref)).state == "cancelled"
     # concurrency=1: the next task of the type runs only once the lease was released
@@ -141,21 +148,13 @@ def test_a_running_handler_sees_the_cancel_and_its_slot_is_free_afterwards(clien
 
 
 def test_a_handler_that_ignores_the_cancel_is_stopped_after_its_grace(client, folder):
-    ref = client.submit(stubborn, folder, "stubborn")
-    wait_until(lambda: marked(folder, "stubborn.started"), 60, what="the handler started")
-    assert client.cancel(client.task_id(ref)) is True
-    with pytest.raises(rayq.TaskCancelled):
-        ray.get(ref, timeout=90)
+    cancelled_while_running(client, stubborn, folder, "stubborn", 90)
     assert ray.get(client.submit(stubborn, folder, "after", 0.2), timeout=120) == "ran"
     assert not marked(folder, "stubborn.ended")
 
 
 def test_an_async_handler_has_its_coroutine_cancelled(client, folder):
-    ref = client.submit(patient, folder, "async")
-    wait_until(lambda: marked(folder, "async.started"), 60, what="the handler started")
-    assert client.cancel(client.task_id(ref)) is True
-    with pytest.raises(rayq.TaskCancelled):
-        ray.get(ref, timeout=60)
+    cancelled_while_running(client, patient, folder, "async", 60)
     assert marked(folder, "async.cancelled-error") and not marked(folder, "async.ended")
 
 
