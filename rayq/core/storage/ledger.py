@@ -314,9 +314,10 @@ class Ledger:
         return row_key
 
     def promote_due(self, limit: int) -> int:
-        """Move up to ``limit`` rows of priority > 0 that showed since they were hidden to
-        their band; returns how many moved. An entry whose row left that key (received,
-        moved, ended) is dropped."""
+        """Move up to ``limit`` rows noted by :meth:`placed_key` that showed since they
+        were hidden: to their priority's band, a retried task by its enqueue time; returns
+        how many moved. An entry whose row left that key (received, moved, ended) is
+        dropped."""
         due = list(itertools.islice(
             self.txn.scan("promote", b"", layout.promote_key(self.now_us + 1, 0)), limit))
         moved = 0
