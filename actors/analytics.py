@@ -39,9 +39,10 @@ class AnalyticsActor(ReportService):
         self.runtime = config  # set first: a warm start reads it on its own thread
         super().__init__(config.analytics, warm=warm)
 
-    def gather(self, where: str, known: frozenset[str]):
-        """``where`` is the data directory: every data node's new events, read on it."""
-        return gather_events(self.runtime, where, known)
+    def gather(self, where: str, known: frozenset[str], window_s: float):
+        """``where`` is the data directory: every data node's new events, read and
+        aggregated on it."""
+        return gather_events(self.runtime, where, known, window_s)
 
     def log_dir(self, where: str) -> str:
         """Spark logs under this node's folder: ``<data_dir>/<node>/spark``."""

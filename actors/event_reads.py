@@ -21,8 +21,9 @@ import os
 import ray
 
 from actors.data_nodes import data_nodes, pinned
-from rayq.analytics.sources import (EventRead, NewEvents, list_event_files, local_events,
-                                    plan_reads, read_event_files, read_file_bytes, write_shipped)
+from rayq.analytics.sources import (NewEvents, aggregate_event_files, list_event_files,
+                                    local_events, plan_reads, read_file_bytes, timeline_blocks,
+                                    write_shipped)
 from rayq.config import Config
 from rayq.core.control.placement import node_folder
 from rayq.errors import RuntimeFailure
@@ -41,12 +42,13 @@ def _listed(root: str) -> list[str]:
     return list_event_files(root)
 
 
-@ray.remote(num_cpus=0, num_returns=2)
-def _read(source: str, root: str, names: list[str]):
-    """(EventRead, Arrow table) of files ``names`` under ``root``, read on this node."""
-    table = read_event_files(root, names)
-    ran_on = ray.get_runtime_context().get_node_id()
-    return EventRead(source, ran_on, len(names), table.num_rows), table
+@ray.remote(num_cpus=0, num_returns=3)
+def _read(source: str, root: str, names: list[str], window_s: float):
+    """(EventRead, cells, timeline rows) of files ``names`` under ``root``, read and
+    aggregated on this node."""
+    done = aggregate_event_files(root, names, window_s, source,
+                                 ray.get_runtime_context().get_node_id())
+    return done.read, done.cells, done.timeline
 
 
 @ray.remote(num_cpus=0)
@@ -54,20 +56,22 @@ def _file_bytes(root: str, names: list[str]) -> list[tuple[str, bytes]]:
     return read_file_bytes(root, names)
 
 
-def gather_events(config: Config, data_dir: str, known: frozenset[str]) -> NewEvents:
-    """The events of the files not in ``known``: each data node's read on that node,
-    or the events URI's read here. Raises RuntimeFailure when a node does not answer."""
+def gather_events(config: Config, data_dir: str, known: frozenset[str],
+                  window_s: float) -> NewEvents:
+    """The events of the files not in ``known``, aggregated for windows of ``window_s``:
+    each data node's read on that node, or the events URI's read here. Raises
+    RuntimeFailure when a node does not answer."""
     uri = config.analytics.events_uri
     if uri:
-        return local_events(uri, known, ray.get_runtime_context().get_node_id())
+        return local_events(uri, known, window_s, ray.get_runtime_context().get_node_id())
     try:
-        return _gather_from_nodes(config, data_dir, known)
+        return _gather_from_nodes(config, data_dir, known, window_s)
     except ray.exceptions.RayError as err:
-        raise RuntimeFailure(f"reading the data nodes' events failed: "
-                             f"{str(err).splitlines()[0][:300]}") from err
+        raise _failed(err) from err
 
 
-def _gather_from_nodes(config: Config, data_dir: str, known: frozenset[str]) -> NewEvents:
+def _gather_from_nodes(config: Config, data_dir: str, known: frozenset[str],
+                       window_s: float) -> NewEvents:
     nodes = {n.name: n for n in data_nodes(config)}
     listed = {name: _listed.options(**pinned(n)).remote(events_dir(data_dir, name))
               for name, n in nodes.items()}
@@ -79,14 +83,18 @@ def _gather_from_nodes(config: Config, data_dir: str, known: frozenset[str]) -> 
             pass  # the node left after Ray listed it alive: its files left with it
     plan = plan_reads(listings, known)
     reads = [_read.options(**pinned(nodes[name])).remote(name, events_dir(data_dir, name),
-                                                        list(names))
+                                                        list(names), window_s)
              for name, names in plan.reads.items()]
-    done = ray.get([info for info, _ in reads], timeout=READ_TIMEOUT_S)
-    # the smallest table first: RayDP fetches the first one here to look at it
-    blocks = sorted(((r.events, table) for r, (_, table) in zip(done, reads) if r.events),
-                    key=lambda pair: pair[0])
-    return NewEvents(plan.files, plan.again, tuple(table for _, table in blocks),
-                     sum(r.events for r in done), tuple(done))
+    done = ray.get([info for info, _, _ in reads], timeout=READ_TIMEOUT_S)
+    cells = tuple(c for r, (_, c, _) in zip(done, reads) if r.events)
+    # the timeline rows are few (decisions, flood steps): gathered here into one table
+    marks = ray.get([t for r, (_, _, t) in zip(done, reads) if r.events], timeout=READ_TIMEOUT_S)
+    return NewEvents(plan.files, plan.again, cells, timeline_blocks(marks), tuple(done))
+
+
+def _failed(err: Exception) -> RuntimeFailure:
+    return RuntimeFailure(f"reading the data nodes' events failed: "
+                          f"{str(err).splitlines()[0][:300]}")
 
 
 async def unshipped_events(config: Config, data_dir: str, node: str, to: str,

@@ -23,9 +23,9 @@ from rayq.config import AnalyticsConfig, Config
 from rayq.core.kit.private import FILE_MODE, make_private_dir, make_private_file
 from rayq.errors import NoEvents  # noqa: F401  (re-exported here too)
 
-# progress() calls of a report: start Spark (or find it warm), one per table, plot,
-# write the page.
-STEPS = len(TABLES) + 3
+# progress() calls of a report: start Spark (or find it warm), merge the new events
+# (none when there are none), one per table, plot, write the page.
+STEPS = len(TABLES) + 4
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,9 @@ def spark_session(config: AnalyticsConfig, log_config: str | None = None):
                # The report's queries are small aggregates: re-planning each stage at run
                # time (adaptive execution) costs more than it saves (benchmarks/report.py).
                "spark.sql.adaptive.enabled": "false",
+               # Spark works on aggregates (cells), not raw events: compiling each query
+               # to code costs more than it saves on them.
+               "spark.sql.codegen.wholeStage": "false",
                "spark.ui.showConsoleProgress": "false"}
     if log_config:
         configs["spark.log4j.config.file.name"] = log_config  # RayDP's -Dlog4j2.configurationFile

@@ -71,7 +71,8 @@ class ReportService:
             self._steps = []
             out_dir = tempfile.mkdtemp(prefix="rayq-report-")
             try:
-                made = self._warm.report(lambda known: self.gather(where, known), out_dir,
+                made = self._warm.report(lambda known, window: self.gather(where, known, window),
+                                         out_dir,
                                          window_s, self._steps.append, current,
                                          self.log_dir(where))
                 return pack(made, out_dir)
@@ -82,10 +83,10 @@ class ReportService:
                 shutil.rmtree(out_dir, ignore_errors=True)
                 self._since = self._clock.monotonic()
 
-    def gather(self, where: str, known: frozenset[str]) -> NewEvents:
-        """The events of the files not in ``known``: here those of the events folder
-        ``where``, read by this process."""
-        return local_events(where, known)
+    def gather(self, where: str, known: frozenset[str], window_s: float) -> NewEvents:
+        """The events of the files not in ``known``, aggregated for windows of
+        ``window_s``: here those of the events folder ``where``, read by this process."""
+        return local_events(where, known, window_s)
 
     def log_dir(self, where: str) -> str:
         """Spark logs in ``<data_dir>/spark``, beside the event log ``where``."""

@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from rayq.analytics.cells import (CELL_SCHEMA, TIMELINE_SCHEMA, merge_cells, partial_cells,
+                                  timeline_of)
 from rayq.analytics.schema import EVENT_SCHEMA, FIELDS
 from rayq.core.kit.private import FILE_MODE, make_private_dir
 from rayq.errors import ConfigError
+
 
 
 def is_uri(root: str) -> bool:
@@ -145,23 +148,64 @@ class EventRead:
 
 
 @dataclass(frozen=True)
+class Aggregated:
+    """One source's new events, aggregated where they were read: their ``cells``
+    (rayq.analytics.cells.CELL_SCHEMA) and ``timeline`` rows (TIMELINE_SCHEMA)."""
+
+    read: EventRead
+    cells: pa.Table
+    timeline: pa.Table
+
+
+def aggregate_event_files(root: str | os.PathLike, names: Sequence[str], window_s: float,
+                          source: str, ran_on: str = "") -> Aggregated:
+    """The events of files ``names`` under ``root`` as cells and timeline rows, read one
+    file at a time (a combiner: only aggregates leave the node, and one file's raw
+    events are held at once, whatever the log's size)."""
+    parts, marks, events = [], [], 0
+    for name in names:
+        table = read_event_files(root, [name])
+        events += table.num_rows
+        if table.num_rows:
+            parts.append(partial_cells(table, window_s))
+            marks.append(timeline_of(table))
+    cells = merge_cells(pa.concat_tables(parts)) if parts else CELL_SCHEMA.empty_table()
+    timeline = pa.concat_tables(marks).combine_chunks() if marks else TIMELINE_SCHEMA.empty_table()
+    return Aggregated(EventRead(source, ran_on, len(names), events),
+                      cells.combine_chunks(), timeline)
+
+
+@dataclass(frozen=True)
 class NewEvents:
-    """What a report adds to the events held: files: every event file name there is now;
-    again: drop the events held first; blocks: the new events, Arrow tables (or Ray
-    object refs of them); events: how many."""
+    """What a report adds to what it holds: files: every event file name there is now;
+    again: drop what is held first; cells and timeline: the new events' aggregates,
+    Arrow tables (or Ray object refs of them), one per source that had new events;
+    reads: one EventRead per source read."""
 
     files: frozenset[str]
     again: bool = False
-    blocks: tuple = ()
-    events: int = 0
-    reads: tuple[EventRead, ...] = field(default_factory=tuple)
+    cells: tuple = ()
+    timeline: tuple = ()
+    reads: tuple[EventRead, ...] = ()
+
+    @property
+    def events(self) -> int:
+        return sum(r.events for r in self.reads)
 
 
-def local_events(root: str, known: frozenset[str], ran_on: str = "") -> NewEvents:
-    """The new events of one root read in this process (a report run by hand, or the
-    events URI read by the analytics actor)."""
+def local_events(root: str, known: frozenset[str], window_s: float,
+                 ran_on: str = "") -> NewEvents:
+    """The new events of one root, read and aggregated in this process (a report run by
+    hand, or the events URI read by the analytics actor)."""
     plan = plan_reads({root: list_event_files(root)}, known)
     names = plan.reads.get(root, ())
-    table = read_event_files(root, names)
-    return NewEvents(plan.files, plan.again, (table,) if table.num_rows else (), table.num_rows,
-                     (EventRead(root, ran_on, len(names), table.num_rows),))
+    done = aggregate_event_files(root, names, window_s, root, ran_on)
+    return NewEvents(plan.files, plan.again, (done.cells,) if done.read.events else (),
+                     timeline_blocks([done.timeline]), (done.read,))
+
+
+def timeline_blocks(tables: Sequence[pa.Table]) -> tuple:
+    """The timeline rows of ``tables`` as one block, or none when there are none
+    (RayDP takes no empty table)."""
+    rows = pa.concat_tables([TIMELINE_SCHEMA.empty_table(), *tables]).combine_chunks()
+    return (rows,) if rows.num_rows else ()

@@ -1,14 +1,17 @@
-"""A Spark session kept between reports, with the events read so far held in Spark.
+"""A Spark session kept between reports, with the report's aggregates held in Spark.
 
-A report adds the events that arrived since the last one: its ``gather(known)``
-(:mod:`rayq.analytics.sources`) reads the event files not in ``known``, where they
-lie, and hands them over as Arrow tables in Ray's object store; RayDP turns those
-into a DataFrame (``ray_dataset_to_spark_dataframe``: its executors fetch the
-tables from the object store, so no Spark process opens an event file). They are
-added to the events already held, and the result is kept in Spark's block store (a
-local checkpoint: no lineage back to the tables), so every table of the report, and
-every later report, scans memory. When a file read earlier has gone, everything is
-read again.
+A report adds the events that arrived since the last one: its ``gather(known,
+window_s)`` (:mod:`rayq.analytics.sources`) reads the event files not in ``known``
+where they lie and aggregates them there, one file at a time, into cells (counts,
+usage and mergeable wait sketches per window, tenant and type:
+:mod:`rayq.analytics.cells`) and the few fairness and flood events. Those come as Arrow
+tables in Ray's object store; RayDP turns them into DataFrames
+(``ray_dataset_to_spark_dataframe``: its executors fetch the tables from the object
+store, so no Spark process opens an event file), and Spark merges them into the
+aggregates held (:func:`rayq.analytics.jobs.fold`, kept in Spark's block store) and
+computes every table from those. So a report never holds the raw log, and a warm
+report reads only the new files. When a file read earlier has gone, or the report's
+window changed, everything is read again.
 
 RayDP starts Spark once per process: a ``WarmSpark`` that was stopped cannot start
 again (the analytics actor then exits and the next report starts a fresh one).
@@ -27,7 +30,7 @@ import pyarrow.parquet as pq
 
 from rayq.analytics import page
 from rayq.analytics.report import Report, spark_log_config, spark_session
-from rayq.analytics.schema import EVENT_SCHEMA, FIELDS
+from rayq.analytics.cells import CELL_SCHEMA, TIMELINE_SCHEMA
 from rayq.analytics.sources import NewEvents, local_events
 from rayq.config import AnalyticsConfig
 from rayq.errors import NoEvents, RayqError, RuntimeFailure
@@ -35,10 +38,8 @@ from rayq.errors import NoEvents, RayqError, RuntimeFailure
 PLOTTED = ("usage_share_by_window", "wait_by_window", "fairness_index_by_window")
 SMALL_ROWS = 200  # tables up to this size are shown on the page
 JOBS_IN_FLIGHT = 2  # Spark jobs collected at once
-EVENTS_PER_PARTITION = 250_000  # held events per Spark partition (a task's share)
-# Whole-stage code generation compiles each query first: on a few thousand events the
-# compiling costs more than the running saves; on many, it pays.
-CODEGEN_FROM_EVENTS = 200_000
+# Events whose aggregates one Spark partition holds (a task's share of a fold or table).
+EVENTS_PER_PARTITION = 2_000_000
 
 
 class WarmSpark:
@@ -49,9 +50,9 @@ class WarmSpark:
         self.log: str | None = None    # Spark's log file, once started
         self.stopped = False
         self._spark = None
-        self._events = None            # every event read so far, checkpointed in Spark
-        self._files: frozenset[str] = frozenset()  # the event files those came from
-        self._count = 0
+        self._held = None              # rayq.analytics.jobs.Held: the aggregates so far
+        self._files: frozenset[str] = frozenset()  # the event files they came from
+        self._window_s: float | None = None
         self.reports = 0
 
     @property
@@ -61,26 +62,26 @@ class WarmSpark:
     @property
     def held(self) -> int:
         """How many events Spark holds (read by earlier reports)."""
-        return self._count
+        return self._held.events if self._held else 0
 
-    def report(self, gather: Callable[[frozenset[str]], NewEvents], out_dir: str,
+    def report(self, gather: Callable[[frozenset[str], float], NewEvents], out_dir: str,
                window_s: float, progress: Callable[[str], None] = lambda step: None,
                current: Mapping[str, float] | None = None, log_dir: str | None = None):
-        """Compute every table of the events held plus those ``gather(files read so far)``
-        brings into ``out_dir``, plot them and write the page; returns a
+        """Compute every table of the events held plus those ``gather(files read so far,
+        window_s)`` brings into ``out_dir``, plot them and write the page; returns a
         :class:`rayq.analytics.report.Report`. ``log_dir``: where Spark logs, if this
         report starts it (default ``out_dir``). Raises NoEvents when there are none,
         RuntimeFailure when Spark fails."""
-        new = gather(self._files)
+        if window_s != self._window_s:  # the cells are per window: start again
+            self._held, self._files, self._window_s = None, frozenset(), window_s
+        new = gather(self._files, window_s)
         if not new.files:
             raise NoEvents("no events written yet")
         started = time.monotonic()
         try:
             self._start(log_dir or out_dir, progress)
-            events, count = self._refresh(new)
-            self._spark.conf.set("spark.sql.codegen.wholeStage",
-                                 "true" if count >= CODEGEN_FROM_EVENTS else "false")
-            tables, small = self._tables(events, window_s, out_dir, progress)
+            self._refresh(new, progress)
+            tables, small = self._tables(window_s, out_dir, progress)
         except Exception as err:
             if isinstance(err, RayqError):
                 raise
@@ -90,9 +91,9 @@ class WarmSpark:
         periods = page.periods(small)
         plots = page.make_plots(small, out_dir, periods)
         progress("writing the page")
-        html = page.write_html(small, plots, out_dir, count, periods, current)
+        html = page.write_html(small, plots, out_dir, self.held, periods, current)
         self.reports += 1
-        return Report(html, tables, plots, count, time.monotonic() - started, new.reads)
+        return Report(html, tables, plots, self.held, time.monotonic() - started, new.reads)
 
     def start(self, log_dir: str) -> None:
         """Start Spark now (a report would start it anyway), logging under ``log_dir``."""
@@ -103,7 +104,7 @@ class WarmSpark:
         if self._spark is not None:
             import raydp
 
-            self._events = None
+            self._held = None
             self._spark = None
             raydp.stop_spark()
         self.stopped = True
@@ -119,39 +120,53 @@ class WarmSpark:
         log_config, self.log = spark_log_config(log_dir)
         self._spark = spark_session(self.config, log_config)
 
-    def _refresh(self, new: NewEvents):
-        """The events held, with ``new`` added; (DataFrame, count)."""
+    def _refresh(self, new: NewEvents, progress: Callable[[str], None]) -> None:
+        """Fold ``new``'s aggregates into those held."""
+        from rayq.analytics import jobs
+
         if new.again:  # a file read earlier has gone: ``new`` holds every file's events
-            self._events, self._count = None, 0
-        if new.blocks:
-            fresh = self._dataframe(new.blocks)
-            held = fresh if self._events is None else self._events.unionByName(fresh)
-            self._count += new.events
-            # Kept in Spark's block store, cut from the tables: one scan serves every table.
-            parts = _partitions(self._count, self.config.shuffle_partitions)
-            self._events = held.coalesce(parts).localCheckpoint(eager=True)
-            # The copy it replaces is no longer reachable: a JVM collection lets Spark's
-            # cleaner free its blocks now rather than at its next periodic one.
+            self._held = None
+        if new.cells:
+            progress(f"merging {new.events:,} new events")
+            held = self._held.events if self._held else 0
+            partitions = _partitions(held + new.events, self.config.shuffle_partitions)
+            self._shuffle(partitions)
+            self._held = jobs.fold(self._held, self._dataframe(new.cells, CELL_SCHEMA),
+                                   self._dataframe(new.timeline, TIMELINE_SCHEMA),
+                                   new.events, partitions)
+            # What the fold replaced is no longer reachable: a JVM collection lets
+            # Spark's cleaner free its blocks now rather than at its next periodic one.
             self._spark.sparkContext._jvm.System.gc()
         self._files = new.files
-        return self._events, self._count
 
-    def _dataframe(self, blocks):
+    def _shuffle(self, partitions: int) -> None:
+        """Shuffles (groupings, joins, sorts) into ``partitions``: the aggregates are
+        small, and each partition is a task to schedule."""
+        self._spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+
+    def _dataframe(self, blocks, schema: pa.Schema):
         """Arrow tables (or object refs of them) in Ray's object store as one DataFrame,
         through RayDP: each executor fetches its tables from the object store."""
         import ray
+        from pyspark.sql.pandas.types import from_arrow_schema as to_spark_schema
         from raydp.spark.dataset import ray_dataset_to_spark_dataframe
 
+        if not blocks:
+            return self._spark.createDataFrame([], to_spark_schema(schema))
         refs = [block if isinstance(block, ray.ObjectRef) else ray.put(block) for block in blocks]
-        return ray_dataset_to_spark_dataframe(self._spark, EVENT_SCHEMA, refs).select(*FIELDS)
+        return ray_dataset_to_spark_dataframe(self._spark, schema, refs).select(*schema.names)
 
-    def _tables(self, events, window_s: float, out_dir: str, progress: Callable[[str], None]):
+    def _tables(self, window_s: float, out_dir: str, progress: Callable[[str], None]):
         """Every table, collected as Arrow (the tables are aggregates: windows, tenants,
         types) and written as Parquet by this process; the small and plotted ones are
         kept for the page. Returns (paths, small tables)."""
         from rayq.analytics import jobs
 
-        frames = jobs.all_tables(events, window_s)
+        if self._held is None:
+            raise NoEvents("the event files hold no events")
+        partitions = _partitions(self._held.events, self.config.shuffle_partitions)
+        self._shuffle(partitions)
+        frames = jobs.all_tables(self._held, window_s, partitions)
         # Several jobs in flight: one's planning and scheduling overlap another's tasks.
         with ThreadPoolExecutor(JOBS_IN_FLIGHT) as pool:
             collected = pool.map(_collect, frames.values())
@@ -205,7 +220,7 @@ def run_report(events_dir: str, out_dir: str, config: AnalyticsConfig,
     beside the suggested ones. Raises NoEvents, or RuntimeFailure when Spark fails."""
     spark = WarmSpark(config)
     try:
-        return spark.report(lambda known: local_events(events_dir, known), out_dir,
+        return spark.report(lambda known, window: local_events(events_dir, known, window), out_dir,
                             config.window_s, progress, current)
     finally:
         spark.stop()

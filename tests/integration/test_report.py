@@ -17,7 +17,9 @@ import pytest
 import ray
 
 import rayq
+from rayq.analytics.cells import rank_error
 from rayq.analytics.eventlog import EventLog, read_events
+from rayq.analytics.reference import within_rank
 from actors.analytics import ANALYTICS
 from rayq.analytics.report import STEPS, NoEvents, current_thresholds
 from rayq.analytics.warm import run_report
@@ -58,11 +60,6 @@ def synthetic_log(root) -> dict:
     return truth
 
 
-def quantiles(values) -> list[float]:
-    return pc.quantile(pa.array(values, pa.float64()), q=[0.5, 0.95, 0.99],
-                       interpolation="linear").to_pylist()
-
-
 @pytest.fixture(scope="module")
 def report(ray_session, tmp_path_factory):
     rayq.shutdown()  # Spark's executor needs a CPU the consumers of earlier modules hold
@@ -93,8 +90,9 @@ def test_usage_and_wait_percentiles_per_tenant_and_type_match_pyarrow(report, by
         assert row["completed"] == len(mine)
         assert row["usage_s"] == pytest.approx(sum(d["usage_s"] for d in mine))
         assert row["usage_share"] == pytest.approx(sum(d["usage_s"] for d in mine) / total)
-        expected = quantiles([d["wait_s"] for d in mine])
-        assert [row["wait_p50_s"], row["wait_p95_s"], row["wait_p99_s"]] == pytest.approx(expected)
+        waits = [d["wait_s"] for d in mine]  # from sketches: within their rank error
+        for q, got in zip((0.5, 0.95, 0.99), (row["wait_p50_s"], row["wait_p95_s"], row["wait_p99_s"])):
+            assert within_rank(got, waits, q, rank_error())
 
 
 def _windows(truth):
@@ -149,23 +147,24 @@ def test_suggested_thresholds_follow_the_observed_distributions(report):
     _, tables, truth, _ = report
     got = {r["name"]: r["value"] for r in tables["suggested_thresholds"]}
     waits = [d["wait_s"] for d in succeeded(truth)]
-    assert got["fairness.latency_threshold_s"] == pytest.approx(2 * quantiles(waits)[2])
+    assert within_rank(got["fairness.latency_threshold_s"] / 2, waits, 0.99, rank_error())
     per_window = defaultdict(int)
     for at, tenant, type_ in truth["enqueue"]:
         per_window[((at // 1800) * 1800, type_, tenant)] += 1
     p99 = pc.quantile(pa.array(list(per_window.values()), pa.float64()), q=0.99).to_pylist()[0]
     assert got["flood.enqueue_threshold"] == pytest.approx(2 * p99)
-    steps = sorted([(at, 0, tenant, type_, 1) for at, tenant, type_ in truth["enqueue"]]
-                   + [(at, 1, d["tenant"], d["type"], -1) for at, d in truth["completion"]
-                      if d["outcome"] == "succeeded"] +
-                   [(at, 1, d["tenant"], d["type"], 0) for at, d in truth["completion"]
-                    if d["outcome"] != "succeeded"])
-    level, peak = defaultdict(int), defaultdict(int)
-    for _, _, tenant, type_, step in steps:
-        level[(type_, tenant)] += step
+    level, peak = defaultdict(int), defaultdict(int)  # the backlog at each window's end
+    net = defaultdict(int)
+    for at, tenant, type_ in truth["enqueue"]:
+        net[(type_, tenant, (at // WINDOW_S) * WINDOW_S)] += 1
+    for at, d in truth["completion"]:
+        if d["outcome"] == "succeeded":
+            net[(d["type"], d["tenant"], (at // WINDOW_S) * WINDOW_S)] -= 1
+    for type_, tenant, _ in sorted(net):
+        level[(type_, tenant)] += net[(type_, tenant, _)]
         peak[(type_, tenant)] = max(peak[(type_, tenant)], level[(type_, tenant)])
     p99 = pc.quantile(pa.array(list(peak.values()), pa.float64()), q=0.99).to_pylist()[0]
-    assert got["flood.depth_threshold"] == pytest.approx(2 * p99)
+    assert p99 > 0 and got["flood.depth_threshold"] == pytest.approx(2 * p99)
 
 
 def test_the_report_writes_plots_and_one_self_contained_page(report):

@@ -26,7 +26,7 @@ class FakeSpark:
         self.running = True
         progress("Spark is warm")
         self.reports += 1
-        self.gathered = gather(frozenset())
+        self.gathered = gather(frozenset(), window_s)
         os.makedirs(os.path.join(out_dir, "tables", "summary"))
         for name, data in (("report.html", b"<html>"), ("tables/summary/part-0.parquet", b"PAR1")):
             with open(os.path.join(out_dir, name), "wb") as f:
@@ -61,8 +61,8 @@ def make(idle_stop_s=60.0, fail=None):
 
 
 class Gathering(Exiting):
-    def gather(self, where, known):
-        return NewEvents(frozenset({f"{where}/part-a.parquet"}), events=3)
+    def gather(self, where, known, window_s):
+        return NewEvents(frozenset({f"{where}/part-a.parquet"}))
 
 
 def test_a_report_runs_on_the_warm_spark_logs_beside_the_event_log_and_returns_its_files(
@@ -137,6 +137,6 @@ def test_follow_passes_on_each_step_once_and_returns_the_answer():
 
 
 @pytest.mark.parametrize("events, most, parts", [
-    (0, 4, 1), (3_000, 4, 1), (250_001, 4, 2), (1_000_000, 4, 4), (10_000_000, 4, 4), (10, 1, 1)])
+    (0, 4, 1), (1_000_000, 4, 1), (2_000_001, 4, 2), (10_000_000, 4, 4), (10, 1, 1)])
 def test_held_events_are_split_in_partitions_by_size(events, most, parts):
     assert _partitions(events, most) == parts
