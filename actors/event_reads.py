@@ -59,8 +59,9 @@ def _file_bytes(root: str, names: list[str]) -> list[tuple[str, bytes]]:
 def gather_events(config: Config, data_dir: str, known: frozenset[str],
                   window_s: float) -> NewEvents:
     """The events of the files not in ``known``, aggregated for windows of ``window_s``:
-    each data node's read on that node, or the events URI's read here. Raises
-    RuntimeFailure when a node does not answer."""
+    each data node's read on that node, or the events URI's read here. Returns once
+    the files are listed, with the reads under way (``NewEvents.ready`` waits for them).
+    Raises RuntimeFailure when a node does not answer."""
     uri = config.analytics.events_uri
     if uri:
         return local_events(uri, known, window_s, ray.get_runtime_context().get_node_id())
@@ -85,11 +86,18 @@ def _gather_from_nodes(config: Config, data_dir: str, known: frozenset[str],
     reads = [_read.options(**pinned(nodes[name])).remote(name, events_dir(data_dir, name),
                                                         list(names), window_s)
              for name, names in plan.reads.items()]
-    done = ray.get([info for info, _, _ in reads], timeout=READ_TIMEOUT_S)
-    cells = tuple(c for r, (_, c, _) in zip(done, reads) if r.events)
-    # the timeline rows are few (decisions, flood steps): gathered here into one table
-    marks = ray.get([t for r, (_, _, t) in zip(done, reads) if r.events], timeout=READ_TIMEOUT_S)
-    return NewEvents(plan.files, plan.again, cells, timeline_blocks(marks), tuple(done))
+
+    def ready() -> NewEvents:
+        try:
+            done = ray.get([info for info, _, _ in reads], timeout=READ_TIMEOUT_S)
+            cells = tuple(c for r, (_, c, _) in zip(done, reads) if r.events)
+            # the timeline rows are few (decisions, flood steps): gathered here, one table
+            marks = ray.get([t for r, (_, _, t) in zip(done, reads) if r.events],
+                            timeout=READ_TIMEOUT_S)
+        except ray.exceptions.RayError as err:
+            raise _failed(err) from err
+        return NewEvents(plan.files, plan.again, cells, timeline_blocks(marks), tuple(done))
+    return NewEvents(plan.files, plan.again, pending=ready)
 
 
 def _failed(err: Exception) -> RuntimeFailure:

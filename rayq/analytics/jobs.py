@@ -34,12 +34,14 @@ WAITS = {"wait_p50_s": 0.5, "wait_p95_s": 0.95, "wait_p99_s": 0.99}
 
 @dataclass(frozen=True)
 class Held:
-    """What the reports so far have read, checkpointed in Spark: ``cells`` (CELL_DDL),
-    ``timeline`` (fairness and flood events) and how many ``events`` went into them."""
+    """What the reports so far have read, checkpointed in Spark: ``cells`` (CELL_DDL)
+    and how many there are, ``timeline`` (fairness and flood events) and how many
+    ``events`` went into them."""
 
     cells: DataFrame
     timeline: DataFrame
     events: int
+    cells_held: int
 
 
 def fold(held: Held | None, cells: DataFrame, timeline: DataFrame, count: int,
@@ -49,11 +51,10 @@ def fold(held: Held | None, cells: DataFrame, timeline: DataFrame, count: int,
     if held is not None:
         cells, timeline = held.cells.unionByName(cells), held.timeline.unionByName(timeline)
     # Kept in Spark's block store, cut from the blocks they came from: those can go.
-    return Held(
-        cells.repartition(partitions, *KEYS).mapInArrow(merge_batches, CELL_DDL)
-        .localCheckpoint(eager=True),
-        timeline.coalesce(1).localCheckpoint(eager=True),
-        (held.events if held else 0) + count)
+    merged = cells.repartition(partitions, *KEYS).mapInArrow(merge_batches, CELL_DDL) \
+        .localCheckpoint(eager=True)
+    return Held(merged, timeline.coalesce(1).localCheckpoint(eager=True),
+                (held.events if held else 0) + count, merged.count())
 
 
 def completed(events: DataFrame) -> DataFrame:

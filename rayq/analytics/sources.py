@@ -16,7 +16,7 @@ the readers on the nodes that hold the files).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -180,17 +180,23 @@ class NewEvents:
     """What a report adds to what it holds: files: every event file name there is now;
     again: drop what is held first; cells and timeline: the new events' aggregates,
     Arrow tables (or Ray object refs of them), one per source that had new events;
-    reads: one EventRead per source read."""
+    reads: one EventRead per source read. ``pending``: the reads still run, and
+    :meth:`ready` waits for them (a report starts Spark meanwhile)."""
 
     files: frozenset[str]
     again: bool = False
     cells: tuple = ()
     timeline: tuple = ()
     reads: tuple[EventRead, ...] = ()
+    pending: Callable[[], "NewEvents"] | None = None
 
     @property
     def events(self) -> int:
         return sum(r.events for r in self.reads)
+
+    def ready(self) -> "NewEvents":
+        """These new events with their reads done."""
+        return self.pending() if self.pending else self
 
 
 def local_events(root: str, known: frozenset[str], window_s: float,
@@ -198,10 +204,12 @@ def local_events(root: str, known: frozenset[str], window_s: float,
     """The new events of one root, read and aggregated in this process (a report run by
     hand, or the events URI read by the analytics actor)."""
     plan = plan_reads({root: list_event_files(root)}, known)
-    names = plan.reads.get(root, ())
-    done = aggregate_event_files(root, names, window_s, root, ran_on)
-    return NewEvents(plan.files, plan.again, (done.cells,) if done.read.events else (),
-                     timeline_blocks([done.timeline]), (done.read,))
+
+    def read() -> NewEvents:
+        done = aggregate_event_files(root, plan.reads.get(root, ()), window_s, root, ran_on)
+        return NewEvents(plan.files, plan.again, (done.cells,) if done.read.events else (),
+                         timeline_blocks([done.timeline]), (done.read,))
+    return NewEvents(plan.files, plan.again, pending=read)
 
 
 def timeline_blocks(tables: Sequence[pa.Table]) -> tuple:

@@ -38,8 +38,9 @@ from rayq.errors import NoEvents, RayqError, RuntimeFailure
 PLOTTED = ("usage_share_by_window", "wait_by_window", "fairness_index_by_window")
 SMALL_ROWS = 200  # tables up to this size are shown on the page
 JOBS_IN_FLIGHT = 2  # Spark jobs collected at once
-# Events whose aggregates one Spark partition holds (a task's share of a fold or table).
-EVENTS_PER_PARTITION = 2_000_000
+# Cells one Spark partition holds (a task's share of a fold or a table): cells grow
+# with the time covered and the tenants and types seen, not with the events.
+CELLS_PER_PARTITION = 200_000
 
 
 class WarmSpark:
@@ -74,12 +75,15 @@ class WarmSpark:
         RuntimeFailure when Spark fails."""
         if window_s != self._window_s:  # the cells are per window: start again
             self._held, self._files, self._window_s = None, frozenset(), window_s
+        started = time.monotonic()
         new = gather(self._files, window_s)
         if not new.files:
             raise NoEvents("no events written yet")
-        started = time.monotonic()
         try:
-            self._start(log_dir or out_dir, progress)
+            with ThreadPoolExecutor(1) as pool:  # Spark starts while the files are read
+                spark = pool.submit(self._start, log_dir or out_dir, progress)
+                new = new.ready()
+                spark.result()
             self._refresh(new, progress)
             tables, small = self._tables(window_s, out_dir, progress)
         except Exception as err:
@@ -128,8 +132,8 @@ class WarmSpark:
             self._held = None
         if new.cells:
             progress(f"merging {new.events:,} new events")
-            held = self._held.events if self._held else 0
-            partitions = _partitions(held + new.events, self.config.shuffle_partitions)
+            partitions = _partitions(self._held.cells_held if self._held else 0,
+                                     self.config.shuffle_partitions)
             self._shuffle(partitions)
             self._held = jobs.fold(self._held, self._dataframe(new.cells, CELL_SCHEMA),
                                    self._dataframe(new.timeline, TIMELINE_SCHEMA),
@@ -164,7 +168,7 @@ class WarmSpark:
 
         if self._held is None:
             raise NoEvents("the event files hold no events")
-        partitions = _partitions(self._held.events, self.config.shuffle_partitions)
+        partitions = _partitions(self._held.cells_held, self.config.shuffle_partitions)
         self._shuffle(partitions)
         frames = jobs.all_tables(self._held, window_s, partitions)
         # Several jobs in flight: one's planning and scheduling overlap another's tasks.
@@ -205,9 +209,9 @@ def _write_table(table: pa.Table, folder: str) -> str:
     return folder
 
 
-def _partitions(events: int, most: int) -> int:
-    """Partitions to hold ``events`` in: one per EVENTS_PER_PARTITION, 1 to ``most``."""
-    return max(1, min(most, -(-events // EVENTS_PER_PARTITION)))
+def _partitions(cells: int, most: int) -> int:
+    """Partitions to hold ``cells`` in: one per CELLS_PER_PARTITION, 1 to ``most``."""
+    return max(1, min(most, -(-cells // CELLS_PER_PARTITION)))
 
 
 def run_report(events_dir: str, out_dir: str, config: AnalyticsConfig,

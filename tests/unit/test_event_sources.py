@@ -48,7 +48,7 @@ def test_files_are_listed_by_their_name_under_the_root_and_read_by_name(tmp_path
     assert list_event_files(tmp_path / "missing") == []
     table = read_event_files(tmp_path / "n1", names[:1])
     assert table.num_rows in (1, 2) and table.schema.names[0] == "schema_version"
-    new = local_events(str(tmp_path / "n1"), frozenset(names[:1]), 60.0)
+    new = local_events(str(tmp_path / "n1"), frozenset(names[:1]), 60.0).ready()
     assert new.files == set(names) and new.events == 3 - table.num_rows and not new.again
 
 

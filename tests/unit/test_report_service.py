@@ -137,6 +137,6 @@ def test_follow_passes_on_each_step_once_and_returns_the_answer():
 
 
 @pytest.mark.parametrize("events, most, parts", [
-    (0, 4, 1), (1_000_000, 4, 1), (2_000_001, 4, 2), (10_000_000, 4, 4), (10, 1, 1)])
-def test_held_events_are_split_in_partitions_by_size(events, most, parts):
+    (0, 4, 1), (200_000, 4, 1), (200_001, 4, 2), (10_000_000, 4, 4), (10, 1, 1)])
+def test_held_cells_are_split_in_partitions_by_count(events, most, parts):
     assert _partitions(events, most) == parts
