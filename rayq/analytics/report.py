@@ -146,6 +146,11 @@ def spark_session(config: AnalyticsConfig, log_config: str | None = None):
                # Spark works on aggregates (cells), not raw events: compiling each query
                # to code costs more than it saves on them.
                "spark.sql.codegen.wholeStage": "false",
+               # The JVMs run many small jobs for a short while: the quick JIT compiler
+               # alone (C1) warms up sooner than C1 then C2 (a warm report at a million
+               # events: 2.8 s instead of 4.6 s; the first, 15 s instead of 20 s).
+               "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+               "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1",
                "spark.ui.showConsoleProgress": "false"}
     if log_config:
         configs["spark.log4j.config.file.name"] = log_config  # RayDP's -Dlog4j2.configurationFile
