@@ -52,6 +52,7 @@ class Mutation:
 
 
 SQS_SETTINGS = "tests/integration/test_sqs_settings.py"
+REPORT_CELLS = "tests/unit/test_report_cells.py"
 CONTROL_TESTS = ("tests/unit/test_control_store.py",
                  "tests/unit/test_simulation.py::test_named_seeds")
 
@@ -140,6 +141,14 @@ MUTATIONS = (
     Mutation("queue ReceiveMessageWaitTimeSeconds ignored on receive", "rayq.sqs.api",
              "SqsApi._receive_message", "settings.wait_s", "0",
              tests=(f"{SQS_SETTINGS}::test_a_queue_with_a_wait_time_long_polls_by_default",)),
+    # -- the report's aggregates (rayq/analytics/cells.py)
+    Mutation("merged cells keep one sketch of a key, not all", "rayq.analytics.cells", "_merged",
+             "merged.merge(kll_doubles_sketch.deserialize(data))",
+             "merged.merge(kll_doubles_sketch.deserialize(data)); break",
+             tests=(REPORT_CELLS,)),
+    Mutation("a task's wait ends at its completion, not its start", "rayq.analytics.cells",
+             "_waiting", "pc.subtract(seconds, pc.fill_null(done[\"usage_s\"], 0.0))",
+             "seconds", tests=(REPORT_CELLS,)),
 )
 
 

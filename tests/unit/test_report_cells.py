@@ -101,3 +101,17 @@ def test_files_are_aggregated_one_at_a_time_into_the_cells_of_all_their_events(t
     assert by_key(done.cells) == by_key(partial_cells(table, WINDOW_S))
     assert done.timeline.num_rows == 1 and done.timeline["kind"].to_pylist() == ["fairness"]
     assert done.timeline["detail"].to_pylist() == [None]  # a decision's figures are not kept
+
+
+def test_a_completed_task_counts_as_waiting_in_each_window_from_its_enqueue_to_its_start(tmp_path):
+    log = EventLog(str(tmp_path), "t")
+    # ends at T0 + 250 after 100 s of work: started at T0 + 150, enqueued at T0 + 30
+    log.append("completion", T0 + 250, tenant="a", type="x", outcome="succeeded",
+               usage_s=100.0, wait_s=120.0)
+    log.append("completion", T0 + 250, tenant="a", type="y", outcome="succeeded",
+               usage_s=1.0, wait_s=0.0)   # no wait: waiting nowhere
+    log.flush()
+    cells = partial_cells(read_events(str(tmp_path)), WINDOW_S)
+    waiting = {(r["window_start"] - T0, r["type"]): r["waiting"] for r in cells.to_pylist()
+               if r["waiting"]}
+    assert waiting == {(0.0, "x"): 1, (60.0, "x"): 1, (120.0, "x"): 1}
