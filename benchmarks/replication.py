@@ -6,7 +6,9 @@ its own process with its own Ray): durable end to end (2 pipelines of
 send_batch(500) -> receive(500) -> delete_batch) and send() from 8 threads, with
 replicas=2 beside replicas=1 of the same run, and replicas=3 beside NATS JetStream
 with its stream on three clustered local servers (R3, file storage, sync_interval
-always); then, with replicas=2 and 6 senders,
+always), and replicas=1 with every shard call a Ray actor call (``local_channel=False``:
+the path of a client on another host) beside the same-host local channel; then, with
+replicas=2 and 6 senders,
 a data node's raylet is killed and its folder deleted: the longest any sender waited
 for an acknowledgement afterwards (target: under 10 s), and whether every
 acknowledged message was received; then the same with the node that leads the
@@ -50,21 +52,25 @@ def cluster_up(default_health_checks: bool = False):
     return cluster, nodes
 
 
-def start(data_dir: str, replicas: int):
+def start(data_dir: str, replicas: int, channel: bool = True):
     import rayq
     from rayq.config import Config, ConsumerConfig, StoreConfig
 
-    config = Config(store=StoreConfig(shards=3, replicas=replicas), consumers=ConsumerConfig(count=0))
+    config = Config(store=StoreConfig(shards=3, replicas=replicas, local_channel=channel),
+                    consumers=ConsumerConfig(count=0))
     return rayq.start(data_dir=data_dir, config=config)
 
 
-def throughput(replicas: int, messages: int, seconds: float) -> dict:
+def throughput(replicas: int, messages: int, seconds: float, channel: bool = True) -> dict:
+    """``channel``: False makes every call to a shard a Ray actor call, the path of a
+    client on another host (on one machine the simulated nodes share the host's
+    local channel)."""
     from throughput import concurrent_sends, end_to_end
 
     cluster, _ = cluster_up()
     data_dir = tempfile.mkdtemp(prefix="rayq-bench-replication-")
     try:
-        client = start(data_dir, replicas)
+        client = start(data_dir, replicas, channel)
         end_to_end(client, 2000)  # warm-up
         return {"e2e": end_to_end(client, messages), "sends": concurrent_sends(seconds)}
     finally:
@@ -179,7 +185,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.one:  # one run, in this process
         kind, *rest = args.one
-        result = (throughput(int(rest[0]), args.messages, args.seconds) if kind == "throughput"
+        result = (throughput(int(rest[0]), args.messages, args.seconds,
+                             channel="ray-calls" not in rest) if kind == "throughput"
                   else failover(args.seconds, control=kind.startswith("control"),
                                 default_health_checks=kind == "control-default"))
         print(json.dumps(result))
@@ -192,6 +199,8 @@ def main() -> None:
                          "--seconds", str(args.seconds))
     three = in_own_process("throughput", "3", "--messages", str(args.messages),
                            "--seconds", str(args.seconds))
+    remote = in_own_process("throughput", "1", "ray-calls", "--messages", str(args.messages),
+                            "--seconds", str(args.seconds))
     jetstream = nats_r3(args.nats_messages)
     lost = in_own_process("failover", "--seconds", str(args.seconds))
     control = in_own_process("control", "--seconds", str(args.seconds))
@@ -201,6 +210,10 @@ def main() -> None:
              "baseline_value": one["e2e"], "target": ">= 0.50"},
             {"figure": "send() x 8 threads, replicas=2", "value": two["sends"], "unit": "msg/s",
              "baseline": "replicas=1, same run", "baseline_value": one["sends"]},
+            {"figure": "durable e2e, a client on another host's path (Ray actor calls, "
+                       "local_channel=False), replicas=1", "value": remote["e2e"],
+             "unit": "msg/s", "baseline": "same-host client (local channel), same run",
+             "baseline_value": one["e2e"], "target": ">= 0.50"},
             {"figure": "durable e2e, replicas=3", "value": three["e2e"], "unit": "msg/s",
              "baseline": "NATS JetStream R3 (three local servers, file storage, "
                          "sync_interval always), same run",
