@@ -3,8 +3,9 @@ writes Parquet tables, PNG plots and one self-contained HTML page. The runtime's
 reports run in its analytics actor (actors/analytics.py), whose Spark stays warm
 between reports (rayq.analytics.warm); :func:`rayq.analytics.warm.run_report` runs one in this process.
 
-Events enter Spark from Arrow tables in Ray's object store (RayDP's
-``ray_dataset_to_spark_dataframe``, see rayq.analytics.warm). Results leave Spark as
+The events' aggregates (rayq.analytics.cells, made where the events lie) enter Spark
+from Arrow tables in Ray's object store (RayDP's ``ray_dataset_to_spark_dataframe``,
+see rayq.analytics.warm). Results leave Spark as
 Arrow collected by the driver, not through ``ray.data.from_spark``, which crashed on
 Ray 2.53 and 2.60 with raydp 1.6.5 ("Check failed: objects_valid"). The analytics
 actor writes the page and tables into a folder of its own and sends their bytes back

@@ -9,8 +9,9 @@ took it, and is read once. A root is a local folder (each data node's
 (``AnalyticsConfig.events_uri``: ``file:///shared/rayq-events``, ``s3://bucket/rayq``).
 
 The report lists every source, plans which new files each reads (:func:`plan_reads`),
-and each source's reader returns them as one Arrow table (actors/event_reads.py runs
-the readers on the nodes that hold the files).
+and each source's reader aggregates them, one file at a time, into the report's cells
+and timeline rows (:func:`aggregate_event_files`; actors/event_reads.py runs the
+readers on the nodes that hold the files).
 """
 
 from __future__ import annotations
