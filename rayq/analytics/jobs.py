@@ -57,10 +57,6 @@ def fold(held: Held | None, cells: DataFrame, timeline: DataFrame, count: int,
                 (held.events if held else 0) + count, merged.count())
 
 
-def completed(events: DataFrame) -> DataFrame:
-    return events.filter((F.col("kind") == "completion") & (F.col("outcome") == "succeeded"))
-
-
 # -- tables ----------------------------------------------------------------------------
 def named(column: str):
     """A key column with a missing name shown as None."""
