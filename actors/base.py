@@ -27,7 +27,7 @@ from rayq.core.control.placement import DataNode, default_replicas, node_with_id
 from rayq.core.replication.shard_places import LOCAL_NODE
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.kv import LmdbKV
-from rayq.remote import call_async, manager_handle, shard_link
+from rayq.remote import ShardLinks, call_async, manager_handle
 
 CONTROL_MAP_BYTES = 64 << 20  # a control actor's LMDB: registries, rules, histories
 COPIES_INTERVAL_S = 5.0       # how often a control actor checks its store's copies (a lost
@@ -39,11 +39,12 @@ LIVENESS = "liveness"
 LIVENESS_GROUPS = {LIVENESS: 1}
 
 
-def shard_handles(config: Config, use_channel: bool = False) -> list:
+def shard_handles(config: Config, use_channel: bool = False) -> ShardLinks:
     """Every shard's handle, by index: links that find a shard's leader again when it
     moved (failover, docs/replication.md), their hot calls over the local channel if
-    ``use_channel``."""
-    return [shard_link(i, use_channel) for i in range(config.store.shards)]
+    ``use_channel``; the shards scaling added too (as published, at least the
+    configured ones), and more as they are named (:class:`~rayq.remote.ShardLinks`)."""
+    return ShardLinks(config.store.shards, use_channel).refresh()
 
 
 async def manager_directory() -> Directory:

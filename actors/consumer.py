@@ -57,8 +57,8 @@ from rayq.core.codec.wire import decode_delivered
 from rayq.core.storage.writes import End, Extend, RecordUsage, compact
 from rayq.errors import InvalidMessage, RayqError, ReceiptInvalid, RuntimeFailure
 from rayq.tasks import TaskContext, done_running, running_as
-from rayq.remote import (IN_RUNTIME, NO_RETRY, actor_names, call_async, manager_link, running,
-                         shard_link)
+from rayq.remote import (IN_RUNTIME, NO_RETRY, ShardLinks, actor_names, call_async, manager_link,
+                         running)
 
 log = logging.getLogger("rayq.consumer")
 __all__ = ["ConsumerActor", "ConsumerStats", "named_consumers"]
@@ -178,8 +178,7 @@ class ConsumerActor(RuntimeActor):
         super().__init__("consumer", clock, index)
         self.config, self.consumer_config = config, config.consumers
         self.manager = manager_link()
-        self.shards = [shard_link(i, config.store.local_channel)
-                       for i in range(config.store.shards)]
+        self.shards = ShardLinks(config.store.shards, config.store.local_channel)  # grows
         self.state = ConsumerState(index, config, self.clock)  # every count and decision
         self.state.plan.nodes = this_node_names()  # where intervention may be off
         self._threads = ThreadPoolExecutor(max_workers=self.consumer_config.max_load,
@@ -187,7 +186,7 @@ class ConsumerActor(RuntimeActor):
         self._routes = RouteCache(self.clock)
         self._ray_tasks = RayTasks(self.clock)  # types with Ray options run as Ray tasks
         self._pollers: dict[int, asyncio.Task] = {}
-        self._ends = [_Ends(shard) for shard in self.shards]
+        self._ends: dict[int, _Ends] = {}  # by shard index, made at its first delivery
         self._room = asyncio.Event()  # set when a held task ends
         self._running: dict[str, _Running] = {}  # by message id: what a cancel may stop
         self._run_every(self.consumer_config.adjust_interval_s, "supervision", self._supervise,
@@ -343,7 +342,10 @@ class ConsumerActor(RuntimeActor):
                 sq, want, self.consumer_config.visibility_timeout_s, **request, **options)))
             if got:
                 break
-        return [_Held(m, queue, shard, self._ends[index], m.receipt) for m in got]
+        if index not in self._ends:
+            self._ends[index] = _Ends(shard)
+        ends = self._ends[index]
+        return [_Held(m, queue, shard, ends, m.receipt) for m in got]
 
     # -- running -------------------------------------------------------------------
     async def _run(self, held: _Held) -> None:

@@ -77,7 +77,7 @@ class FairnessCoordinator(ControlActor):
 
     async def _noisy(self) -> list:
         """What every shard's fair dispatch treats as noisy (shards restarting: skipped)."""
-        parts = await answers((lambda s=s: s.noisy.remote()) for s in self.shards)
+        parts = await answers((lambda s=s: s.noisy.remote()) for s in self.shards.refresh())
         return [key for part in parts for key in part]
 
     @signed(COORDINATOR_OPS["suspend"])
@@ -141,7 +141,7 @@ class FairnessCoordinator(ControlActor):
         """Take the usage reports the shards keep with the ends of deliveries (a shard
         failing over is left out: its reports come next round)."""
         for batch in await answers((lambda s=s: s.take_usage.remote(USAGE_TAKEN))
-                                   for s in self.shards):
+                                   for s in self.shards.refresh()):  # added ones too
             reports, malformed = unpacked_reports(batch)
             if malformed:
                 self.failures.record("usage reports", InvalidMessage(

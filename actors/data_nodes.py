@@ -20,6 +20,7 @@ from rayq.core.control.control_places import copy_folders
 from rayq.core.replication.shard_places import decode_places, encode_places
 from rayq.core.kit.kv import peek
 from rayq.core.storage.layout import REPLICA_KEY, read_replica_state
+from rayq.remote import PLACEMENT_KEY  # in Ray's GCS key-value store: each shard's ShardPlace
 
 
 def data_nodes(config: Config) -> list[DataNode]:
@@ -61,9 +62,6 @@ def copies_on_disk(nodes: list[DataNode], data_dir: str) -> dict[str, dict[str, 
     refs = {n.name: _copies_in.options(**pinned(n)).remote(node_folder(data_dir, n.name))
             for n in nodes}
     return {name: ray.get(ref, timeout=60) for name, ref in refs.items()}
-
-
-PLACEMENT_KEY = b"rayq/placement"  # in Ray's GCS key-value store: each shard's ShardPlace
 
 
 def publish(places: dict[int, ShardPlace]) -> None:

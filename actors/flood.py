@@ -68,8 +68,9 @@ class FloodDetector(ControlActor):
     # -- one run ---------------------------------------------------------------------
     async def detect_once(self) -> list[Flooder]:
         queues: dict[str, QueueInfo] = await call_async(lambda: self.manager.flood_layout.remote())
+        # every shard the layout names was published before (scaling adds shards)
         snapshots = await call_all_async((lambda s=s: s.flood_snapshot.remote())
-                                         for s in self.shards)
+                                         for s in self.shards.refresh())
         view = build_view(subqueue_layout(queues), [s["tenant_counts"] for s in snapshots],
                           [s["enqueues"] for s in snapshots])
         changes = detect(view, self.flooders, self.flood_config, self.clock.now())

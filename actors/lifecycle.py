@@ -15,7 +15,8 @@ from actors.replication.keeper import start_followers, start_shard
 from actors.replication.leader import FOLLOWER_PREFIX
 from rayq.config import Config
 from rayq.core.control.control_places import SQS_STORE
-from rayq.core.control.placement import DataNode, default_replicas, plan_shards, shard_indexes
+from rayq.core.control.placement import (DataNode, default_replicas, plan_shards, shard_count,
+                                          shard_indexes)
 from rayq.core.replication.shard_places import LOCAL_NODE, ShardPlace
 from rayq.core.replication.shard_places import (recovered_shards, reusable, trusted_shard,
                                                 with_followers)
@@ -30,21 +31,25 @@ def plan(nodes: list[DataNode], data_dir: str, config: Config) -> dict[int, Shar
     """Every shard's place: as published (the manager keeps it while the cluster
     lives) but led by an in-sync copy that applied the most; else (the cluster
     restarted) rebuilt from the copies on the disks, the one that applied most
-    leading; else where its files are or spread, with followers round the ring."""
-    places = published_places()
-    if reusable(places, config.store.shards, {n.name for n in nodes}):
+    leading; else where its files are or spread, with followers round the ring.
+    The shards are the configured ones and every one scaling added, which a data node's
+    disk holds a copy of (:func:`~rayq.core.control.placement.shard_count`)."""
+    held = copies_on_disk(nodes, data_dir)  # one look at every node's folder serves all
+    on_disk = {node: shard_indexes(list(found)) for node, found in held.items()}
+    shards = shard_count(on_disk, config.store.shards)
+    # published by a runtime of this name: of its shards, those this data directory has
+    places = {s: p for s, p in published_places().items() if s < shards}
+    if reusable(places, shards, {n.name for n in nodes}):
         # the embedded runtime keeps one copy: nothing recorded to compare; elsewhere a
         # node back under a known name with an empty or older folder leads nothing
-        held = {} if nodes[0].name == LOCAL_NODE else copies_on_disk(nodes, data_dir)
+        held = {} if nodes[0].name == LOCAL_NODE else held
         return {shard: trusted_shard(place, {n: held.get(n, {}).get(f"shard-{shard}")
                                              for n in place.in_sync})
                 for shard, place in places.items()}
-    held = copies_on_disk(nodes, data_dir)  # one look at every node's folder serves both
-    on_disk = {node: shard_indexes(list(found)) for node, found in held.items()}
-    leaders = plan_shards(nodes, on_disk, config.store.shards)
+    leaders = plan_shards(nodes, on_disk, shards)
     copies = config.store.replicas or default_replicas(len(nodes))
     return {**with_followers(leaders, [n.name for n in nodes], copies),
-            **recovered_shards(held, config.store.shards)}
+            **recovered_shards(held, shards)}
 
 
 def _ready(handles: list) -> list:

@@ -84,6 +84,8 @@ class QueueManager(ControlActor):
         # after a failover, the shards led where the old manager was are checked at once
         self._run_every(WATCH_INTERVAL_S, "replicas", self.replicas.watch,
                         first_s=0.0 if suspect else None)
+        self.shards.grow(max(self.replicas.places, default=-1) + 1)  # every shard recorded
+        self._shards_started = False  # whether every recorded shard was seen running
         self.schedule_book = ScheduleBook(self.kv)
         # a firing round and the changes to schedules take turns: once unschedule
         # returns, no put of the schedule is under way
@@ -501,6 +503,9 @@ class QueueManager(ControlActor):
         # to other nodes first
         nodes = {shard: place.leader for shard, place in self.replicas.places.items()}
         now = self.clock.now()
+        if not self._shards_started:  # a crash may have come while a shard was added
+            await self.replicas.start_missing(data_nodes(self.config))
+            self._shards_started = True
         if not self._states_told:  # a crash may have come between registry and shards
             for queue in self.registry.all():
                 await self._apply_put_states(queue)
@@ -511,8 +516,21 @@ class QueueManager(ControlActor):
             loads = loads_of(queue, self._counts, self._rates)
             decision = decide(loads, depths, min_subqueues=queue.min_subqueues,
                               quiet_for_s=self._quiet.quiet_for(loads, now),
-                              config=self.config.scaling, shard_nodes=nodes)
+                              config=self.config.scaling, shard_nodes=nodes,
+                              max_shards=self.config.store.max_shards)
+            if decision.new_shard:
+                place = await self._add_shard(decision.add_on_shard, now)
+                depths, nodes = {**depths, place.shard: 0}, {**nodes, place.shard: place.leader}
             await self._apply(queue, decision, now)
+
+    async def _add_shard(self, shard: int, now: float) -> ShardPlace:
+        """Start shard ``shard`` (a new writer, docs/autoscaling.md); every component
+        learns of it from its place, published before it starts."""
+        place = await self.replicas.add_shard(shard, data_nodes(self.config))
+        self.shards.grow(shard + 1)
+        self.scaling_events.append({"at": now, "event": "add shard", "shard": shard,
+                                    "node": place.leader})
+        return place
 
     async def _apply(self, queue: QueueInfo, decision, now: float) -> None:
         if decision.add_on_shard is not None:

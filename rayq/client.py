@@ -98,7 +98,7 @@ class TaskBook:
         check_task_id(task_id)
         transport = self.transport
         asked = [transport.request(SHARD_OPS["tasks"], shard, [task_id])
-                 for shard in transport.shards]
+                 for shard in transport.shards.refresh()]
         ray.wait(asked, num_returns=len(asked))  # every answer in, before any error is raised
         for index, ref in enumerate(asked):
             [found] = call(lambda ref=ref: ref)
@@ -222,7 +222,7 @@ class Client:
     def stats(self) -> list:
         """Every shard's statistics (``default`` account only); each shard's ``queues``
         maps every account's queues on it, by unambiguous name, to their messages there."""
-        return [self.transport.call(SHARD_OPS["stats"], s) for s in self.transport.shards]
+        return [self.transport.call(SHARD_OPS["stats"], s) for s in self.transport.shards.refresh()]
 
     # -- tasks ------------------------------------------------------------------
     def register(self, fn: TaskFunction) -> None:
@@ -422,7 +422,7 @@ class Client:
     # -- analytics ---------------------------------------------------------------
     def flush_events(self) -> int:
         """Write every runtime actor's buffered events to the event log now."""
-        flushes = [*((SHARD_OPS["flush_events"], s) for s in self.transport.shards),
+        flushes = [*((SHARD_OPS["flush_events"], s) for s in self.transport.shards.refresh()),
                    (COORDINATOR_OPS["flush_events"], named(COORDINATOR)),
                    (FLOOD_OPS["flush_events"], named(FLOOD_DETECTOR))]
         # a shard whose leader moved (a drain, a failover) is asked again where it is now

@@ -24,6 +24,7 @@ from rayq.errors import ConfigError
 DAY_S = 24 * 3600
 MAX_BODY_BYTES = 1 << 30  # no limit on a body or a result can be set higher (the decoders' own)
 MAX_CONSUMERS = 1000  # consumer actors of a kind (regular, boosters) a runtime runs at most
+MAX_SHARDS = 256  # the highest store.max_shards: shards scaling may add at most
 
 
 def _is_count(value: Any) -> bool:
@@ -76,6 +77,10 @@ class StoreConfig:
     # Fewest in-sync copies (the leader's included) a write needs to be acknowledged,
     # like Kafka's min.insync.replicas; fewer: writes fail with NotEnoughReplicas.
     min_in_sync: int = 1
+    # Scaling adds a shard (a writer, led from the data node leading fewest) when a busy
+    # queue has a subqueue on every shard, while fewer than this many run
+    # (docs/autoscaling.md); at or below ``shards`` (0 too) no shard is ever added.
+    max_shards: int = 8
 
 
 INTERVENTION_MODES = frozenset({"active", "passive"})
@@ -284,6 +289,7 @@ class Config:
             raise ConfigError("consumers.hit_wait_s must be at least 0")
         _check_fair_dispatch(self.fairness)
         _check_replicas(self.store)
+        _check_max_shards(self.store)
         _check_flood_window(self.flood, self.store)
         _check_body_limits(self.store)
         _check_events_uri(self.analytics)
@@ -344,6 +350,12 @@ def _check_replicas(store: "StoreConfig") -> None:
         raise ConfigError(f"store.replicas must be None, 1, 2 or 3, got {store.replicas!r}")
     if not whole(store.min_in_sync):
         raise ConfigError(f"store.min_in_sync must be 1, 2 or 3, got {store.min_in_sync!r}")
+
+
+def _check_max_shards(store: "StoreConfig") -> None:
+    bound = store.max_shards
+    if isinstance(bound, bool) or not isinstance(bound, int) or not 0 <= bound <= MAX_SHARDS:
+        raise ConfigError(f"store.max_shards must be an int from 0 to {MAX_SHARDS}, got {bound!r}")
 
 
 def _check_fair_dispatch(fairness: "FairnessConfig") -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import time
 from contextvars import ContextVar
 from collections.abc import Callable, Iterable, Sequence
@@ -25,6 +26,7 @@ from rayq.names import MANAGER, namespace, shard_name
 from rayq.channel import BetweenPlaces, ChannelLost, ShardLink, actor_lost
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.retry import RetrySchedule
+from rayq.core.replication.shard_places import decode_places
 from rayq.errors import NotEnoughReplicas, RayqError, RuntimeFailure, StaleEpoch
 
 RETRY = RetrySchedule()  # clients: up to a minute, while a shard restarts
@@ -220,3 +222,51 @@ def manager_link() -> ShardLink:
 
 
 _find_manager = functools.partial(named, MANAGER)
+
+
+# -- the shards, as many as the runtime placed (docs/autoscaling.md) ---------------------
+PLACEMENT_KEY = b"rayq/placement"  # in Ray's GCS key-value store: each shard's ShardPlace
+
+
+def published_shards() -> int:
+    """How many shards the runtime runs: those its manager last published a place of
+    (``actors.data_nodes.publish``; 0 before any). Shards are numbered from 0."""
+    import ray.experimental.internal_kv as internal_kv
+
+    raw = internal_kv._internal_kv_get(PLACEMENT_KEY, namespace=namespace())
+    return max(decode_places(raw), default=-1) + 1
+
+
+class ShardLinks:
+    """Every shard's link (:func:`shard_link`) by index. Scaling adds shards while the
+    runtime runs: indexing a shard past the ones known links it at once (a queue's
+    subqueue named it), and :meth:`refresh` learns how many the runtime placed.
+    Iterating goes over the shards known so far. Thread-safe."""
+
+    def __init__(self, count: int = 0, use_channel: bool = False, links: Iterable = ()):
+        self._use_channel = use_channel
+        self._links = list(links)
+        self._lock = threading.Lock()
+        self.grow(count)
+
+    def grow(self, count: int) -> ShardLinks:
+        """Links to at least ``count`` shards."""
+        with self._lock:
+            while len(self._links) < count:
+                self._links.append(shard_link(len(self._links), self._use_channel))
+        return self
+
+    def refresh(self) -> ShardLinks:
+        """Links to every shard the runtime placed (one read of Ray's GCS)."""
+        return self.grow(published_shards())
+
+    def __getitem__(self, index: int) -> ShardLink:
+        if index >= len(self._links):
+            self.grow(index + 1)
+        return self._links[index]
+
+    def __len__(self) -> int:
+        return len(self._links)
+
+    def __iter__(self):
+        return iter(list(self._links))

@@ -29,7 +29,7 @@ from rayq.core.control.registry import QueueInfo
 from rayq.core.control.routes import Route, RouteCache
 from rayq.core.kit.retry import RetrySchedule
 from rayq.errors import RuntimeFailure
-from rayq.remote import NO_RETRY, RETRY, call, call_async
+from rayq.remote import NO_RETRY, RETRY, ShardLinks, call, call_async
 from rayq.channel import ShardLink
 from rayq.sending import Producer
 from rayq.steps import Request, Steps, drive, drive_async
@@ -41,9 +41,12 @@ class Transport:
 
     def __init__(self, manager, shards: Sequence, config: Config, signer: Signer | None = None):
         self.manager = manager
-        # hot calls to a shard on this host go over its local channel (rayq.channel)
-        self.shards = tuple(s if isinstance(s, ShardLink) else ShardLink(s, config.store.local_channel)
-                            for s in shards)
+        # hot calls to a shard on this host go over its local channel (rayq.channel); a
+        # shard scaling added is linked when a queue's subqueue names it
+        self.shards = shards if isinstance(shards, ShardLinks) else ShardLinks(
+            0, config.store.local_channel,
+            (s if isinstance(s, ShardLink) else ShardLink(s, config.store.local_channel)
+             for s in shards))
         self.config = config
         self._signer = signer
         self._routes = RouteCache(SystemClock())
@@ -160,9 +163,8 @@ class Transport:
     def serves(self, manager, shards: Sequence) -> bool:
         """Whether this transport reaches the runtime of ``manager`` and ``shards`` (actor
         handles or shard links): False once that runtime was stopped and started again."""
-        return _actor_id(self.manager) == _actor_id(manager) and \
-            list(map(_actor_id, self.shards)) == \
-            list(map(_actor_id, shards))
+        return _actor_id(self.manager) == _actor_id(manager) and all(
+            _actor_id(mine) == _actor_id(theirs) for mine, theirs in zip(self.shards, shards))
 
 
 def _actor_id(shard: Any) -> Any:

@@ -20,7 +20,8 @@ from actors.data_nodes import data_nodes, pinned, publish, published_places
 from actors.shard import CONCURRENCY_GROUPS, ShardActor
 from actors.replication.leader import follower_name
 from rayq.config import Config
-from rayq.core.control.placement import DataNode, data_claim, default_replicas, node_folder
+from rayq.core.control.placement import (DataNode, data_claim, default_replicas, new_shard_place,
+                                          node_folder)
 from rayq.core.replication.shard_places import LOCAL_NODE, ShardPlace
 from rayq.core.replication.shard_places import (check_epoch, count_missed, decode_places,
                                                 drain_seeds, drain_step, drop_follower,
@@ -30,7 +31,7 @@ from rayq.core.replication.shard_places import (check_epoch, count_missed, decod
 from rayq.core.kit.clock import Clock
 from rayq.core.kit.kv import LmdbKV
 from rayq.errors import RayqError
-from rayq.remote import NO_RETRY, call_async
+from rayq.remote import NO_RETRY, call_async, running
 
 log = logging.getLogger("rayq.replicas")
 ShardRemote = ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(ShardActor)
@@ -268,6 +269,43 @@ class ReplicaKeeper:
         """Replace ``place``'s leader by the in-sync follower that applied most
         (``prefer`` if it applied as much): see :func:`rayq.core.replication.shard_places.fail_over`."""
         await fail_over(place, [n.name for n in nodes], RayFailover(self, nodes), prefer)
+
+    async def add_shard(self, shard: int, nodes: list[DataNode]) -> ShardPlace:
+        """Place and start ``shard``, added by scaling (docs/autoscaling.md): led from the
+        data node leading fewest shards, not a draining one, followers round the ring;
+        recorded first (its leader reads its place as it starts), returned once it
+        answers. Again for a shard recorded already: its actors run, or start again."""
+        staying = [n.name for n in nodes if n.name not in draining_nodes(nodes)] or \
+            [n.name for n in nodes]
+        async with self._lock:
+            place = self.places.get(shard) or new_shard_place(
+                shard, self.places, staying, self._copies(nodes))
+            self.places[shard] = place
+            self._save()
+            self._starting[shard] = self.clock.monotonic() + LEADER_START_S
+        await self.start_recorded(place, nodes)
+        return place
+
+    async def start_recorded(self, place: ShardPlace, nodes: list[DataNode]) -> None:
+        """Start ``place``'s followers, then its leader (those that run already are kept),
+        and return once the leader answers."""
+        by_name = {n.name: n for n in nodes}
+        for follower in start_followers({place.shard: place}, nodes, self.data_dir, self.config):
+            await asyncio.wait_for(call_async(lambda f=follower: f.state.remote(), NO_RETRY),
+                                   LEADER_START_S)
+        leader = start_shard(place.shard, by_name[place.leader], self.data_dir, self.config)
+        await asyncio.wait_for(call_async(lambda: leader.ping.remote(), NO_RETRY), LEADER_START_S)
+
+    async def start_missing(self, nodes: list[DataNode]) -> None:
+        """Start each recorded shard that runs nowhere while its leader's node is alive: a
+        manager replaced while it added that shard, or a cold start that found no copy
+        of it (it was recorded before its leader first opened its files)."""
+        alive = {n.name for n in nodes}
+        async with self._lock:  # not while a failover replaces a leader
+            for place in list(self.places.values()):
+                if place.leader in alive and not running([shard_name(place.shard)]):
+                    self._starting[place.shard] = self.clock.monotonic() + LEADER_START_S
+                    await self.start_recorded(place, nodes)
 
     def lead(self, place: ShardPlace, node: DataNode) -> None:
         """Record ``place`` and start its leader on ``node``, which reads the place

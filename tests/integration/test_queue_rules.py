@@ -103,7 +103,8 @@ def test_a_queue_scales_out_past_the_number_of_shards_losing_nothing(ray_session
                                                                     tmp_path_factory):
     scaling = rayq.ScalingConfig(interval_s=0.2, scale_up_ops_per_s=300, idle_s=3600,
                                  max_subqueues=3)
-    client, _ = start_runtime(tmp_path_factory, Config(store=StoreConfig(shards=1),
+    # at the shard bound (max_shards): added subqueues share the shard there is
+    client, _ = start_runtime(tmp_path_factory, Config(store=StoreConfig(shards=1, max_shards=1),
                                                        consumers=ConsumerConfig(count=0),
                                                        scaling=scaling), name="one-shard")
     queue = client.create_queue("wide", max_receives=None)

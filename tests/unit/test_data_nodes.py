@@ -131,3 +131,22 @@ def test_a_new_follower_goes_to_a_node_without_a_copy_the_least_followed_first()
 def test_a_shard_is_under_replicated_while_a_copy_is_out_of_sync():
     assert ShardPlace(0, ("n1", "n2"), ("n1",)).under_replicated
     assert not ShardPlace(0, ("n1", "n2"), ("n1", "n2")).under_replicated
+
+
+def test_a_starting_runtime_runs_every_shard_a_disk_holds_beyond_the_configured_ones():
+    from rayq.core.control.placement import shard_count
+    assert shard_count({}, 2) == 2
+    assert shard_count({"n1": [0, 1], "n2": [1]}, 2) == 2
+    assert shard_count({"n1": [0, 1, 2], "n2": [3]}, 2) == 4  # added by scaling
+    assert shard_count({"": [0]}, 3) == 3
+
+
+def test_an_added_shard_is_led_from_the_node_leading_fewest_its_followers_round_the_ring():
+    from rayq.core.control.placement import new_shard_place
+    from rayq.core.replication.shard_places import ShardPlace
+    places = {0: ShardPlace(0, ("n1", "n2"), ("n1", "n2")),
+              1: ShardPlace(1, ("n2", "n3"), ("n2", "n3"))}
+    assert new_shard_place(2, places, ["n1", "n2", "n3"], 2) == \
+        ShardPlace(2, ("n3", "n1"), ("n3", "n1"))
+    assert new_shard_place(1, {0: ShardPlace(0, ("",), ("",))}, [""], 2) == \
+        ShardPlace(1, ("",), ("",))

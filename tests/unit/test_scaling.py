@@ -94,3 +94,71 @@ def test_scale_out_prefers_a_shard_on_another_node_then_one_the_queue_lacks():
     assert d.add_on_shard == 2  # another node, though fuller
     d = decide(loads, {0: 0, 1: 0}, min_subqueues=1, quiet_for_s={}, config=CONFIG)
     assert d.add_on_shard == 1  # one node: a shard the queue does not use yet
+
+
+# -- a busy queue on every shard adds a shard (a writer), up to store.max_shards ----------
+BUSY = 6_000.0  # over CONFIG's scale_up_ops_per_s
+
+
+def on_shard(sq, shard, ops=0.0, state=SubqueueState.ALL):
+    return SubqueueLoad(sq, shard, state, sq, 100, ops)
+
+
+@pytest.mark.parametrize("loads, depths, max_shards, expected", [
+    # every shard carries one of the queue's: a new shard, the next index
+    ([on_shard(1, 0, BUSY), on_shard(2, 1)], {0: 5, 1: 9}, 4, (2, True)),
+    ([on_shard(1, 0, BUSY)], {0: 5}, 2, (1, True)),
+    # at the bound: round the shards again, on the one holding fewest of the queue's
+    ([on_shard(1, 0, BUSY), on_shard(2, 1)], {0: 5, 1: 9}, 2, (0, False)),
+    ([on_shard(1, 0, BUSY), on_shard(2, 1)], {0: 5, 1: 9}, 0, (0, False)),
+    # a shard the queue does not use yet takes the subqueue: no new shard
+    ([on_shard(1, 0, BUSY)], {0: 5, 1: 9}, 8, (1, False)),
+    # a disabled subqueue holds no place on its shard
+    ([on_shard(1, 0, BUSY), on_shard(2, 1, state=SubqueueState.DISABLED)], {0: 5, 1: 9}, 8,
+     (1, False)),
+    # a draining one does: every shard is used
+    ([on_shard(1, 0, BUSY), on_shard(2, 1, state=SubqueueState.NO_PUT)], {0: 5, 1: 9}, 8,
+     (2, True)),
+])
+def test_a_busy_queue_with_a_subqueue_on_every_shard_asks_for_a_new_shard_within_the_bound(
+        loads, depths, max_shards, expected):
+    d = decide(loads, depths, min_subqueues=1, quiet_for_s={}, config=CONFIG,
+               max_shards=max_shards)
+    assert (d.add_on_shard, d.new_shard) == expected
+
+
+def test_a_quiet_queue_or_one_at_max_subqueues_asks_for_no_shard():
+    quiet = decide([on_shard(1, 0, 10.0)], {0: 5}, min_subqueues=1, quiet_for_s={},
+                   config=CONFIG, max_shards=8)
+    assert (quiet.add_on_shard, quiet.new_shard) == (None, False)
+    full = decide([on_shard(i, 0, BUSY) for i in range(CONFIG.max_subqueues)], {0: 5},
+                  min_subqueues=1, quiet_for_s={}, config=CONFIG, max_shards=8)
+    assert (full.add_on_shard, full.new_shard) == (None, False)
+
+
+def test_a_queue_growing_from_one_shard_adds_shards_up_to_the_bound_then_goes_round_them():
+    loads, depths, placed = [on_shard(0, 0, BUSY)], {0: 0}, []
+    for sq in range(1, 6):
+        d = decide(loads, depths, min_subqueues=1, quiet_for_s={},
+                   config=ScalingConfig(scale_up_ops_per_s=5_000, max_subqueues=8), max_shards=3)
+        if d.new_shard:
+            depths[d.add_on_shard] = 0
+        loads.append(on_shard(sq, d.add_on_shard, BUSY))
+        placed.append((d.add_on_shard, d.new_shard))
+    assert placed == [(1, True), (2, True), (0, False), (1, False), (2, False)]
+
+
+@pytest.mark.parametrize("max_shards", [-1, 257, True, 2.0, "4", None])
+def test_a_shard_bound_out_of_range_is_a_configuration_error(max_shards):
+    from rayq.config import Config, StoreConfig
+    from rayq.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="max_shards"):
+        Config(store=StoreConfig(max_shards=max_shards))
+
+
+@pytest.mark.parametrize("max_shards", [0, 1, 8, 256])
+def test_a_shard_bound_from_0_to_256_is_taken(max_shards):
+    from rayq.config import Config, StoreConfig
+
+    assert Config(store=StoreConfig(max_shards=max_shards)).store.max_shards == max_shards

@@ -91,6 +91,13 @@ def shard_indexes(names: Sequence[str]) -> list[int]:
     return sorted(int(n[6:]) for n in names if n.startswith("shard-") and n[6:].isdigit())
 
 
+def shard_count(on_disk: Mapping[str, Sequence[int]], configured: int) -> int:
+    """How many shards a runtime starting runs: the ``configured`` ones, and every one
+    scaling added that a node's folder holds (``on_disk``: per node, its shard indexes);
+    shards are numbered from 0, so the highest index found counts."""
+    return max([configured] + [i + 1 for found in on_disk.values() for i in found])
+
+
 def node_folder(data_dir: str, node: str) -> str:
     """The folder that holds everything ``node`` writes (``data_dir`` itself for the
     embedded runtime's unnamed node)."""
@@ -119,6 +126,14 @@ def spread(shards: Sequence[int], nodes: Sequence[str], replicas: int,
         chosen = tuple(names[(at + k) % len(names)] for k in range(copies))
         places[shard] = ShardPlace(shard, chosen, chosen)
     return places
+
+
+def new_shard_place(shard: int, places: Mapping[int, ShardPlace], nodes: Sequence[str],
+                    replicas: int) -> ShardPlace:
+    """The place of ``shard``, added by scaling: led from the node of ``nodes`` (the data
+    nodes that take copies) leading fewest of ``places``, followers round the ring."""
+    leaders = Counter(p.leader for p in places.values())
+    return spread([shard], nodes, replicas, leaders)[shard]
 
 
 def least_loaded_shard(shard_depths: Mapping[int, int],

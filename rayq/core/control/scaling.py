@@ -43,9 +43,13 @@ class SubqueueLoad:
 
 @dataclass(frozen=True)
 class ScalingDecision:
+    """``add_on_shard``: the shard a new subqueue goes to; ``new_shard``: that shard is
+    to be started first (the next index: every shard carries one of the queue's)."""
+
     add_on_shard: int | None = None
     retire: int | None = None
     drop: tuple[int, ...] = ()
+    new_shard: bool = False
 
 
 def is_quiet(load: SubqueueLoad, config: ScalingConfig) -> bool:
@@ -69,12 +73,15 @@ def has_room_without_one(open_: Sequence[SubqueueLoad], config: ScalingConfig) -
 
 def decide(loads: Sequence[SubqueueLoad], shard_depths: Mapping[int, int], *,
            min_subqueues: int, quiet_for_s: Mapping[int, float],
-           config: ScalingConfig, shard_nodes: Mapping[int, str] | None = None) -> ScalingDecision:
+           config: ScalingConfig, shard_nodes: Mapping[int, str] | None = None,
+           max_shards: int = 0) -> ScalingDecision:
     """What to change in one queue's subqueues now.
 
     ``quiet_for_s``: per subqueue, how long it has been quiet (see :func:`is_quiet`;
     missing or 0 when it is not). ``shard_nodes``: each shard's leader's node, so an
     added subqueue lands on a shard, and a node, the queue does not use yet.
+    ``max_shards``: while fewer shards run (``shard_depths`` has one entry a shard), a
+    subqueue added when every shard carries one of the queue's goes to a new shard.
     """
     drop = tuple(l.id for l in loads if l.state is SubqueueState.NO_PUT and l.count == 0)
     open_ = [l for l in loads if l.state is SubqueueState.ALL]
@@ -84,6 +91,9 @@ def decide(loads: Sequence[SubqueueLoad], shard_depths: Mapping[int, int], *,
                or l.throttled_per_s >= config.scale_up_throttled_per_s for l in open_)
     if busy and live < config.max_subqueues:
         used = tuple(l.shard for l in loads if l.state is not SubqueueState.DISABLED)
+        if wants_new_shard(used, shard_depths, max_shards):
+            return ScalingDecision(add_on_shard=next_shard(shard_depths), drop=drop,
+                                   new_shard=True)
         return ScalingDecision(add_on_shard=least_loaded_shard(shard_depths, used, shard_nodes),
                                drop=drop)
     settled = all(quiet_for_s.get(l.id, 0.0) >= config.idle_s for l in open_)
@@ -92,6 +102,18 @@ def decide(loads: Sequence[SubqueueLoad], shard_depths: Mapping[int, int], *,
         retire = min(open_, key=lambda l: (l.count, l.ops_per_s, -l.version))
         return ScalingDecision(retire=retire.id, drop=drop)
     return ScalingDecision(drop=drop)
+
+
+def wants_new_shard(used: Sequence[int], shard_depths: Mapping[int, int], max_shards: int) -> bool:
+    """Whether a subqueue added to a queue with subqueues on ``used`` shards goes to a new
+    shard: every shard carries one already (another would add no writer), and fewer than
+    ``max_shards`` run."""
+    return len(shard_depths) < max_shards and set(shard_depths) <= set(used)
+
+
+def next_shard(shard_depths: Mapping[int, int]) -> int:
+    """The index of the next shard added (shards are numbered from 0 without gaps)."""
+    return max(shard_depths, default=-1) + 1
 
 
 def loads_of(queue: QueueInfo, counts: Mapping[int, int], rates: "OpRates") -> list[SubqueueLoad]:
