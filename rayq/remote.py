@@ -270,3 +270,8 @@ class ShardLinks:
 
     def __iter__(self):
         return iter(list(self._links))
+
+    def __reduce__(self):
+        """Sent to another actor (an SQS endpoint, a consumer) as the links known now;
+        its own lock is made there."""
+        return ShardLinks, (0, self._use_channel, list(self._links))

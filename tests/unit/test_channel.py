@@ -696,3 +696,11 @@ def test_a_call_to_a_leader_replaced_under_its_name_is_issued_again_to_the_new_o
     with pytest.raises(ValueError):  # any other failure to submit is the caller's
         ShardLink(FakeHandle(None), use_channel=False, resolve=lambda: fresh)._submitted(
             lambda handle: int("x"))
+
+
+def test_a_shard_list_pickles_with_its_links_to_be_sent_to_another_actor():
+    from rayq.remote import ShardLinks
+
+    links = ShardLinks(0, False, ["link-0", "link-1"])
+    copy = pickle.loads(pickle.dumps(links))
+    assert list(copy) == ["link-0", "link-1"] and copy[1] == "link-1"
