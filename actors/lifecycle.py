@@ -37,8 +37,9 @@ def plan(nodes: list[DataNode], data_dir: str, config: Config) -> dict[int, Shar
     held = copies_on_disk(nodes, data_dir)  # one look at every node's folder serves all
     on_disk = {node: shard_indexes(list(found)) for node, found in held.items()}
     shards = shard_count(on_disk, config.store.shards)
-    # published by a runtime of this name: of its shards, those this data directory has
-    places = {s: p for s, p in published_places().items() if s < shards}
+    # published by a runtime of this name; reused only when they place exactly these
+    # shards (another data directory's runtime of more or fewer shards is planned anew)
+    places = published_places()
     if reusable(places, shards, {n.name for n in nodes}):
         # the embedded runtime keeps one copy: nothing recorded to compare; elsewhere a
         # node back under a known name with an empty or older folder leads nothing
