@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 
 import ray
+import ray.experimental.internal_kv as internal_kv
 
-from rayq.names import MANAGER, consumer_name, shard_name
+from rayq.names import MANAGER, consumer_name, namespace, shard_name
 from actors.control import control_starter
 from actors.controlstore import CONTROL_FOLLOWER_PREFIX, current_place, forget_place
 from actors.base import shard_handles
@@ -25,6 +26,9 @@ from rayq.errors import RuntimeFailure
 from rayq.remote import NO_RETRY, actor_names, call, manager_handle, running
 
 FAILOVER_WAIT_S = 60.0  # how long finding the runtime waits for a manager failing over
+# In Ray's GCS, per runtime: set while the runtime is stopped on purpose (rayq.shutdown,
+# `rayq stop`), when the manager's place stays claimed but no manager is coming back
+STOPPED_KEY = b"rayq/stopped"
 
 
 def plan(nodes: list[DataNode], data_dir: str, config: Config) -> dict[int, ShardPlace]:
@@ -82,6 +86,7 @@ def ensure_runtime(data_dir: str, config: Config, consumers: int | None = None) 
     control = control_starter(nodes, data_dir, config)
     # each after the ones it finds at start: the manager the shards, the others both
     [manager] = _ready([control("manager")])
+    internal_kv._internal_kv_del(STOPPED_KEY, namespace=namespace())
     [coordinator, _] = _ready([control("coordinator"), control("flood")])
     call(lambda: manager.scale_consumers.remote(consumers))
     return {"manager": manager, "shards": shards, "coordinator": coordinator}
@@ -89,9 +94,10 @@ def ensure_runtime(data_dir: str, config: Config, consumers: int | None = None) 
 
 def find_runtime(clock: Clock = SystemClock()) -> dict:
     """Handles of a running runtime. Raises RuntimeFailure when none runs. While the
-    manager fails over (its store is placed, its actor not yet started again) this
-    waits up to FAILOVER_WAIT_S for it."""
-    deadline = clock.monotonic() + (FAILOVER_WAIT_S if current_place("manager") else 0.0)
+    manager fails over (its store is placed, its actor not yet started again, and the
+    runtime was not stopped) this waits up to FAILOVER_WAIT_S for it."""
+    failing_over = current_place("manager") is not None and not runtime_stopped()
+    deadline = clock.monotonic() + (FAILOVER_WAIT_S if failing_over else 0.0)
     while True:
         try:
             manager = manager_handle()
@@ -106,6 +112,11 @@ def find_runtime(clock: Clock = SystemClock()) -> dict:
             "config": config}
 
 
+def runtime_stopped() -> bool:
+    """Whether this runtime was stopped on purpose and not started since."""
+    return internal_kv._internal_kv_exists(STOPPED_KEY, namespace=namespace())
+
+
 def runtimes_running() -> list[str]:
     """The namespaces of the rayq runtimes whose manager runs on this Ray cluster."""
     return sorted(a["namespace"] for a in ray.util.list_named_actors(all_namespaces=True)
@@ -115,6 +126,9 @@ def runtimes_running() -> list[str]:
 def stop_runtime(timeout_s: float = 30.0, clock: Clock = SystemClock()) -> None:
     """Kill every runtime actor (data stays on disk) and wait until they are gone."""
     deadline = clock.monotonic() + timeout_s
+    # no manager is coming back: finding the runtime waits for none (its place stays
+    # claimed, for the next start to follow)
+    internal_kv._internal_kv_put(STOPPED_KEY, b"1", namespace=namespace())
     forget_place(SQS_STORE)  # the SQS endpoint stops too: its state is not to be restarted
     # Callers before callees: consumers, then the coordinator and manager, shards, and
     # the followers (shards' and control stores') once their leaders are gone (nothing

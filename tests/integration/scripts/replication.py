@@ -25,6 +25,7 @@ Modes:
   the leadership of one shard moves there, and a new queue's subqueues land on it.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -39,11 +40,14 @@ import ray
 from ray.cluster_utils import Cluster
 
 import rayq
-from actors.lifecycle import find_runtime
+from actors.controlstore import current_place
+from actors.lifecycle import find_runtime, runtime_stopped
 from rayq.client import Client
 from rayq.names import namespace, shard_name
 from actors.replication.leader import follower_name
 from rayq.config import Config, ConsumerConfig, ScalingConfig, StoreConfig
+from rayq.core.kit.clock import FakeClock
+from rayq.errors import RuntimeFailure
 from rayq.core.codec.model import NewMessage, encode_body
 from rayq.core.codec.wire import encode_messages
 
@@ -285,6 +289,7 @@ def restart(cluster, nodes, data_dir) -> dict:
     before = {k: [list(p.in_sync), p.epoch]
               for k, p in shard_places().items()}
     rayq.shutdown()
+    stopped_at_once = not_waited_for()
     client, queue = start(data_dir)
     acked |= set(queue.send_batch([rayq.Outgoing(i) for i in range(300, 400)]))
     time.sleep(3.0)  # a follower found out of sync would have been taken out by now
@@ -292,7 +297,31 @@ def restart(cluster, nodes, data_dir) -> dict:
              for k, p in shard_places().items()}
     received = drain(queue, acked)
     return {"before": before, "after": after, "acked": len(acked),
-            "lost": len(acked - received)}
+            "lost": len(acked - received), "stopped_at_once": stopped_at_once}
+
+
+class OneLook(FakeClock):
+    """A frozen clock that fails a caller reading it a third time: finding a runtime
+    while waiting for its manager to fail over reads it on every round of the wait."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads = 0
+
+    def monotonic(self) -> float:
+        self.reads += 1
+        if self.reads > 2:
+            raise AssertionError("waited for a manager to fail over")
+        return super().monotonic()
+
+
+def not_waited_for() -> bool:
+    """Whether a runtime just stopped is found stopped at once: its manager's place
+    stays claimed (the next start follows it), but no manager is coming back."""
+    with contextlib.suppress(RuntimeFailure):
+        find_runtime(OneLook())
+        return False  # found running
+    return current_place("manager") is not None and runtime_stopped()
 
 
 def rows(folder: str) -> int:
