@@ -10,7 +10,7 @@ from tests.integration.conftest import run_script
 
 @pytest.fixture(scope="module")
 def phases():
-    lines, done = run_script("event_nodes.py", timeout_s=1200)
+    lines, done = run_script("event_nodes.py", timeout_s=2400)
     assert done.returncode == 0 and lines, done.stderr[-3000:]
     return {line["phase"]: line for line in lines}
 
