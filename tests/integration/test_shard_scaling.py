@@ -1,6 +1,8 @@
 """A busy queue with a subqueue on every shard adds a shard (a writer) for its next
 subqueue, up to store.max_shards; the added shard keeps its messages across restarts."""
 
+import gc
+
 import ray
 import ray.experimental.internal_kv as internal_kv
 
@@ -35,6 +37,7 @@ def busy_until_on_two_shards(client) -> list[int]:
 
     def loaded():
         nonlocal sent
+        gc.collect()  # the last producer's transport, if only a cycle held it
         producer = rayq.connect().queue("busy")  # a new transport: routed anew
         producer.send_batch([rayq.Outgoing(sent + i) for i in range(100)])
         sent += 100
@@ -94,6 +97,7 @@ def spread_sends(client, tag: str) -> list:
 
     def sent_to_new_shard():
         batch = [f"{tag}-{len(bodies) + i}" for i in range(10)]
+        gc.collect()  # the last producer's transport, if only a cycle held it: a new session
         rayq.connect().queue("busy").send_batch([rayq.Outgoing(b) for b in batch])
         bodies.extend(batch)
         return on_shards(client)[1] > 0
