@@ -459,8 +459,10 @@ class ShardActor(GatedActor):
 
     async def _queue_counts(self) -> dict[str, int]:
         """Messages here per queue by unambiguous name; empty while the manager is away
-        (statistics never wait for it to come back)."""
+        (statistics never wait for it to come back). A subqueue holding messages that the
+        gate's copy of the directory lacks (a queue made since) has it fetched anew."""
         try:
+            await self.gate.known(await self._read(self.store.holding))
             places = await self.gate.places()
         except (ValueError, ray.exceptions.RayError):
             return {}

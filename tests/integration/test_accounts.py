@@ -247,6 +247,13 @@ def test_two_accounts_each_have_their_own_queue_of_one_name(client, accounts):
     assert mine.stats().dead_letter_depth == 1 and theirs.stats().dead_letter_depth == 0
 
 
+def test_a_queue_the_admin_makes_and_fills_counts_in_the_stats_at_once(client):
+    # unsigned puts never make a shard's gate fetch the directory: its statistics do
+    queue = client.create_queue("stats-at-once")
+    queue.send_batch([rayq.Outgoing(i) for i in range(3)])
+    assert sum(shard.queues.get("stats-at-once", 0) for shard in client.stats()) == 3
+
+
 def test_another_accounts_queue_names_do_not_leak(accounts):
     clients, _ = accounts
     clients["acme"].create_queue("secret-plans")

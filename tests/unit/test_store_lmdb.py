@@ -65,6 +65,19 @@ def test_every_message_count_and_hidden_state_survive_a_reopen(tmp_path):
     store.close()
 
 
+def test_holding_names_the_subqueues_with_messages_and_survives_a_reopen(tmp_path):
+    clock = FakeClock()
+    store = open_store(tmp_path / "shard", clock)
+    for sq in (0, 3, 7):
+        store.run(Put(sq, batch(message(sq))))
+    [got] = received(store, 3, 1, 60)
+    assert store.run(Delete([got.receipt])) == []  # none failed
+    store.purge([7])
+    assert store.holding() == {0}
+    store.close()
+    assert open_store(tmp_path / "shard", clock).holding() == {0}
+
+
 def test_a_receipt_issued_before_a_reopen_is_still_valid_after_it(tmp_path):
     clock = FakeClock()
     store = open_store(tmp_path / "shard", clock)

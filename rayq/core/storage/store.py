@@ -311,6 +311,12 @@ class ShardStore:
         """Rows and spilled messages a subqueue still has on disk, cleared or not."""
         return self.index.stored_count(subqueue)
 
+    def holding(self) -> set[int]:
+        """The subqueues with messages here (cleared ones left out)."""
+        ledger = self.index
+        return {sq for sq in {*ledger.sq_keys, *ledger.spilled}
+                if sq not in ledger.purging and ledger.stored_count(sq)}
+
     def visibility_counts(self, subqueue: int) -> tuple[int, int, int]:
         """(visible, in flight, delayed) messages of a subqueue: one seek per fairness key,
         then only hidden rows are read (in flight: received before; delayed: never yet).
