@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from rayq.config import StoreConfig
 from rayq.core.codec.model import (MAX_PRIORITY, US, Ending, StoredMessage, at_s,
-                                   SubqueueState, message_id, parse_receipt, receipt_text)
+                                   MessageIds, SubqueueState, parse_receipt, receipt_text)
 from rayq.core.kit.kv import Txn
 from rayq.core.storage import layout
 from rayq.core.storage.cache import MessageCache
@@ -103,6 +103,7 @@ class ShardIndex:
 
     def __init__(self, txn: Txn, store_id: bytes, id_key: bytes):
         self.store_id, self.store_hex, self.id_key = store_id, store_id.hex(), id_key
+        self.message_id = MessageIds(self.store_hex, id_key)
         raw = txn.get("meta", layout.SEQ)
         self.seq = layout.unpack_u64(raw) if raw else 0
         self.key_ids: dict[str, int] = {}
@@ -230,7 +231,7 @@ class Ledger:
 
     # -- names ---------------------------------------------------------------------
     def message_id(self, seq: int) -> str:
-        return message_id(self.index.store_hex, self.index.id_key, seq)
+        return self.index.message_id(seq)
 
     def key_id(self, name: str, create: bool) -> int | None:
         kid = self.index.key_ids.get(name)

@@ -18,7 +18,7 @@ from typing import Any
 
 from rayq.config import StoreConfig
 from rayq.core.codec.model import (MAX_BATCH, US, Ending, KeyDepth, StoredMessage, SubqueueState,
-                                   check_count, check_name, check_subqueue, message_id, to_us)
+                                   check_count, check_name, check_subqueue, to_us)
 from rayq.core.codec.task_ids import check_task_id
 from rayq.core.kit.clock import Clock, SystemClock
 from rayq.core.kit.kv import KV, LmdbKV, Txn
@@ -227,7 +227,7 @@ class ShardStore:
         return self.message_id, groups
 
     def message_id(self, seq: int) -> str:
-        return message_id(self.index.store_hex, self.index.id_key, seq)
+        return self.index.message_id(seq)
 
     def take_finished(self) -> list[tuple[str, Ending | None, bytes]]:
         """(message id, ending, payload) of every outcome recorded since the last call, in
