@@ -58,6 +58,7 @@ stored either.
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 from typing import NamedTuple
@@ -109,6 +110,9 @@ class RowMeta(NamedTuple):
         return bool(self.flags & TASK)
 
 
+# RowMeta(...) without its generated Python __new__: a row's header is read for every
+# row a write touches
+_row_meta = functools.partial(tuple.__new__, RowMeta)
 _NAMES: dict[bytes, tuple[str, str]] = {}  # decoded (tenant, type) by their raw bytes
 _NAMES_KEPT = 10_000
 
@@ -123,7 +127,8 @@ def meta(value: bytes) -> RowMeta:
             _NAMES.clear()
         type_at = HEAD.size + tenant_len
         names = _NAMES[raw] = (value[HEAD.size:type_at].decode(), value[type_at:body_at].decode())
-    return RowMeta(enqueued, expires, dequeues, flags, nonce, first, names[0], names[1], body_at)
+    return _row_meta((enqueued, expires, dequeues, flags, nonce, first, names[0], names[1],
+                      body_at))
 
 
 def nonce_of(value: bytes) -> bytes:
