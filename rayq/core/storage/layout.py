@@ -58,12 +58,12 @@ stored either.
 
 from __future__ import annotations
 
-import functools
 import os
 import struct
 from typing import NamedTuple
 
 from rayq.core.codec.model import PREFIX, ROW_KEY, CountKind, Ending, TenantCount
+from rayq.core.kit.tuples import quick_new
 
 TABLES = ("rows", "expiry", "blobs", "counts", "keys", "meta", "outcomes", "outcome_expiry",
           "spill", "tcounts", "nonces", "inflight", "task_ids", "tasks", "usage", "promote")
@@ -110,9 +110,7 @@ class RowMeta(NamedTuple):
         return bool(self.flags & TASK)
 
 
-# RowMeta(...) without its generated Python __new__: a row's header is read for every
-# row a write touches
-_row_meta = functools.partial(tuple.__new__, RowMeta)
+_row_meta = quick_new(RowMeta)  # a row's header is read for every row a write touches
 _NAMES: dict[bytes, tuple[str, str]] = {}  # decoded (tenant, type) by their raw bytes
 _NAMES_KEPT = 10_000
 

@@ -21,6 +21,7 @@ from rayq.config import StoreConfig
 from rayq.core.codec.model import (MAX_PRIORITY, US, Ending, StoredMessage, at_s,
                                    MessageIds, SubqueueState, parse_receipt, receipt_text)
 from rayq.core.kit.kv import Txn
+from rayq.core.kit.tuples import quick_new
 from rayq.core.storage import layout
 from rayq.core.storage.cache import MessageCache
 from rayq.core.storage.dispatch import Event, FairDispatch, Rehid, Released, Sent, Took
@@ -30,6 +31,7 @@ from rayq.errors import ReceiptInvalid, StoreError
 STAT_NAMES = ("puts", "receives", "deletes", "expired", "dead_lettered", "rows_scanned",
               "spilled", "swept", "moved", "redriven")
 _LIVE, _SPILLED = CountKind.LIVE, CountKind.SPILLED
+_took, _released = quick_new(Took), quick_new(Released)  # one of them per row taken or removed
 _STALE = "pop receipt is stale: the message was deleted, received again or had its visibility changed"
 
 
@@ -362,7 +364,7 @@ class Ledger:
             expiry.append((layout.expiry_key(meta.expires_us, seq), new_key))
             self.uncached.append(row_key)
             self.heads.add((sq, kid))
-            self.flights.append(Took(row_key, new_key, sq, kid, visible_us))
+            self.flights.append(_took((row_key, new_key, sq, kid, visible_us)))
             self._taken[(sq, kid)] += 1
             out.append((new_key, nonce, meta, sq, kid, seq))
         self.txn.putmulti("rows", moved)
@@ -385,7 +387,7 @@ class Ledger:
         self.count(sq, kid, meta.type, meta.tenant, -1)
         self.uncached.append(row_key)
         self.heads.add((sq, kid))
-        self.flights.append(Released(row_key, used=True))
+        self.flights.append(_released((row_key, True)))  # used
         return meta
 
     def _move(self, row_key: bytes, value: bytes, new_key: bytes) -> None:
