@@ -54,10 +54,11 @@ def trickle_b(seconds):
     return _work("trickle-b", seconds)
 
 
-def run_workload(client, until_intervening: bool, each=lambda: None) -> dict:
+def run_workload(client, until_intervening: bool, each=lambda: None, until=lambda: True) -> dict:
     """Flood first, then trickle for TRICKLE_S (and ``until_intervening``: until a report
-    shows the intervention, the flood topped up meanwhile), calling ``each`` every round;
-    returns waits, usage shares, refs and that report."""
+    shows the intervention, the flood topped up meanwhile), calling ``each`` every round,
+    and on until ``until()`` holds too (up to DEADLINE_S); returns waits, usage shares,
+    refs and that report."""
     watcher = probe("fair")
     for fn in (flood, trickle_a, trickle_b):
         client.register(fn)
@@ -85,7 +86,7 @@ def run_workload(client, until_intervening: bool, each=lambda: None) -> dict:
             report = client.fairness()
             intervening = report if report.intervening else None
         each()
-        if time.time() - t0 >= TRICKLE_S and (intervening or not until_intervening):
+        if time.time() - t0 >= TRICKLE_S and (intervening or not until_intervening) and until():
             break
         _, pending = ray.wait(refs, num_returns=len(refs), timeout=0)
         if len(pending) < FLOOD // 2:  # the flood stays backlogged while the trickles run
@@ -229,11 +230,13 @@ def test_a_passive_intervention_only_records_and_a_node_can_have_intervention_of
     run = run_workload(client, until_intervening=True)
     assert run["intervening"] is not None and not run["intervening"].passive
     assert sum(s.plan_orders for s in client.consumer_stats()) == 0
-    # on again on this node: its consumers follow the plan while it intervenes
+    # on again on this node: its consumers follow the plan while it intervenes (a
+    # consumer learns of the plan after the report that shows it: the run goes on a while)
     client.set_intervention(node=here, enabled=True, by="ops")
-    ordered = []
+    ordered = [0]
     run_workload(client, until_intervening=True,
-                 each=lambda: ordered.append(sum(s.plan_orders for s in client.consumer_stats())))
+                 each=lambda: ordered.append(sum(s.plan_orders for s in client.consumer_stats())),
+                 until=lambda: ordered[-1] > 0)
     assert max(ordered) > 0
     assert client.fairness().intervention.off_nodes == frozenset()
     with pytest.raises(rayq.InvalidMessage):
