@@ -461,14 +461,14 @@ class ShardActor(GatedActor):
         """Messages here per queue by unambiguous name; empty while the manager is away
         (statistics never wait for it to come back). A subqueue holding messages that the
         gate's copy of the directory lacks (a queue made since) has it fetched anew."""
+        held = await self._read(lambda: {sq: self.store.count(sq) for sq in self.store.holding()})
         try:
-            await self.gate.known(await self._read(self.store.holding))
+            await self.gate.known(held)
             places = await self.gate.places()
         except (ValueError, ray.exceptions.RayError):
             return {}
         mine = queues_on(places, self.index)
-        counts = await self._read(lambda: {sq: self.store.count(sq) for sq in mine})
-        return per_queue(mine, counts)
+        return per_queue(mine, {sq: held.get(sq, 0) for sq in mine})
 
     async def process(self) -> dict:
         """The shard process's pid and memory: resident in all, and private (anonymous)

@@ -313,9 +313,9 @@ class ShardStore:
 
     def holding(self) -> set[int]:
         """The subqueues with messages here (cleared ones left out)."""
-        ledger = self.index
-        return {sq for sq in {*ledger.sq_keys, *ledger.spilled}
-                if sq not in ledger.purging and ledger.stored_count(sq)}
+        index = self.index
+        return {sq for sq in {*index.sq_keys, *index.spilled}
+                if sq not in index.purging and index.stored_count(sq)}
 
     def visibility_counts(self, subqueue: int) -> tuple[int, int, int]:
         """(visible, in flight, delayed) messages of a subqueue: one seek per fairness key,
