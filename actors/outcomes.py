@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgpack
 import ray
 from ray.exceptions import RayTaskError
 
@@ -69,10 +70,11 @@ class OutcomeDesk(RuntimeActor):
         return tuple(out)
 
     @ray.method(max_task_retries=0)  # an end told to no one is read after RECHECK_S
-    async def ended(self, finished: list[tuple[str, Ending | None, bytes]]) -> None:
-        """The ends a commit of the shard recorded (the leader tells, never waits); an
-        ending None: an end forgotten, the task redriven (OutcomeWaiters.notify)."""
-        self.waiters.notify(finished)
+    async def ended(self, packed: bytes) -> None:
+        """The ends commits of the shard recorded (the leader tells, never waits), as
+        :func:`pack_ends` packs them; an ending None: an end forgotten, the task redriven
+        (OutcomeWaiters.notify)."""
+        self.waiters.notify(unpack_ends(packed))
 
     async def _read_many(self, ids: list[str]) -> list:
         """One read of the shard for the ids of many waits (the batcher hands each wait
@@ -94,6 +96,17 @@ def outcome_desk(index: int, config: Config):
         name=outcome_desk_name(index), namespace=namespace(), get_if_exists=True,
         lifetime="detached", num_cpus=0, resources=claim, max_restarts=-1,
         max_task_retries=-1, max_concurrency=100_000, runtime_env=server_env()).remote(index)
+
+
+def pack_ends(finished: list[tuple[str, Ending | None, bytes]]) -> bytes:
+    """Ends as one msgpack buffer: Ray moves bytes without pickling the tuples in them."""
+    return msgpack.packb([(mid, 0 if ending is None else ending.value, payload)
+                          for mid, ending, payload in finished], use_bin_type=True)
+
+
+def unpack_ends(packed: bytes) -> list[tuple[str, Ending | None, bytes]]:
+    return [(mid, Ending(code) if code else None, payload)
+            for mid, code, payload in msgpack.unpackb(packed, raw=False)]
 
 
 class DeskTeller:
@@ -148,7 +161,8 @@ class DeskTeller:
                 desk = self._find()
                 try:
                     if desk is not None:
-                        await answers([lambda: desk.ended.remote(batch)])
+                        packed = pack_ends(batch)
+                        await answers([lambda: desk.ended.remote(packed)])
                 finally:
                     self._settle(len(batch))
                 if self._pending:
