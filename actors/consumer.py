@@ -24,7 +24,6 @@ import os
 import random
 import threading
 from collections.abc import Awaitable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +41,7 @@ from rayq.core.consumers.balancer import HostReading, host_pressed
 from rayq.core.consumers.state import ConsumerState, ConsumerStats
 from rayq.core.kit.batcher import Batcher
 from rayq.core.kit.clock import Clock
+from rayq.core.kit.threads import CallThreads
 from rayq.core.consumers.decisions import (DeadLetter, Deferral, Stop, call_limit_s,
                                            decide_end, forced_after_s, gives_up,
                                            long_poll_group, may_retry, pause_after,
@@ -104,14 +104,23 @@ class _Running:
 
     held: _Held
     context: TaskContext
-    told: asyncio.Event = field(default_factory=asyncio.Event)  # set: it was cancelled
+    # done once it was cancelled: a future, so that the watch waits on it with the call
+    told: asyncio.Future = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
     extending: asyncio.Lock = field(default_factory=asyncio.Lock)  # one heartbeat at a time
+    beat: asyncio.TimerHandle | None = None  # the next heartbeat, while the handler runs
+    beating: asyncio.Task | None = None      # a heartbeat under way
     call: asyncio.Task | None = None
     ray_call: RayCall | None = None
     ref: Any = None
     thread: int | None = None
     raised: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def tell(self) -> None:
+        """It was cancelled (its shard says so): the watch stops it."""
+        if not self.told.done():
+            self.told.set_result(None)
 
     def entered(self) -> None:
         """On the handler's thread, as it starts."""
@@ -153,6 +162,8 @@ def _on_thread(fn, run: _Running, args: list, kwargs: dict) -> Any:
     try:
         run.entered()
         try:
+            if run.context.cancelled:  # stopped before a thread took it: its call was
+                return None            # cancelled (see ConsumerActor._tell), so it never runs
             return fn(*args, **kwargs)
         finally:
             run.left()
@@ -181,8 +192,7 @@ class ConsumerActor(RuntimeActor):
         self.shards = ShardLinks(config.store.shards, config.store.local_channel)  # grows
         self.state = ConsumerState(index, config, self.clock)  # every count and decision
         self.state.plan.nodes = this_node_names()  # where intervention may be off
-        self._threads = ThreadPoolExecutor(max_workers=self.consumer_config.max_load,
-                                           thread_name_prefix=f"consumer-{index}")
+        self._threads = CallThreads(self.consumer_config.max_load, f"consumer-{index}")
         self._routes = RouteCache(self.clock)
         self._ray_tasks = RayTasks(self.clock)  # types with Ray options run as Ray tasks
         self._pollers: dict[int, asyncio.Task] = {}
@@ -216,7 +226,7 @@ class ConsumerActor(RuntimeActor):
         if run is None:
             return False
         await self._extend(run)
-        return run.told.is_set()
+        return run.told.done()
 
     async def ping(self) -> int:
         """The consumer's index once it is up. Answered on the consumer's own loop: it
@@ -394,16 +404,16 @@ class ConsumerActor(RuntimeActor):
         run = _Running(held, TaskContext(str(options.get("id", m.id)), m.type, m.tenant,
                                          m.dequeue_count))
         self._running[m.id] = run
-        done = asyncio.Event()
-        heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(run, spec, lease, done))
+        self._beat_later(run, spec, lease)
         limit_s = call_limit_s(spec, options)
         try:
             run.call = asyncio.get_running_loop().create_task(self._invoke(fn, run, args, kwargs))
             stop, stuck = await self._watch(run, limit_s, spec.cancel_grace_s)
         finally:
             self._running.pop(m.id, None)
-            done.set()
-            await heartbeat  # let an extension in flight land, so our receipt stays current
+            run.beat.cancel()
+            if run.beating is not None:
+                await run.beating  # let an extension in flight land: our receipt stays current
         if stop is not None:
             return _Called(False, error_of(stop_error(stop, limit_s)), False, stop, stuck)
         try:
@@ -426,8 +436,7 @@ class ConsumerActor(RuntimeActor):
         if inspect.iscoroutinefunction(fn):
             running_as(run.context)  # this asyncio task's own context
             return await fn(*args, **kwargs)
-        return await asyncio.get_running_loop().run_in_executor(
-            self._threads, functools.partial(_on_thread, fn, run, args, kwargs))
+        return await self._threads.run(functools.partial(_on_thread, fn, run, args, kwargs))
 
     async def _watch(self, run: _Running, limit_s: float | None,
                      grace_s: float) -> tuple[Stop | None, bool]:
@@ -437,15 +446,10 @@ class ConsumerActor(RuntimeActor):
         past ``limit_s`` it is told and stopped by force at once. A call that has not
         returned ``stuck_after_s(grace_s)`` after that is stuck."""
         call = run.call
-        told = asyncio.get_running_loop().create_task(run.told.wait())
-        try:
-            await asyncio.wait({call, told}, timeout=limit_s,
-                               return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            told.cancel()
+        await asyncio.wait({call, run.told}, timeout=limit_s, return_when=asyncio.FIRST_COMPLETED)
         if call.done():
             return None, False
-        stop = Stop.CANCELLED if run.told.is_set() else Stop.TIMED_OUT
+        stop = Stop.CANCELLED if run.told.done() else Stop.TIMED_OUT
         log.info("consumer %d stops task %s (%s)", self.index, run.held.message.id, stop.value)
         self._tell(run)
         forced_s = forced_after_s(stop, grace_s)
@@ -491,21 +495,29 @@ class ConsumerActor(RuntimeActor):
         logging.shutdown()
         os._exit(1)
 
-    async def _heartbeat(self, run: _Running, spec: TaskSpec, lease: str, done: asyncio.Event):
-        interval = self.consumer_config.visibility_timeout_s / 3
-        while not done.is_set():
-            try:
-                await asyncio.wait_for(done.wait(), interval)
-                return
-            except asyncio.TimeoutError:
-                pass
-            try:
-                await self._extend(run)
-                if spec.concurrency:
-                    await call_async(lambda: self.manager.renew.remote(
-                        run.held.message.type, lease, self.consumer_config.visibility_timeout_s))
-            except (RayqError, ray.exceptions.RayError):
-                return  # lost the task (or its shard): whoever holds it now finishes it
+    def _beat_later(self, run: _Running, spec: TaskSpec, lease: str) -> None:
+        """The task's next heartbeat, a third of the visibility timeout from now: a timer
+        while the handler runs, a task only while a heartbeat is under way."""
+        run.beat = asyncio.get_running_loop().call_later(
+            self.consumer_config.visibility_timeout_s / 3, self._beat, run, spec, lease)
+
+    def _beat(self, run: _Running, spec: TaskSpec, lease: str) -> None:
+        run.beating = asyncio.get_running_loop().create_task(self._heartbeat(run, spec, lease))
+
+    async def _heartbeat(self, run: _Running, spec: TaskSpec, lease: str) -> None:
+        """Hide the task longer, renew its concurrency lease, and plan the next heartbeat;
+        a heartbeat that fails plans none (whoever holds the task now finishes it)."""
+        try:
+            await self._extend(run)
+            if spec.concurrency:
+                await call_async(lambda: self.manager.renew.remote(
+                    run.held.message.type, lease, self.consumer_config.visibility_timeout_s))
+        except (RayqError, ray.exceptions.RayError):
+            return
+        finally:
+            run.beating = None
+        if self._running.get(run.held.message.id) is run:  # still running: beat again later
+            self._beat_later(run, spec, lease)
 
     async def _extend(self, run: _Running) -> None:
         """Hide the task longer (its new receipt kept) and learn whether it was cancelled
@@ -516,7 +528,7 @@ class ConsumerActor(RuntimeActor):
                 Extend(held.receipt, self.consumer_config.visibility_timeout_s))
             held.receipt = receipt
         if cancelled:
-            run.told.set()
+            run.tell()
 
     async def _end(self, held: _Held, spec: TaskSpec, called: _Called, usage_s: float,
                    wait_s: float) -> None:
