@@ -13,7 +13,7 @@ import os
 
 import ray
 
-from rayq.core.kit.kv import WriteSet
+from rayq.core.kit.kv import unpack_write_sets
 from rayq.core.kit.private import FILE_MODE
 from rayq.core.replication.replica import check_epoch, clear_for_seed, open_copy
 
@@ -27,8 +27,9 @@ class FollowerActor:
         self.index, self.path, self._map_bytes = index, path, map_bytes
         self.replica = open_copy(path, map_bytes)
 
-    def apply(self, epoch: int, first_seq: int, write_sets: list[WriteSet]) -> int:
-        return self.replica.apply(epoch, first_seq, write_sets)
+    def apply(self, epoch: int, first_seq: int, packed: bytes) -> int:
+        """Apply the write sets the leader packed (:func:`pack_write_sets`)."""
+        return self.replica.apply(epoch, first_seq, unpack_write_sets(packed))
 
     def fence(self, epoch: int) -> tuple[int, int]:
         return self.replica.fence(epoch)
