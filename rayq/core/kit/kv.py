@@ -25,6 +25,7 @@ import lmdb
 import msgpack
 
 from rayq.core.kit.private import FILE_MODE, make_private_dir
+from rayq.core.kit.tuples import quick_new
 from rayq.errors import StoreError
 
 T = TypeVar("T")
@@ -41,6 +42,7 @@ class Write(NamedTuple):
 
 
 WriteSet = tuple[Write, ...]
+_write = quick_new(Write)  # one per mutation a recorded transaction makes
 OnCommit = Callable[[WriteSet], None]
 
 
@@ -145,17 +147,17 @@ class _RecordingTxn(_LmdbTxn):
 
     def put(self, db: str, key: bytes, value: bytes) -> None:
         self._txn.put(key, value, db=self._dbs[db])
-        self.writes.append(Write(db, bytes(key), bytes(value)))
+        self.writes.append(_write((db, bytes(key), bytes(value))))
 
     def delete(self, db: str, key: bytes) -> bool:
         deleted = self._txn.delete(key, db=self._dbs[db])
         if deleted:
-            self.writes.append(Write(db, bytes(key), None))
+            self.writes.append(_write((db, bytes(key), None)))
         return deleted
 
     def putmulti(self, db: str, items: list[tuple[bytes, bytes]]) -> None:
         super().putmulti(db, items)
-        self.writes.extend(Write(db, bytes(k), bytes(v)) for k, v in items)
+        self.writes.extend([_write((db, bytes(k), bytes(v))) for k, v in items])
 
     @contextlib.contextmanager
     def nested(self):
