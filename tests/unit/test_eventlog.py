@@ -4,16 +4,21 @@ written beside the dict events of the same hour."""
 import datetime as dt
 
 from rayq.analytics.eventlog import EventLog, read_events
+from rayq.core.codec.model import NewMessage, encode_body
+from rayq.core.codec.wire import encode_messages
+from rayq.core.kit.kv import LmdbKV
 from rayq.core.storage.ledger import Enqueued
+from rayq.core.storage.store import ShardStore
+from rayq.core.storage.writes import Put
 
 HOUR_END = dt.datetime(2026, 11, 22, 17, 59, 59, 500_000, tzinfo=dt.timezone.utc).timestamp()
 
 
 def test_enqueue_groups_become_one_event_per_message_with_their_ids(tmp_path):
     log = EventLog(tmp_path, "shard-0")
-    groups = [Enqueued(HOUR_END, 3, "render", "acme", "render", 0x10, 3),
-              Enqueued(HOUR_END + 1.0, 4, "mail", "zeta", "mail", 0xff, 2)]  # the next hour
-    log.append_enqueues(lambda seq: f"ab12-{seq:x}", groups)
+    groups = [Enqueued(HOUR_END, 3, "render", "acme", "render", ("ab12-10", "ab12-11", "ab12-12")),
+              Enqueued(HOUR_END + 1.0, 4, "mail", "zeta", "mail", ("ab12-ff", "ab12-100"))]
+    log.append_enqueues(groups)  # the second group falls in the next hour
     log.append("completion", HOUR_END, tenant="acme", type="render", key="render",
                message_id="ab12-10", usage_s=0.5, outcome="succeeded", attempt=1)
     assert log.pending() == 6
@@ -35,5 +40,21 @@ def test_enqueue_groups_become_one_event_per_message_with_their_ids(tmp_path):
 
 def test_nothing_buffered_writes_nothing(tmp_path):
     log = EventLog(tmp_path, "shard-0")
-    log.append_enqueues("ab12-", [])
+    log.append_enqueues([])
     assert log.flush() == 0 and not list(tmp_path.rglob("*.parquet"))
+
+
+def test_each_message_of_a_put_mixing_attributes_is_logged_under_its_own_id(tmp_path):
+    """A put's messages take seqs in the order sent, so an attribute group's seqs need not
+    follow each other: alternating tenants interleave them."""
+    store = ShardStore(LmdbKV(tmp_path / "store"))
+    store.keep_enqueued = True
+    sent = [NewMessage(encode_body(f"m{i}", 1 << 20), f"t{i % 2}", "mail", f"t{i % 2}")
+            for i in range(6)]
+    ids = store.run(Put(1, encode_messages(sent)))
+    log = EventLog(tmp_path / "events", "shard-0")
+    log.append_enqueues(store.take_enqueued())
+    assert log.flush() == 6
+    logged = {e["message_id"]: e["tenant"] for e in read_events(tmp_path / "events").to_pylist()}
+    assert logged == {mid: f"t{i % 2}" for i, mid in enumerate(ids)}
+    store.close()

@@ -36,15 +36,18 @@ _STALE = "pop receipt is stale: the message was deleted, received again or had i
 
 
 class Enqueued(NamedTuple):
-    """Messages of one put with the same attributes: ``count`` seqs from ``first_seq``."""
+    """Messages of one put with the same attributes, by their ids."""
 
     at: float
     subqueue: int
     type: str
     tenant: str
     key: str
-    first_seq: int
-    count: int
+    ids: tuple[str, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.ids)
 
 
 class Outcome(NamedTuple):

@@ -110,19 +110,22 @@ def put(w: Ledger, env: Env, subqueue: int, batch: bytes,
         seqs.append(seq)
     w.seq = seq
     w.put_rows(row_items, expiry_items)
+    ids = [w.message_id(s) for s in seqs]
+    id_of = dict(zip(seqs, ids))
     for group in groups:
-        _settle_group(w, subqueue, group)
+        _settle_group(w, subqueue, group, id_of)
     w.stats["puts"] += seq - start
-    return [w.message_id(s) for s in seqs]
+    return ids
 
 
-def _settle_group(w: Ledger, sq: int, group: _Group) -> None:
-    """Counts, events and flights of one attribute group of a put."""
+def _settle_group(w: Ledger, sq: int, group: _Group, id_of: dict[int, str]) -> None:
+    """Counts, events and flights of one attribute group of a put (``id_of``: the put's
+    message ids by seq; a group's seqs need not be consecutive)."""
     if not group.seqs:
         return
     attrs = group.attrs
     w.enqueued.append(Enqueued(w.now_us / US, sq, attrs.type, attrs.tenant, attrs.key,
-                               group.seqs[0], len(group.seqs)))
+                               tuple(map(id_of.__getitem__, group.seqs))))
     if group.flooder is None:
         w.count(sq, group.kid, attrs.type, attrs.tenant, len(group.seqs))
         w.joined(sq, group.kid)
