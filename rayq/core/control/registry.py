@@ -7,6 +7,7 @@ counts it reads from shards.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -78,7 +79,12 @@ class QueueInfo:
         return queue_ref(self.owner, self.name)
 
     def subqueue(self, sq: int) -> SubqueueInfo | None:
-        return next((s for s in self.subqueues if s.id == sq), None)
+        return self._by_id.get(sq)
+
+    @functools.cached_property
+    def _by_id(self) -> dict[int, SubqueueInfo]:
+        """Subqueues by id: a client routes every receipt of a batch through this."""
+        return {s.id: s for s in self.subqueues}
 
     def dead_letter_on(self, shard: int) -> int | None:
         return dict(self.dead_letter).get(shard)
