@@ -477,9 +477,9 @@ class ShardActor(GatedActor):
         return {"pid": os.getpid(), "rss_bytes": info.rss, "private_bytes": info.rss - info.shared}
 
     async def _collect_events(self) -> None:
-        groups = await self._read(self.store.take_enqueued)
+        id_of, groups = await self._read(self.store.take_enqueued)
         if groups:  # the columns are built off the event loop
-            await asyncio.to_thread(self.events.append_enqueues, groups)
+            await asyncio.to_thread(self.events.append_enqueues, id_of, groups)
 
     @signed(SHARD_OPS["flush_events"])
     async def flush_events(self, *, caller: Caller) -> int:

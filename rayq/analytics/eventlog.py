@@ -17,7 +17,7 @@ import os
 import threading
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -58,13 +58,13 @@ class EventLog:
         if full:
             self.flush()
 
-    def append_enqueues(self, groups: Sequence) -> None:
+    def append_enqueues(self, id_of: Callable[[int], str], groups: Sequence) -> None:
         """Buffer one ``enqueue`` event per message of ``groups`` (``Enqueued``: at,
-        subqueue, type, tenant, key, ids), as columns."""
+        subqueue, type, tenant, key, seqs; ids ``id_of(seq)``), as columns."""
         by_hour: dict[str, list] = defaultdict(list)
         for group in groups:
             by_hour[_partition(_moment(group.at))].append(group)
-        tables = [(partition, _enqueue_table(part)) for partition, part in by_hour.items()]
+        tables = [(partition, _enqueue_table(id_of, part)) for partition, part in by_hour.items()]
         with self._lock:
             self._tables.extend(tables)
             self._buffered += sum(t.num_rows for _, t in tables)
@@ -133,9 +133,9 @@ def _partition(moment: dt.datetime) -> str:
     return moment.strftime("date=%Y-%m-%d/hour=%H")
 
 
-def _enqueue_table(groups: list) -> pa.Table:
+def _enqueue_table(id_of: Callable[[int], str], groups: list) -> pa.Table:
     """One row per message of ``groups``, in EVENT_SCHEMA: each group's fields repeated
-    ``count`` times (C-level list repetition), then its ids."""
+    ``count`` times (C-level list repetition), the ids built from the seqs."""
     def repeated(field):
         return list(itertools.chain.from_iterable([field(g)] * g.count for g in groups))
 
@@ -148,8 +148,7 @@ def _enqueue_table(groups: list) -> pa.Table:
         "tenant": pa.array(repeated(lambda g: g.tenant), pa.string()),
         "type": pa.array(repeated(lambda g: g.type), pa.string()),
         "key": pa.array(repeated(lambda g: g.key), pa.string()),
-        "message_id": pa.array(list(itertools.chain.from_iterable(g.ids for g in groups)),
-                               pa.string()),
+        "message_id": pa.array([id_of(seq) for g in groups for seq in g.seqs], pa.string()),
     }
     return pa.table([columns.get(f.name, pa.nulls(total, f.type)) for f in EVENT_SCHEMA],
                     schema=EVENT_SCHEMA)

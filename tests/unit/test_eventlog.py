@@ -16,9 +16,9 @@ HOUR_END = dt.datetime(2026, 11, 22, 17, 59, 59, 500_000, tzinfo=dt.timezone.utc
 
 def test_enqueue_groups_become_one_event_per_message_with_their_ids(tmp_path):
     log = EventLog(tmp_path, "shard-0")
-    groups = [Enqueued(HOUR_END, 3, "render", "acme", "render", ("ab12-10", "ab12-11", "ab12-12")),
-              Enqueued(HOUR_END + 1.0, 4, "mail", "zeta", "mail", ("ab12-ff", "ab12-100"))]
-    log.append_enqueues(groups)  # the second group falls in the next hour
+    groups = [Enqueued(HOUR_END, 3, "render", "acme", "render", range(0x10, 0x13)),
+              Enqueued(HOUR_END + 1.0, 4, "mail", "zeta", "mail", (0xff, 0x100))]
+    log.append_enqueues(lambda seq: f"ab12-{seq:x}", groups)  # the second: the next hour
     log.append("completion", HOUR_END, tenant="acme", type="render", key="render",
                message_id="ab12-10", usage_s=0.5, outcome="succeeded", attempt=1)
     assert log.pending() == 6
@@ -40,7 +40,7 @@ def test_enqueue_groups_become_one_event_per_message_with_their_ids(tmp_path):
 
 def test_nothing_buffered_writes_nothing(tmp_path):
     log = EventLog(tmp_path, "shard-0")
-    log.append_enqueues([])
+    log.append_enqueues(lambda seq: f"ab12-{seq:x}", [])
     assert log.flush() == 0 and not list(tmp_path.rglob("*.parquet"))
 
 
@@ -53,7 +53,7 @@ def test_each_message_of_a_put_mixing_attributes_is_logged_under_its_own_id(tmp_
             for i in range(6)]
     ids = store.run(Put(1, encode_messages(sent)))
     log = EventLog(tmp_path / "events", "shard-0")
-    log.append_enqueues(store.take_enqueued())
+    log.append_enqueues(*store.take_enqueued())
     assert log.flush() == 6
     logged = {e["message_id"]: e["tenant"] for e in read_events(tmp_path / "events").to_pylist()}
     assert logged == {mid: f"t{i % 2}" for i, mid in enumerate(ids)}

@@ -36,18 +36,19 @@ _STALE = "pop receipt is stale: the message was deleted, received again or had i
 
 
 class Enqueued(NamedTuple):
-    """Messages of one put with the same attributes, by their ids."""
+    """Messages of one put with the same attributes, by their seqs (a range when they
+    follow each other: a group is kept until the event log takes it)."""
 
     at: float
     subqueue: int
     type: str
     tenant: str
     key: str
-    ids: tuple[str, ...]
+    seqs: range | tuple[int, ...]
 
     @property
     def count(self) -> int:
-        return len(self.ids)
+        return len(self.seqs)
 
 
 class Outcome(NamedTuple):

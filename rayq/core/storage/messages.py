@@ -110,22 +110,22 @@ def put(w: Ledger, env: Env, subqueue: int, batch: bytes,
         seqs.append(seq)
     w.seq = seq
     w.put_rows(row_items, expiry_items)
-    ids = [w.message_id(s) for s in seqs]
-    id_of = dict(zip(seqs, ids))
     for group in groups:
-        _settle_group(w, subqueue, group, id_of)
+        _settle_group(w, subqueue, group)
     w.stats["puts"] += seq - start
-    return ids
+    return [w.message_id(s) for s in seqs]
 
 
-def _settle_group(w: Ledger, sq: int, group: _Group, id_of: dict[int, str]) -> None:
-    """Counts, events and flights of one attribute group of a put (``id_of``: the put's
-    message ids by seq; a group's seqs need not be consecutive)."""
-    if not group.seqs:
+def _settle_group(w: Ledger, sq: int, group: _Group) -> None:
+    """Counts, events and flights of one attribute group of a put. A put's seqs follow
+    the order sent, so a group's need not follow each other (a batch that alternates
+    tenants): a range when they do, else each one."""
+    seqs = group.seqs
+    if not seqs:
         return
     attrs = group.attrs
-    w.enqueued.append(Enqueued(w.now_us / US, sq, attrs.type, attrs.tenant, attrs.key,
-                               tuple(map(id_of.__getitem__, group.seqs))))
+    kept = range(seqs[0], seqs[-1] + 1) if seqs[-1] - seqs[0] + 1 == len(seqs) else tuple(seqs)
+    w.enqueued.append(Enqueued(w.now_us / US, sq, attrs.type, attrs.tenant, attrs.key, kept))
     if group.flooder is None:
         w.count(sq, group.kid, attrs.type, attrs.tenant, len(group.seqs))
         w.joined(sq, group.kid)
