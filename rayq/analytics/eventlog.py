@@ -14,6 +14,7 @@ import datetime as dt
 import itertools
 import json
 import os
+import sys
 import threading
 import uuid
 from collections import defaultdict
@@ -176,6 +177,35 @@ def read_events(root: str | os.PathLike) -> pa.Table:
     return concat_event_files(root, list_event_files(root))
 
 
+class _NoPandas:
+    """A module finder for which pandas is not installed (see :func:`arrow_without_pandas`)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "pandas":
+            raise ModuleNotFoundError("pandas is kept out of this process", name=name)
+        return None
+
+
+def arrow_without_pandas() -> None:
+    """Have pyarrow build this process's arrays without importing pandas.
+
+    pyarrow imports pandas the first time it builds an array, to ask whether its input
+    is a pandas object: 42 MiB of private memory and a quarter second of CPU, in an
+    actor whose event log never holds one. Its first ask is answered here, with pandas
+    not found, and pyarrow keeps that answer; a later ``to_pandas()`` or
+    ``Table.from_pandas()`` in the process still imports pandas and works.
+    :func:`open_event_log` calls it: only runtime actors, each in a process of its own,
+    open an event log."""
+    if "pandas" in sys.modules:
+        return
+    finder = _NoPandas()
+    sys.meta_path.insert(0, finder)
+    try:
+        pa.array([], pa.int8())
+    finally:
+        sys.meta_path.remove(finder)
+
+
 def open_event_log(data_dir: str, writer: str, config, collect=None) -> EventLog | NoEventLog:
     """The event log of one runtime actor under ``<data_dir>/events`` (its node's
     folder), or under ``config.events_uri`` when set, with its flushing task started
@@ -185,6 +215,7 @@ def open_event_log(data_dir: str, writer: str, config, collect=None) -> EventLog
 
     if not config.events:
         return NoEventLog()
+    arrow_without_pandas()
     log = EventLog(config.events_uri or os.path.join(data_dir, "events"), writer)
     asyncio.get_running_loop().create_task(flush_forever(log, config.flush_interval_s, collect))
     return log

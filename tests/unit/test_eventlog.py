@@ -58,3 +58,28 @@ def test_each_message_of_a_put_mixing_attributes_is_logged_under_its_own_id(tmp_
     logged = {e["message_id"]: e["tenant"] for e in read_events(tmp_path / "events").to_pylist()}
     assert logged == {mid: f"t{i % 2}" for i, mid in enumerate(ids)}
     store.close()
+
+
+WITHOUT_PANDAS = """
+import sys
+from rayq.analytics.eventlog import EventLog, arrow_without_pandas, read_events
+from rayq.core.storage.ledger import Enqueued
+arrow_without_pandas()
+log = EventLog(sys.argv[1], "shard-0")
+log.append_enqueues(lambda seq: f"ab12-{seq:x}", [Enqueued(1.7e9, 3, "mail", "acme", "mail", range(2))])
+log.append("completion", 1.7e9, tenant="acme", message_id="ab12-0", outcome="succeeded")
+assert log.flush() == 3
+assert "pandas" not in sys.modules, "pandas imported"
+assert len(read_events(sys.argv[1]).to_pandas()) == 3  # still there when asked for
+"""
+
+
+def test_an_actor_writes_events_without_importing_pandas(tmp_path):
+    # pyarrow imports pandas (42 MiB) on the first array it builds, unless told not to;
+    # the check runs in a fresh interpreter, where nothing imported pandas yet
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", WITHOUT_PANDAS, str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
