@@ -82,8 +82,8 @@ class ShardStats:
     store: StoreStats
     commits: int
     calls_committed: int
-    ops: dict[int, int]
-    throttled: dict[int, int]
+    ops: dict[int, int]        # requests served per subqueue: puts, and receives trying it
+    throttled: dict[int, int]  # calls per subqueue refused with Overloaded
     queues: dict[str, int] = field(default_factory=dict)
     background_failures: int = 0  # failed housekeeping rounds since the shard started
     node: str = ""  # the data node it runs on ("": the embedded runtime's only node)
@@ -112,6 +112,8 @@ class ShardActor(GatedActor):
         self._group_commit = AsyncBatcher(commits, self._commit)
         # parked long polls per subqueue, oldest first: a put of n messages wakes n of them
         self._parked = ParkedPolls()
+        # requests per subqueue (a put, or a receive trying it: a batch is one), which
+        # subqueue scaling reads (docs/autoscaling.md)
         self._ops: Counter[int] = Counter()
         self._throttled: Counter[int] = Counter()
         self._commits = self._calls = 0
@@ -227,7 +229,7 @@ class ShardActor(GatedActor):
                                                 self.gate.task_types(account, subqueue),
                                                 self.gate.owns_plain(account, subqueue))
         ids = await self._write(Put(subqueue, batch, sender, account), caller.auth)
-        self._ops[subqueue] += len(ids)
+        self._ops[subqueue] += 1
         return ids
 
     @signed(SHARD_OPS["receive"])
@@ -257,7 +259,7 @@ class ShardActor(GatedActor):
                 finally:
                     signed = None
                 found = delivered_count(got)
-                self._ops[sq] += max(1, found)
+                self._ops[sq] += 1
                 if found or not parts:
                     parts.append(got)
                 count += found

@@ -230,7 +230,9 @@ class ScalingConfig:
     """Subqueue scale-up and scale-down (docs/autoscaling.md); evaluated every ``interval_s``."""
 
     interval_s: float = 1.0
-    scale_up_ops_per_s: float = 5_000.0  # the text's example is 1 000: docs/autoscaling.md says why not
+    # a subqueue's operations are requests (a put, a receive; a batch is one), and this
+    # many a second make it busy; the text's example is 1 000: docs/autoscaling.md says why not
+    scale_up_ops_per_s: float = 5_000.0
     scale_up_throttled_per_s: float = 1.0
     idle_ops_per_s: float = 1.0       # a subqueue this slow is quiet whatever it holds
     idle_s: float = 60.0              # how long a subqueue stays quiet before one retires

@@ -101,7 +101,7 @@ def test_a_queues_metadata_state_and_approximate_count(client):
 
 def test_a_queue_scales_out_past_the_number_of_shards_losing_nothing(ray_session,
                                                                     tmp_path_factory):
-    scaling = rayq.ScalingConfig(interval_s=0.2, scale_up_ops_per_s=300, idle_s=3600,
+    scaling = rayq.ScalingConfig(interval_s=0.2, scale_up_ops_per_s=10, idle_s=3600,
                                  max_subqueues=3)
     # at the shard bound (max_shards): added subqueues share the shard there is
     client, _ = start_runtime(tmp_path_factory, Config(store=StoreConfig(shards=1, max_shards=1),
@@ -112,8 +112,8 @@ def test_a_queue_scales_out_past_the_number_of_shards_losing_nothing(ray_session
 
     def grown():
         producer = rayq.connect().queue("wide")  # new transports spread over the subqueues
-        for _ in range(3):
-            sent.extend(producer.send_batch([rayq.Outgoing(i) for i in range(100)]))
+        for _ in range(10):  # requests make a subqueue busy, whatever their batches
+            sent.extend(producer.send_batch([rayq.Outgoing(i) for i in range(30)]))
         live = [s for s in queue.stats().subqueues if s["state"] == "all"]
         return len(live) == 3 and live
 

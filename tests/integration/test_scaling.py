@@ -5,7 +5,7 @@ import time
 import rayq
 from tests.integration.conftest import start_runtime, wait_until
 
-FAST_SCALING = rayq.ScalingConfig(interval_s=0.2, scale_up_ops_per_s=300, idle_s=1.0,
+FAST_SCALING = rayq.ScalingConfig(interval_s=0.2, scale_up_ops_per_s=10, idle_s=1.0,
                                   max_subqueues=3)
 
 
@@ -20,8 +20,8 @@ def test_subqueues_scale_up_under_load_and_down_when_idle_losing_nothing(ray_ses
     deadline = time.monotonic() + 20
     while len(live_subqueues(queue)) < 2 and time.monotonic() < deadline:
         producer = rayq.connect().queue("elastic")  # new transports spread over subqueues
-        for _ in range(5):
-            sent += producer.send_batch([rayq.Outgoing(len(sent) + i) for i in range(100)])
+        for _ in range(20):  # requests make a subqueue busy, whatever their batches
+            sent += producer.send_batch([rayq.Outgoing(len(sent) + i) for i in range(25)])
     assert len(live_subqueues(queue)) >= 2, "no subqueue was added under load"
 
     received = []

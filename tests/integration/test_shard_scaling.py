@@ -14,7 +14,7 @@ from tests.integration.conftest import start_runtime, wait_until
 
 CONFIG = with_consumers(rayq.Config(
     store=rayq.StoreConfig(shards=1, max_shards=2),
-    scaling=rayq.ScalingConfig(interval_s=0.2, scale_up_ops_per_s=300, idle_s=3600,
+    scaling=rayq.ScalingConfig(interval_s=0.2, scale_up_ops_per_s=10, idle_s=3600,
                                max_subqueues=2)), 0)
 
 
@@ -39,8 +39,9 @@ def busy_until_on_two_shards(client) -> list[int]:
         nonlocal sent
         gc.collect()  # the last producer's transport, if only a cycle held it
         producer = rayq.connect().queue("busy")  # a new transport: routed anew
-        producer.send_batch([rayq.Outgoing(sent + i) for i in range(100)])
-        sent += 100
+        for _ in range(10):  # requests make a subqueue busy, whatever their batches
+            producer.send_batch([rayq.Outgoing(sent + i) for i in range(10)])
+            sent += 10
         return shards_of(queue) if 1 in shards_of(queue) else None
 
     return wait_until(loaded, timeout_s=120, interval_s=0.0, what="a subqueue on a new shard")

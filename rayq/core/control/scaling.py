@@ -4,7 +4,9 @@ subqueues, and the consumer actors.
 Scale up when a subqueue that takes puts is busy or throttled. Scale down per
 subqueue, as the source text does: a subqueue is *quiet* when it is seldom throttled
 and small (few messages) or fast (its operation rate is far below what one
-subqueue takes, or under ``idle_ops_per_s``). Once every open subqueue has been
+subqueue takes, or under ``idle_ops_per_s``). An operation is a request the subqueue
+serves, a put or a receive, whatever its batch: a subqueue is a transaction stream,
+whose cost is per request far more than per message. Once every open subqueue has been
 quiet for ``idle_s`` and the others have room for its load, the quietest is
 retired to ``NO_PUT``; a retired subqueue is dropped when it has drained. A
 queue that grew under a burst so narrows again under moderate steady load.
