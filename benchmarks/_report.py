@@ -42,7 +42,9 @@ def report(name: str, rows: list[dict], extra: dict | None = None) -> None:
 
 def cpu_by_process() -> dict[tuple[str, int], float]:
     """CPU seconds so far of this process ("driver") and every live descendant (the Ray
-    runtime, redis-server, Dramatiq workers), by (short name or process title, pid)."""
+    runtime, redis-server, Dramatiq workers), by (short name or process title, pid). Each
+    counts the children it reaped too: a process that ends moves its CPU to its parent,
+    so the sum never falls when a worker exits."""
     out = {}
     for process in [psutil.Process(), *psutil.Process().children(recursive=True)]:
         try:
@@ -51,7 +53,8 @@ def cpu_by_process() -> dict[tuple[str, int], float]:
         except (psutil.Error, IndexError):
             continue  # ended meanwhile
         short = os.path.basename(title.split()[0]).split(".")[0]
-        out[(short, process.pid)] = times.user + times.system
+        out[(short, process.pid)] = (times.user + times.system + times.children_user
+                                     + times.children_system)
     return out
 
 
