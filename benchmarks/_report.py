@@ -42,9 +42,7 @@ def report(name: str, rows: list[dict], extra: dict | None = None) -> None:
 
 def cpu_by_process() -> dict[tuple[str, int], float]:
     """CPU seconds so far of this process ("driver") and every live descendant (the Ray
-    runtime, redis-server, Dramatiq workers), by (short name or process title, pid). Each
-    counts the children it reaped too: a process that ends moves its CPU to its parent,
-    so the sum never falls when a worker exits."""
+    runtime, redis-server, Dramatiq workers), by (short name or process title, pid)."""
     out = {}
     for process in [psutil.Process(), *psutil.Process().children(recursive=True)]:
         try:
@@ -53,15 +51,19 @@ def cpu_by_process() -> dict[tuple[str, int], float]:
         except (psutil.Error, IndexError):
             continue  # ended meanwhile
         short = os.path.basename(title.split()[0]).split(".")[0]
-        out[(short, process.pid)] = (times.user + times.system + times.children_user
-                                     + times.children_system)
+        out[(short, process.pid)] = times.user + times.system
     return out
 
 
-def tree_cpu_s() -> float:
-    """CPU seconds so far of the whole run (see :func:`cpu_by_process`): what it costs the
-    machine, which other load on it does not change the way it changes throughput."""
-    return sum(cpu_by_process().values())
+def cpu_since(before: dict[tuple[str, int], float]) -> float:
+    """CPU seconds the whole run spent since ``before`` (a :func:`cpu_by_process`): what
+    it costs the machine, which other load on it does not change the way it changes
+    throughput. Each live process counts what it spent since, a new one all it spent; one
+    that ended meanwhile is left out, not subtracted (a Dramatiq worker stopped during a
+    later figure would otherwise make that figure's CPU negative). Matched by pid: a Ray
+    worker's title changes when it becomes an actor."""
+    then = {pid: s for (_, pid), s in before.items()}
+    return sum(s - then.get(pid, 0.0) for (_, pid), s in cpu_by_process().items())
 
 
 class Timer:

@@ -41,7 +41,7 @@ from _peers import (BATCH, BODY, INSTALL, dramatiq_tasks, dramatiq_workers,  # n
                     redis_end_to_end,
                     redis_server, redis_version, redis_xadds)
 from _nats_peer import nats_end_to_end, nats_servers  # noqa: E402
-from _report import report, submit_then_wait, tree_cpu_s  # noqa: E402
+from _report import cpu_by_process, cpu_since, report, submit_then_wait  # noqa: E402
 from throughput import (concurrent_sends, depth_figures, depth_rows, end_to_end,  # noqa: E402
                         own_client_sends, runtime)
 
@@ -97,9 +97,9 @@ def measured(fn: Callable[[], float], items: float | None = None,
              seconds: float | None = None) -> tuple[float, float]:
     """(rate ``fn`` returns, CPU µs per item over every process of the run). Items are
     ``items``, or rate x ``seconds`` for a timed figure; set-up inside ``fn`` counts too."""
-    cpu_s = tree_cpu_s()
+    before = cpu_by_process()
     rate = fn()
-    return rate, (tree_cpu_s() - cpu_s) / (items or rate * seconds) * 1e6
+    return rate, cpu_since(before) / (items or rate * seconds) * 1e6
 
 
 def skipped() -> tuple[None, None]:
