@@ -29,6 +29,7 @@ from ray.util.state import list_actors
 
 import rayq
 from rayq.config import Config, ConsumerConfig, FairnessConfig, StoreConfig
+from rayq.runtime.local import DASHBOARD_PORT, free_port
 from tests.integration.conftest import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.own_process]
@@ -82,7 +83,9 @@ class RayqAutoscalingCluster(AutoscalingCluster):
             json.dump(self._config, f)
         resources = dict(self._head_resources)
         cmd = ["ray", "start", "--head", f"--autoscaling-config={path}",
-               f"--num-cpus={resources.pop('CPU', 0)}", f"--resources={json.dumps(resources)}"]
+               f"--num-cpus={resources.pop('CPU', 0)}", f"--resources={json.dumps(resources)}",
+               # a Ray outside this test's namespaces (one still stopping) may hold 8265
+               f"--dashboard-port={free_port(DASHBOARD_PORT)}"]
         env = {**os.environ, "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_FAKE_CLUSTER": "1"}
         subprocess.check_call(cmd, env=env)
         ray._private.services.find_gcs_addresses.cache_clear()
