@@ -2,6 +2,8 @@
 written beside the dict events of the same hour."""
 
 import datetime as dt
+import subprocess
+import sys
 
 from rayq.analytics.eventlog import EventLog, read_events
 from rayq.core.codec.model import NewMessage, encode_body
@@ -77,9 +79,6 @@ assert len(read_events(sys.argv[1]).to_pandas()) == 3  # still there when asked 
 def test_an_actor_writes_events_without_importing_pandas(tmp_path):
     # pyarrow imports pandas (42 MiB) on the first array it builds, unless told not to;
     # the check runs in a fresh interpreter, where nothing imported pandas yet
-    import subprocess
-    import sys
-
     done = subprocess.run([sys.executable, "-c", WITHOUT_PANDAS, str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
