@@ -82,13 +82,15 @@ class _Ends:
 
 @dataclass
 class _Held:
-    """A task this consumer holds: where it lives and its current receipt."""
+    """A task this consumer holds: where it lives, its current receipt, and whether its
+    shard said it was cancelled while it waited for its turn."""
 
     message: StoredMessage
     queue: QueueInfo
     shard: Any
     ends: _Ends
     receipt: str
+    cancelled: bool = False
 
 
 class HandlerStopped(BaseException):
@@ -193,6 +195,10 @@ class ConsumerActor(RuntimeActor):
         self.state = ConsumerState(index, config, self.clock)  # every count and decision
         self.state.plan.nodes = this_node_names()  # where intervention may be off
         self._threads = CallThreads(self.consumer_config.max_load, f"consumer-{index}")
+        # Held tasks run at most max_load at once (the threads there are): short ones are
+        # held in batches of many per poller, and a task waiting for its turn has not
+        # started (its handler time, time limit and heartbeats start with its turn).
+        self._turns = asyncio.Semaphore(self.consumer_config.max_load)
         self._routes = RouteCache(self.clock)
         self._ray_tasks = RayTasks(self.clock)  # types with Ray options run as Ray tasks
         self._pollers: dict[int, asyncio.Task] = {}
@@ -277,13 +283,33 @@ class ConsumerActor(RuntimeActor):
 
     async def _run_held(self, task: _Held) -> None:
         try:
-            await self._run(task)
+            await self._take_turn(task)
+            try:
+                await self._run(task)
+            finally:
+                self._turns.release()
         except (RayqError, ray.exceptions.RayError) as err:
             # a shard or the manager went away mid-task: the task reappears
             log.warning("consumer %d lost task %s: %r", self.index, task.message.id, err)
         finally:
             self.state.released()
             self._room.set()
+
+    async def _take_turn(self, task: _Held) -> None:
+        """Wait until fewer than max_load held tasks run, keeping ``task`` hidden
+        meanwhile: a heartbeat each third of the visibility timeout, as a running task's,
+        which also learns of a cancel (the handler then never starts)."""
+        if not self._turns.locked():
+            await self._turns.acquire()
+            return
+        visibility_s = self.consumer_config.visibility_timeout_s
+        while True:
+            try:
+                await asyncio.wait_for(self._turns.acquire(), visibility_s / 3)
+                return
+            except asyncio.TimeoutError:
+                task.receipt, cancelled = await task.ends.call(Extend(task.receipt, visibility_s))
+                task.cancelled = task.cancelled or cancelled
 
     async def _refresh(self) -> None:
         await self._refresh_handlers()
@@ -404,6 +430,8 @@ class ConsumerActor(RuntimeActor):
         run = _Running(held, TaskContext(str(options.get("id", m.id)), m.type, m.tenant,
                                          m.dequeue_count))
         self._running[m.id] = run
+        if held.cancelled:
+            run.tell()  # its handler never starts
         self._beat_later(run, spec, lease)
         limit_s = call_limit_s(spec, options)
         try:

@@ -10,6 +10,7 @@ from rayq.core.consumers.decisions import (DeadLetter, Deferral, Finish, PlanFol
                                            Saturation, decide_end, effective_load,
                                            excluded_keys, held_back, is_last_try, long_poll_group,
                                            pause_after, poll_places, receive_requests, receive_size,
+                                           SHORT_BATCH_MAX, short_batch,
                                            recent_task_s, refreshed_handlers, runnable,
                                            slots_to_start, Unloadable, unrunnable_outcome,
                                            may_retry)
@@ -151,14 +152,22 @@ def test_a_receive_leaves_out_suspended_keys_and_saturated_types_when_keys_are_t
     assert excluded_keys(suspended, saturated, mode) == excluded
 
 
-@pytest.mark.parametrize("load, held, claimed, prefetch, size", [
-    (4, 0, 0, 1, 4), (4, 2, 0, 1, 2), (4, 2, 2, 1, 0), (4, 5, 0, 1, 0), (4, 0, 3, 2, 2),
-    (4, 3, 0, 1, 0),     # short tasks run and under half the load is free: wait for room
-    (5, 2, 0, 1, 3), (5, 3, 0, 1, 0), (1, 0, 0, 3, 3),
+@pytest.mark.parametrize("recent_task_s, batch", [
+    (0.019, 1), (0.01, 2), (0.005, 4), (0.001, 20), (0.0001, SHORT_BATCH_MAX), (0.0, SHORT_BATCH_MAX),
 ])
-def test_with_short_tasks_a_receive_asks_for_the_free_load_and_half_the_load_at_once(
+def test_a_poller_holds_about_twenty_milliseconds_of_short_tasks(recent_task_s, batch):
+    assert short_batch(recent_task_s) == batch
+
+
+@pytest.mark.parametrize("load, held, claimed, prefetch, size", [
+    (4, 0, 0, 1, 16), (4, 8, 0, 1, 8), (4, 8, 8, 1, 0), (4, 17, 0, 1, 0), (4, 0, 10, 1, 6),
+    (4, 9, 0, 1, 0),     # short tasks run and under half the batches' room is free: wait
+    (5, 10, 0, 1, 10), (5, 11, 0, 1, 0), (1, 0, 0, 3, 4), (1, 0, 0, 6, 6),
+])
+def test_with_short_tasks_a_receive_asks_for_every_pollers_batch_and_half_of_them_at_once(
         load, held, claimed, prefetch, size):
-    assert receive_size(load, held, claimed, prefetch, recent_task_s=0.001) == size
+    # handlers of 5 ms: a batch of 4 per poller
+    assert receive_size(load, held, claimed, prefetch, recent_task_s=0.005) == size
 
 
 @pytest.mark.parametrize("held, prefetch, recent_task_s, size", [
