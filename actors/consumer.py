@@ -91,6 +91,7 @@ class _Held:
     ends: _Ends
     receipt: str
     cancelled: bool = False
+    turn: bool = False  # it holds one of the max_load turns (see ConsumerActor._take_turn)
 
 
 class HandlerStopped(BaseException):
@@ -197,7 +198,8 @@ class ConsumerActor(RuntimeActor):
         self._threads = CallThreads(self.consumer_config.max_load, f"consumer-{index}")
         # Held tasks run at most max_load at once (the threads there are): short ones are
         # held in batches of many per poller, and a task waiting for its turn has not
-        # started (its handler time, time limit and heartbeats start with its turn).
+        # started (its handler time, time limit and heartbeats start with its turn). A
+        # turn ends when the handler returns: the next task runs while the end is written.
         self._turns = asyncio.Semaphore(self.consumer_config.max_load)
         self._routes = RouteCache(self.clock)
         self._ray_tasks = RayTasks(self.clock)  # types with Ray options run as Ray tasks
@@ -287,7 +289,7 @@ class ConsumerActor(RuntimeActor):
             try:
                 await self._run(task)
             finally:
-                self._turns.release()
+                self._end_turn(task)
         except (RayqError, ray.exceptions.RayError) as err:
             # a shard or the manager went away mid-task: the task reappears
             log.warning("consumer %d lost task %s: %r", self.index, task.message.id, err)
@@ -301,15 +303,24 @@ class ConsumerActor(RuntimeActor):
         which also learns of a cancel (the handler then never starts)."""
         if not self._turns.locked():
             await self._turns.acquire()
+            task.turn = True
             return
         visibility_s = self.consumer_config.visibility_timeout_s
         while True:
             try:
                 await asyncio.wait_for(self._turns.acquire(), visibility_s / 3)
+                task.turn = True
                 return
             except asyncio.TimeoutError:
                 task.receipt, cancelled = await task.ends.call(Extend(task.receipt, visibility_s))
                 task.cancelled = task.cancelled or cancelled
+
+    def _end_turn(self, task: _Held) -> None:
+        """``task``'s handler returned (or it never ran): the next held task may start
+        while its end is written."""
+        if task.turn:
+            task.turn = False
+            self._turns.release()
 
     async def _refresh(self) -> None:
         await self._refresh_handlers()
@@ -411,6 +422,7 @@ class ConsumerActor(RuntimeActor):
             called = await self._call(fn, held, spec, lease)
         finally:
             usage_s = self.state.finished(started)
+            self._end_turn(held)
             if spec.concurrency:
                 await call_async(lambda: self.manager.release.remote(m.type, lease))
         await self._end(held, spec, called, usage_s, started - m.enqueued_at)
