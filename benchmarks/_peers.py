@@ -173,6 +173,27 @@ def plain_ray_tasks(tasks: int, threads: int = 4) -> float:
     return submit_then_wait(lambda i: _plain_noop.remote(i), ray.get, tasks, threads)
 
 
+@ray.remote(num_cpus=0, max_concurrency=100_000)
+class _Desk:
+    """An async actor answering each call at once: what a ref of ``submit()`` costs at
+    least (one call to an outcome desk, an async actor, per ref) without anything
+    durable, a consumer or a handler."""
+
+    async def wait(self, i):
+        return i
+
+
+def ray_actor_calls(calls: int, threads: int = 4) -> float:
+    """Calls per second to one async actor, made from ``threads`` threads, then ``ray.get``
+    of all: the ceiling of ``submit()`` on this machine."""
+    desk = _Desk.remote()
+    ray.get([desk.wait.remote(i) for i in range(100)])
+    try:
+        return submit_then_wait(lambda i: desk.wait.remote(i), ray.get, calls, threads)
+    finally:
+        ray.kill(desk)
+
+
 @ray.remote(num_cpus=0)
 def _plain_echo(value):
     return value

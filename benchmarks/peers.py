@@ -12,7 +12,9 @@ figure sits beside its peer from the same run and its target ratio:
   sync_interval always; 500 acknowledged publishes -> fetch 500 -> ack each);
 - send() from 8 threads beside Redis XADD and ray.util.queue.Queue.put from 8;
 - tiny tasks, 3000 submitted from 4 threads then all awaited, beside Dramatiq
-  on the same Redis (2 processes x 4 threads) and plain Ray tasks;
+  on the same Redis (2 processes x 4 threads) and plain Ray tasks; submit() also beside
+  its ceiling, bare calls to an async actor (each submit() makes one, for its ref), and
+  that ceiling beside Dramatiq;
 - tasks taking and returning a 1 MB numpy array (--value-tasks of them, submit() from
   4 threads then all awaited) beside plain Ray tasks doing the same;
 - receive p50/p99 with --deep queued beside 1 000 queued (same queue), and the
@@ -37,7 +39,8 @@ import ray
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _peers import (BATCH, BODY, INSTALL, dramatiq_tasks, dramatiq_workers,  # noqa: E402
-                    missing_peers, plain_ray_tasks, plain_ray_value_tasks, ray_queue_puts,
+                    missing_peers, plain_ray_tasks, plain_ray_value_tasks, ray_actor_calls,
+                    ray_queue_puts,
                     redis_end_to_end,
                     redis_server, redis_version, redis_xadds)
 from _nats_peer import nats_end_to_end, nats_servers  # noqa: E402
@@ -161,6 +164,7 @@ def task_rows(client, url: str | None, args, missing) -> list[dict]:
         with dramatiq_workers(url) as actor:  # measured while its workers are alive
             dramatiq = measured(lambda: dramatiq_tasks(actor, n), n)
     plain = measured(lambda: plain_ray_tasks(n), n)
+    calls = measured(lambda: ray_actor_calls(n), n)
     label = peer_label("Dramatiq, same Redis, 2 processes x 4 threads", missing,
                        "redis-server", "redis", "dramatiq")
     rows = []
@@ -169,6 +173,10 @@ def task_rows(client, url: str | None, args, missing) -> list[dict]:
             (f"tiny tasks, {n:,} in submit_many({MANY}) from 4 threads", many, ">= 3.00")):
         rows += (pair(figure, "tasks/s", rate, dramatiq, label, target)
                  + pair(figure, "tasks/s", rate, plain, "plain Ray tasks (not durable)", ">= 1.00"))
+        if rate is mine:  # a submit() mints its ref by one call to an async actor
+            rows += pair(figure, "tasks/s", rate, calls,
+                         "ceiling: bare async-actor calls x 4 threads, one per ref", "<= 1.00")
+    rows += pair("  the ceiling beside Dramatiq", "calls/s", calls, dramatiq, label, "-")
     return rows
 
 
