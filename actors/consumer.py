@@ -82,16 +82,19 @@ class _Ends:
 
 @dataclass
 class _Held:
-    """A task this consumer holds: where it lives, its current receipt, and whether its
-    shard said it was cancelled while it waited for its turn."""
+    """A task this consumer holds: where it lives, its current receipt (kept hidden
+    until ``renewed_at`` + the visibility timeout, monotonic), and whether its shard
+    said it was cancelled while it waited for its turn."""
 
     message: StoredMessage
     queue: QueueInfo
     shard: Any
     ends: _Ends
     receipt: str
+    renewed_at: float
     cancelled: bool = False
     turn: bool = False  # it holds one of the max_load turns (see ConsumerActor._take_turn)
+    extending: asyncio.Lock = field(default_factory=asyncio.Lock)  # one extension at a time
 
 
 class HandlerStopped(BaseException):
@@ -110,7 +113,6 @@ class _Running:
     # done once it was cancelled: a future, so that the watch waits on it with the call
     told: asyncio.Future = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
-    extending: asyncio.Lock = field(default_factory=asyncio.Lock)  # one heartbeat at a time
     beat: asyncio.TimerHandle | None = None  # the next heartbeat, while the handler runs
     beating: asyncio.Task | None = None      # a heartbeat under way
     call: asyncio.Task | None = None
@@ -207,6 +209,7 @@ class ConsumerActor(RuntimeActor):
         self._ends: dict[int, _Ends] = {}  # by shard index, made at its first delivery
         self._room = asyncio.Event()  # set when a held task ends
         self._running: dict[str, _Running] = {}  # by message id: what a cancel may stop
+        self._waiting: dict[str, _Held] = {}  # by message id: held, waiting for a turn
         self._run_every(self.consumer_config.adjust_interval_s, "supervision", self._supervise,
                         first_s=0.0)
 
@@ -229,8 +232,14 @@ class ConsumerActor(RuntimeActor):
     async def look_for_cancel(self, message_id: str) -> bool:
         """Whether the task ``message_id``, if this consumer runs it, was cancelled: asked
         of its shard now (a heartbeat ahead of time), which keeps the cancel, so a
-        caller cannot stop a task the shard did not flag. False when it runs here not."""
+        caller cannot stop a task the shard did not flag. False when it runs here not. A
+        task held here waiting for its turn learns it too, and then never starts."""
         run = self._running.get(message_id)
+        waiting = self._waiting.get(message_id)
+        if run is None and waiting is not None:
+            if await self._extend_waiting(waiting):
+                return waiting.cancelled
+            run = self._running.get(message_id)  # its turn came meanwhile
         if run is None:
             return False
         await self._extend(run)
@@ -258,8 +267,11 @@ class ConsumerActor(RuntimeActor):
         """One poller: receive, run, end; it leaves when the load drops below its slot.
 
         A receive asks for as many tasks as the load leaves room for (the load is the
-        balancer's, so the batch size follows the hit rate), and runs them at once; a
-        poller that finds no room waits for a task to end instead of polling."""
+        balancer's, so the batch size follows the hit rate; with short handlers, a batch
+        of them for each unit of load: see
+        :func:`rayq.core.consumers.decisions.receive_size`), and runs them at once,
+        at most max_load at a time; a poller that finds no room waits for a task to end
+        instead of polling."""
         state = self.state
         while not state.stopping and slot < state.load:
             if not state.handlers:
@@ -300,20 +312,47 @@ class ConsumerActor(RuntimeActor):
     async def _take_turn(self, task: _Held) -> None:
         """Wait until fewer than max_load held tasks run, keeping ``task`` hidden
         meanwhile: a heartbeat each third of the visibility timeout, as a running task's,
-        which also learns of a cancel (the handler then never starts)."""
+        which also learns of a cancel (the handler then never starts). Its place in line
+        is kept across heartbeats. Raises ReceiptInvalid when the task was lost (counted)."""
         if not self._turns.locked():
             await self._turns.acquire()
             task.turn = True
             return
-        visibility_s = self.consumer_config.visibility_timeout_s
-        while True:
-            try:
-                await asyncio.wait_for(self._turns.acquire(), visibility_s / 3)
-                task.turn = True
-                return
-            except asyncio.TimeoutError:
-                task.receipt, cancelled = await task.ends.call(Extend(task.receipt, visibility_s))
-                task.cancelled = task.cancelled or cancelled
+        beat_s = self.consumer_config.visibility_timeout_s / 3
+        turn = asyncio.ensure_future(self._turns.acquire())
+        self._waiting[task.message.id] = task
+        try:
+            while not (await asyncio.wait({turn}, timeout=beat_s))[0]:
+                try:
+                    await self._extend_waiting(task)
+                except ReceiptInvalid:
+                    self.state.lost_one()
+                    raise
+                except (RayqError, ray.exceptions.RayError) as err:  # a shard restarting:
+                    log.warning("consumer %d: heartbeat of held task %s failed: %r",
+                                self.index, task.message.id, err)  # again next beat
+            turn.result()
+            task.turn = True
+        finally:
+            self._waiting.pop(task.message.id, None)
+            if not task.turn and not turn.cancel() and not turn.cancelled() \
+                    and turn.exception() is None:
+                self._turns.release()  # granted as it was given up
+        async with task.extending:
+            pass  # an extension under way lands first: its receipt is the current one
+
+    async def _extend_waiting(self, task: _Held) -> bool:
+        """Hide a task waiting for its turn longer, and learn whether it was cancelled;
+        False, and nothing done, once its turn came (it runs, and beats, on its own)."""
+        async with task.extending:
+            if task.turn:
+                return False
+            renewed_at = self.clock.monotonic()
+            task.receipt, cancelled = await task.ends.call(
+                Extend(task.receipt, self.consumer_config.visibility_timeout_s))
+            task.renewed_at = renewed_at
+            task.cancelled = task.cancelled or cancelled
+        return True
 
     def _end_turn(self, task: _Held) -> None:
         """``task``'s handler returned (or it never ran): the next held task may start
@@ -392,7 +431,8 @@ class ConsumerActor(RuntimeActor):
         if index not in self._ends:
             self._ends[index] = _Ends(shard)
         ends = self._ends[index]
-        return [_Held(m, queue, shard, ends, m.receipt) for m in got]
+        now = self.clock.monotonic()
+        return [_Held(m, queue, shard, ends, m.receipt, now) for m in got]
 
     # -- running -------------------------------------------------------------------
     async def _run(self, held: _Held) -> None:
@@ -401,7 +441,15 @@ class ConsumerActor(RuntimeActor):
         if handler is None:  # registered a moment ago, or not at all: look again first
             await self._refresh_handlers()
             handler = self.state.handlers.get(m.type)
+        if held.cancelled and handler is not None:  # cancelled while it waited: never starts
+            self._end_turn(held)
+            cancelled = _Called(False, error_of(stop_error(Stop.CANCELLED, None)), False,
+                                Stop.CANCELLED)
+            await self._end(held, handler[0], cancelled, 0.0, self.clock.now() - m.enqueued_at)
+            return
         cause = self.state.hold_back(runnable(handler), m.key)
+        if cause is not None:
+            self._end_turn(held)  # nothing runs: the next held task may start
         if cause is not None and gives_up(cause, m.enqueued_at, self.clock.now(),
                                           self.consumer_config.unrunnable_after_s):
             await self._give_up(held, unrunnable_outcome(m.type, handler))
@@ -415,14 +463,17 @@ class ConsumerActor(RuntimeActor):
         if spec.concurrency and not await call_async(lambda: self.manager.acquire.remote(
                 m.type, lease, spec.concurrency, self.consumer_config.visibility_timeout_s)):
             self.state.saturate(m.type)
+            self._end_turn(held)
             await self._defer(held, DeferralCause.CONCURRENCY)
             return
         started = self.state.started()
+        called = None
         try:
             called = await self._call(fn, held, spec, lease)
         finally:
             usage_s = self.state.finished(started)
-            self._end_turn(held)
+            if called is None or not called.stuck:  # a stuck one keeps its thread's turn
+                self._end_turn(held)
             if spec.concurrency:
                 await call_async(lambda: self.manager.release.remote(m.type, lease))
         await self._end(held, spec, called, usage_s, started - m.enqueued_at)
@@ -442,9 +493,7 @@ class ConsumerActor(RuntimeActor):
         run = _Running(held, TaskContext(str(options.get("id", m.id)), m.type, m.tenant,
                                          m.dequeue_count))
         self._running[m.id] = run
-        if held.cancelled:
-            run.tell()  # its handler never starts
-        self._beat_later(run, spec, lease)
+        self._beat_later(run, spec, lease, first=True)
         limit_s = call_limit_s(spec, options)
         try:
             run.call = asyncio.get_running_loop().create_task(self._invoke(fn, run, args, kwargs))
@@ -535,11 +584,14 @@ class ConsumerActor(RuntimeActor):
         logging.shutdown()
         os._exit(1)
 
-    def _beat_later(self, run: _Running, spec: TaskSpec, lease: str) -> None:
-        """The task's next heartbeat, a third of the visibility timeout from now: a timer
-        while the handler runs, a task only while a heartbeat is under way."""
-        run.beat = asyncio.get_running_loop().call_later(
-            self.consumer_config.visibility_timeout_s / 3, self._beat, run, spec, lease)
+    def _beat_later(self, run: _Running, spec: TaskSpec, lease: str, first: bool = False) -> None:
+        """The task's next heartbeat, a third of the visibility timeout from now (the
+        ``first``: from when it was received or last extended while it waited for its
+        turn): a timer while the handler runs, a task only while a heartbeat is under way."""
+        beat_s = self.consumer_config.visibility_timeout_s / 3
+        if first:
+            beat_s = max(0.0, run.held.renewed_at + beat_s - self.clock.monotonic())
+        run.beat = asyncio.get_running_loop().call_later(beat_s, self._beat, run, spec, lease)
 
     def _beat(self, run: _Running, spec: TaskSpec, lease: str) -> None:
         run.beating = asyncio.get_running_loop().create_task(self._heartbeat(run, spec, lease))
@@ -563,10 +615,11 @@ class ConsumerActor(RuntimeActor):
         """Hide the task longer (its new receipt kept) and learn whether it was cancelled
         (the shard keeps the cancel: told here even when a look_for_cancel was missed)."""
         held = run.held
-        async with run.extending:
+        async with held.extending:
+            renewed_at = self.clock.monotonic()
             receipt, cancelled = await held.ends.call(
                 Extend(held.receipt, self.consumer_config.visibility_timeout_s))
-            held.receipt = receipt
+            held.receipt, held.renewed_at = receipt, renewed_at
         if cancelled:
             run.tell()
 

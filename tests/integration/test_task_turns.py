@@ -12,8 +12,8 @@ from tests.integration.conftest import start_runtime, wait_until
 from tests.integration.probe import enter, leave, probe
 
 # One consumer with one poller, running one task at a time; tasks hidden 1.5 s unless
-# extended.
-CONFIG = Config(consumers=ConsumerConfig(count=1, min_load=1, max_load=1,
+# extended. A receive takes at least 3 tasks once handlers are short (prefetch).
+CONFIG = Config(consumers=ConsumerConfig(count=1, min_load=1, max_load=1, prefetch=3,
                                          visibility_timeout_s=1.5, poll_wait_s=0.5,
                                          adjust_interval_s=0.2))
 PROBE = "turns"
@@ -61,8 +61,13 @@ def test_a_task_cancelled_while_it_waits_for_its_turn_never_runs(client):
 def test_tasks_held_behind_a_long_one_are_kept_hidden_and_run_once(client):
     # They wait for their turn far longer than the visibility timeout, while a second
     # consumer starts and polls: a task shown again meanwhile would run there too.
-    refs, ids = held_together(client, (8.0,), (0,), (0,))
+    refs, ids = held_together(client, (10.0,), (0,), (0,))
     client.scale_consumers(2)
-    assert ray.get(refs, timeout=60) == [8.0, 0, 0]
+    wait_until(lambda: len(client.consumer_stats()) == 2, timeout_s=60,
+               what="the second consumer")
+    if ray.wait(refs[:1], timeout=0)[0]:
+        pytest.skip("the second consumer started only after the long task ended")
+    assert ray.get(refs, timeout=60) == [10.0, 0, 0]
     assert [client.task(i).attempts for i in ids] == [1, 1, 1]
-    assert [s.lost for s in client.consumer_stats()] == [0, 0]
+    stats = client.consumer_stats()
+    assert len(stats) == 2 and all(s.lost == 0 for s in stats)
