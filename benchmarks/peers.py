@@ -158,13 +158,13 @@ def send_rows(url: str | None, args, missing) -> list[dict]:
 def task_rows(client, url: str | None, args, missing) -> list[dict]:
     n = args.tasks
     mine = measured(lambda: rayq_tasks(client, n), n)
+    calls = measured(lambda: ray_actor_calls(n), n)  # beside submit(), before Ray's workers
     many = measured(lambda: rayq_task_batches(client, n), n)
     dramatiq = skipped()
     if url and "dramatiq" not in missing:
         with dramatiq_workers(url) as actor:  # measured while its workers are alive
             dramatiq = measured(lambda: dramatiq_tasks(actor, n), n)
     plain = measured(lambda: plain_ray_tasks(n), n)
-    calls = measured(lambda: ray_actor_calls(n), n)
     label = peer_label("Dramatiq, same Redis, 2 processes x 4 threads", missing,
                        "redis-server", "redis", "dramatiq")
     rows = []
