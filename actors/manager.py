@@ -69,6 +69,9 @@ class QueueManager(ControlActor):
         self.leases = ConcurrencyLeases()
         self._consumers = Consumers(self.kv, config, self.clock)
         self._counts: dict[int, int] = {}
+        # routing()'s nudges since the running count read began: kept over that read,
+        # which may have missed the sessions they stand for
+        self._nudged: dict[int, int] = {}
         # The last count as read (routing() nudges _counts) and when it began (wall
         # clock): what quota rooms publish.
         self._counted: tuple[dict[int, int], float] = ({}, 0.0)
@@ -284,6 +287,7 @@ class QueueManager(ControlActor):
         order = [s.id for s in receive_order(queue, self._counts)]
         target = put_target(queue, self._counts)
         self._counts[target.id] = self._counts.get(target.id, 0) + 1  # spread new sessions
+        self._nudged[target.id] = self._nudged.get(target.id, 0) + 1
         return queue, order, target.id
 
     def receive_routing(self, ref: str) -> tuple[QueueInfo, list[int]]:
@@ -488,10 +492,15 @@ class QueueManager(ControlActor):
         stats = await call_all_async((lambda s=s: s.stats.remote()) for s in self.shards)
         by_shard = ids_by_shard(sq for queue in self.registry.all() for sq in queue.subqueues)
         started = self.clock.now()  # puts admitted after this may be missing from counts
+        self._nudged = {}
         counts = await call_all_async((lambda i=i, ids=ids: self.shards[i].counts.remote(ids))
                                 for i, ids in by_shard.items())
-        self._counts = {sq: n for part in counts for sq, n in part.items()}
-        self._counted = (dict(self._counts), started)
+        read = {sq: n for part in counts for sq, n in part.items()}
+        # a session routed during the read may have put after it: its nudge stays, or the
+        # next new producer would be sent to the same subqueue
+        self._counts = {sq: read.get(sq, 0) + self._nudged.get(sq, 0)
+                        for sq in read.keys() | self._nudged.keys()}
+        self._counted = (read, started)
         now = self.clock.monotonic()
         for shard_stats in stats:
             self._rates.observe(shard_stats.ops, shard_stats.throttled, now)
