@@ -23,7 +23,7 @@ from rayq.core.consumers.balancer import BalancerState
 from rayq.core.consumers.state import ConsumerState
 from rayq.core.storage.cache import MemoryReading
 from rayq.core.kit.clock import FakeClock
-from rayq.core.kit.kv import DATABASES, OnCommit, Write, apply_writes
+from rayq.core.kit.kv import DATABASES, OnCommit, Rewrite, Write, apply_writes, move_rows
 from rayq.core.storage.dispatch import DispatchPolicy
 from rayq.core.storage.store import ShardStore
 
@@ -78,6 +78,16 @@ class _MemoryTxn:
     def putmulti(self, db, items):
         for key, value in items:
             self.put(db, key, value)
+
+    def move_many(self, db, moves, kept_from):
+        writes, self.writes = self.writes, None  # recorded as the moves, not their parts
+        try:
+            move_rows(self, db, moves)
+        finally:
+            self.writes = writes
+        if writes is not None:
+            writes.extend(Rewrite(db, bytes(key), bytes(value[:kept_from]), bytes(source))
+                          for source, key, value in moves)
 
     def scan_keys(self, db, start, stop=None):
         for key, _ in self.scan(db, start, stop):

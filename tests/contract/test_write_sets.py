@@ -8,8 +8,10 @@ import pytest
 
 from rayq.config import StoreConfig
 from rayq.core.codec.model import encode_body
-from rayq.core.kit.kv import DATABASES, LmdbKV, Write
+from rayq.core.kit.kv import DATABASES, LmdbKV, Rewrite, Write
+from rayq.core.storage import layout
 from rayq.core.storage.layout import TABLES
+from rayq.errors import StoreError
 from rayq.core.storage.store import ShardStore
 from rayq.testing import MemoryKV, plenty_of_memory
 from rayq.core.storage.writes import (ChangeVisibility, CollectExpired, Defer, Delete, Finish, Put,
@@ -110,6 +112,31 @@ def test_a_write_set_lists_puts_and_deletes_in_order_and_nothing_of_a_rolled_bac
     [error] = store.group([Put(0, b"not a put buffer")])
     assert isinstance(error, Exception)
     assert all(w.table not in ("rows", "expiry") for ws in write_sets[before:] for w in ws)
+
+
+def test_a_receive_ships_each_row_it_hides_as_keys_and_a_header_not_its_body_again(
+        make_kv, clock):
+    write_sets = []
+    store = ShardStore(make_kv(on_commit=write_sets.append), config=CONFIG, clock=clock,
+                       memory_probe=plenty_of_memory)
+    store.run(Put(0, batch(*[message(b"b" * 40 + bytes([i])) for i in range(3)])))
+    replica_kv = make_kv()
+    for writes in write_sets:
+        replica_kv.apply(writes)
+    got = received(store, 0, 3, 60)
+    store.run(ChangeVisibility(got[0].receipt, 5))
+    receive, change = write_sets[-2:]
+    for writes in (receive, change):
+        rows = [w for w in writes if w.table == "rows"]
+        assert rows and all(isinstance(w, Rewrite) and len(w.value) == layout.REDELIVERED_AT
+                            and w.source != w.key for w in rows)
+        assert not any(b"b" * 40 in (w.value or b"") for w in writes)
+    assert len(receive) and len([w for w in receive if w.table == "rows"]) == 3
+    with pytest.raises(StoreError):  # a copy without the rows cannot replay their moves
+        make_kv().apply(receive)
+    replica_kv.apply(receive)
+    replica_kv.apply(change)
+    assert everything(replica_kv) == everything(store.kv)
 
 
 def test_a_kv_without_a_watcher_records_nothing_and_a_read_writes_no_set(make_kv, clock):

@@ -13,7 +13,7 @@ from rayq.core.replication.shard_places import (ShipLog, acked_through, check_in
                                                 promote, rejoin, role_of, shrink, seed_target,
                                                 seeds_wanted, with_followers, watched, count_missed,
                                                 lost_leaders, missing)
-from rayq.core.kit.kv import LmdbKV, Write, pack_write_sets, unpack_write_sets
+from rayq.core.kit.kv import LmdbKV, Rewrite, Write, pack_write_sets, unpack_write_sets
 from rayq.core.replication.replica import Replica, check_epoch, fresh_count, open_copy
 from rayq.core.storage.layout import read_replica_state, replica_state
 from rayq.errors import NotEnoughReplicas, ReplicaBehind, StaleEpoch
@@ -197,12 +197,14 @@ def test_a_replica_applies_write_sets_once_in_order_and_refuses_an_old_epoch(tmp
 
 def test_write_sets_packed_for_the_follower_apply_as_the_sets_themselves(tmp_path):
     sets = [(Write("rows", b"a", b"1"), Write("meta", b"m", b"x")),
-            (Write("rows", b"a", None), Write("rows", b"b", bytes(300)))]
+            (Write("rows", b"a", None), Write("rows", b"b", bytes(300))),
+            (Rewrite("rows", b"c", b"head", b"b"), Rewrite("rows", b"c", b"", b"c"))]
     unpacked = unpack_write_sets(pack_write_sets(sets))
     assert [[tuple(w) for w in one] for one in unpacked] == [[tuple(w) for w in one] for one in sets]
     packed, plain = Replica(LmdbKV(tmp_path / "p")), Replica(LmdbKV(tmp_path / "q"))
-    assert packed.apply(1, 1, unpacked) == plain.apply(1, 1, sets) == 2
-    for table, key in (("rows", b"a"), ("rows", b"b"), ("meta", b"m")):
+    assert packed.apply(1, 1, unpacked) == plain.apply(1, 1, sets) == 3
+    assert packed.kv.read(lambda txn: txn.get("rows", b"c")) == b"head" + bytes(296)
+    for table, key in (("rows", b"a"), ("rows", b"b"), ("rows", b"c"), ("meta", b"m")):
         assert packed.kv.read(lambda txn: txn.get(table, key)) \
             == plain.kv.read(lambda txn: txn.get(table, key))
     assert packed.kv.read(lambda txn: txn.get("rows", b"a")) is None

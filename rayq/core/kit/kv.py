@@ -41,8 +41,22 @@ class Write(NamedTuple):
     value: bytes | None
 
 
-WriteSet = tuple[Write, ...]
+class Rewrite(NamedTuple):
+    """A value moved or rewritten with its tail unchanged: the value at ``key`` becomes
+    ``value`` (its head) followed by what the value at ``source`` holds past
+    ``len(value)``; ``source`` is deleted unless it is ``key``. A copy replays it from its
+    own value at ``source``, so a receive, which moves every row it hides to a new key
+    with a new header, ships keys and headers rather than every body again."""
+
+    table: str
+    key: bytes
+    value: bytes
+    source: bytes
+
+
+WriteSet = tuple[Write | Rewrite, ...]
 _write = quick_new(Write)  # one per mutation a recorded transaction makes
+_rewrite = quick_new(Rewrite)
 OnCommit = Callable[[WriteSet], None]
 
 
@@ -51,6 +65,7 @@ class Txn(Protocol):
     def put(self, db: str, key: bytes, value: bytes) -> None: ...
     def delete(self, db: str, key: bytes) -> bool: ...
     def putmulti(self, db: str, items: list[tuple[bytes, bytes]]) -> None: ...
+    def move_many(self, db: str, moves: list[tuple[bytes, bytes, bytes]], kept_from: int) -> None: ...
     def scan(self, db: str, start: bytes, stop: bytes | None = None) -> Iterator[tuple[bytes, bytes]]: ...
     def scan_keys(self, db: str, start: bytes, stop: bytes | None = None) -> Iterator[bytes]: ...
     def nested(self) -> contextlib.AbstractContextManager["Txn"]: ...
@@ -64,13 +79,33 @@ class KV(Protocol):
     def close(self) -> None: ...
 
 
-def apply_writes(txn: Txn, writes: Iterable[Write]) -> None:
-    """Replay a write set in ``txn``, in its order."""
-    for table, key, value in writes:
-        if value is None:
-            txn.delete(table, key)
-        else:
-            txn.put(table, key, value)
+def apply_writes(txn: Txn, writes: Iterable[Write | Rewrite]) -> None:
+    """Replay a write set in ``txn``, in its order. StoreError when a :class:`Rewrite`
+    finds no value at its source: this copy does not hold what the writer held."""
+    for write in writes:
+        if len(write) == 3:
+            table, key, value = write
+            if value is None:
+                txn.delete(table, key)
+            else:
+                txn.put(table, key, value)
+            continue
+        table, key, head, source = write
+        old = txn.get(table, source)
+        if old is None:
+            raise StoreError(f"a replayed move finds nothing at {table} {bytes(source).hex()}")
+        if source != key:
+            txn.delete(table, source)
+        txn.put(table, key, head + old[len(head):])
+
+
+def move_rows(txn: Txn, db: str, moves: list[tuple[bytes, bytes, bytes]]) -> None:
+    """Each (source, key, value) of ``moves``: ``value`` under ``key``, ``source``
+    deleted unless it is ``key``; the deletes first, then the puts in one C loop."""
+    for source, key, _ in moves:
+        if source != key:
+            txn.delete(db, source)
+    txn.putmulti(db, [(key, value) for _, key, value in moves])
 
 
 def pack_write_sets(write_sets: Sequence[WriteSet]) -> bytes:
@@ -104,6 +139,13 @@ class _LmdbTxn:
         """Many puts in one C loop (py-lmdb's Cursor.putmulti)."""
         if items:
             self._txn.cursor(db=self._dbs[db]).putmulti(items)
+
+    def move_many(self, db: str, moves: list[tuple[bytes, bytes, bytes]], kept_from: int) -> None:
+        """Each (source, key, value) of ``moves``: ``value`` under ``key`` in place of the
+        value at ``source`` (deleted unless it is ``key``). ``value[kept_from:]`` must
+        equal the source's value from ``kept_from`` on: a recorded transaction lists
+        each as a :class:`Rewrite` of ``value[:kept_from]``."""
+        move_rows(self, db, moves)
 
     def scan(self, db: str, start: bytes, stop: bytes | None = None):
         cursor = self._txn.cursor(db=self._dbs[db])
@@ -158,6 +200,11 @@ class _RecordingTxn(_LmdbTxn):
     def putmulti(self, db: str, items: list[tuple[bytes, bytes]]) -> None:
         super().putmulti(db, items)
         self.writes.extend([_write((db, bytes(k), bytes(v))) for k, v in items])
+
+    def move_many(self, db: str, moves: list[tuple[bytes, bytes, bytes]], kept_from: int) -> None:
+        move_rows(super(), db, moves)
+        self.writes.extend([_rewrite((db, bytes(key), bytes(value[:kept_from]), bytes(source)))
+                            for source, key, value in moves])
 
     @contextlib.contextmanager
     def nested(self):

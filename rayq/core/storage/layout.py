@@ -82,6 +82,7 @@ _FLAGS_AT = 20
 NO_NONCE = bytes(8)                  # a row never received: no receipt can match it
 _NONCE_AT, _NONCE_END = 21, 29
 _RECEIVED_END = _NONCE_END + 8
+REDELIVERED_AT = _RECEIVED_END  # a redelivered row's value is its old one from here on
 _EXPIRES = slice(8, 16)
 _U64 = struct.Struct(">Q")
 

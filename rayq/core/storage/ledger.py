@@ -363,15 +363,14 @@ class Ledger:
                 self.txn.put("inflight", layout.inflight_key(sq, kid, seq), layout.pack_u64(visible_us))
             else:
                 new_key = self.placed_key(sq, kid, visible_us, seq, meta.flags)
-            self.txn.delete("rows", row_key)
-            moved.append((new_key, new_value))
+            moved.append((row_key, new_key, new_value))
             expiry.append((layout.expiry_key(meta.expires_us, seq), new_key))
             self.uncached.append(row_key)
             self.heads.add((sq, kid))
             self.flights.append(_took((row_key, new_key, sq, kid, visible_us)))
             self._taken[(sq, kid)] += 1
             out.append((new_key, nonce, meta, sq, kid, seq))
-        self.txn.putmulti("rows", moved)
+        self.txn.move_many("rows", moved, layout.REDELIVERED_AT)
         self.txn.putmulti("expiry", expiry)
         return out
 
@@ -395,9 +394,9 @@ class Ledger:
         return meta
 
     def _move(self, row_key: bytes, value: bytes, new_key: bytes) -> None:
-        """Rewrite a row under another key (its value as given), with its expiry entry."""
-        self.txn.delete("rows", row_key)
-        self.txn.put("rows", new_key, value)
+        """Rewrite a row under another key, with its expiry entry: its value as given,
+        which differs from the row's at most in the header a redelivery rewrites."""
+        self.txn.move_many("rows", [(row_key, new_key, value)], layout.REDELIVERED_AT)
         self.txn.put("expiry", layout.expiry_key(layout.expires_us(value),
                                                layout.parse_row_key(row_key)[3]), new_key)
         self.uncached.append(row_key)
