@@ -27,8 +27,10 @@ class FollowerActor:
         self.index, self.path, self._map_bytes = index, path, map_bytes
         self.replica = open_copy(path, map_bytes)
 
-    def apply(self, epoch: int, first_seq: int, packed: bytes) -> int:
-        """Apply the write sets the leader packed (:func:`pack_write_sets`)."""
+    def apply(self, epoch: int, first_seq: int, *parts: bytes) -> int:
+        """Apply the write sets the leader packed (:func:`pack_write_sets`), in parts
+        (:func:`rayq.core.kit.kv.inline_parts`)."""
+        packed = parts[0] if len(parts) == 1 else b"".join(parts)
         return self.replica.apply(epoch, first_seq, unpack_write_sets(packed))
 
     def fence(self, epoch: int) -> tuple[int, int]:

@@ -17,7 +17,7 @@ from rayq.core.replication.shard_places import ShardPlace
 from rayq.core.replication.shard_places import one_copy
 from rayq.core.replication.shipping import OneCopy as _OneCopyShipper, Shipper
 from rayq.errors import RuntimeFailure
-from rayq.core.kit.kv import LmdbKV, Write, WriteSet, pack_write_sets
+from rayq.core.kit.kv import LmdbKV, Write, WriteSet, inline_parts, pack_write_sets
 from rayq.core.kit.private import FILE_MODE, make_private_dir
 from rayq.core.storage.layout import REPLICA_KEY, read_replica_state, replica_state
 from rayq.remote import IN_RUNTIME, NO_RETRY, call_async, manager_link
@@ -63,7 +63,8 @@ class RayPeers:
         return await self._call(node, "state")
 
     async def apply(self, node: str, epoch: int, first_seq: int, sets: list[WriteSet]) -> int:
-        return await self._call(node, "apply", epoch, first_seq, pack_write_sets(sets))
+        return await self._call(node, "apply", epoch, first_seq,
+                                *inline_parts(pack_write_sets(sets)))
 
     async def shrink(self, node: str, epoch: int) -> ShardPlace:
         return await call_async(

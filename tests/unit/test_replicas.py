@@ -429,3 +429,12 @@ def test_a_ship_log_batch_stops_at_its_byte_bound_but_always_carries_one_set():
     assert log.batch("b", 100, max_bytes=50) == (1, [big])     # larger than the bound: alone
     assert log.batch("b", 100, max_bytes=201) == (2, [big, big])
     assert log.batch("b", 100, max_bytes=250) == (4, [writes(4)])
+
+
+def test_a_packed_write_set_travels_in_parts_ray_passes_inline_and_joins_whole():
+    from rayq.core.kit.kv import INLINE_PART_BYTES, inline_parts
+    packed = pack_write_sets([(Write("rows", b"k%d" % i, bytes(300)),) for i in range(1000)])
+    parts = inline_parts(packed)
+    assert len(parts) > 1 and all(0 < len(p) <= INLINE_PART_BYTES < 100 * 1024 for p in parts)
+    assert b"".join(parts) == packed
+    assert inline_parts(b"") == [b""]

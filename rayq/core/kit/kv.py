@@ -114,6 +114,19 @@ def pack_write_sets(write_sets: Sequence[WriteSet]) -> bytes:
     return msgpack.packb(write_sets, use_bin_type=True)  # tuples (Write too) pack as arrays
 
 
+# Ray passes an argument of up to 100 KiB (its max_direct_call_object_size) inside the
+# call, and a larger one through the object store, which costs about a millisecond more
+# (1.9 ms against 1.0 ms for 166 KB on this machine): packed write sets travel as parts
+# under that size, each passed inline.
+INLINE_PART_BYTES = 96_000
+
+
+def inline_parts(packed: bytes) -> list[bytes]:
+    """``packed`` cut into parts of at most :data:`INLINE_PART_BYTES` (one part at least)."""
+    return [packed[i:i + INLINE_PART_BYTES]
+            for i in range(0, max(len(packed), 1), INLINE_PART_BYTES)]
+
+
 def unpack_write_sets(packed: bytes) -> list[list]:
     """The write sets of :func:`pack_write_sets`, each a list of (table, key, value)
     that :func:`apply_writes` replays."""
