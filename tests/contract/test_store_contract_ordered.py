@@ -164,3 +164,17 @@ def test_an_account_keys_its_own_plain_subqueue_by_group_when_the_shard_says_it_
         assert (got.tenant, got.key) == ("acme", "group-1")  # the tenant stays the account
     finally:
         store.close()
+
+
+def test_a_message_put_and_received_in_one_group_counts_its_next_delivery_as_its_second(
+        store, clock):
+    """The put and the receive commit together and the row keeps its key: what the
+    store keeps of it in memory is the received row, not the row as put."""
+    _, delivered = _ordered(store).group([Put(0, batch(message("a1", key="a"))),
+                                          Receive(0, 1, 5)])
+    [first] = decode_delivered(delivered)
+    assert first.dequeue_count == 1
+    clock.advance(10)
+    [again] = received(store, 0, 1, 5)
+    assert (again.dequeue_count, again.receipt != first.receipt) == (2, True)
+    assert store.run(Delete([first.receipt])) == [first.receipt]  # an old receipt is stale

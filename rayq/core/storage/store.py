@@ -176,10 +176,10 @@ class ShardStore:
         """After commit: publish what the transaction changed to the in-memory state."""
         self.index.publish(w)
         cache = self.cache
-        for row_key in w.uncached:
-            cache.discard(row_key)
         for row_key, value in w.cached:
             cache.add(row_key, value)
+        for row_key in w.uncached:  # after: a row put and then received in one transaction
+            cache.discard(row_key)   # is read from the store next time, as received
         for group in w.enqueued:
             self.enqueues.add((group.subqueue, group.type, group.tenant), group.count, group.at)
         if self.keep_enqueued:
