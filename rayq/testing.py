@@ -86,8 +86,8 @@ class _MemoryTxn:
         finally:
             self.writes = writes
         if writes is not None:
-            writes.extend(Rewrite(db, bytes(key), bytes(value[:kept_from]), bytes(source))
-                          for source, key, value in moves)
+            writes.extend(Rewrite(db, bytes(key), bytes(value[:kept_from]), bytes(source),
+                                  len(value)) for source, key, value in moves)
 
     def scan_keys(self, db, start, stop=None):
         for key, _ in self.scan(db, start, stop):

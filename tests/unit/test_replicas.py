@@ -16,7 +16,7 @@ from rayq.core.replication.shard_places import (ShipLog, acked_through, check_in
 from rayq.core.kit.kv import LmdbKV, Rewrite, Write, pack_write_sets, unpack_write_sets
 from rayq.core.replication.replica import Replica, check_epoch, fresh_count, open_copy
 from rayq.core.storage.layout import read_replica_state, replica_state
-from rayq.errors import NotEnoughReplicas, ReplicaBehind, StaleEpoch
+from rayq.errors import NotEnoughReplicas, ReplicaBehind, StaleEpoch, StoreError
 
 THREE = ShardPlace(0, ("a", "b", "c"), ("a", "b", "c"), 4)
 
@@ -198,7 +198,7 @@ def test_a_replica_applies_write_sets_once_in_order_and_refuses_an_old_epoch(tmp
 def test_write_sets_packed_for_the_follower_apply_as_the_sets_themselves(tmp_path):
     sets = [(Write("rows", b"a", b"1"), Write("meta", b"m", b"x")),
             (Write("rows", b"a", None), Write("rows", b"b", bytes(300))),
-            (Rewrite("rows", b"c", b"head", b"b"), Rewrite("rows", b"c", b"", b"c"))]
+            (Rewrite("rows", b"c", b"head", b"b", 300), Rewrite("rows", b"c", b"", b"c", 300))]
     unpacked = unpack_write_sets(pack_write_sets(sets))
     assert [[tuple(w) for w in one] for one in unpacked] == [[tuple(w) for w in one] for one in sets]
     packed, plain = Replica(LmdbKV(tmp_path / "p")), Replica(LmdbKV(tmp_path / "q"))
@@ -438,3 +438,16 @@ def test_a_packed_write_set_travels_in_parts_ray_passes_inline_and_joins_whole()
     assert len(parts) > 1 and all(0 < len(p) <= INLINE_PART_BYTES < 100 * 1024 for p in parts)
     assert b"".join(parts) == packed
     assert inline_parts(b"") == [b""]
+
+
+def test_a_moved_row_counts_whole_toward_a_calls_bytes_though_it_ships_only_its_head(tmp_path):
+    from rayq.core.replication.shard_places import set_bytes
+    moved = (Rewrite("rows", b"new", b"h" * 37, b"old", 60_000), Write("rows", b"gone", None),
+             Write("meta", b"m", b"xy"))
+    assert set_bytes(moved) == 60_002
+    replica = Replica(LmdbKV(tmp_path / "r"))
+    replica.apply(1, 1, [(Write("rows", b"old", bytes(59_000)),)])
+    with pytest.raises(StoreError):  # a copy whose row is not the writer's: nothing applied
+        replica.apply(1, 2, [moved])
+    assert replica.seq == 1
+    assert replica.kv.read(lambda txn: txn.get("rows", b"old")) == bytes(59_000)

@@ -44,14 +44,23 @@ class Write(NamedTuple):
 class Rewrite(NamedTuple):
     """A value moved or rewritten with its tail unchanged: the value at ``key`` becomes
     ``value`` (its head) followed by what the value at ``source`` holds past
-    ``len(value)``; ``source`` is deleted unless it is ``key``. A copy replays it from its
-    own value at ``source``, so a receive, which moves every row it hides to a new key
-    with a new header, ships keys and headers rather than every body again."""
+    ``len(value)``; ``source`` is deleted unless it is ``key``; ``size`` is the whole new
+    value's length. A copy replays it from its own value at ``source``, so a receive,
+    which moves every row it hides to a new key with a new header, ships keys and
+    headers rather than every body again."""
 
     table: str
     key: bytes
     value: bytes
     source: bytes
+    size: int
+
+
+def write_bytes(write: Write | Rewrite) -> int:
+    """The bytes a write puts when replayed (0 for a delete)."""
+    if len(write) == 5:
+        return write[4]
+    return len(write[2]) if write[2] is not None else 0
 
 
 WriteSet = tuple[Write | Rewrite, ...]
@@ -81,7 +90,8 @@ class KV(Protocol):
 
 def apply_writes(txn: Txn, writes: Iterable[Write | Rewrite]) -> None:
     """Replay a write set in ``txn``, in its order. StoreError when a :class:`Rewrite`
-    finds no value at its source: this copy does not hold what the writer held."""
+    finds no value at its source, or one of another length: this copy does not hold
+    what the writer held."""
     for write in writes:
         if len(write) == 3:
             table, key, value = write
@@ -90,13 +100,17 @@ def apply_writes(txn: Txn, writes: Iterable[Write | Rewrite]) -> None:
             else:
                 txn.put(table, key, value)
             continue
-        table, key, head, source = write
+        table, key, head, source, size = write
         old = txn.get(table, source)
         if old is None:
             raise StoreError(f"a replayed move finds nothing at {table} {bytes(source).hex()}")
+        value = head + old[len(head):]
+        if len(value) != size:
+            raise StoreError(f"a replayed move of {table} {bytes(source).hex()} makes "
+                             f"{len(value)} bytes, the writer's {size}")
         if source != key:
             txn.delete(table, source)
-        txn.put(table, key, head + old[len(head):])
+        txn.put(table, key, value)
 
 
 def move_rows(txn: Txn, db: str, moves: list[tuple[bytes, bytes, bytes]]) -> None:
@@ -216,8 +230,8 @@ class _RecordingTxn(_LmdbTxn):
 
     def move_many(self, db: str, moves: list[tuple[bytes, bytes, bytes]], kept_from: int) -> None:
         move_rows(super(), db, moves)
-        self.writes.extend([_rewrite((db, bytes(key), bytes(value[:kept_from]), bytes(source)))
-                            for source, key, value in moves])
+        self.writes.extend([_rewrite((db, bytes(key), bytes(value[:kept_from]), bytes(source),
+                                      len(value))) for source, key, value in moves])
 
     @contextlib.contextmanager
     def nested(self):

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, 
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rayq.core.kit.kv import WriteSet
+from rayq.core.kit.kv import WriteSet, write_bytes
 from rayq.core.replication.replica import check_epoch
 from rayq.errors import NotEnoughReplicas
 
@@ -533,8 +533,9 @@ def new_follower_node(place: ShardPlace, nodes: Sequence[str],
 
 
 def set_bytes(writes: WriteSet) -> int:
-    """The bytes of a write set's values (what shipping it moves, near enough)."""
-    return sum(len(w.value) for w in writes if w.value is not None)
+    """The bytes a write set puts when applied, a moved row counted whole (what
+    applying it costs, near enough; it ships less)."""
+    return sum(map(write_bytes, writes))
 
 
 def sets_within(sets: list[WriteSet], max_bytes: int) -> int:
