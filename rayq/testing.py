@@ -23,7 +23,8 @@ from rayq.core.consumers.balancer import BalancerState
 from rayq.core.consumers.state import ConsumerState
 from rayq.core.storage.cache import MemoryReading
 from rayq.core.kit.clock import FakeClock
-from rayq.core.kit.kv import DATABASES, OnCommit, Rewrite, Write, apply_writes, move_rows
+from rayq.core.kit.kv import (DATABASES, OnCommit, Write, apply_writes, move_rows,
+                              recorded_moves)
 from rayq.core.storage.dispatch import DispatchPolicy
 from rayq.core.storage.store import ShardStore
 
@@ -86,8 +87,7 @@ class _MemoryTxn:
         finally:
             self.writes = writes
         if writes is not None:
-            writes.extend(Rewrite(db, bytes(key), bytes(value[:kept_from]), bytes(source),
-                                  len(value)) for source, key, value in moves)
+            writes.extend(recorded_moves(db, moves, kept_from))
 
     def scan_keys(self, db, start, stop=None):
         for key, _ in self.scan(db, start, stop):

@@ -113,6 +113,13 @@ def apply_writes(txn: Txn, writes: Iterable[Write | Rewrite]) -> None:
         txn.put(table, key, value)
 
 
+def recorded_moves(db: str, moves: list[tuple[bytes, bytes, bytes]],
+                   kept_from: int) -> list[Rewrite]:
+    """How a recorded transaction lists ``moves`` of ``move_many``: one Rewrite each."""
+    return [_rewrite((db, bytes(key), bytes(value[:kept_from]), bytes(source), len(value)))
+            for source, key, value in moves]
+
+
 def move_rows(txn: Txn, db: str, moves: list[tuple[bytes, bytes, bytes]]) -> None:
     """Each (source, key, value) of ``moves``: ``value`` under ``key``, ``source``
     deleted unless it is ``key``; the deletes first, then the puts in one C loop."""
@@ -142,8 +149,8 @@ def inline_parts(packed: bytes) -> list[bytes]:
 
 
 def unpack_write_sets(packed: bytes) -> list[list]:
-    """The write sets of :func:`pack_write_sets`, each a list of (table, key, value)
-    that :func:`apply_writes` replays."""
+    """The write sets of :func:`pack_write_sets`, each a list of writes, (table, key,
+    value) or a :class:`Rewrite`'s five fields, that :func:`apply_writes` replays."""
     return msgpack.unpackb(packed, raw=False)
 
 
@@ -230,8 +237,7 @@ class _RecordingTxn(_LmdbTxn):
 
     def move_many(self, db: str, moves: list[tuple[bytes, bytes, bytes]], kept_from: int) -> None:
         move_rows(super(), db, moves)
-        self.writes.extend([_rewrite((db, bytes(key), bytes(value[:kept_from]), bytes(source),
-                                      len(value))) for source, key, value in moves])
+        self.writes.extend(recorded_moves(db, moves, kept_from))
 
     @contextlib.contextmanager
     def nested(self):
