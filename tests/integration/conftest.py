@@ -9,7 +9,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import boto3
 import pytest
@@ -32,6 +34,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _HERE in Path(item.fspath).resolve().parents:
             item.add_marker(pytest.mark.integration)
+    # the modules whose script runs the lane makes go last, the longest run's first
+    items.sort(key=lambda item: -max((run.takes_s for run in script_runs(item)), default=1e9))
+
+
+def script_runs(item) -> tuple:
+    return getattr(getattr(item, "module", None), "SCRIPT_RUNS", ())
 
 
 @pytest.fixture(scope="session")
@@ -92,18 +100,115 @@ def _kill_started_under(temp_dir: str) -> None:
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPTS = os.path.join(ROOT, "tests", "integration", "scripts")
 
 
-def run_script(name: str, *args: str, timeout_s: float = 600.0
-               ) -> tuple[list[dict], subprocess.CompletedProcess]:
-    """Run ``tests/integration/scripts/<name>`` in a process of its own (its own simulated
-    cluster: the test run's Ray is untouched); the JSON lines it printed, and the process."""
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    env.pop("RAY_ADDRESS", None)
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "integration", "scripts",
-                                                        name), *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, env=env)
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")], done
+class ScriptRun(NamedTuple):
+    """One run of ``tests/integration/scripts/<name>`` with ``args``, in a process of its
+    own (its own simulated cluster or embedded Ray: the test run's Ray is untouched).
+    ``data_dir``: the script's first argument is a fresh folder, removed after.
+    ``takes_s``: about how long it runs on an idle 2-core machine (the lane runs the
+    longest first)."""
+    name: str
+    args: tuple[str, ...] = ()
+    timeout_s: float = 600.0
+    data_dir: bool = False
+    takes_s: float = 60.0
+
+
+def run_script(run: ScriptRun) -> tuple[list[dict], subprocess.CompletedProcess]:
+    """The JSON lines ``run`` printed, and its process: the run the script lane made
+    beside the other tests, or one made now if the lane has none."""
+    return _LANE.result(run)
+
+
+class ScriptLane:
+    """The script runs the run's test modules name in ``SCRIPT_RUNS``, one after another,
+    on a thread started once the run is collected: their simulated clusters start, lose
+    nodes and fail over while the run's other tests go on (a run mostly waits on failure
+    detectors and timeouts). Those modules' tests run last, in the lane's order. The
+    scripts' Rays live under a temp directory of the lane's own; whatever still runs
+    from it when the test run ends is killed."""
+
+    def __init__(self):
+        self._runs: dict[ScriptRun, Future] = {}
+        self._running: subprocess.Popen | None = None
+        self._stopped = False
+        self._temp_dir = ""
+
+    def start(self, runs: list[ScriptRun]) -> None:
+        if not runs:
+            return
+        self._temp_dir = tempfile.mkdtemp(prefix="rq-lane-", dir="/tmp")  # short: socket paths
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="script-lane")
+        for run in runs:
+            self._runs[run] = pool.submit(self._run, run)
+        pool.shutdown(wait=False)
+
+    def result(self, run: ScriptRun) -> tuple[list[dict], subprocess.CompletedProcess]:
+        future = self._runs.get(run)
+        return future.result() if future is not None else self._run(run)
+
+    def _run(self, run: ScriptRun) -> tuple[list[dict], subprocess.CompletedProcess]:
+        from rayq.runtime.session import SINGLE_MACHINE_ENV
+
+        if self._stopped:
+            raise RuntimeError(f"the test run ended before {run.name} started")
+        env = {**os.environ, "PYTHONPATH": ROOT, SINGLE_MACHINE_ENV: "0"}
+        env.pop("RAY_ADDRESS", None)
+        if self._temp_dir:
+            env["RAY_TMPDIR"] = self._temp_dir
+        data_dir = tempfile.mkdtemp(prefix="rq-script-") if run.data_dir else None
+        argv = [sys.executable, os.path.join(SCRIPTS, run.name),
+                *([data_dir] if data_dir else []), *run.args]
+        try:
+            with subprocess.Popen(argv, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE) as proc:
+                self._running = proc
+                try:
+                    out, err = proc.communicate(timeout=run.timeout_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    out, err = proc.communicate()
+                    raise subprocess.TimeoutExpired(argv, run.timeout_s, out, err) from None
+                finally:
+                    self._running = None
+        finally:
+            if data_dir:
+                shutil.rmtree(data_dir, ignore_errors=True)
+        done = subprocess.CompletedProcess(argv, proc.returncode, out, err)
+        return [json.loads(line) for line in out.splitlines() if line.startswith("{")], done
+
+    def stop(self) -> None:
+        """Stop the run in progress and those not begun; kill what runs from the lane's
+        temp directory."""
+        self._stopped = True
+        for future in self._runs.values():
+            future.cancel()
+        proc = self._running
+        if proc is not None:
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=30)
+            proc.kill()
+        if self._temp_dir:
+            _kill_started_under(self._temp_dir)
+            shutil.rmtree(self._temp_dir, ignore_errors=True)
+
+
+_LANE = ScriptLane()
+
+
+def pytest_collection_finish(session):
+    """Start the script lane with the runs of the modules this test run selected."""
+    if session.config.option.collectonly:
+        return
+    runs = {run: None for item in session.items for run in script_runs(item)}
+    _LANE.start(sorted(runs, key=lambda run: -run.takes_s))
+
+
+def pytest_sessionfinish(session):
+    _LANE.stop()
 
 
 def start_runtime(tmp_path_factory, config: rayq.Config | None = None, name: str = "rayq"):

@@ -2,11 +2,13 @@
 (ray.cluster_utils.Cluster, in its own process so the test run's Ray is untouched)."""
 
 from rayq.core.control.placement import DATA_CLAIM
-from tests.integration.conftest import run_script
+from tests.integration.conftest import ScriptRun, run_script
+
+SCRIPT_RUNS = (ScriptRun("data_nodes.py", takes_s=30),)
 
 
 def test_shards_spread_over_the_data_nodes_each_in_its_own_folder_and_claim_their_node():
-    lines, done = run_script("data_nodes.py")
+    lines, done = run_script(*SCRIPT_RUNS)
     assert done.returncode == 0 and lines, done.stderr[-3000:]
     result = lines[-1]
     assert sorted(set(result["shards"].values())) == ["n1", "n2"]

@@ -3,24 +3,12 @@ state API work, and nothing listens off loopback, Spark (RayDP) included. (That 
 binding is shown by test_autoscaler.py.)"""
 
 import ipaddress
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "embedded.py")
+from tests.integration.conftest import ScriptRun, run_script
 
-
-def run_embedded(data_dir, *flags: str) -> dict:
-    """scripts/embedded.py in its own process, with no Ray address inherited."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, SCRIPT, str(data_dir), *flags], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+SCRIPT_RUNS = (ScriptRun("embedded.py", ("--spark",), data_dir=True, takes_s=50),)
 
 
 def is_loopback(ip: str) -> bool:
@@ -30,8 +18,12 @@ def is_loopback(ip: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def embedded(tmp_path_factory):
-    return run_embedded(tmp_path_factory.mktemp("embedded"), "--spark")
+def embedded() -> dict:
+    """What the script printed: rayq.start() in a fresh process, with no Ray address
+    inherited."""
+    lines, done = run_script(*SCRIPT_RUNS)
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    return lines[-1]
 
 
 def test_the_state_api_lists_the_runtimes_actors(embedded):

@@ -5,12 +5,14 @@ events URI shared by every writer is read instead of the nodes' folders."""
 
 import pytest
 
-from tests.integration.conftest import run_script
+from tests.integration.conftest import ScriptRun, run_script
+
+SCRIPT_RUNS = (ScriptRun("event_nodes.py", timeout_s=2400, takes_s=250),)
 
 
 @pytest.fixture(scope="module")
 def phases():
-    lines, done = run_script("event_nodes.py", timeout_s=2400)
+    lines, done = run_script(*SCRIPT_RUNS)
     assert done.returncode == 0 and lines, done.stderr[-3000:]
     return {line["phase"]: line for line in lines}
 

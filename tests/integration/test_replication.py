@@ -7,21 +7,21 @@ import subprocess
 
 import pytest
 
-from tests.integration.conftest import run_script
+from tests.integration.conftest import ScriptRun, run_script
 
 SCENARIOS = ("grow", "copies", "restart", "pause", "stopped", "control_loss", "control_pause",
              "drain", "nemesis", "node_kill")
 
 
-def scenarios(*modes: str) -> tuple[dict, subprocess.CompletedProcess]:
-    """Run ``modes`` in one process; their results by mode, and the process."""
-    lines, done = run_script("replication.py", *modes, timeout_s=600 * len(modes))
-    return {line["mode"]: line["result"] for line in lines}, done
+SCRIPT_RUNS = (ScriptRun("replication.py", SCENARIOS, timeout_s=600 * len(SCENARIOS),
+                         takes_s=350),)
 
 
 @pytest.fixture(scope="module")
-def cluster_run():
-    return scenarios(*SCENARIOS)
+def cluster_run() -> tuple[dict, subprocess.CompletedProcess]:
+    """Every scenario's result by mode, and their process."""
+    lines, done = run_script(*SCRIPT_RUNS)
+    return {line["mode"]: line["result"] for line in lines}, done
 
 
 def scenario(mode: str, run: tuple[dict, subprocess.CompletedProcess]) -> dict:

@@ -12,7 +12,9 @@ import ray
 import rayq
 from rayq.config import Config, ConsumerConfig
 
-from .conftest import run_script, start_runtime, wait_until
+from .conftest import ScriptRun, run_script, start_runtime, wait_until
+
+SCRIPT_RUNS = (ScriptRun("task_placement.py", takes_s=30),)  # its own cluster
 
 # Two consumers hold one of the session's two CPUs: one is left for a Ray task's default 1.
 CONFIG = Config(consumers=ConsumerConfig(count=2, visibility_timeout_s=2.0, poll_wait_s=0.5,
@@ -118,7 +120,7 @@ def test_a_handler_whose_module_is_only_in_the_types_working_dir_runs_there(clie
 
 def test_a_type_with_a_custom_resource_runs_on_the_node_that_has_it():
     # its own simulated cluster, in its own process (the test run's Ray is untouched)
-    lines, done = run_script("task_placement.py")
+    lines, done = run_script(*SCRIPT_RUNS)
     assert done.returncode == 0 and lines, done.stderr[-3000:]
     result = lines[-1]
     assert result["ran_on"] == [result["special_node"]] * 3
