@@ -10,9 +10,9 @@ import asyncio
 import collections
 import ctypes
 import logging
+import sys
 from collections.abc import Awaitable, Callable
 
-import pyarrow
 import ray
 from ray.util.metrics import Counter, Gauge
 
@@ -143,4 +143,6 @@ def trim_heap() -> None:
     log's columns)."""
     if _malloc_trim is not None:
         _malloc_trim(0)
-    pyarrow.default_memory_pool().release_unused()
+    pyarrow = sys.modules.get("pyarrow")  # a process that never loaded it has no pool
+    if pyarrow is not None:
+        pyarrow.default_memory_pool().release_unused()

@@ -53,12 +53,14 @@ import struct
 import uuid
 import zoneinfo
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
-import numpy
 
 from rayq.errors import InvalidMessage, MessageTooLarge
+
+if TYPE_CHECKING:
+    import numpy
 
 VALUES_TAG = 3   # the first byte of a values body (beside model.py's body tags 0 to 2)
 ALIGN = 64       # each buffer starts at a multiple of this from the body's start
@@ -236,6 +238,7 @@ def _dtype_spec(dtype: numpy.dtype) -> Any:
 
 
 def _ndarray(enc: _Encoder, value: numpy.ndarray) -> msgpack.ExtType:
+    import numpy  # on first use: most processes never carry an array
     spec = _dtype_spec(value.dtype)
     if value.flags.c_contiguous:
         order, flat = "C", value
@@ -249,6 +252,7 @@ def _ndarray(enc: _Encoder, value: numpy.ndarray) -> msgpack.ExtType:
 
 
 def _numpy_scalar(enc: _Encoder, value: numpy.generic) -> msgpack.ExtType:
+    import numpy  # on first use: most processes never carry an array
     array = numpy.asarray(value)  # its dtype as an array holds it (b"" is one NUL byte)
     return msgpack.ExtType(NUMPY_SCALAR, msgpack.packb(
         [_dtype_spec(array.dtype), array.tobytes()], use_bin_type=True))
@@ -288,7 +292,7 @@ def _base(convert: Callable[[Any], Any]) -> Callable[[_Encoder, Any], Any]:
 _ENCODERS: dict[type, Callable[[_Encoder, Any], Any]] = {
     tuple: _tuple, datetime.datetime: _datetime, datetime.date: _date,
     datetime.timedelta: _timedelta, decimal.Decimal: _decimal, uuid.UUID: _uuid,
-    numpy.ndarray: _ndarray, bytearray: _base(bytes), memoryview: _base(bytes),
+    bytearray: _base(bytes), memoryview: _base(bytes),
 }
 # Subclasses of msgpack's own types go as their base type, as msgpack always sent them.
 _BASES: tuple[tuple[type, Callable[[Any], Any]], ...] = (
@@ -302,8 +306,10 @@ def _found_encoder(kind: type) -> Callable[[_Encoder, Any], Any] | None:
     module = kind.__module__.split(".")[0]
     if issubclass(kind, tuple):
         encode = _tuple
-    elif module == "numpy" and issubclass(kind, numpy.generic):
-        encode = _numpy_scalar
+    elif module == "numpy":
+        import numpy  # present: the value is one of its types
+        encode = _ndarray if kind is numpy.ndarray \
+            else _numpy_scalar if issubclass(kind, numpy.generic) else None
     elif module == "pyarrow":
         import pyarrow
         encode = {pyarrow.Table: _arrow_table, pyarrow.RecordBatch: _arrow_batch}.get(kind)
@@ -398,6 +404,7 @@ def _read_tz(tz: Any) -> datetime.tzinfo | None:
 
 
 def _read_ndarray(dec: _Decoder, data: bytes) -> numpy.ndarray:
+    import numpy  # on first use: most processes never carry an array
     spec, shape, order, offset, length = _fields(data)
     dtype = _read_dtype(spec)
     if (not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape)
@@ -414,6 +421,7 @@ def _read_ndarray(dec: _Decoder, data: bytes) -> numpy.ndarray:
 
 
 def _read_dtype(spec: Any) -> numpy.dtype:
+    import numpy  # on first use: most processes never carry an array
     if isinstance(spec, str):
         dtype = numpy.dtype(spec)
     elif isinstance(spec, list) and spec and spec[0] == "s":
@@ -430,6 +438,7 @@ def _read_dtype(spec: Any) -> numpy.dtype:
 
 
 def _read_numpy_scalar(dec: _Decoder, data: bytes) -> numpy.generic:
+    import numpy  # on first use: most processes never carry an array
     spec, raw = _fields(data)
     dtype = _read_dtype(spec)
     if not isinstance(raw, bytes) or len(raw) != dtype.itemsize:
