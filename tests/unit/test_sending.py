@@ -247,7 +247,7 @@ def test_senders_answered_in_a_loop_join_the_next_put_whole():
     """Eight threads sending in a loop: each put after the first carries (nearly) all of
     them, not the one that arrived during the previous put and then the rest."""
     transport = FakeTransport()
-    transport.shards[0].delay_s = 0.002
+    transport.shards[0].delay_s = 0.01  # time for every sender to queue, on a busy machine too
     producer = Producer(transport, "jobs")
 
     def loop(n):
