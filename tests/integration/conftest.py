@@ -135,11 +135,14 @@ class ScriptLane:
         self._running: subprocess.Popen | None = None
         self._stopped = False
         self._temp_dir = ""
+        self._env: dict[str, str] | None = None
 
     def start(self, runs: list[ScriptRun]) -> None:
         if not runs:
             return
         self._temp_dir = tempfile.mkdtemp(prefix="rq-lane-", dir="/tmp")  # short: socket paths
+        # the environment as the run began: not what a test sets for a while meanwhile
+        self._env = {"RAY_DEDUP_LOGS": "0", **os.environ, "RAY_TMPDIR": self._temp_dir}
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="script-lane")
         for run in runs:
             self._runs[run] = pool.submit(self._run, run)
@@ -154,10 +157,8 @@ class ScriptLane:
 
         if self._stopped:
             raise RuntimeError(f"the test run ended before {run.name} started")
-        env = {**os.environ, "PYTHONPATH": ROOT, SINGLE_MACHINE_ENV: "0"}
+        env = {**(self._env or os.environ), "PYTHONPATH": ROOT, SINGLE_MACHINE_ENV: "0"}
         env.pop("RAY_ADDRESS", None)
-        if self._temp_dir:
-            env["RAY_TMPDIR"] = self._temp_dir
         data_dir = tempfile.mkdtemp(prefix="rq-script-") if run.data_dir else None
         argv = [sys.executable, os.path.join(SCRIPTS, run.name),
                 *([data_dir] if data_dir else []), *run.args]
