@@ -27,7 +27,7 @@ chromium:
 
 # Every Ray worker (an actor, a task) imports rayq anew: its bytecode is written here
 # once, where Python would otherwise compile it in each worker whenever it may not write
-# its cache (PYTHONDONTWRITEBYTECODE): a fifth of the CPU of a worker's start.
+# its cache (PYTHONDONTWRITEBYTECODE): about 0.2 s of CPU a worker.
 bytecode: $(STAMP)
 	$(PY) -m compileall -q rayq actors tests benchmarks >/dev/null
 

@@ -59,7 +59,7 @@ import msgpack
 
 from rayq.errors import InvalidMessage, MessageTooLarge
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # numpy is imported where an array is met: most processes never carry one
     import numpy
 
 VALUES_TAG = 3   # the first byte of a values body (beside model.py's body tags 0 to 2)
@@ -238,7 +238,7 @@ def _dtype_spec(dtype: numpy.dtype) -> Any:
 
 
 def _ndarray(enc: _Encoder, value: numpy.ndarray) -> msgpack.ExtType:
-    import numpy  # on first use: most processes never carry an array
+    import numpy
     spec = _dtype_spec(value.dtype)
     if value.flags.c_contiguous:
         order, flat = "C", value
@@ -252,7 +252,7 @@ def _ndarray(enc: _Encoder, value: numpy.ndarray) -> msgpack.ExtType:
 
 
 def _numpy_scalar(enc: _Encoder, value: numpy.generic) -> msgpack.ExtType:
-    import numpy  # on first use: most processes never carry an array
+    import numpy
     array = numpy.asarray(value)  # its dtype as an array holds it (b"" is one NUL byte)
     return msgpack.ExtType(NUMPY_SCALAR, msgpack.packb(
         [_dtype_spec(array.dtype), array.tobytes()], use_bin_type=True))
@@ -404,7 +404,7 @@ def _read_tz(tz: Any) -> datetime.tzinfo | None:
 
 
 def _read_ndarray(dec: _Decoder, data: bytes) -> numpy.ndarray:
-    import numpy  # on first use: most processes never carry an array
+    import numpy
     spec, shape, order, offset, length = _fields(data)
     dtype = _read_dtype(spec)
     if (not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape)
@@ -421,7 +421,7 @@ def _read_ndarray(dec: _Decoder, data: bytes) -> numpy.ndarray:
 
 
 def _read_dtype(spec: Any) -> numpy.dtype:
-    import numpy  # on first use: most processes never carry an array
+    import numpy
     if isinstance(spec, str):
         dtype = numpy.dtype(spec)
     elif isinstance(spec, list) and spec and spec[0] == "s":
@@ -438,7 +438,7 @@ def _read_dtype(spec: Any) -> numpy.dtype:
 
 
 def _read_numpy_scalar(dec: _Decoder, data: bytes) -> numpy.generic:
-    import numpy  # on first use: most processes never carry an array
+    import numpy
     spec, raw = _fields(data)
     dtype = _read_dtype(spec)
     if not isinstance(raw, bytes) or len(raw) != dtype.itemsize:
