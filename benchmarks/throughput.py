@@ -168,14 +168,29 @@ def depth_rows(depth: dict, budget_bytes: int, targets: bool = False) -> list[di
     ]
 
 
+def consumers_up(client: rayq.Client, count: int, timeout_s: float = 120.0) -> None:
+    """Wait until ``count`` consumers answer. rayq.start() returns once the shards and the
+    control actors serve; the consumers start behind it, and a figure measured meanwhile
+    would count their process starts (a few CPU-seconds on two cores) as its own."""
+    deadline = time.monotonic() + timeout_s
+    while len(client.consumer_stats()) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"fewer than {count} consumers up after {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
 @contextlib.contextmanager
 def runtime(config: rayq.Config, prefix: str = "rayq-bench-"):
-    """A private local Ray (2 CPUs) and a rayq runtime with data in a temporary directory;
-    yields (client, that directory); stops both and removes the directory after."""
+    """A private local Ray (2 CPUs) and a rayq runtime with data in a temporary directory,
+    its consumers up; yields (client, that directory); stops both and removes the
+    directory after."""
     root = tempfile.mkdtemp(prefix=prefix)
     ray.init(num_cpus=2, namespace="rayq", include_dashboard=False, log_to_driver=False)
     try:
-        yield rayq.start(data_dir=os.path.join(root, "data"), config=config), root
+        client = rayq.start(data_dir=os.path.join(root, "data"), config=config)
+        fewest = config.consumers.min_count
+        consumers_up(client, config.consumers.count if fewest is None else fewest)
+        yield client, root
     finally:
         rayq.shutdown()
         ray.shutdown()
