@@ -188,8 +188,7 @@ def runtime(config: rayq.Config, prefix: str = "rayq-bench-"):
     ray.init(num_cpus=2, namespace="rayq", include_dashboard=False, log_to_driver=False)
     try:
         client = rayq.start(data_dir=os.path.join(root, "data"), config=config)
-        fewest = config.consumers.min_count
-        consumers_up(client, config.consumers.count if fewest is None else fewest)
+        consumers_up(client, config.consumers.bounds[0])
         yield client, root
     finally:
         rayq.shutdown()

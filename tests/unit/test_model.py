@@ -18,8 +18,8 @@ from rayq.errors import InvalidMessage, MessageTooLarge, ReceiptInvalid
 
 
 def value_id(value) -> str:
-    """A test id that is the same in every process (the test run's workers each collect):
-    the value's repr, or its type where the repr holds an address."""
+    """A test id that is the same in every collection: the value's repr, or its type
+    where the repr holds an address."""
     text = repr(value)
     return type(value).__name__ if " at 0x" in text else text
 
