@@ -25,6 +25,7 @@ from rayq.analytics.report import STEPS, NoEvents, current_thresholds
 from rayq.analytics.warm import run_report
 from rayq.config import AnalyticsConfig, Config, ConsumerConfig
 from tests.integration.conftest import start_runtime, wait_until
+from tests.modes import exposed_under, modes_under
 
 T0 = 1_790_000_040.0   # on a minute boundary
 WINDOW_S = 60.0
@@ -216,6 +217,8 @@ def test_client_reports_flush_the_runtimes_events_count_real_tasks_and_find_spar
     assert second.events == read_events(os.path.join(data_dir, "events")).num_rows > first.events
     stats = analytics.stats()
     assert stats.spark and stats.reports == 2 and stats.events == second.events
+    # Spark ran inside the runtime and logged under <data_dir>/spark: its owner's alone too
+    assert "spark/spark.log" in modes_under(data_dir) and exposed_under(data_dir) == {}
     rayq.shutdown()
     wait_until(lambda: ANALYTICS not in ray.util.list_named_actors(), what="analytics actor gone")
 

@@ -13,6 +13,7 @@ from rayq.core.kit.kv import LmdbKV
 from rayq.core.kit.private import (check_private_dir, check_private_key, make_private_dir,
                                    prepare_data_dir)
 from rayq.errors import DataDirExposed, KeyExposed
+from tests.modes import exposed_under, modes_under
 
 
 @pytest.fixture
@@ -20,15 +21,6 @@ def open_umask():
     old = os.umask(0o022)  # the usual default: 0755 folders, 0644 files
     yield
     os.umask(old)
-
-
-def modes_under(root) -> dict[str, int]:
-    found = {}
-    for folder, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = os.path.join(folder, name)
-            found[os.path.relpath(path, root)] = stat.S_IMODE(os.lstat(path).st_mode)
-    return found
 
 
 def test_an_lmdb_store_and_its_account_keys_are_the_owners_alone(tmp_path, open_umask):
@@ -46,9 +38,7 @@ def test_event_log_folders_and_files_are_the_owners_alone(tmp_path, open_umask):
     log = EventLog(str(tmp_path / "events"), "shard-0")
     log.append(sorted(KINDS)[0], 1.0e9)
     assert log.flush() == 1
-    modes = modes_under(tmp_path / "events")
-    assert modes and all(mode == (0o700 if os.path.isdir(tmp_path / "events" / path) else 0o600)
-                         for path, mode in modes.items()), modes
+    assert modes_under(tmp_path / "events") and exposed_under(tmp_path / "events") == {}
 
 
 def test_a_missing_data_directory_is_made_private(tmp_path, open_umask):
