@@ -28,6 +28,7 @@ from tests.integration.conftest import start_runtime, wait_until
 from tests.modes import exposed_under, modes_under
 
 T0 = 1_790_000_040.0   # on a minute boundary
+IDLE_STOP_S = 20.0
 WINDOW_S = 60.0
 TENANTS, TYPES = ("acme", "globex", "initech"), ("report", "email")
 
@@ -185,27 +186,36 @@ def test_a_report_with_no_events_says_so(tmp_path):
         run_report(str(tmp_path / "none"), str(tmp_path / "out"), AnalyticsConfig())
 
 
-def test_client_reports_flush_the_runtimes_events_count_real_tasks_and_find_spark_warm(
+def test_client_reports_count_real_tasks_find_spark_warm_and_start_it_anew_once_it_idled(
         report, tmp_path_factory):
     from actors import analytics
 
+    # Spark stays warm for IDLE_STOP_S after a report: far longer than the few tasks run
+    # between the first two reports take, even on a loaded machine
     config = Config(consumers=ConsumerConfig(count=1, poll_wait_s=0.3),
-                    analytics=AnalyticsConfig(flush_interval_s=3600))  # only report() flushes
+                    analytics=AnalyticsConfig(flush_interval_s=3600,  # only report() flushes
+                                              idle_stop_s=IDLE_STOP_S))
     client, data_dir = start_runtime(tmp_path_factory, config, name="report-runtime")
 
     @rayq.task(type="double")
     def double(x):
         return 2 * x
 
-    def run(tenants: list[str]):
+    def complete(tenants: list[str]) -> None:
         refs = [client.submit(double, i, tenant=tenant) for i, tenant in enumerate(tenants)]
         assert ray.get(refs, timeout=60) == [2 * i for i in range(len(tenants))]
+
+    def run(tenants: list[str]):
+        complete(tenants)
         steps = []
         result = client.report(tmp_path_factory.mktemp("client-report"), progress=steps.append)
         rows = pq.read_table(result.tables["usage_by_tenant"]).to_pylist()
         return result, steps, {r["tenant"]: r["completed"] for r in rows}
 
-    first, first_steps, rows = run(["a" if i % 3 else "b" for i in range(30)])
+    first_tenants = ["a" if i % 3 else "b" for i in range(30)]
+    complete(first_tenants[:1])  # a task ran: the consumer holds its CPU
+    cpus = ray.available_resources().get("CPU", 0)  # what Spark's executor will give back
+    first, first_steps, rows = run(first_tenants[1:])
     assert rows == {"a": 20, "b": 10}
     kinds = read_events(os.path.join(data_dir, "events")).column("kind").to_pylist()
     assert kinds.count("enqueue") == 30 and kinds.count("completion") == 30
@@ -219,30 +229,19 @@ def test_client_reports_flush_the_runtimes_events_count_real_tasks_and_find_spar
     assert stats.spark and stats.reports == 2 and stats.events == second.events
     # Spark ran inside the runtime and logged under <data_dir>/spark: its owner's alone too
     assert "spark/spark.log" in modes_under(data_dir) and exposed_under(data_dir) == {}
-    rayq.shutdown()
-    wait_until(lambda: ANALYTICS not in ray.util.list_named_actors(), what="analytics actor gone")
-
-
-def test_an_idle_analytics_actor_releases_spark_and_the_next_report_starts_anew(
-        report, tmp_path_factory):
-    from actors import analytics
-
-    config = Config(consumers=ConsumerConfig(count=0),
-                    analytics=AnalyticsConfig(idle_stop_s=2.0))
-    client, data_dir = start_runtime(tmp_path_factory, config, name="idle-runtime")
-    synthetic_log(os.path.join(data_dir, "events"))
-    cpus = ray.available_resources().get("CPU", 0)
-    first = client.report(tmp_path_factory.mktemp("idle-report"))
+    # idle that long, the analytics actor gives Spark's executor back and exits; the next
+    # report starts Spark anew in a new one (RayDP starts Spark once per process)
     wait_until(lambda: ANALYTICS not in ray.util.list_named_actors(), timeout_s=120,
                what="the idle analytics actor to exit")
     wait_until(lambda: ray.available_resources().get("CPU", 0) >= cpus, timeout_s=60,
                what="Spark's executor CPU back")
     with pytest.raises(rayq.RuntimeFailure):
         analytics.stats()
-    steps = []
-    again = client.report(tmp_path_factory.mktemp("idle-report"), progress=steps.append)
-    assert steps[0].startswith("starting Spark") and again.events >= first.events
+    third, steps, rows = run(["d"])
+    assert steps[0].startswith("starting Spark") and rows == {"a": 20, "b": 10, "c": 8, "d": 1}
+    assert third.events > second.events
     rayq.shutdown()
+    wait_until(lambda: ANALYTICS not in ray.util.list_named_actors(), what="analytics actor gone")
 
 
 # -- the page as a person sees it: rendered by headless Chromium ---------------------------
