@@ -31,15 +31,33 @@ from rayq.errors import InvalidMessage, RayqError, RuntimeFailure
 log = logging.getLogger("rayq.channel")
 
 
+def socket_dir(home: str | None, name: str) -> str:
+    """A private folder for a socket: one per ``name`` and data directory ``home``, mode
+    0700, kept across restarts (a restarted actor binds in it again, so restarts leave
+    nothing behind); a fresh one if that folder is not ours alone, or ``home`` is None."""
+    key = None if home is None else hashlib.blake2b(os.path.abspath(home).encode(),
+                                                    digest_size=6).hexdigest()
+    prefix = f"rayq-{os.getuid()}-{key}-{name}"
+    if key is None:
+        return tempfile.mkdtemp(prefix=prefix + "-")
+    directory = os.path.join(tempfile.gettempdir(), prefix)
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        info = os.lstat(directory)
+        if not (stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+                and stat.S_IMODE(info.st_mode) == 0o700):
+            return tempfile.mkdtemp(prefix=prefix + "-")  # someone else's: not used
+    return directory
+
+
 class ChannelServer:
     """Serves ``methods`` of ``target`` (async methods taking ``auth=``) on a Unix socket."""
 
     def __init__(self, target: Any, methods: frozenset[str], name: str, home: str | None = None):
         """``home``: the data directory this server's shard keeps, which names its socket
         folder (None: a fresh folder each start)."""
-        self._target, self._name = target, name
-        self._key = None if home is None else hashlib.blake2b(
-            os.path.abspath(home).encode(), digest_size=6).hexdigest()
+        self._target, self._name, self._home = target, name, home
         self._methods = {m: Binder(inspect.signature(getattr(target, m))) for m in methods}
         self._server: asyncio.base_events.Server | None = None
         self._dir: str | None = None
@@ -52,7 +70,7 @@ class ChannelServer:
         """(host id, socket path), starting the server on first use."""
         async with self._starting:  # starting yields to the loop: others wait, not start
             if self._server is None:
-                directory = self._directory()
+                directory = socket_dir(self._home, self._name)
                 path = os.path.join(directory, "s")
                 if os.path.exists(path):
                     os.unlink(path)  # our previous incarnation's socket
@@ -79,23 +97,6 @@ class ChannelServer:
         kwargs = self._bind(method, args, kwargs, None if auth is None else Vouched.of(auth))
         running = getattr(self._target, method)(*args, **kwargs)
         return run_on(self._loop, running)
-
-    def _directory(self) -> str:
-        """The socket's folder: one per shard and data directory, mode 0700, kept across
-        restarts (a restarted shard binds in it again, so restarts leave nothing
-        behind); a fresh one if that folder is not ours alone."""
-        name = f"rayq-{os.getuid()}-{self._key}-{self._name}"
-        if self._key is None:
-            return tempfile.mkdtemp(prefix=name + "-")
-        directory = os.path.join(tempfile.gettempdir(), name)
-        try:
-            os.mkdir(directory, 0o700)
-        except FileExistsError:
-            info = os.lstat(directory)
-            if not (stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
-                    and stat.S_IMODE(info.st_mode) == 0o700):
-                return tempfile.mkdtemp(prefix=name + "-")  # someone else's: not used
-        return directory
 
     def close(self) -> None:
         """Stop listening and drop every connection: their unanswered calls fail with

@@ -4,18 +4,23 @@ sets collected and stamped, its calls to its followers and to the manager for
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
+import time
 from typing import Any
 
 import ray
 
+from rayq.channel import host_id
 from rayq.names import namespace
 from actors.data_nodes import published_places
 from rayq.config import Config
 from rayq.core.replication.shard_places import ShardPlace
 from rayq.core.replication.shard_places import one_copy
 from rayq.core.replication.shipping import OneCopy as _OneCopyShipper, Shipper
+from rayq.core.replication.stream import StreamClient
+from rayq.core.codec.frames import FrameTooLarge
 from rayq.errors import RuntimeFailure
 from rayq.core.kit.kv import LmdbKV, Write, WriteSet, inline_parts, pack_write_sets
 from rayq.core.kit.private import FILE_MODE, make_private_dir
@@ -30,14 +35,22 @@ def follower_name(index: int, node: str) -> str:
     return f"{FOLLOWER_PREFIX}{index}-{node}"
 
 
+STREAM_CONNECT_S = 2.0  # a follower's stream that does not answer this fast is not used
+STREAM_RETRY_S = 5.0    # ... and not tried again for this long: Ray carries the applies
+
+
 class RayPeers:
     """Followers by name (``rayq-follower-<shard>-<node>``), each call tried once; the
     manager with the runtime's retries, found again when it moved (a call to a manager
-    lost with its node fails once the manager is replaced, and goes to the new one)."""
+    lost with its node fails once the manager is replaced, and goes to the new one).
+    Write sets go over each follower's stream (:mod:`rayq.core.replication.stream`),
+    through Ray while it cannot be reached."""
 
     def __init__(self, index: int):
         self.index = index
         self._followers: dict[str, object] = {}
+        self._streams: dict[str, StreamClient] = {}
+        self._stream_retry_at: dict[str, float] = {}
         self._manager = manager_link()
 
     def _follower(self, node: str):
@@ -50,6 +63,10 @@ class RayPeers:
     def forget(self, node: str) -> None:
         """Look ``node``'s follower up anew next time (the manager started another)."""
         self._followers.pop(node, None)
+        self._stream_retry_at.pop(node, None)
+        stream = self._streams.pop(node, None)
+        if stream is not None:
+            stream.close()
 
     async def _call(self, node: str, method: str, *args) -> Any:
         try:
@@ -63,8 +80,36 @@ class RayPeers:
         return await self._call(node, "state")
 
     async def apply(self, node: str, epoch: int, first_seq: int, sets: list[WriteSet]) -> int:
-        return await self._call(node, "apply", epoch, first_seq,
-                                *inline_parts(pack_write_sets(sets)))
+        packed = pack_write_sets(sets)
+        stream = await self._stream(node)
+        if stream is not None:
+            try:
+                return await stream.call("apply", epoch, first_seq, packed)
+            except FrameTooLarge:
+                pass  # Ray carries it
+            except BaseException:
+                self.forget(node)
+                raise
+        return await self._call(node, "apply", epoch, first_seq, *inline_parts(packed))
+
+    async def _stream(self, node: str) -> StreamClient | None:
+        """``node``'s follower's stream, connected at first use; None while it cannot be
+        reached (tried again STREAM_RETRY_S later)."""
+        stream = self._streams.get(node)
+        if stream is not None and not stream.closed:
+            return stream
+        if time.monotonic() < self._stream_retry_at.get(node, 0.0):
+            return None
+        try:
+            follower = self._follower(node)
+            address = await asyncio.wait_for(
+                call_async(lambda: follower.stream.remote(host_id()), NO_RETRY),
+                STREAM_CONNECT_S)
+            stream = self._streams[node] = await StreamClient.connect(address, STREAM_CONNECT_S)
+            return stream
+        except Exception:
+            self._stream_retry_at[node] = time.monotonic() + STREAM_RETRY_S
+            return None
 
     async def shrink(self, node: str, epoch: int) -> ShardPlace:
         return await call_async(

@@ -50,6 +50,9 @@ def test_each_shard_has_a_leader_and_an_in_sync_follower_on_another_node(cluster
             assert f"shard-{shard}" in result["folders"][node]
         assert result["roles"][shard] == [replicas[0], "leader"]
     assert sum(result["applied"].values()) >= 1  # the followers applied the leaders' writes
+    # over the followers' streams (a Unix socket: every simulated node is on this host),
+    # not a Ray call each
+    assert sum(a["stream"] for a in result["applies"].values()) >= 1, result["applies"]
 
 
 def test_every_acknowledged_message_survives_a_data_node_killed_with_its_folder(cluster_run):

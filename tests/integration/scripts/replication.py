@@ -173,10 +173,11 @@ def copies(cluster, nodes, data_dir) -> dict:
     roles = {s.index: (s.node, s.role) for s in client.stats()}
     places = {k: [list(p.replicas), list(p.in_sync), p.epoch]
               for k, p in shard_places().items()}
-    applied = {k: ray.get(ray.get_actor(f"rayq-follower-{k}-{p[1][1]}").state.remote())[1]
-               for k, p in places.items()}
+    followers = {k: ray.get_actor(f"rayq-follower-{k}-{p[1][1]}") for k, p in places.items()}
+    applied = {k: ray.get(f.state.remote())[1] for k, f in followers.items()}
     received = drain(queue, acked)
     return {"roles": roles, "places": places, "folders": folders(data_dir), "applied": applied,
+            "applies": {k: ray.get(f.applies.remote()) for k, f in followers.items()},
             "acked": len(acked), "lost": len(acked - received)}
 
 
