@@ -135,7 +135,7 @@ class ShardActor(GatedActor):
         self._dedicated_turns, self._dedicated_every = 0, config.flood.dedicated_turn_every
         self.store.set_flooder_puts(FlooderPuts.of(config.flood))  # spill, throttle or block
         # replication (docs/replication.md); with one copy nothing is recorded
-        self.replication = replication_of(self.index, path, self.store.kv, config)
+        self.replication = replication_of(self.index, path, self.store.kv, config, self.clock)
         self.shipper = self.replication.shipper
 
     async def seed(self, node: str) -> int:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import time
 from typing import Any
 
 import ray
@@ -16,6 +15,7 @@ from rayq.channel import host_id
 from rayq.names import namespace
 from actors.data_nodes import published_places
 from rayq.config import Config
+from rayq.core.kit.clock import Clock
 from rayq.core.replication.shard_places import ShardPlace
 from rayq.core.replication.shard_places import one_copy
 from rayq.core.replication.shipping import OneCopy as _OneCopyShipper, Shipper
@@ -46,8 +46,8 @@ class RayPeers:
     Write sets go over each follower's stream (:mod:`rayq.core.replication.stream`),
     through Ray while it cannot be reached."""
 
-    def __init__(self, index: int):
-        self.index = index
+    def __init__(self, index: int, clock: Clock):
+        self.index, self._clock = index, clock
         self._followers: dict[str, object] = {}
         self._streams: dict[str, StreamClient] = {}
         self._stream_retry_at: dict[str, float] = {}
@@ -98,7 +98,7 @@ class RayPeers:
         stream = self._streams.get(node)
         if stream is not None and not stream.closed:
             return stream
-        if time.monotonic() < self._stream_retry_at.get(node, 0.0):
+        if self._clock.monotonic() < self._stream_retry_at.get(node, 0.0):
             return None
         try:
             follower = self._follower(node)
@@ -108,7 +108,7 @@ class RayPeers:
             stream = self._streams[node] = await StreamClient.connect(address, STREAM_CONNECT_S)
             return stream
         except Exception:
-            self._stream_retry_at[node] = time.monotonic() + STREAM_RETRY_S
+            self._stream_retry_at[node] = self._clock.monotonic() + STREAM_RETRY_S
             return None
 
     async def shrink(self, node: str, epoch: int) -> ShardPlace:
@@ -144,13 +144,14 @@ async def send_copy(index: int, node: str, folder: str, epoch: int, seq: int) ->
     await call_async(lambda: follower.end_seed.remote(epoch, seq), NO_RETRY)
 
 
-def replication_of(index: int, path: str, kv: LmdbKV, config: Config) -> "Replication | OneCopy":
+def replication_of(index: int, path: str, kv: LmdbKV, config: Config,
+                   clock: Clock) -> "Replication | OneCopy":
     """The leader's replication, unless the shard keeps one copy (the embedded runtime,
     ``replicas=1``) or was never placed: then nothing is recorded or changes."""
     place = published_places().get(index)
     if one_copy(place, config.store.replicas):
         return OneCopy()
-    return Replication(index, path, kv, place, config.store.min_in_sync)
+    return Replication(index, path, kv, place, config.store.min_in_sync, clock)
 
 
 class OneCopy:
@@ -172,7 +173,8 @@ class Replication:
     """Write sets collected on the store thread (in commit order), one per group commit
     with the sequence number the group stamps durably; shipped by :attr:`shipper`."""
 
-    def __init__(self, index: int, path: str, kv: LmdbKV, place: ShardPlace, min_in_sync: int):
+    def __init__(self, index: int, path: str, kv: LmdbKV, place: ShardPlace, min_in_sync: int,
+                 clock: Clock):
         self.index, self.path, self.kv = index, path, kv
         _, self.seq = read_replica_state(kv.read(lambda txn: txn.get("meta", REPLICA_KEY)))
         # the store's scalars as it opened them (written before anything was watched) go
@@ -180,7 +182,7 @@ class Replication:
         self._unshipped: list = [tuple(Write("meta", k, v) for k, v in kv.read(
             lambda txn: list(txn.scan("meta", b""))))]
         kv.watch(self._unshipped.append)
-        self.shipper = Shipper(index, place, self.seq, min_in_sync, RayPeers(index))
+        self.shipper = Shipper(index, place, self.seq, min_in_sync, RayPeers(index, clock))
 
     def stamp(self, txn) -> None:
         """In the group's transaction: its sequence number, durable with it (a
