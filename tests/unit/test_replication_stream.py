@@ -11,8 +11,9 @@ import threading
 import pytest
 
 from rayq.core.codec.frames import HEADER, MAX_FRAME_BYTES, FrameTooLarge, encode_request
-from rayq.core.replication.stream import (MAC_BYTES, NONCE_BYTES, TO_FOLLOWER, StreamClient,
-                                          StreamLost, StreamServer, frame_mac, new_key)
+from rayq.core.replication.stream import (HELLO, MAC_BYTES, NONCE_BYTES, TO_FOLLOWER,
+                                          StreamClient, StreamLost, StreamServer, frame_mac,
+                                          new_key)
 from rayq.errors import StaleEpoch
 
 ANSWER_S = 10.0  # bounds a hang only: every call here answers at once or is released
@@ -138,6 +139,12 @@ def test_a_leader_without_the_key_is_dropped_before_its_frame_is_read(tcp_server
             await stream.call("apply", 1, 1, b"forged")
     run(talk())
     assert follower.applied == []
+    # a stranger that claims a frame of MAX_FRAME_BYTES is dropped at its first bytes:
+    # nothing of that size is read or held for it
+    with socket.create_connection(("127.0.0.1", tcp_server.port), timeout=ANSWER_S) as sock:
+        sock.recv(NONCE_BYTES, socket.MSG_WAITALL)
+        sock.sendall(HEADER.pack(MAX_FRAME_BYTES) + b"\0" * (MAC_BYTES - HEADER.size))
+        assert sock.recv(1 << 16) == b""
 
 
 def raw_frames(server, key: bytes, frames: list[bytes], nonce: bytes | None = None) -> bytes:
@@ -145,6 +152,7 @@ def raw_frames(server, key: bytes, frames: list[bytes], nonce: bytes | None = No
     connection's own) and numbered from 0; what came back."""
     with socket.create_connection(("127.0.0.1", server.port), timeout=ANSWER_S) as sock:
         own = sock.recv(NONCE_BYTES, socket.MSG_WAITALL)
+        sock.sendall(frame_mac(key, own, 0, HELLO, b""))
         for number, frame in enumerate(frames):
             sock.sendall(frame + frame_mac(key, own if nonce is None else nonce, number,
                                            TO_FOLLOWER, frame))
@@ -166,6 +174,7 @@ def test_a_frame_replayed_on_another_connection_or_out_of_order_fails_its_mac(
     # the first frame of a connection MAC'd as its second: out of order
     with socket.create_connection(("127.0.0.1", tcp_server.port), timeout=ANSWER_S) as sock:
         nonce = sock.recv(NONCE_BYTES, socket.MSG_WAITALL)
+        sock.sendall(frame_mac(tcp_server.key, nonce, 0, HELLO, b""))
         sock.sendall(two + frame_mac(tcp_server.key, nonce, 1, TO_FOLLOWER, two))
         assert sock.recv(1 << 16) == b""
     assert follower.applied == [b"one"]

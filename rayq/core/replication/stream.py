@@ -12,9 +12,11 @@ Frames are the local channel's (:mod:`rayq.core.codec.frames`), each followed by
 when the stream crosses the network: 16 bytes of BLAKE2b keyed with the follower's
 stream key (32 random bytes it makes at start and hands out only through Ray, to a
 caller Ray let in), over the connection's nonce (16 random bytes the follower sends
-first), the frame's direction and its number on the connection. A stranger's frame, a
-replayed one, one out of order or one of another connection fails the check, and the
-follower drops the connection before it reads the frame. A Unix socket needs no MAC:
+first), the frame's direction and its number on the connection. Before any frame the
+leader proves it holds the key (a MAC of the nonce alone, within HELLO_TIMEOUT_S): a
+stranger is dropped before the follower reads a frame of its, however large it claims
+to be. A replayed frame, one out of order or one of another connection fails its MAC,
+and the follower drops the connection before it acts on it. A Unix socket needs no MAC:
 only the user that runs Ray may enter its folder (mode 0700), as only it may read the
 LMDB files.
 
@@ -52,7 +54,8 @@ NONCE_BYTES = 16
 MAC_BYTES = 16
 KEY_BYTES = 32
 _NUMBER = struct.Struct(">QB")  # a frame's number on its connection, and its direction
-TO_FOLLOWER, TO_LEADER = 0, 1
+TO_FOLLOWER, TO_LEADER, HELLO = 0, 1, 2
+HELLO_TIMEOUT_S = 10.0  # a TCP peer that has not proved it holds the key by then is dropped
 
 
 def new_key() -> bytes:
@@ -140,6 +143,8 @@ class StreamServer:
         nonce = os.urandom(NONCE_BYTES)
         try:
             connection.sendall(nonce)
+            if self._key is not None:
+                self._greet(connection, nonce)
             for number in itertools.count():
                 frame = self._read_frame(connection, nonce, number)
                 if frame is None:
@@ -156,6 +161,14 @@ class StreamServer:
             with self._lock:
                 self._connections.discard(connection)
             _shut(connection)
+
+    def _greet(self, connection: socket.socket, nonce: bytes) -> None:
+        """The leader's proof that it holds the key, before any frame is read."""
+        connection.settimeout(HELLO_TIMEOUT_S)
+        hello = _read_exactly(connection, MAC_BYTES, whole=True)
+        if not hmac.compare_digest(hello, frame_mac(self._key, nonce, 0, HELLO, b"")):
+            raise FrameError("a peer without the stream's key")
+        connection.settimeout(None)
 
     def _read_frame(self, connection: socket.socket, nonce: bytes, number: int) -> bytes | None:
         """The next request frame (header included), its MAC checked; None at the end."""
@@ -229,6 +242,8 @@ class StreamClient:
         except BaseException:
             writer.close()
             raise
+        if key is not None:
+            writer.write(frame_mac(key, nonce, 0, HELLO, b""))
         return cls(reader, writer, nonce, key)
 
     async def call(self, method: str, *args: Any) -> Any:
