@@ -91,26 +91,47 @@ class KV(Protocol):
 def apply_writes(txn: Txn, writes: Iterable[Write | Rewrite]) -> None:
     """Replay a write set in ``txn``, in its order. StoreError when a :class:`Rewrite`
     finds no value at its source, or one of another length: this copy does not hold
-    what the writer held."""
+    what the writer held.
+
+    Puts that follow each other into one table go in one ``putmulti`` (a C loop): the
+    same puts in the same order. A put of 500 messages records its rows, then their
+    expiry entries; a receive its moves, then the expiry entries of their new keys."""
+    puts: list[tuple[bytes, bytes]] = []
+    into = ""  # the table of the puts gathered
     for write in writes:
-        if len(write) == 3:
+        if len(write) == 3 and write[2] is not None:
             table, key, value = write
-            if value is None:
-                txn.delete(table, key)
-            else:
-                txn.put(table, key, value)
+            if table != into:
+                if puts:
+                    txn.putmulti(into, puts)
+                    puts = []
+                into = table
+            puts.append((key, value))
             continue
-        table, key, head, source, size = write
-        old = txn.get(table, source)
-        if old is None:
-            raise StoreError(f"a replayed move finds nothing at {table} {bytes(source).hex()}")
-        value = head + old[len(head):]
-        if len(value) != size:
-            raise StoreError(f"a replayed move of {table} {bytes(source).hex()} makes "
-                             f"{len(value)} bytes, the writer's {size}")
-        if source != key:
-            txn.delete(table, source)
-        txn.put(table, key, value)
+        if puts:
+            txn.putmulti(into, puts)
+            puts = []
+        if len(write) == 3:
+            txn.delete(write[0], write[1])
+        else:
+            _replay_move(txn, *write)
+    if puts:
+        txn.putmulti(into, puts)
+
+
+def _replay_move(txn: Txn, table: str, key: bytes, head: bytes, source: bytes,
+                 size: int) -> None:
+    """One :class:`Rewrite`, from this copy's own value at ``source``."""
+    old = txn.get(table, source)
+    if old is None:
+        raise StoreError(f"a replayed move finds nothing at {table} {bytes(source).hex()}")
+    value = head + old[len(head):]
+    if len(value) != size:
+        raise StoreError(f"a replayed move of {table} {bytes(source).hex()} makes "
+                         f"{len(value)} bytes, the writer's {size}")
+    if source != key:
+        txn.delete(table, source)
+    txn.put(table, key, value)
 
 
 def recorded_moves(db: str, moves: list[tuple[bytes, bytes, bytes]],
