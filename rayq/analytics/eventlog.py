@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import json
+import math
 import os
 import sys
 import threading
@@ -64,7 +65,7 @@ class EventLog:
         subqueue, type, tenant, key, seqs; ids ``id_of(seq)``), as columns."""
         by_hour: dict[str, list] = defaultdict(list)
         for group in groups:
-            by_hour[_partition(_moment(group.at))].append(group)
+            by_hour[_partition_at(group.at)].append(group)
         tables = [(partition, _enqueue_table(id_of, part)) for partition, part in by_hour.items()]
         with self._lock:
             self._tables.extend(tables)
@@ -130,8 +131,30 @@ def _moment(ts: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(ts, dt.timezone.utc)
 
 
+def _micros(ts: float) -> int:
+    """``_moment(ts)`` in µs since the epoch, without a datetime: rounded as
+    ``datetime.fromtimestamp`` rounds (the fraction alone, half to even)."""
+    fraction, whole = math.modf(ts)
+    return int(whole) * 1_000_000 + round(fraction * 1_000_000)
+
+
 def _partition(moment: dt.datetime) -> str:
     return moment.strftime("date=%Y-%m-%d/hour=%H")
+
+
+_HOURS: dict[int, str] = {}  # partition by hour since the epoch: formatted once each
+
+
+def _partition_at(ts: float) -> str:
+    """``_partition(_moment(ts))``, for every enqueue group of a put (a put from eight
+    threads of eight tenants makes eight): the hour's name is formatted once."""
+    hour = int(ts // 3600)
+    name = _HOURS.get(hour)
+    if name is None:
+        if len(_HOURS) >= 48:
+            _HOURS.clear()
+        name = _HOURS[hour] = _partition(_moment(hour * 3600))
+    return name
 
 
 def _enqueue_table(id_of: Callable[[int], str], groups: list) -> pa.Table:
@@ -143,7 +166,7 @@ def _enqueue_table(id_of: Callable[[int], str], groups: list) -> pa.Table:
     total = sum(g.count for g in groups)
     columns = {
         "schema_version": pa.array([SCHEMA_VERSION] * total, pa.int16()),
-        "ts": pa.array(repeated(lambda g: _moment(g.at)), pa.timestamp("us", tz="UTC")),
+        "ts": pa.array(repeated(lambda g: _micros(g.at)), pa.timestamp("us", tz="UTC")),
         "kind": pa.array(["enqueue"] * total, pa.string()),
         "subqueue": pa.array(repeated(lambda g: g.subqueue), pa.int64()),
         "tenant": pa.array(repeated(lambda g: g.tenant), pa.string()),

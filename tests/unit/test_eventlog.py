@@ -40,6 +40,24 @@ def test_enqueue_groups_become_one_event_per_message_with_their_ids(tmp_path):
     assert partitions == ["hour=17", "hour=18"]  # each hour's events in one file
 
 
+def test_an_enqueue_carries_the_time_and_hour_a_dict_event_of_that_moment_does(tmp_path):
+    moments = [HOUR_END, HOUR_END + 0.5, 1_764_400_000.123_456_7, 1_764_403_199.999_999_4,
+               1_700_000_000.000_000_5]
+    log = EventLog(tmp_path, "shard-0")
+    log.append_enqueues(lambda seq: f"ab12-{seq:x}",
+                        [Enqueued(ts, 1, "t", "a", "t", (n,)) for n, ts in enumerate(moments)])
+    for n, ts in enumerate(moments):
+        log.append("completion", ts, message_id=f"ab12-{n:x}")
+    log.flush()
+    by_kind: dict[str, dict[str, dt.datetime]] = {}
+    for event in read_events(tmp_path).to_pylist():
+        by_kind.setdefault(event["kind"], {})[event["message_id"]] = event["ts"]
+    assert by_kind["enqueue"] == by_kind["completion"] and len(by_kind["enqueue"]) == 5
+    partitions = {p.parent.parent.name + "/" + p.parent.name: len(read_events(p.parent))
+                  for p in tmp_path.rglob("*.parquet")}
+    assert sum(partitions.values()) == 10 and all(n % 2 == 0 for n in partitions.values())
+
+
 def test_nothing_buffered_writes_nothing(tmp_path):
     log = EventLog(tmp_path, "shard-0")
     log.append_enqueues(lambda seq: f"ab12-{seq:x}", [])
