@@ -48,6 +48,8 @@ class ThreadBatcher:
         self._batcher, self._flush = batcher, flush
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
+        self._lingering = 0  # leaders waiting for callers (Batcher.linger)
+        self._awaited = 0    # the fewest pending callers one of them waits for
 
     def __len__(self) -> int:
         """Calls waiting for a flush."""
@@ -66,7 +68,8 @@ class ThreadBatcher:
         slot = _Slot()
         with self._lock:
             slot.lead = self._batcher.add(item, slot)
-            self._arrived.notify()
+            if self._lingering and len(self._batcher) >= self._awaited:
+                self._arrived.notify_all()  # once they are there, not once per caller
         while True:  # flags are read after each wake-up is cleared: none is lost
             with self._lock:  # lead and done at once (see the class docstring)
                 lead, done = slot.lead, slot.done
@@ -88,7 +91,12 @@ class ThreadBatcher:
             linger = self._batcher.linger(MAX_LINGER_S)
             if linger is not None:
                 callers, seconds = linger
-                self._arrived.wait_for(lambda: len(self._batcher) >= callers, seconds)
+                self._awaited = min(self._awaited, callers) if self._lingering else callers
+                self._lingering += 1
+                try:
+                    self._arrived.wait_for(lambda: len(self._batcher) >= callers, seconds)
+                finally:
+                    self._lingering -= 1
             batch = self._batcher.take()
         if batch is None:
             return
