@@ -350,9 +350,12 @@ class Ledger:
         ``visible_us``. Returns (new key, nonce, header, subqueue, key id, seq) of each,
         in order."""
         out, moved, expiry = [], [], []
-        ordered, now_us = self.index.ordered, self.now_us
+        per_key: dict[tuple[int, int], int] = {}  # rows taken of each (subqueue, key)
+        ordered, now_us, flights = self.index.ordered, self.now_us, self.flights
         for i, (row_key, value) in enumerate(found):
             sq, kid, _, seq = layout.parse_row_key(row_key)
+            pair = (sq, kid)
+            per_key[pair] = per_key.get(pair, 0) + 1
             meta = layout.meta(value)
             nonce = nonces[8 * i:8 * i + 8]
             new_value = layout.redelivered(value, meta.dequeue_count + 1, nonce,
@@ -365,11 +368,12 @@ class Ledger:
                 new_key = self.placed_key(sq, kid, visible_us, seq, meta.flags)
             moved.append((row_key, new_key, new_value))
             expiry.append((layout.expiry_key(meta.expires_us, seq), new_key))
-            self.uncached.append(row_key)
-            self.heads.add((sq, kid))
-            self.flights.append(_took((row_key, new_key, sq, kid, visible_us)))
-            self._taken[(sq, kid)] += 1
+            flights.append(_took((row_key, new_key, sq, kid, visible_us)))
             out.append((new_key, nonce, meta, sq, kid, seq))
+        self.uncached.extend([row_key for row_key, _ in found])
+        for pair, taken in per_key.items():
+            self.heads.add(pair)
+            self._taken[pair] += taken
         self.txn.move_many("rows", moved, layout.REDELIVERED_AT)
         self.txn.putmulti("expiry", expiry)
         return out
