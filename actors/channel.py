@@ -1,10 +1,14 @@
-"""The shard's end of the local channel (:mod:`rayq.core.codec.frames`): a Unix socket
-server on the actor's own event loop.
+"""The shard's end of the channel (:mod:`rayq.core.codec.frames`): a Unix socket server
+on the actor's own event loop for clients on its host, and a TCP server on its node's
+address for clients on other hosts.
 
 Each request runs the same async method a Ray call would run (the gate's checks
 included), as its own task, so a parked long poll does not hold up the requests
 behind it. The socket lives in a fresh 0700 directory: only the user that runs
-Ray can connect, as only it can reach the LMDB files.
+Ray can connect, as only it can reach the LMDB files. Over TCP every frame is keyed
+(:mod:`rayq.core.codec.keyed`) with a key the shard makes at start and hands out only
+through Ray (the ``channel`` call), to callers Ray let in; the signed requests are
+checked by the gate as over any path.
 """
 
 from __future__ import annotations
@@ -12,12 +16,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import hashlib
+import hmac
 import inspect
+import itertools
 import logging
 import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 from rayq.channel import host_id, run_on, serve_in_process
@@ -26,6 +33,8 @@ from rayq.core.auth.gate import Vouched
 from rayq.core.auth.operations import Binder
 from rayq.core.codec.frames import (HEADER, MAX_FRAME_BYTES, FrameError, decode_request,
                               encode_failure, encode_reply)
+from rayq.core.codec.keyed import (ANSWER, HELLO_TIMEOUT_S, MAC_BYTES, NONCE_BYTES, REQUEST,
+                                   checks, frame_mac, hello, new_key)
 from rayq.errors import InvalidMessage, RayqError, RuntimeFailure
 
 log = logging.getLogger("rayq.channel")
@@ -52,23 +61,40 @@ def socket_dir(home: str | None, name: str) -> str:
 
 
 class ChannelServer:
-    """Serves ``methods`` of ``target`` (async methods taking ``auth=``) on a Unix socket."""
+    """Serves ``methods`` of ``target`` (async methods taking ``auth=``) on a Unix socket,
+    and on TCP at ``tcp_host()`` (an address of this node) once a caller on another host
+    asks where it listens."""
 
-    def __init__(self, target: Any, methods: frozenset[str], name: str, home: str | None = None):
+    def __init__(self, target: Any, methods: frozenset[str], name: str, home: str | None = None,
+                 tcp_host: Callable[[], str] | None = None):
         """``home``: the data directory this server's shard keeps, which names its socket
-        folder (None: a fresh folder each start)."""
+        folder (None: a fresh folder each start). ``tcp_host`` None: no TCP server."""
         self._target, self._name, self._home = target, name, home
         self._methods = {m: Binder(inspect.signature(getattr(target, m))) for m in methods}
         self._server: asyncio.base_events.Server | None = None
         self._dir: str | None = None
+        self._tcp_host, self._key = tcp_host, new_key()
+        self._tcp: asyncio.base_events.Server | None = None
         self._starting = asyncio.Lock()  # concurrent first asks start one server
         self._tasks: set[asyncio.Task] = set()
         self._writers: set[asyncio.StreamWriter] = set()
         self._loop: asyncio.AbstractEventLoop | None = None  # the shard's, once serve_here ran
 
-    async def address(self) -> tuple[str, str]:
-        """(host id, socket path), starting the server on first use."""
+    async def address(self, caller_host: str | None = None) -> tuple[str, Any]:
+        """(host id, where to connect), starting the server on first use: the Unix
+        socket's path for a caller on this host (``caller_host`` None or this host's id);
+        for one on another host ("tcp", address, port, key) when this server has TCP,
+        else None (Ray carries its calls)."""
+        here = host_id()
         async with self._starting:  # starting yields to the loop: others wait, not start
+            if caller_host is not None and caller_host != here:
+                if self._tcp_host is None:
+                    return here, None
+                if self._tcp is None:
+                    self._tcp = await asyncio.start_server(self._serve_keyed, self._tcp_host(),
+                                                           0, limit=1 << 20)
+                address, port = self._tcp.sockets[0].getsockname()[:2]
+                return here, ("tcp", address, port, self._key)
             if self._server is None:
                 directory = socket_dir(self._home, self._name)
                 path = os.path.join(directory, "s")
@@ -77,7 +103,7 @@ class ChannelServer:
                 self._server = await asyncio.start_unix_server(self._serve, path,
                                                                limit=1 << 20)
                 self._dir = directory
-        return host_id(), os.path.join(self._dir, "s")
+        return here, os.path.join(self._dir, "s")
 
     async def serve_here(self) -> str:
         """Let this process's own links to the shard call it in-process
@@ -101,22 +127,49 @@ class ChannelServer:
     def close(self) -> None:
         """Stop listening and drop every connection: their unanswered calls fail with
         ChannelLost at the client, as when the shard dies."""
-        if self._server is not None:
-            self._server.close()
+        for server in (self._server, self._tcp):
+            if server is not None:
+                server.close()
         for writer in list(self._writers):
             writer.close()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self._serve_peer(reader, _Peer(writer))
+
+    async def _serve_keyed(self, reader: asyncio.StreamReader,
+                           writer: asyncio.StreamWriter) -> None:
+        """A TCP connection: its nonce sent, the caller's proof that it holds the key read
+        within HELLO_TIMEOUT_S, before any frame of its."""
+        nonce = os.urandom(NONCE_BYTES)
+        writer.write(nonce)
+        try:
+            proof = await asyncio.wait_for(reader.readexactly(MAC_BYTES), HELLO_TIMEOUT_S)
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
+            writer.close()
+            return
+        if not hmac.compare_digest(proof, hello(self._key, nonce)):
+            log.warning("%s channel: dropping a peer without the channel's key", self._name)
+            writer.close()
+            return
+        await self._serve_peer(reader, _Peer(writer, self._key, nonce))
+
+    async def _serve_peer(self, reader: asyncio.StreamReader, peer: "_Peer") -> None:
+        writer = peer.writer
         self._writers.add(writer)
         try:
-            while True:
-                (size,) = HEADER.unpack(await reader.readexactly(HEADER.size))
+            for number in itertools.count():
+                header = await reader.readexactly(HEADER.size)
+                (size,) = HEADER.unpack(header)
                 if size > MAX_FRAME_BYTES:
                     raise FrameError(f"a frame of {size} bytes")
                 body = await reader.readexactly(size)
-                task = asyncio.create_task(self._answer(body, writer))
+                if peer.key is not None:
+                    mac = await reader.readexactly(MAC_BYTES)
+                    if not checks(mac, peer.key, peer.nonce, number, REQUEST, header, body):
+                        raise FrameError("a frame whose MAC does not check")
+                task = asyncio.create_task(self._answer(body, peer))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -144,22 +197,22 @@ class ChannelServer:
             raise InvalidMessage(f"{method}: auth travels in the frame, not as an argument")
         return kwargs
 
-    async def _answer(self, body: bytes, writer: asyncio.StreamWriter) -> None:
+    async def _answer(self, body: bytes, peer: "_Peer") -> None:
         try:
             call_id, method, args, kwargs, auth = decode_request(body)
         except FrameError as err:
             log.warning("%s channel: %s", self._name, err)
-            writer.close()
+            peer.writer.close()
             return
         try:
             kwargs = self._bind(method, args, kwargs, auth)
             reply = encode_reply(call_id, await getattr(self._target, method)(*args, **kwargs))
         except Exception as err:
             reply = self._failure(call_id, method, err)
-        if not writer.is_closing():
-            writer.write(reply)
+        if not peer.writer.is_closing():
+            peer.send(reply)
             try:
-                await writer.drain()
+                await peer.writer.drain()
             except ConnectionError:
                 pass  # the client went away while its answer was on the way
 
@@ -174,3 +227,22 @@ class ChannelServer:
                 pass
         log.exception("%s channel: %s failed", self._name, method)
         return encode_failure(call_id, RuntimeFailure(f"runtime call failed: {err!r}"))
+
+
+class _Peer:
+    """One connection's writer; keyed (TCP), its answers carry their MACs, numbered in
+    the order they are written (on the event loop: one at a time)."""
+
+    __slots__ = ("writer", "key", "nonce", "_answers")
+
+    def __init__(self, writer: asyncio.StreamWriter, key: bytes | None = None,
+                 nonce: bytes = b""):
+        self.writer, self.key, self.nonce = writer, key, nonce
+        self._answers = itertools.count()
+
+    def send(self, reply: bytes) -> None:
+        if self.key is None:
+            self.writer.write(reply)
+        else:
+            self.writer.writelines(
+                (reply, frame_mac(self.key, self.nonce, next(self._answers), ANSWER, reply)))

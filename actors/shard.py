@@ -119,7 +119,9 @@ class ShardActor(GatedActor):
         self._commits = self._calls = 0
         self._desk = DeskTeller(index, self.clock)  # where the refs of submits wait (actors/outcomes.py)
         self.metrics = ShardMetrics(index)
-        self._channel = ChannelServer(self, CHANNEL_METHODS, f"shard-{index}", path)
+        self._channel = ChannelServer(
+            self, CHANNEL_METHODS, f"shard-{index}", path,
+            ray.util.get_node_ip_address if config.store.remote_channel else None)
         self._handed = Host()  # the connections handed to this shard (door)
         self._run_every(EXPIRY_INTERVAL_S, "housekeeping", self._collect_expired)
         self._run_every(REVIEW_INTERVAL_S, "dispatch review", self._review_dispatch)
@@ -501,9 +503,12 @@ class ShardActor(GatedActor):
         """Close the door and every connection handed here (their endpoint stopped)."""
         await self._handed.close()
 
-    async def channel(self) -> tuple[str, str]:
-        """(host id, socket path) of this shard's local channel (rayq.channel)."""
-        return await self._channel.address()
+    async def channel(self, caller_host: str | None = None) -> tuple[str, Any]:
+        """(host id, where a caller on ``caller_host`` reaches this shard's channel):
+        the Unix socket's path on this host; on another, ("tcp", address, port, key) on
+        this node's address (None when ``StoreConfig.remote_channel`` is off). Answered
+        through Ray only, so only a caller Ray let in learns the key (rayq.channel)."""
+        return await self._channel.address(caller_host)
 
     @signed(SHARD_OPS["noisy"])
     async def noisy(self, *, caller: Caller) -> list[NoisyKey]:

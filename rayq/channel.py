@@ -1,8 +1,11 @@
-"""The client's end of the local channel (:mod:`rayq.core.codec.frames`).
+"""The client's end of the channel (:mod:`rayq.core.codec.frames`).
 
 A :class:`ShardLink` stands where a shard's actor handle stood. Its hot methods
 (:data:`CHANNEL_METHODS`) go over the shard's Unix socket when the shard runs on
-this host, and through Ray otherwise; every other method is the handle's own.
+this host, over TCP to the shard's node, every frame keyed
+(:mod:`rayq.core.codec.keyed`), when it runs on another host, and through Ray when
+neither is open (a link made with ``use_channel`` False, a channel being set up, a
+shard that cannot be reached); every other method is the handle's own.
 ``link.put.remote(...)`` returns a :class:`concurrent.futures.Future` on the
 channel and an ``ObjectRef`` through Ray: :func:`rayq.remote.call` and
 :func:`rayq.remote.resolve` take either.
@@ -29,7 +32,10 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any
 
-from rayq.core.codec.frames import HEADER, FrameTooLarge, decode_reply, encode_request
+from rayq.core.codec.frames import (HEADER, FrameError, FrameTooLarge, decode_reply,
+                                    encode_request)
+from rayq.core.codec.keyed import (ANSWER, MAC_BYTES, NONCE_BYTES, REQUEST, checks, frame_mac,
+                                   hello)
 from rayq.errors import RuntimeFailure
 
 log = logging.getLogger("rayq.channel")
@@ -39,6 +45,7 @@ log = logging.getLogger("rayq.channel")
 # (rayq.core.auth.operations.SHARD_INTERNAL): no other internal method goes on a socket.
 CHANNEL_METHODS = frozenset({"put", "receive", "delete", "change_visibility", "end_many"})
 RETRY_CONNECT_S = 5.0  # after a failed connect, use Ray this long before trying again
+CONNECT_TIMEOUT_S = 2.0  # to open a TCP channel (connect, and the shard's nonce)
 _lost_actors = [0]  # how many times a call of this process met a lost or restarting actor
 
 
@@ -71,19 +78,38 @@ class BetweenPlaces(RuntimeFailure):
     up as one that met a restart."""
 
 
-class Channel:
-    """One Unix socket to one shard, shared by the threads of this process."""
+Address = str | tuple  # a Unix socket's path, or ("tcp", address, port, key)
 
-    def __init__(self, path: str):
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self._sock.connect(path)
-        except OSError:
-            self._sock.close()
-            raise
+
+class Channel:
+    """One socket to one shard, shared by the threads of this process: a Unix socket
+    (``address`` its path), or TCP (("tcp", address, port, key)), every frame keyed."""
+
+    def __init__(self, address: Address):
+        self._key: bytes | None = None
+        self._nonce = b""
+        if isinstance(address, str):
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                self._sock.connect(address)
+            except OSError:
+                self._sock.close()
+                raise
+        else:
+            _, host, port, self._key = address
+            self._sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
+            try:
+                self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self._nonce = _read_exactly(self._sock, NONCE_BYTES)
+                self._sock.sendall(hello(self._key, self._nonce))
+                self._sock.settimeout(None)
+            except OSError:
+                self._sock.close()
+                raise
         self._lock = threading.Lock()
         self._waiting: dict[int, Future] = {}
         self._ids = itertools.count()
+        self._sent = itertools.count()  # keyed: the number of each frame sent, under the lock
         self.closed = False
         threading.Thread(target=self._read_forever, name="rayq-channel", daemon=True).start()
 
@@ -98,6 +124,8 @@ class Channel:
             if self.closed:
                 raise ChannelLost("the channel to the shard is closed")
             self._waiting[call_id] = future
+            if self._key is not None:
+                frame += frame_mac(self._key, self._nonce, next(self._sent), REQUEST, frame)
             try:
                 self._sock.sendall(frame)
             except OSError as err:
@@ -120,6 +148,8 @@ class Channel:
 
     def _read_forever(self) -> None:
         buffer = bytearray()
+        mac_bytes = 0 if self._key is None else MAC_BYTES
+        answers = itertools.count()
         try:
             while True:
                 chunk = self._sock.recv(1 << 20)
@@ -129,10 +159,15 @@ class Channel:
                 while len(buffer) >= HEADER.size:
                     (size,) = HEADER.unpack_from(buffer)
                     end = HEADER.size + size
-                    if len(buffer) < end:
+                    if len(buffer) < end + mac_bytes:
                         break
-                    call_id, ok, value = decode_reply(bytes(buffer[HEADER.size:end]))
-                    del buffer[:end]
+                    body = bytes(buffer[HEADER.size:end])
+                    if mac_bytes and not checks(bytes(buffer[end:end + mac_bytes]), self._key,
+                                                self._nonce, next(answers), ANSWER,
+                                                bytes(buffer[:HEADER.size]), body):
+                        raise FrameError("an answer whose MAC does not check")
+                    call_id, ok, value = decode_reply(body)
+                    del buffer[:end + mac_bytes]
                     with self._lock:
                         future = self._waiting.pop(call_id, None)
                     if future is not None:
@@ -151,6 +186,17 @@ class Channel:
             for future in waiting.values():
                 future.set_exception(ChannelLost("the shard closed the channel before answering"))
             self._sock.close()
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes:
+    parts, got = [], 0
+    while got < size:
+        part = sock.recv(size - got)
+        if not part:
+            raise ConnectionError("the shard closed the channel while it opened")
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
 
 
 class LocalChannel:
@@ -181,7 +227,7 @@ def run_on(loop: asyncio.AbstractEventLoop, coro: Coroutine) -> Future | asyncio
     return asyncio.run_coroutine_threadsafe(coro, loop)
 
 
-_channels: dict[str, Channel | LocalChannel] = {}  # socket path -> this process's channel to it
+_channels: dict[Address, Channel | LocalChannel] = {}  # address -> this process's channel to it
 _channels_lock = threading.Lock()
 
 
@@ -207,11 +253,11 @@ def _forget_channels_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_channels_after_fork)
 
 
-def _connect(path: str) -> Channel | LocalChannel:
+def _connect(address: Address) -> Channel | LocalChannel:
     with _channels_lock:
-        channel = _channels.get(path)
+        channel = _channels.get(address)
         if channel is None or channel.closed:
-            channel = _channels[path] = Channel(path)
+            channel = _channels[address] = Channel(address)
         return channel
 
 
@@ -253,9 +299,10 @@ class ShardLink:
                  resolve: Callable[[], Any] | None = None):
         self._handle, self._resolve = handle, resolve
         self._use_channel = self._wants_channel = use_channel
-        self._path: str | None = None
+        self._path: Address | None = None
         self._asking: Future | None = None  # the shard's answer to "where do you listen?"
         self._open: Channel | None = None
+        self._connecting = False  # a TCP channel being opened aside (from an event loop)
         self._retry_at = 0.0
         self._resolved_at = _lost_actors[0]
 
@@ -325,40 +372,64 @@ class ShardLink:
             path = None if self._asking is not None else self._ask()
             if path is None:
                 return None  # Ray carries this call; the address comes in the background
+        if not isinstance(path, str):
+            self._connect_aside(path)  # a TCP connect never holds up a caller
+            return None
+        return self._connect(path)
+
+    def _connect(self, address: Address) -> Channel | None:
         try:
-            self._open = _connect(path)
+            self._open = _connect(address)
             return self._open
         except OSError:
             self._path, self._retry_at = None, time.monotonic() + RETRY_CONNECT_S
             return None
 
-    def _ask(self) -> str | None:
-        """Ask the shard where its channel listens. Outside an event loop, wait for the
-        answer (the path, None if not usable); inside one (a consumer) never block the
-        loop: the answer arrives in the background and later calls use it."""
+    def _connect_aside(self, address: Address) -> None:
+        """Open the TCP channel on a thread of its own (once at a time): Ray carries the
+        calls meanwhile, and whenever the shard's port cannot be reached (tried again
+        every RETRY_CONNECT_S)."""
+        with _channels_lock:
+            if self._connecting:
+                return
+            self._connecting = True
+
+        def connect() -> None:
+            try:
+                self._connect(address)
+            finally:
+                self._connecting = False
+        threading.Thread(target=connect, name="rayq-channel-connect", daemon=True).start()
+
+    def _ask(self) -> Address | None:
+        """Ask the shard where its channel listens for this host. Outside an event loop,
+        wait for the answer (the address, None if not usable); inside one (a consumer)
+        never block the loop: the answer arrives in the background and later calls use
+        it."""
         self._path = None
-        asking = self._asking = self._submitted(lambda handle: handle.channel.remote()).future()
+        asking = self._asking = self._submitted(
+            lambda handle: handle.channel.remote(host_id())).future()
         if _in_event_loop():
             asking.add_done_callback(self._answered)
             return None
         concurrent.futures.wait([asking])
         return self._answered(asking)
 
-    def _answered(self, future: Future) -> str | None:
+    def _answered(self, future: Future) -> Address | None:
         path = None
         try:
             host, found = future.result()
-            if host == host_id():
-                path = self._path = found
+            if found is not None and (host == host_id()) == isinstance(found, str):
+                path = self._path = found  # its socket on this host, else its TCP port
             else:
-                self._use_channel = False  # another host: Ray carries every call
+                self._use_channel = False  # no channel for this caller: Ray carries its calls
         except Exception:
             self._retry_at = time.monotonic() + RETRY_CONNECT_S
         self._asking = None
         return path
 
 
-def _lost(path: str) -> bool:
+def _lost(path: Address) -> bool:
     """Whether this process's channel to ``path`` broke (the shard restarted or moved)."""
     channel = _channels.get(path)
     return channel is not None and channel.closed

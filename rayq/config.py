@@ -65,6 +65,10 @@ class StoreConfig:
     # clients and consumers on a shard's host send put/receive/delete/... over a Unix
     # socket (rayq.channel: ~0.05 ms a round trip beside ~0.9 ms for a Ray call)
     local_channel: bool = True
+    # ... and those on other hosts over TCP to the shard's node address, every frame
+    # keyed with a key the shard hands out through Ray (rayq.core.codec.keyed); off:
+    # Ray actor calls. Needs local_channel.
+    remote_channel: bool = True
     # The custom Ray resource that marks data nodes (docs/replication.md): shards spread
     # over the alive nodes holding it, each pinned to its node, files under
     # <data_dir>/<the node's rayq-data-node label>/. No node with it (the embedded

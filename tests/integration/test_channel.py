@@ -206,3 +206,26 @@ def test_call_all_issues_again_a_call_whose_channel_broke_as_it_was_sent():
         return answered
 
     assert call_all([make]) == ["answered"] and issued == ["first", "again"]
+
+
+@pytest.mark.parametrize("signed", [False, True], ids=["unsigned", "signed"])
+def test_a_client_on_another_host_calls_over_keyed_tcp_with_the_same_results(
+        client, account, monkeypatch, signed):
+    """On one machine the shards' host is this one: the client says it is elsewhere, so
+    the shards answer with their TCP address (127.0.0.1 here) and key."""
+    off = _without_channel(client, Signer(*account) if signed else None)
+    tenant = account[0] if signed else "t1"
+    through_ray = _session(off, tenant)
+    monkeypatch.setattr(rayq.channel, "host_id", lambda: "another-host/boot")
+    far = Client(client.transport.manager, [link.handle for link in client.transport.shards],
+                 client.config, Signer(*account) if signed else None)
+    use = ChannelUse(monkeypatch)
+    assert _session(far, tenant) == through_ray  # Ray carries calls while TCP opens aside
+    links = list(far.transport.shards)
+    wait_until(lambda: all(link._channel() is not None for link in links),  # asks, opens
+               what="a TCP channel to every shard")
+    assert use.connects and all(address[0] == "tcp" and address[1] == "127.0.0.1"
+                                and len(address[3]) == 32 for address in use.connects)
+    use.requests.clear()
+    assert _session(far, tenant) == through_ray
+    assert {"put", "receive", "change_visibility", "delete"} <= set(use.requests)

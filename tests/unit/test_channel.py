@@ -24,7 +24,7 @@ from rayq.channel import (CHANNEL_METHODS, RETRY_CONNECT_S, BetweenPlaces, Chann
                           ShardLink, _channels, host_id)
 from rayq.core.auth.accounts import Signature
 from rayq.core.auth.operations import SHARD_INTERNAL
-from rayq.core.codec import frames
+from rayq.core.codec import frames, keyed
 from rayq.core.codec.frames import HEADER, MAX_FRAME_BYTES, encode_request
 from rayq.errors import InvalidMessage, QueueDisabled, ReceiptInvalid, RuntimeFailure
 
@@ -402,6 +402,7 @@ class FakeHandle:
 
     def __init__(self, address):
         self.address, self.asked, self.ray_calls = address, 0, []
+        self.asked_as: list[tuple] = []  # the arguments of each ``channel`` call
 
     def __getattr__(self, name):
         if name.startswith("__"):
@@ -416,6 +417,7 @@ class FakeMethod:
     def remote(self, *args, **kwargs):
         if self.name == "channel":
             self.handle.asked += 1
+            self.handle.asked_as.append(args)
             return FakeRef(self.handle.address)
         self.handle.ray_calls.append((self.name, args, kwargs))
         return ("through ray", self.name, args)
@@ -704,3 +706,162 @@ def test_a_shard_list_pickles_with_its_links_to_be_sent_to_another_actor():
     links = ShardLinks(0, False, ["link-0", "link-1"])
     copy = pickle.loads(pickle.dumps(links))
     assert list(copy) == ["link-0", "link-1"] and copy[1] == "link-1"
+
+
+# -- over TCP, for clients on other hosts ---------------------------------------------------
+ELSEWHERE = "another-host/boot"
+
+
+@pytest.fixture
+def tcp_served(loop):
+    """(target, server, ("tcp", address, port, key)): a server that also listens on TCP
+    at 127.0.0.1, asked where by a caller on another host."""
+    target = FakeShard()
+    server = ChannelServer(target, SERVED, "tcp", tcp_host=lambda: "127.0.0.1")
+    host, address = on_loop(loop, server.address(ELSEWHERE))
+    assert host == host_id() and address[:2] == ("tcp", "127.0.0.1")
+    yield target, server, address
+    on_loop(loop, _close(server))
+
+
+def keyed_socket(address, key=None) -> tuple[socket.socket, bytes]:
+    """A raw TCP connection to the server, its nonce read and (``key`` given) its hello
+    sent with that key."""
+    sock = socket.create_connection(address[1:3], timeout=ANSWER_S)
+    nonce = recv_exactly(sock, keyed.NONCE_BYTES)
+    if key is not None:
+        sock.sendall(keyed.hello(key, nonce))
+    return sock, nonce
+
+
+def test_a_caller_on_another_host_is_served_over_tcp_every_frame_keyed(tcp_served):
+    target, _, address = tcp_served
+    channel = Channel(address)
+    try:
+        assert ask(channel, "echo", b"far", extra=[1]) == [b"far", [1], None]
+        with pytest.raises(ReceiptInvalid):
+            ask(channel, "refuse", ["r1"])
+        asked = [channel.request("echo", (i,), {}) for i in range(50)]
+        assert [f.result(ANSWER_S)[0] for f in asked] == list(range(50))
+    finally:
+        channel.close()
+    sock, nonce = keyed_socket(address, address[3])
+    with sock:  # on the wire: the frame, then its MAC; the answer, then its own
+        frame = encode_request(7, "echo", ("wire",), {}, None)
+        sock.sendall(frame + keyed.frame_mac(address[3], nonce, 0, keyed.REQUEST, frame))
+        header = recv_exactly(sock, HEADER.size)
+        body = recv_exactly(sock, HEADER.unpack(header)[0])
+        assert keyed.checks(recv_exactly(sock, keyed.MAC_BYTES), address[3], nonce, 0,
+                            keyed.ANSWER, header, body)
+    assert target.ran.count("echo") == 52
+
+
+def test_a_peer_without_the_key_is_dropped_before_its_frame_is_read(tcp_served):
+    target, _, address = tcp_served
+    sock, _ = keyed_socket(address, keyed.new_key())
+    with sock:
+        sock.sendall(encode_request(1, "echo", ("stranger",), {}, None))
+        assert sock.recv(1) == b""  # dropped, no answer
+    sock, _ = keyed_socket(address)  # no hello: a huge frame announced instead
+    with sock:
+        sock.sendall(HEADER.pack(MAX_FRAME_BYTES) + b"\x00" * 16)
+        assert sock.recv(1) == b""
+    assert target.ran == []
+
+
+@pytest.mark.parametrize("forge", ["replayed", "another-connection", "answer-direction",
+                                   "unsigned"])
+def test_a_forged_or_replayed_frame_is_refused_and_not_run(tcp_served, forge):
+    target, _, address = tcp_served
+    key = address[3]
+    first = encode_request(1, "echo", ("once",), {}, None)
+    sock, nonce = keyed_socket(address, key)
+    with sock:
+        sock.sendall(first + keyed.frame_mac(key, nonce, 0, keyed.REQUEST, first))
+        recv_exactly(sock, HEADER.size)
+        forged = encode_request(2, "echo", ("forged",), {}, None)
+        mac = {"replayed": keyed.frame_mac(key, nonce, 0, keyed.REQUEST, forged),
+               "another-connection": keyed.frame_mac(key, b"\x00" * 16, 1, keyed.REQUEST, forged),
+               "answer-direction": keyed.frame_mac(key, nonce, 1, keyed.ANSWER, forged),
+               "unsigned": b"\x00" * keyed.MAC_BYTES}[forge]
+        sock.sendall(forged + mac)
+        while sock.recv(1 << 16):  # the first answer, then the end: nothing for the forgery
+            pass
+    assert [r for r in target.ran] == ["echo"]
+
+
+def test_an_answer_whose_mac_does_not_check_fails_the_pending_calls(tmp_path):
+    key = keyed.new_key()
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        address = ("tcp", "127.0.0.1", listener.getsockname()[1], key)
+        opened = concurrent.futures.ThreadPoolExecutor(1).submit(Channel, address)
+        peer, _ = listener.accept()
+        with peer:
+            nonce = b"n" * keyed.NONCE_BYTES
+            peer.sendall(nonce)
+            assert keyed.checks(recv_exactly(peer, keyed.MAC_BYTES), key, nonce, 0, keyed.HELLO)
+            channel = opened.result(ANSWER_S)
+            pending = channel.request("echo", (1,), {})
+            answer = frames.encode_reply(0, [1, None, None])
+            peer.sendall(answer + keyed.frame_mac(key, nonce, 1, keyed.ANSWER, answer))  # no. 1
+            with pytest.raises(ChannelLost):
+                pending.result(ANSWER_S)
+    assert channel.closed
+
+
+def test_a_link_to_a_shard_on_another_host_sends_hot_calls_over_tcp(tcp_served, monkeypatch):
+    from rayq import channel as module
+
+    shard_host = host_id()
+    monkeypatch.setattr(module, "host_id", lambda: ELSEWHERE)  # this link's host: another
+    handle = FakeHandle((shard_host, tcp_served[2]))
+    link = ShardLink(handle)
+    assert link.put.remote(2, b"ab") == ("through ray", "put", (2, b"ab"))  # connecting aside
+    wait_until(lambda: link._open is not None, "the TCP channel to open")
+    assert link.put.remote(3, b"abc").result(ANSWER_S) == ["3:3"]
+    assert link.put.remote(4, b"").result(ANSWER_S) == ["4:0"]
+    assert len(handle.ray_calls) == 1 and handle.asked_as == [(ELSEWHERE,)]
+    assert tcp_served[2] in _channels
+    assert link.stats.remote() == ("through ray", "stats", ())  # not a hot call
+    # a shard whose channel takes no one from another host (remote_channel off): Ray
+    off = ChannelServer(FakeShard(), SERVED, "no-tcp")
+    assert asyncio.run(off.address(ELSEWHERE)) == (shard_host, None)
+    handle = FakeHandle((shard_host, None))
+    assert ShardLink(handle).put.remote(1, b"x") == ("through ray", "put", (1, b"x"))
+    # and a TCP address is never used on the shard's own host, nor a path on another
+    monkeypatch.setattr(module, "host_id", lambda: shard_host)
+    handle = FakeHandle((shard_host, tcp_served[2]))
+    assert ShardLink(handle).put.remote(1, b"y") == ("through ray", "put", (1, b"y"))
+
+
+def test_a_link_that_cannot_reach_a_shards_port_uses_ray_and_is_never_held_up(monkeypatch):
+    from rayq import channel as module
+
+    monkeypatch.setattr(module, "host_id", lambda: ELSEWHERE)
+    with socket.create_server(("127.0.0.1", 0)) as listener:  # accepts, never answers
+        address = ("tcp", "127.0.0.1", listener.getsockname()[1], keyed.new_key())
+        link = ShardLink(FakeHandle(("shard-host/boot", address)))
+        for n in range(3):
+            assert link.put.remote(n, b"x") == ("through ray", "put", (n, b"x"))
+        wait_until(lambda: not link._connecting, "the connect to give up")
+        assert link._open is None and link.put.remote(9, b"x")[0] == "through ray"
+
+
+def test_a_link_inside_an_event_loop_opens_its_tcp_channel_aside(tcp_served, monkeypatch):
+    from rayq import channel as module
+
+    shard_host = host_id()
+    monkeypatch.setattr(module, "host_id", lambda: ELSEWHERE)
+    link = ShardLink(FakeHandle((shard_host, tcp_served[2])))
+
+    async def calls():
+        first = link.put.remote(1, b"x")  # the address comes in the background
+        second = link.put.remote(2, b"x")  # the connect goes on aside
+        while link._connecting or link._open is None:
+            await asyncio.sleep(0.001)
+        return first, second, link.put.remote(3, b"xy")
+
+    first, second, third = asyncio.run(asyncio.wait_for(calls(), ANSWER_S))
+    assert first == ("through ray", "put", (1, b"x"))
+    assert second == ("through ray", "put", (2, b"x"))
+    assert third.result(ANSWER_S) == ["3:2"]

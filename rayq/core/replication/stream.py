@@ -8,17 +8,11 @@ on one host, TCP on the follower node's address otherwise. Everything else a lea
 asks of its follower (its state, a fence, a seed) still goes through Ray, and so does
 an apply too large for a frame.
 
-Frames are the local channel's (:mod:`rayq.core.codec.frames`), each followed by a MAC
-when the stream crosses the network: 16 bytes of BLAKE2b keyed with the follower's
-stream key (32 random bytes it makes at start and hands out only through Ray, to a
-caller Ray let in), over the connection's nonce (16 random bytes the follower sends
-first), the frame's direction and its number on the connection. Before any frame the
-leader proves it holds the key (a MAC of the nonce alone, within HELLO_TIMEOUT_S): a
-stranger is dropped before the follower reads a frame of its, however large it claims
-to be. A replayed frame, one out of order or one of another connection fails its MAC,
-and the follower drops the connection before it acts on it. A Unix socket needs no MAC:
-only the user that runs Ray may enter its folder (mode 0700), as only it may read the
-LMDB files.
+Frames are the local channel's (:mod:`rayq.core.codec.frames`), keyed
+(:mod:`rayq.core.codec.keyed`) when the stream crosses the network: the follower makes
+its stream key at start and hands it out only through Ray, to a caller Ray let in. A
+Unix socket needs no MAC: only the user that runs Ray may enter its folder (mode 0700),
+as only it may read the LMDB files.
 
 One call at a time per stream: a leader's sender for a follower waits for each apply
 (:class:`rayq.core.replication.shipping.Shipper`). A call that fails, is cancelled or
@@ -32,13 +26,11 @@ asyncio (a shard's event loop).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
 import itertools
 import logging
 import os
 import socket
-import struct
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -46,30 +38,13 @@ from typing import Any
 from rayq.core.codec.frames import (HEADER, MAX_FRAME_BYTES, FrameError, decode_reply,
                                     decode_request, encode_failure, encode_reply,
                                     encode_request)
+from rayq.core.codec.keyed import (ANSWER, HELLO, HELLO_TIMEOUT_S, MAC_BYTES, NONCE_BYTES,
+                                   REQUEST, checks, frame_mac, hello, new_key)
 from rayq.errors import RuntimeFailure
 
 log = logging.getLogger("rayq.stream")
 
-NONCE_BYTES = 16
-MAC_BYTES = 16
-KEY_BYTES = 32
-_NUMBER = struct.Struct(">QB")  # a frame's number on its connection, and its direction
-TO_FOLLOWER, TO_LEADER, HELLO = 0, 1, 2
-HELLO_TIMEOUT_S = 10.0  # a TCP peer that has not proved it holds the key by then is dropped
-
-
-def new_key() -> bytes:
-    """A follower's stream key (see the module docstring)."""
-    return os.urandom(KEY_BYTES)
-
-
-def frame_mac(key: bytes, nonce: bytes, number: int, direction: int, frame: bytes) -> bytes:
-    """The MAC that follows ``frame`` (header included) on a keyed stream."""
-    mac = hashlib.blake2b(key=key, digest_size=MAC_BYTES)
-    mac.update(nonce)
-    mac.update(_NUMBER.pack(number, direction))
-    mac.update(frame)
-    return mac.digest()
+TO_FOLLOWER, TO_LEADER = REQUEST, ANSWER
 
 
 class StreamLost(RuntimeFailure):
@@ -149,7 +124,7 @@ class StreamServer:
                 frame = self._read_frame(connection, nonce, number)
                 if frame is None:
                     return
-                reply = self._answer(frame[HEADER.size:])
+                reply = self._answer(frame)
                 if self._key is not None:
                     reply += frame_mac(self._key, nonce, number, TO_LEADER, reply)
                 connection.sendall(reply)
@@ -165,26 +140,25 @@ class StreamServer:
     def _greet(self, connection: socket.socket, nonce: bytes) -> None:
         """The leader's proof that it holds the key, before any frame is read."""
         connection.settimeout(HELLO_TIMEOUT_S)
-        hello = _read_exactly(connection, MAC_BYTES, whole=True)
-        if not hmac.compare_digest(hello, frame_mac(self._key, nonce, 0, HELLO, b"")):
+        proof = _read_exactly(connection, MAC_BYTES, whole=True)
+        if not hmac.compare_digest(proof, hello(self._key, nonce)):
             raise FrameError("a peer without the stream's key")
         connection.settimeout(None)
 
     def _read_frame(self, connection: socket.socket, nonce: bytes, number: int) -> bytes | None:
-        """The next request frame (header included), its MAC checked; None at the end."""
+        """The next request frame's body, its MAC checked; None at the end."""
         header = _read_exactly(connection, HEADER.size)
         if header is None:
             return None
         (size,) = HEADER.unpack(header)
         if size > MAX_FRAME_BYTES:
             raise FrameError(f"a frame of {size} bytes")
-        frame = header + _read_exactly(connection, size, whole=True)
+        body = _read_exactly(connection, size, whole=True)
         if self._key is not None:
             mac = _read_exactly(connection, MAC_BYTES, whole=True)
-            if not hmac.compare_digest(mac, frame_mac(self._key, nonce, number, TO_FOLLOWER,
-                                                      frame)):
+            if not checks(mac, self._key, nonce, number, TO_FOLLOWER, header, body):
                 raise FrameError("a frame whose MAC does not check")
-        return frame
+        return body
 
     def _answer(self, body: bytes) -> bytes:
         call_id, method, args, _, _ = decode_request(body)
@@ -243,7 +217,7 @@ class StreamClient:
             writer.close()
             raise
         if key is not None:
-            writer.write(frame_mac(key, nonce, 0, HELLO, b""))
+            writer.write(hello(key, nonce))
         return cls(reader, writer, nonce, key)
 
     async def call(self, method: str, *args: Any) -> Any:
@@ -255,9 +229,9 @@ class StreamClient:
             raise StreamLost("the stream to the follower is closed")
         number = next(self._numbers)
         try:
-            if self._key is not None:
-                frame += frame_mac(self._key, self._nonce, number, TO_FOLLOWER, frame)
             self._writer.write(frame)
+            if self._key is not None:
+                self._writer.write(frame_mac(self._key, self._nonce, number, TO_FOLLOWER, frame))
             header = await self._reader.readexactly(HEADER.size)
             (size,) = HEADER.unpack(header)
             if size > MAX_FRAME_BYTES:
@@ -265,8 +239,7 @@ class StreamClient:
             body = await self._reader.readexactly(size)
             if self._key is not None:
                 mac = await self._reader.readexactly(MAC_BYTES)
-                if not hmac.compare_digest(mac, frame_mac(self._key, self._nonce, number,
-                                                          TO_LEADER, header + body)):
+                if not checks(mac, self._key, self._nonce, number, TO_LEADER, header, body):
                     raise FrameError("an answer whose MAC does not check")
             _, ok, value = decode_reply(body)
         except Exception as err:  # a broken socket, or an answer it cannot read
