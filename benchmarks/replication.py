@@ -67,6 +67,7 @@ def throughput(replicas: int, messages: int, seconds: float, path: str = "local"
     host (on one machine the simulated nodes share this host, so this process says it
     is elsewhere: the shards give it their TCP channel); "ray-calls", every call to a
     shard a Ray actor call (``local_channel=False``)."""
+    import rayq
     import rayq.channel
     from throughput import concurrent_sends, end_to_end
 
@@ -77,7 +78,11 @@ def throughput(replicas: int, messages: int, seconds: float, path: str = "local"
     try:
         client = start(data_dir, replicas, path != "ray-calls")
         end_to_end(client, 2000)  # warm-up
-        return {"e2e": end_to_end(client, messages), "sends": concurrent_sends(seconds)}
+        result = {"e2e": end_to_end(client, messages), "sends": concurrent_sends(seconds)}
+        # what carried the calls: each shard link's channel (None: Ray actor calls)
+        kinds = [None if link._path is None else "unix" if isinstance(link._path, str)
+                 else link._path[0] for link in rayq.connect().transport.shards]
+        return {**result, "channels": kinds}
     finally:
         _down(cluster, data_dir)
 
