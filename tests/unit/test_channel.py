@@ -838,6 +838,7 @@ def test_a_link_that_cannot_reach_a_shards_port_uses_ray_and_is_never_held_up(mo
     from rayq import channel as module
 
     monkeypatch.setattr(module, "host_id", lambda: ELSEWHERE)
+    monkeypatch.setattr(module, "CONNECT_TIMEOUT_S", 0.2)
     with socket.create_server(("127.0.0.1", 0)) as listener:  # accepts, never answers
         address = ("tcp", "127.0.0.1", listener.getsockname()[1], keyed.new_key())
         link = ShardLink(FakeHandle(("shard-host/boot", address)))
