@@ -7,8 +7,9 @@ included), as its own task, so a parked long poll does not hold up the requests
 behind it. The socket lives in a fresh 0700 directory: only the user that runs
 Ray can connect, as only it can reach the LMDB files. Over TCP every frame is keyed
 (:mod:`rayq.core.codec.keyed`) with a key the shard makes at start and hands out only
-through Ray (the ``channel`` call), to callers Ray let in; the signed requests are
-checked by the gate as over any path.
+through Ray (the ``channel`` call), to callers Ray let in, and inside TLS with Ray's
+certificates when Ray's TLS is on; the signed requests are checked by the gate as over
+any path.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from rayq.core.auth.operations import Binder
 from rayq.core.codec.frames import (HEADER, MAX_FRAME_BYTES, FrameError, decode_request,
                               encode_failure, encode_reply)
 from rayq.core.codec.keyed import (ANSWER, HELLO_TIMEOUT_S, MAC_BYTES, NONCE_BYTES, REQUEST,
-                                   checks, frame_mac, hello, new_key)
+                                   checks, frame_mac, hello, new_key, ray_tls)
 from rayq.errors import InvalidMessage, RayqError, RuntimeFailure
 
 log = logging.getLogger("rayq.channel")
@@ -91,8 +92,11 @@ class ChannelServer:
                 if self._tcp_host is None:
                     return here, None
                 if self._tcp is None:
-                    self._tcp = await asyncio.start_server(self._serve_keyed, self._tcp_host(),
-                                                           0, limit=1 << 20)
+                    tls = ray_tls()
+                    self._tcp = await asyncio.start_server(
+                        self._serve_keyed, self._tcp_host(), 0, limit=1 << 20,
+                        ssl=tls and tls.server,
+                        ssl_handshake_timeout=HELLO_TIMEOUT_S if tls else None)
                 address, port = self._tcp.sockets[0].getsockname()[:2]
                 return here, ("tcp", address, port, self._key)
             if self._server is None:

@@ -25,6 +25,7 @@ import itertools
 import logging
 import os
 import socket
+import ssl
 import threading
 import time
 import concurrent.futures
@@ -35,7 +36,7 @@ from typing import Any
 from rayq.core.codec.frames import (HEADER, FrameError, FrameTooLarge, decode_reply,
                                     encode_request)
 from rayq.core.codec.keyed import (ANSWER, MAC_BYTES, NONCE_BYTES, REQUEST, checks, frame_mac,
-                                   hello)
+                                   hello, ray_tls)
 from rayq.errors import RuntimeFailure
 
 log = logging.getLogger("rayq.channel")
@@ -95,15 +96,18 @@ class Channel:
             except OSError:
                 self._sock.close()
                 raise
+            self._io: socket.socket | _Tls = self._sock
         else:
             _, host, port, self._key = address
             self._sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
             try:
                 self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                self._nonce = _read_exactly(self._sock, NONCE_BYTES)
-                self._sock.sendall(hello(self._key, self._nonce))
+                tls = ray_tls()
+                self._io = self._sock if tls is None else _Tls(self._sock, tls.client)
+                self._nonce = _read_exactly(self._io, NONCE_BYTES)
+                self._io.sendall(hello(self._key, self._nonce))
                 self._sock.settimeout(None)
-            except OSError:
+            except OSError:  # ssl.SSLError among them
                 self._sock.close()
                 raise
         self._lock = threading.Lock()
@@ -127,7 +131,7 @@ class Channel:
             if self._key is not None:
                 frame += frame_mac(self._key, self._nonce, next(self._sent), REQUEST, frame)
             try:
-                self._sock.sendall(frame)
+                self._io.sendall(frame)
             except OSError as err:
                 self._waiting.pop(call_id, None)
                 self._close_locked()
@@ -152,7 +156,7 @@ class Channel:
         answers = itertools.count()
         try:
             while True:
-                chunk = self._sock.recv(1 << 20)
+                chunk = self._io.recv(1 << 20)
                 if not chunk:
                     break
                 buffer += chunk
@@ -188,7 +192,60 @@ class Channel:
             self._sock.close()
 
 
-def _read_exactly(sock: socket.socket, size: int) -> bytes:
+class _Tls:
+    """TLS over a connected socket for one writer at a time (the channel's lock) and
+    its reader thread at once. An SSLSocket must not be read and written from two
+    threads together; here the TLS state is an SSLObject on memory buffers, touched only
+    under a lock of its own, and the socket is never waited on while that lock is held
+    but to send what the TLS state just wrote (in the order it wrote it)."""
+
+    def __init__(self, sock: socket.socket, context: ssl.SSLContext):
+        self._sock, self._lock = sock, threading.Lock()
+        self._in, self._out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self._tls = context.wrap_bio(self._in, self._out)
+        while True:  # the handshake, before the reader thread starts
+            try:
+                self._tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                self._sock.sendall(self._out.read())
+                if not self._feed():
+                    raise ConnectionError("the shard closed the channel in its TLS handshake")
+        self._sock.sendall(self._out.read())
+
+    def sendall(self, data: bytes) -> None:
+        with self._lock:
+            self._tls.write(data)
+            self._sock.sendall(self._out.read())
+
+    def recv(self, size: int) -> bytes:
+        """Up to ``size`` bytes of plaintext; b"" once the shard closed the connection."""
+        while True:
+            with self._lock:
+                try:
+                    data = self._tls.read(size)
+                except ssl.SSLWantReadError:
+                    data = None
+                except ssl.SSLZeroReturnError:
+                    return b""
+                written = self._out.read()  # what reading made TLS say back (key updates)
+                if written:
+                    self._sock.sendall(written)
+            if data is not None:
+                return data
+            if not self._feed():
+                return b""
+
+    def _feed(self) -> bool:
+        raw = self._sock.recv(1 << 20)
+        if not raw:
+            return False
+        with self._lock:
+            self._in.write(raw)
+        return True
+
+
+def _read_exactly(sock: socket.socket | _Tls, size: int) -> bytes:
     parts, got = [], 0
     while got < size:
         part = sock.recv(size - got)

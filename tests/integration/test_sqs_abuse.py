@@ -24,6 +24,7 @@ from botocore.credentials import Credentials
 import rayq
 from rayq.core.codec.wire import decode_delivered
 from rayq.runtime.local import free_port
+from tests.certs import self_signed
 
 from .conftest import sqs_endpoint, wait_until
 
@@ -273,36 +274,6 @@ def test_a_shard_parks_a_receive_at_most_twenty_seconds_whatever_it_asks(endpoin
     shard = client.transport.shard_of(queue, target)
     got = rayq.remote.call(lambda: shard.receive.remote(target, 1, 30.0, wait_s=1e9))
     assert decode_delivered(got) == []  # it came back empty: not parked for ever
-
-
-def self_signed(folder) -> tuple[str, str]:
-    """A certificate for 127.0.0.1 and its key, as PEM files in ``folder``."""
-    import datetime
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-    import ipaddress
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    key_path.chmod(0o600)
-    return str(cert_path), str(key_path)
 
 
 def test_the_endpoint_serves_https_with_a_certificate_and_key(endpoint, tmp_path):

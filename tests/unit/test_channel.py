@@ -27,6 +27,7 @@ from rayq.core.auth.operations import SHARD_INTERNAL
 from rayq.core.codec import frames, keyed
 from rayq.core.codec.frames import HEADER, MAX_FRAME_BYTES, encode_request
 from rayq.errors import InvalidMessage, QueueDisabled, ReceiptInvalid, RuntimeFailure
+from tests.certs import ray_tls_on
 
 ROOT = Path(__file__).resolve().parents[2]
 ANSWER_S = 10.0  # bounds a hang only: every call here answers at once or is released
@@ -866,3 +867,39 @@ def test_a_link_inside_an_event_loop_opens_its_tcp_channel_aside(tcp_served, mon
     assert first == ("through ray", "put", (1, b"x"))
     assert second == ("through ray", "put", (2, b"x"))
     assert third.result(ANSWER_S) == ["3:2"]
+
+
+# -- inside Ray's TLS, when it is on -------------------------------------------------------
+@pytest.fixture
+def tls_served(loop, monkeypatch, tmp_path):
+    """tcp_served, with Ray's TLS on in this process (the server's and the client's)."""
+    ray_tls_on(monkeypatch, tmp_path)
+    target = FakeShard()
+    server = ChannelServer(target, SERVED, "tls", tcp_host=lambda: "127.0.0.1")
+    _, address = on_loop(loop, server.address(ELSEWHERE))
+    yield target, server, address
+    on_loop(loop, _close(server))
+
+
+def test_with_rays_tls_on_the_tcp_channel_is_tls_and_a_plain_peer_gets_nothing(tls_served):
+    target, _, address = tls_served
+    channel = Channel(address)
+    try:
+        assert ask(channel, "echo", b"sealed") == [b"sealed", None, None]
+        asked = [channel.request("echo", (b"x" * 200_000, i), {}) for i in range(20)]
+        assert [f.result(ANSWER_S)[1] for f in asked] == list(range(20))
+    finally:
+        channel.close()
+    with socket.create_connection(address[1:3], timeout=ANSWER_S) as sock:
+        sock.sendall(b"\x00" * 64)  # not a TLS hello: no nonce, nothing read, dropped
+        assert sock.recv(1 << 16) == b""
+    assert target.ran.count("echo") == 21
+
+
+def test_a_peer_with_another_cas_certificate_is_refused(tls_served, monkeypatch, tmp_path):
+    target, _, address = tls_served
+    (tmp_path / "other").mkdir()
+    ray_tls_on(monkeypatch, tmp_path / "other")  # a client whose certificates differ
+    with pytest.raises(OSError):
+        Channel(address)
+    assert target.ran == []

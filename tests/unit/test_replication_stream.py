@@ -15,6 +15,7 @@ from rayq.core.replication.stream import (HELLO, MAC_BYTES, NONCE_BYTES, TO_FOLL
                                           StreamClient, StreamLost, StreamServer, frame_mac,
                                           new_key)
 from rayq.errors import StaleEpoch
+from tests.certs import ray_tls_on
 
 ANSWER_S = 10.0  # bounds a hang only: every call here answers at once or is released
 
@@ -178,3 +179,33 @@ def test_a_frame_replayed_on_another_connection_or_out_of_order_fails_its_mac(
         sock.sendall(two + frame_mac(tcp_server.key, nonce, 1, TO_FOLLOWER, two))
         assert sock.recv(1 << 16) == b""
     assert follower.applied == [b"one"]
+
+
+def test_with_rays_tls_on_the_tcp_stream_is_tls_and_a_plain_peer_gets_nothing(
+        follower, monkeypatch, tmp_path):
+    from rayq.core.replication import stream
+
+    ray_tls_on(monkeypatch, tmp_path)
+    monkeypatch.setattr(stream, "HELLO_TIMEOUT_S", 0.5)  # a silent peer is dropped sooner
+    key = new_key()
+    server = StreamServer.tcp("127.0.0.1", follower.handle, key, "tls")
+    try:
+        async def talk():
+            stream = await StreamClient.connect(("tcp", "127.0.0.1", server.port, key), ANSWER_S)
+            got = [await stream.call("apply", 1, n, b"x" * 100_000) for n in range(3)]
+            stream.close()
+            return got
+        assert run(talk()) == [1, 2, 3]
+        with socket.create_connection(("127.0.0.1", server.port), timeout=ANSWER_S) as sock:
+            sock.sendall(b"\x00" * 64)  # not a TLS hello: no nonce, nothing read, dropped
+            assert sock.recv(1 << 16) == b""
+        monkeypatch.setenv("RAY_USE_TLS", "0")  # a leader without Ray's TLS: refused
+
+        async def plain():
+            stream = await StreamClient.connect(("tcp", "127.0.0.1", server.port, key), ANSWER_S)
+            await stream.call("apply", 1, 9, b"plain")
+        with pytest.raises((OSError, StreamLost, asyncio.IncompleteReadError)):
+            run(plain())
+    finally:
+        server.close()
+    assert len(follower.applied) == 3

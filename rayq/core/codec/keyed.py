@@ -10,15 +10,19 @@ ways, is followed by a MAC of MAC_BYTES (:func:`frame_mac`): BLAKE2b keyed with 
 over the nonce, the frame's direction and its number among that direction's frames on
 the connection. A replayed frame, one out of order, of the other direction or of
 another connection fails its MAC, and the reader drops the connection before it acts
-on it. The frames are not encrypted.
+on it. The frames are not encrypted, unless Ray's own TLS is on (:func:`ray_tls`):
+then the connection is TLS with Ray's certificates, the keyed frames inside it.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import os
+import ssl
 import struct
+from typing import NamedTuple
 
 NONCE_BYTES = 16
 MAC_BYTES = 16
@@ -52,3 +56,37 @@ def checks(mac: bytes, key: bytes, nonce: bytes, number: int, direction: int,
            *frame: bytes) -> bool:
     """Whether ``mac`` is the frame's (compared in constant time)."""
     return hmac.compare_digest(mac, frame_mac(key, nonce, number, direction, *frame))
+
+
+# -- TLS: Ray's own, when Ray's TLS is on --------------------------------------------------
+class Tls(NamedTuple):
+    """The TLS contexts of a connection that crosses the network: this node's
+    certificate and key, and the CA that signed every node's; each side proves itself
+    to the other (mutual TLS), as Ray's own gRPC channels do."""
+
+    server: ssl.SSLContext
+    client: ssl.SSLContext
+
+
+def ray_tls() -> Tls | None:
+    """Ray's TLS as its processes read it (RAY_USE_TLS, RAY_TLS_SERVER_CERT,
+    RAY_TLS_SERVER_KEY, RAY_TLS_CA_CERT); None when it is off: the frames go in the
+    clear, keyed. Raises OSError or ssl.SSLError when a file cannot be used."""
+    if os.environ.get("RAY_USE_TLS", "0").lower() not in ("1", "true"):
+        return None
+    return _contexts(os.environ.get("RAY_TLS_SERVER_CERT", ""),
+                     os.environ.get("RAY_TLS_SERVER_KEY", ""),
+                     os.environ.get("RAY_TLS_CA_CERT", ""))
+
+
+@functools.lru_cache(maxsize=4)
+def _contexts(cert: str, key: str, ca: str) -> Tls:
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client.check_hostname = False  # a node's certificate need not name its address: the CA
+    for context in (server, client):  # and the key stand for it
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(cert, key)
+        context.load_verify_locations(ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return Tls(server, client)

@@ -10,7 +10,8 @@ an apply too large for a frame.
 
 Frames are the local channel's (:mod:`rayq.core.codec.frames`), keyed
 (:mod:`rayq.core.codec.keyed`) when the stream crosses the network: the follower makes
-its stream key at start and hands it out only through Ray, to a caller Ray let in. A
+its stream key at start and hands it out only through Ray, to a caller Ray let in; with
+Ray's TLS on, inside TLS with Ray's certificates. A
 Unix socket needs no MAC: only the user that runs Ray may enter its folder (mode 0700),
 as only it may read the LMDB files.
 
@@ -39,7 +40,7 @@ from rayq.core.codec.frames import (HEADER, MAX_FRAME_BYTES, FrameError, decode_
                                     decode_request, encode_failure, encode_reply,
                                     encode_request)
 from rayq.core.codec.keyed import (ANSWER, HELLO, HELLO_TIMEOUT_S, MAC_BYTES, NONCE_BYTES,
-                                   REQUEST, checks, frame_mac, hello, new_key)
+                                   REQUEST, checks, frame_mac, hello, new_key, ray_tls)
 from rayq.errors import RuntimeFailure
 
 log = logging.getLogger("rayq.stream")
@@ -61,6 +62,7 @@ class StreamServer:
     def __init__(self, listener: socket.socket, handle: Callable[[str, list], Any],
                  key: bytes | None, name: str):
         self._listener, self._handle, self._key, self._name = listener, handle, key, name
+        self._tls = ray_tls() if key is not None else None  # over the network: Ray's TLS
         self.path: str | None = None  # a Unix socket's
         self._connections: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -117,6 +119,8 @@ class StreamServer:
     def _serve(self, connection: socket.socket) -> None:
         nonce = os.urandom(NONCE_BYTES)
         try:
+            if self._tls is not None:  # this thread alone reads and writes it: no race
+                connection = self._wrapped(connection)
             connection.sendall(nonce)
             if self._key is not None:
                 self._greet(connection, nonce)
@@ -136,6 +140,30 @@ class StreamServer:
             with self._lock:
                 self._connections.discard(connection)
             _shut(connection)
+
+    def _wrapped(self, connection: socket.socket) -> socket.socket:
+        """The connection in TLS, its handshake done within HELLO_TIMEOUT_S; it stands
+        for the plain socket (whose descriptor it took) among the connections."""
+        connection.settimeout(HELLO_TIMEOUT_S)
+        with self._lock:
+            self._connections.discard(connection)
+        wrapped = self._tls.server.wrap_socket(connection, server_side=True,
+                                               do_handshake_on_connect=False)
+        with self._lock:
+            if not self.closed:
+                self._connections.add(wrapped)
+        if self.closed:
+            _shut(wrapped)
+            raise OSError("the stream server closed")
+        try:
+            wrapped.do_handshake()
+        except OSError:  # ssl.SSLError among them: a peer without Ray's certificates
+            with self._lock:
+                self._connections.discard(wrapped)
+            _shut(wrapped)
+            raise
+        wrapped.settimeout(None)
+        return wrapped
 
     def _greet(self, connection: socket.socket, nonce: bytes) -> None:
         """The leader's proof that it holds the key, before any frame is read."""
@@ -209,7 +237,9 @@ class StreamClient:
             opening, key = asyncio.open_unix_connection(address[1], limit=1 << 20), None
         else:
             _, host, port, key = address
-            opening = asyncio.open_connection(host, port, limit=1 << 20)
+            tls = ray_tls()
+            opening = asyncio.open_connection(host, port, limit=1 << 20,
+                                              ssl=tls and tls.client)
         reader, writer = await asyncio.wait_for(opening, timeout_s)
         try:
             nonce = await asyncio.wait_for(reader.readexactly(NONCE_BYTES), timeout_s)
