@@ -16,6 +16,18 @@ from rich.console import Console
 from rich.table import Table
 
 
+def local_ray(**options: Any) -> None:
+    """``ray.init(**options)`` of a private Ray listening on 127.0.0.1 only, as the
+    embedded runtime's and the tests' (left alone, Ray takes the machine's network
+    address): a benchmark's traffic never leaves loopback."""
+    import ray
+
+    from rayq.runtime.session import LOOPBACK, loopback_only
+
+    loopback_only()
+    ray.init(_node_ip_address=LOOPBACK, **options)
+
+
 def machine() -> dict:
     return {"cpus": psutil.cpu_count(), "python": platform.python_version(),
             "memory_gib": round(psutil.virtual_memory().total / 2**30, 1)}

@@ -28,7 +28,7 @@ import time
 import ray
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _report import Timer, report, run_threads  # noqa: E402
+from _report import Timer, local_ray, report, run_threads  # noqa: E402
 
 import rayq  # noqa: E402
 from rayq.config import StoreConfig  # noqa: E402
@@ -128,7 +128,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=100)
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="rayq-bench-")
-    ray.init(num_cpus=2, namespace="rayq", include_dashboard=False, log_to_driver=False)
+    local_ray(num_cpus=2, namespace="rayq", include_dashboard=False, log_to_driver=False)
     try:
         admin = rayq.start(data_dir=os.path.join(root, "data"), consumers=0)
         signed = rayq.connect(account="bench", key=admin.create_account("bench"))

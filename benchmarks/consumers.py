@@ -22,7 +22,7 @@ import ray
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _peers import plain_ray_tasks  # noqa: E402
-from _report import report, submit_then_wait  # noqa: E402
+from _report import local_ray, report, submit_then_wait  # noqa: E402
 
 import rayq  # noqa: E402
 from rayq.config import Config, ConsumerConfig  # noqa: E402
@@ -73,7 +73,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--rate", type=float, default=100.0)
     args = parser.parse_args()
-    ray.init(namespace="rayq", include_dashboard=False, log_to_driver=False)
+    local_ray(namespace="rayq", include_dashboard=False, log_to_driver=False)
     config = Config(consumers=ConsumerConfig(count=2, poll_wait_s=1.0, adjust_interval_s=0.5))
     client = rayq.start(data_dir=tempfile.mkdtemp(prefix="rayq-bench-"), config=config)
     try:

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 import ray
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _report import Timer, report  # noqa: E402
+from _report import Timer, local_ray, report  # noqa: E402
 
 import rayq  # noqa: E402
 from rayq.config import Config, ConsumerConfig, FairnessConfig  # noqa: E402
@@ -282,7 +282,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=2000)
     parser.add_argument("--only", default="burst,weights,intervention,overhead")
     args = parser.parse_args()
-    ray.init(namespace="rayq", include_dashboard=False, log_to_driver=False)
+    local_ray(namespace="rayq", include_dashboard=False, log_to_driver=False)
     rows, extra = [], {"scale": args.scale}
     for name in args.only.split(","):
         part_rows, part_extra = (overhead(args.tasks) if name == "overhead"

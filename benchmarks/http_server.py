@@ -112,7 +112,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=4)
     args = parser.parse_args()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    _report.local_ray(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         echo = Echo.remote()
         port = free_port()

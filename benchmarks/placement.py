@@ -20,7 +20,7 @@ import time
 import ray
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _report import report, submit_then_wait  # noqa: E402
+from _report import local_ray, report, submit_then_wait  # noqa: E402
 
 import rayq  # noqa: E402
 from rayq.config import Config, ConsumerConfig  # noqa: E402
@@ -61,7 +61,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--tasks", type=int, default=400)
     args = parser.parse_args()
-    ray.init(namespace="rayq", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    local_ray(namespace="rayq", num_cpus=2, include_dashboard=False, log_to_driver=False)
     config = Config(consumers=ConsumerConfig(count=2, poll_wait_s=1.0, adjust_interval_s=0.5))
     client = rayq.start(data_dir=tempfile.mkdtemp(prefix="rayq-bench-"), config=config)
     try:

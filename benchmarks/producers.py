@@ -25,7 +25,7 @@ import tempfile
 import ray
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _report import rate_on_threads, report  # noqa: E402
+from _report import local_ray, rate_on_threads, report  # noqa: E402
 
 import rayq  # noqa: E402
 from actors.lifecycle import find_runtime  # noqa: E402
@@ -69,7 +69,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=8)
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="rayq-bench-")
-    ray.init(num_cpus=2, namespace="rayq", include_dashboard=False, log_to_driver=False)
+    local_ray(num_cpus=2, namespace="rayq", include_dashboard=False, log_to_driver=False)
     try:
         rayq.start(data_dir=os.path.join(root, "data"), consumers=0).create_queue(
             QUEUE, max_receives=None)

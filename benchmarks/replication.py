@@ -45,6 +45,9 @@ def cluster_up(default_health_checks: bool = False):
     import ray
     from ray.cluster_utils import Cluster
 
+    from rayq.runtime.session import loopback_only
+
+    loopback_only()  # every simulated node on 127.0.0.1, not the machine's network address
     system = {} if default_health_checks else SYSTEM
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "_system_config": system})
     nodes = {n: cluster.add_node(num_cpus=1, resources={"rayq_data": 1},

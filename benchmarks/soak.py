@@ -22,7 +22,7 @@ import psutil
 import ray
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _report import report  # noqa: E402
+from _report import local_ray, report  # noqa: E402
 
 import rayq  # noqa: E402
 from rayq.config import Config, ConsumerConfig  # noqa: E402
@@ -53,7 +53,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--sample", type=float, default=5.0)
     args = parser.parse_args()
-    ray.init(namespace="rayq", include_dashboard=False, log_to_driver=False)
+    local_ray(namespace="rayq", include_dashboard=False, log_to_driver=False)
     client = rayq.start(data_dir=tempfile.mkdtemp(prefix="rayq-soak-"),
                         config=Config(consumers=ConsumerConfig(count=2)))
     queue = client.create_queue("soak", max_receives=None)

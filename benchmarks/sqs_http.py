@@ -42,7 +42,7 @@ import rayq  # noqa: E402
 _spec = importlib.util.spec_from_file_location("_report", os.path.join(_HERE, "_report.py"))
 _report = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_report)
-report, run_threads = _report.report, _report.run_threads
+report, run_threads, local_ray = _report.report, _report.run_threads, _report.local_ray
 
 BATCH = 10
 BODY = "x" * 200
@@ -131,7 +131,7 @@ def main() -> None:
     args = parser.parse_args()
     counts = [int(n) for n in args.threads.split(",")]
     root = tempfile.mkdtemp(prefix="rayq-bench-http-")
-    ray.init(num_cpus=2, namespace="rayq", include_dashboard=False, log_to_driver=False)
+    local_ray(num_cpus=2, namespace="rayq", include_dashboard=False, log_to_driver=False)
     moto, measured = None, {}
     try:
         client = rayq.start(data_dir=os.path.join(root, "data"), consumers=0)

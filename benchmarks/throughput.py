@@ -27,7 +27,7 @@ import ray
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _peers import BATCH, BODY, ray_queue_puts  # noqa: E402
-from _report import Timer, join_threads, rate_on_threads, report  # noqa: E402
+from _report import Timer, join_threads, local_ray, rate_on_threads, report  # noqa: E402
 from store import raw_lmdb_figures  # noqa: E402
 
 import rayq  # noqa: E402
@@ -185,7 +185,7 @@ def runtime(config: rayq.Config, prefix: str = "rayq-bench-"):
     its consumers up; yields (client, that directory); stops both and removes the
     directory after."""
     root = tempfile.mkdtemp(prefix=prefix)
-    ray.init(num_cpus=2, namespace="rayq", include_dashboard=False, log_to_driver=False)
+    local_ray(num_cpus=2, namespace="rayq", include_dashboard=False, log_to_driver=False)
     try:
         client = rayq.start(data_dir=os.path.join(root, "data"), config=config)
         consumers_up(client, config.consumers.bounds[0])
