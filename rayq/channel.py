@@ -311,11 +311,24 @@ os.register_at_fork(after_in_child=_forget_channels_after_fork)
 
 
 def _connect(address: Address) -> Channel | LocalChannel:
+    """This process's channel to ``address``, opened if it has none. A Unix socket opens
+    at once, under the lock; a TCP channel (connect, TLS, hello: up to seconds) outside
+    it, so that no other link waits on it, and the first one stored is kept."""
+    with _channels_lock:
+        channel = _channels.get(address)
+        if channel is not None and not channel.closed:
+            return channel
+        if isinstance(address, str):
+            channel = _channels[address] = Channel(address)
+            return channel
+    opened = Channel(address)
     with _channels_lock:
         channel = _channels.get(address)
         if channel is None or channel.closed:
-            channel = _channels[address] = Channel(address)
-        return channel
+            channel = _channels[address] = opened
+    if channel is not opened:
+        opened.close()
+    return channel
 
 
 class _Method:
@@ -359,7 +372,8 @@ class ShardLink:
         self._path: Address | None = None
         self._asking: Future | None = None  # the shard's answer to "where do you listen?"
         self._open: Channel | None = None
-        self._connecting = False  # a TCP channel being opened aside (from an event loop)
+        self._connecting = False  # a TCP channel being opened aside
+        self._aside = threading.Lock()  # held while it is
         self._retry_at = 0.0
         self._resolved_at = _lost_actors[0]
 
@@ -446,16 +460,16 @@ class ShardLink:
         """Open the TCP channel on a thread of its own (once at a time): Ray carries the
         calls meanwhile, and whenever the shard's port cannot be reached (tried again
         every RETRY_CONNECT_S)."""
-        with _channels_lock:
-            if self._connecting:
-                return
-            self._connecting = True
+        if not self._aside.acquire(blocking=False):
+            return  # being opened
+        self._connecting = True
 
         def connect() -> None:
             try:
                 self._connect(address)
             finally:
                 self._connecting = False
+                self._aside.release()
         threading.Thread(target=connect, name="rayq-channel-connect", daemon=True).start()
 
     def _ask(self) -> Address | None:

@@ -903,3 +903,23 @@ def test_a_peer_with_another_cas_certificate_is_refused(tls_served, monkeypatch,
     with pytest.raises(OSError):
         Channel(address)
     assert target.ran == []
+
+
+def test_a_tcp_channel_being_opened_holds_up_no_other_link(served, monkeypatch):
+    from rayq import channel as module
+
+    monkeypatch.setattr(module, "CONNECT_TIMEOUT_S", 60.0)
+    with socket.create_server(("127.0.0.1", 0)) as listener:  # accepts, never answers
+        address = ("tcp", "127.0.0.1", listener.getsockname()[1], keyed.new_key())
+        monkeypatch.setattr(module, "host_id", lambda: ELSEWHERE)
+        far = ShardLink(FakeHandle(("shard-host/boot", address)))
+        assert far.put.remote(1, b"x")[0] == "through ray"
+        wait_until(lambda: far._connecting, "the TCP connect to start")
+        monkeypatch.setattr(module, "host_id", host_id)
+        near = ShardLink(FakeHandle((host_id(), served[2])))
+        assert near.put.remote(2, b"yz").result(ANSWER_S) == ["2:2"]  # not behind it
+        assert far._connecting  # still opening
+        accepted, _ = listener.accept()
+        accepted.close()  # the shard side goes away: the connect fails, Ray goes on
+        wait_until(lambda: not far._connecting, "the TCP connect to give up")
+    assert far._open is None and far.put.remote(3, b"x")[0] == "through ray"
