@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import hashlib
-import hmac
 import inspect
 import itertools
 import logging
@@ -35,7 +34,7 @@ from rayq.core.auth.operations import Binder
 from rayq.core.codec.frames import (HEADER, MAX_FRAME_BYTES, FrameError, decode_request,
                               encode_failure, encode_reply)
 from rayq.core.codec.keyed import (ANSWER, HELLO_TIMEOUT_S, MAC_BYTES, NONCE_BYTES, REQUEST,
-                                   checks, frame_mac, hello, new_key, ray_tls)
+                                   checks, frame_mac, new_key, proves_key, ray_tls)
 from rayq.errors import InvalidMessage, RayqError, RuntimeFailure
 
 log = logging.getLogger("rayq.channel")
@@ -153,7 +152,7 @@ class ChannelServer:
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
             writer.close()
             return
-        if not hmac.compare_digest(proof, hello(self._key, nonce)):
+        if not proves_key(proof, self._key, nonce):
             log.warning("%s channel: dropping a peer without the channel's key", self._name)
             writer.close()
             return

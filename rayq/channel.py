@@ -36,7 +36,7 @@ from typing import Any
 from rayq.core.codec.frames import (HEADER, FrameError, FrameTooLarge, decode_reply,
                                     encode_request)
 from rayq.core.codec.keyed import (ANSWER, MAC_BYTES, NONCE_BYTES, REQUEST, checks, frame_mac,
-                                   hello, ray_tls)
+                                   hello, ray_tls, read_exactly)
 from rayq.errors import RuntimeFailure
 
 log = logging.getLogger("rayq.channel")
@@ -104,7 +104,7 @@ class Channel:
                 self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 tls = ray_tls()
                 self._io = self._sock if tls is None else _Tls(self._sock, tls.client)
-                self._nonce = _read_exactly(self._io, NONCE_BYTES)
+                self._nonce = read_exactly(self._io, NONCE_BYTES, whole=True)
                 self._io.sendall(hello(self._key, self._nonce))
                 self._sock.settimeout(None)
             except OSError:  # ssl.SSLError among them
@@ -245,17 +245,6 @@ class _Tls:
         return True
 
 
-def _read_exactly(sock: socket.socket | _Tls, size: int) -> bytes:
-    parts, got = [], 0
-    while got < size:
-        part = sock.recv(size - got)
-        if not part:
-            raise ConnectionError("the shard closed the channel while it opened")
-        parts.append(part)
-        got += len(part)
-    return b"".join(parts)
-
-
 class LocalChannel:
     """The channel to a shard in this very process (the SQS endpoint a shard runs for
     the connections handed to it): each call runs on the shard's event loop, with no
@@ -372,8 +361,7 @@ class ShardLink:
         self._path: Address | None = None
         self._asking: Future | None = None  # the shard's answer to "where do you listen?"
         self._open: Channel | None = None
-        self._connecting = False  # a TCP channel being opened aside
-        self._aside = threading.Lock()  # held while it is
+        self._aside = threading.Lock()  # held while a TCP channel is opened aside
         self._retry_at = 0.0
         self._resolved_at = _lost_actors[0]
 
@@ -456,19 +444,22 @@ class ShardLink:
             self._path, self._retry_at = None, time.monotonic() + RETRY_CONNECT_S
             return None
 
+    @property
+    def _connecting(self) -> bool:
+        """Whether a TCP channel is being opened aside."""
+        return self._aside.locked()
+
     def _connect_aside(self, address: Address) -> None:
         """Open the TCP channel on a thread of its own (once at a time): Ray carries the
         calls meanwhile, and whenever the shard's port cannot be reached (tried again
         every RETRY_CONNECT_S)."""
         if not self._aside.acquire(blocking=False):
             return  # being opened
-        self._connecting = True
 
         def connect() -> None:
             try:
                 self._connect(address)
             finally:
-                self._connecting = False
                 self._aside.release()
         threading.Thread(target=connect, name="rayq-channel-connect", daemon=True).start()
 

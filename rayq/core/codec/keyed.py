@@ -52,6 +52,27 @@ def hello(key: bytes, nonce: bytes) -> bytes:
     return frame_mac(key, nonce, 0, HELLO)
 
 
+def proves_key(proof: bytes, key: bytes, nonce: bytes) -> bool:
+    """Whether a client's first bytes are its :func:`hello` (compared in constant time)."""
+    return checks(proof, key, nonce, 0, HELLO)
+
+
+def read_exactly(connection, size: int, whole: bool = False) -> bytes | None:
+    """``size`` bytes from a blocking connection (anything with ``recv``); None when the
+    peer closed before the first (``whole``: an OSError then too, as when it closed
+    partway)."""
+    parts, got = [], 0
+    while got < size:
+        part = connection.recv(min(size - got, 1 << 20))
+        if not part:
+            if got or whole:
+                raise ConnectionError("the connection closed inside a frame")
+            return None
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
+
+
 def checks(mac: bytes, key: bytes, nonce: bytes, number: int, direction: int,
            *frame: bytes) -> bool:
     """Whether ``mac`` is the frame's (compared in constant time)."""

@@ -27,7 +27,6 @@ asyncio (a shard's event loop).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import itertools
 import logging
 import os
@@ -40,7 +39,8 @@ from rayq.core.codec.frames import (HEADER, MAX_FRAME_BYTES, FrameError, decode_
                                     decode_request, encode_failure, encode_reply,
                                     encode_request)
 from rayq.core.codec.keyed import (ANSWER, HELLO, HELLO_TIMEOUT_S, MAC_BYTES, NONCE_BYTES,
-                                   REQUEST, checks, frame_mac, hello, new_key, ray_tls)
+                                   REQUEST, checks, frame_mac, hello, new_key, proves_key,
+                                   ray_tls, read_exactly)
 from rayq.errors import RuntimeFailure
 
 log = logging.getLogger("rayq.stream")
@@ -168,22 +168,22 @@ class StreamServer:
     def _greet(self, connection: socket.socket, nonce: bytes) -> None:
         """The leader's proof that it holds the key, before any frame is read."""
         connection.settimeout(HELLO_TIMEOUT_S)
-        proof = _read_exactly(connection, MAC_BYTES, whole=True)
-        if not hmac.compare_digest(proof, hello(self._key, nonce)):
+        proof = read_exactly(connection, MAC_BYTES, whole=True)
+        if not proves_key(proof, self._key, nonce):
             raise FrameError("a peer without the stream's key")
         connection.settimeout(None)
 
     def _read_frame(self, connection: socket.socket, nonce: bytes, number: int) -> bytes | None:
         """The next request frame's body, its MAC checked; None at the end."""
-        header = _read_exactly(connection, HEADER.size)
+        header = read_exactly(connection, HEADER.size)
         if header is None:
             return None
         (size,) = HEADER.unpack(header)
         if size > MAX_FRAME_BYTES:
             raise FrameError(f"a frame of {size} bytes")
-        body = _read_exactly(connection, size, whole=True)
+        body = read_exactly(connection, size, whole=True)
         if self._key is not None:
-            mac = _read_exactly(connection, MAC_BYTES, whole=True)
+            mac = read_exactly(connection, MAC_BYTES, whole=True)
             if not checks(mac, self._key, nonce, number, TO_FOLLOWER, header, body):
                 raise FrameError("a frame whose MAC does not check")
         return body
@@ -194,21 +194,6 @@ class StreamServer:
             return encode_reply(call_id, self._handle(method, args))
         except Exception as err:  # the leader learns of it as from a Ray call
             return encode_failure(call_id, err)
-
-
-def _read_exactly(connection: socket.socket, size: int, whole: bool = False) -> bytes | None:
-    """``size`` bytes; None when the peer closed before the first (``whole``: StreamLost's
-    kin, OSError, when it closed partway or before the first)."""
-    parts, got = [], 0
-    while got < size:
-        part = connection.recv(min(size - got, 1 << 20))
-        if not part:
-            if got or whole:
-                raise OSError("the connection closed inside a frame")
-            return None
-        parts.append(part)
-        got += len(part)
-    return b"".join(parts)
 
 
 def _shut(sock: socket.socket) -> None:
