@@ -481,9 +481,9 @@ class ShardActor(GatedActor):
         return {"pid": os.getpid(), "rss_bytes": info.rss, "private_bytes": info.rss - info.shared}
 
     async def _collect_events(self) -> None:
-        id_of, groups = await self._read(self.store.take_enqueued)
+        groups = await self._read(self.store.take_enqueued)
         if groups:  # the columns are built off the event loop
-            await asyncio.to_thread(self.events.append_enqueues, id_of, groups)
+            await asyncio.to_thread(self.events.append_enqueues, groups)
 
     @signed(SHARD_OPS["flush_events"])
     async def flush_events(self, *, caller: Caller) -> int:

@@ -36,19 +36,19 @@ _STALE = "pop receipt is stale: the message was deleted, received again or had i
 
 
 class Enqueued(NamedTuple):
-    """Messages of one put with the same attributes, by their seqs (a range when they
-    follow each other: a group is kept until the event log takes it)."""
+    """Messages of one put with the same attributes, by their ids (the put made them for
+    its answer: a group is kept until the event log takes it)."""
 
     at: float
     subqueue: int
     type: str
     tenant: str
     key: str
-    seqs: range | tuple[int, ...]
+    ids: list[str]
 
     @property
     def count(self) -> int:
-        return len(self.seqs)
+        return len(self.ids)
 
 
 class Outcome(NamedTuple):

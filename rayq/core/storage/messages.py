@@ -110,22 +110,26 @@ def put(w: Ledger, env: Env, subqueue: int, batch: bytes,
         seqs.append(seq)
     w.seq = seq
     w.put_rows(row_items, expiry_items)
+    ids = [w.message_id(s) for s in range(start + 1, seq + 1)]  # the new messages'
     for group in groups:
-        _settle_group(w, subqueue, group)
+        _settle_group(w, subqueue, group, ids, start)
     w.stats["puts"] += seq - start
-    return [w.message_id(s) for s in seqs]
+    if len(seqs) == len(ids):
+        return ids
+    return [ids[s - start - 1] if s > start else w.message_id(s) for s in seqs]
 
 
-def _settle_group(w: Ledger, sq: int, group: _Group) -> None:
-    """Counts, events and flights of one attribute group of a put. A put's seqs follow
-    the order sent, so a group's need not follow each other (a batch that alternates
-    tenants): a range when they do, else each one."""
+def _settle_group(w: Ledger, sq: int, group: _Group, ids: list[str], start: int) -> None:
+    """Counts, events and flights of one attribute group of a put, whose new messages'
+    ids are ``ids`` from seq ``start + 1`` on. A put's seqs follow the order sent, so a
+    group's need not follow each other (a batch that alternates tenants)."""
     seqs = group.seqs
     if not seqs:
         return
     attrs = group.attrs
-    kept = range(seqs[0], seqs[-1] + 1) if seqs[-1] - seqs[0] + 1 == len(seqs) else tuple(seqs)
-    w.enqueued.append(Enqueued(w.now_us / US, sq, attrs.type, attrs.tenant, attrs.key, kept))
+    first, last = seqs[0] - start - 1, seqs[-1] - start
+    own = ids[first:last] if last - first == len(seqs) else [ids[s - start - 1] for s in seqs]
+    w.enqueued.append(Enqueued(w.now_us / US, sq, attrs.type, attrs.tenant, attrs.key, own))
     if group.flooder is None:
         w.count(sq, group.kid, attrs.type, attrs.tenant, len(group.seqs))
         w.joined(sq, group.kid)

@@ -219,11 +219,11 @@ class ShardStore:
         return self.kv.read(
             lambda txn: outcomes.look_up(txn, account, task_ids, now_us, self.message_id))
 
-    def take_enqueued(self) -> tuple[Callable[[int], str], list[Enqueued]]:
-        """(message id of a seq, the groups of messages put since the last call), when
-        ``keep_enqueued`` is on (for the event log): one group per put and attributes."""
+    def take_enqueued(self) -> list[Enqueued]:
+        """The groups of messages put since the last call, when ``keep_enqueued`` is on
+        (for the event log): one group per put and attributes."""
         groups, self._enqueued = self._enqueued, []
-        return self.message_id, groups
+        return groups
 
     def message_id(self, seq: int) -> str:
         return self.index.message_id(seq)
